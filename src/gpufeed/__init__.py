@@ -1,0 +1,29 @@
+"""gpufeed: keep a PyTorch GPU fed.
+
+Example:
+    >>> import torch, gpufeed as gf
+    >>> from gpufeed import augment as A
+    >>> images = torch.zeros(10, 3, 32, 32, dtype=torch.uint8)
+    >>> loader = gf.DeviceLoader(images, torch.arange(10), batch_size=4, device="cpu",
+    ...                          transform=A.Compose([A.RandomCrop(32, padding=4), A.RandomHorizontalFlip()]))
+    >>> [tuple(x.shape) for x, _ in loader]
+    [(4, 3, 32, 32), (4, 3, 32, 32), (2, 3, 32, 32)]
+"""
+
+from . import augment
+from .errors import ConfigError, DataError, DeviceError, GpufeedError, StateError
+from .loader import DeviceLoader
+from .prefetch import prefetch
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ConfigError",
+    "DataError",
+    "DeviceError",
+    "DeviceLoader",
+    "GpufeedError",
+    "StateError",
+    "augment",
+    "prefetch",
+]

@@ -1,0 +1,27 @@
+"""Batched per-sample augmentation on ``(N, C, H, W)`` tensors: ``from gpufeed import augment as A``."""
+
+from . import functional
+from .transforms import (
+    BatchTransform,
+    Compose,
+    ConvertDtype,
+    Cutout,
+    Normalize,
+    RandomCrop,
+    RandomErasing,
+    RandomHorizontalFlip,
+    RandomVerticalFlip,
+)
+
+__all__ = [
+    "BatchTransform",
+    "Compose",
+    "ConvertDtype",
+    "Cutout",
+    "Normalize",
+    "RandomCrop",
+    "RandomErasing",
+    "RandomHorizontalFlip",
+    "RandomVerticalFlip",
+    "functional",
+]

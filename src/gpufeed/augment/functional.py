@@ -1,0 +1,196 @@
+"""Batched image ops with per-sample parameters, as pure functions.
+
+Input is ``(N, C, H, W)``, uint8 or floating, on any device; every parameter tensor has a leading
+``N``. No op loops over samples in Python or reads a device value on the host, so on a GPU a
+whole batch costs a handful of kernel launches and no synchronisation.
+
+Each op equals the corresponding ``torchvision.transforms.functional`` op applied sample by
+sample with the same parameters (the tests check this pixel for pixel).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import lru_cache
+
+import torch
+
+from ..errors import ConfigError, DataError
+
+__all__ = [
+    "PADDING_MODES",
+    "check_batch",
+    "constant",
+    "convert_dtype",
+    "crop",
+    "erase",
+    "hflip",
+    "normalize",
+    "source_index",
+    "vflip",
+]
+
+PADDING_MODES = ("constant", "edge", "reflect", "symmetric")
+Padding = tuple[int, int, int, int]  # left, top, right, bottom, as torchvision
+
+
+def check_batch(x: object, name: str = "batch") -> torch.Tensor:
+    """Raise a typed error unless ``x`` is an ``(N, C, H, W)`` uint8 or floating tensor."""
+    if not isinstance(x, torch.Tensor):
+        raise DataError(f"{name} must be a torch.Tensor of shape (N, C, H, W), got {type(x).__name__}")
+    if x.dim() != 4:
+        fix = " (add the channel axis: x.unsqueeze(1))" if x.dim() == 3 else ""
+        raise DataError(f"{name} must have 4 dims (N, C, H, W), got shape {tuple(x.shape)}{fix}")
+    if x.dtype != torch.uint8 and not x.dtype.is_floating_point:
+        raise DataError(f"{name} must be uint8 or floating, got dtype={x.dtype}; convert with x.to(torch.uint8)")
+    return x
+
+
+def source_index(pos: torch.Tensor, size: int, mode: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Map positions in a padded axis to indices into an axis of ``size`` elements.
+
+    ``pos`` holds source coordinates that may lie outside ``[0, size)``. Returns the index to read
+    and, for ``"constant"`` mode, the mask of positions that are inside (``None`` otherwise).
+    Reflect and symmetric are periodic, which equals numpy's repeated reflection for pads wider
+    than the image.
+    """
+    if mode == "constant":
+        inside = (pos >= 0) & (pos < size)
+        return pos.clamp(0, size - 1), inside
+    if mode == "edge":
+        return pos.clamp(0, size - 1), None
+    if mode == "reflect":
+        if size == 1:
+            return torch.zeros_like(pos), None
+        period = 2 * (size - 1)
+        r = pos.remainder(period)
+        return torch.where(r >= size, period - r, r), None
+    if mode == "symmetric":
+        period = 2 * size
+        r = pos.remainder(period)
+        return torch.where(r >= size, period - 1 - r, r), None
+    raise ConfigError(f"padding_mode={mode!r} is not one of {PADDING_MODES}")
+
+
+@lru_cache(maxsize=128)
+def _cached_constant(values: tuple[float, ...], device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    return torch.tensor(values, dtype=dtype).view(1, -1, 1, 1).to(device)
+
+
+def constant(values: float | Sequence[float], x: torch.Tensor, name: str = "value") -> torch.Tensor:
+    """A per-channel constant shaped ``(1, C, 1, 1)`` on ``x``'s device and dtype, made once.
+
+    Building ``torch.tensor(...)`` on a GPU copies from pageable host memory and synchronises
+    the stream; caching keeps that out of the per-batch path. Treat the result as read-only.
+    """
+    vals = (values,) if isinstance(values, (int, float)) else tuple(values)
+    channels = x.shape[1]
+    if len(vals) not in (1, channels):
+        raise ConfigError(f"{name}={values!r} must be a number or have {channels} values (one per channel)")
+    if x.dtype == torch.uint8 and not all(float(v).is_integer() and 0 <= v <= 255 for v in vals):
+        raise ConfigError(f"{name}={values!r} must be integers in [0, 255] for uint8 images (pixel values)")
+    return _cached_constant(tuple(float(v) for v in vals), x.device, x.dtype)
+
+
+def crop(
+    x: torch.Tensor,
+    top: torch.Tensor,
+    left: torch.Tensor,
+    size: tuple[int, int],
+    padding: Padding = (0, 0, 0, 0),
+    fill: float | Sequence[float] = 0,
+    padding_mode: str = "constant",
+) -> torch.Tensor:
+    """Pad each image by ``padding`` (left, top, right, bottom), then crop ``size`` at (top, left).
+
+    ``top`` and ``left`` are per-sample offsets into the *padded* image, as torchvision's
+    ``F.crop(F.pad(img, padding, fill, padding_mode), top, left, *size)``. The padded image is
+    never materialised: two gathers read the source through index maps.
+    """
+    n, c, h, w = x.shape
+    out_h, out_w = size
+    pad_l, pad_t = padding[0], padding[1]
+    rows = top.view(n, 1) + torch.arange(out_h, device=x.device) - pad_t
+    cols = left.view(n, 1) + torch.arange(out_w, device=x.device) - pad_l
+    rows, rows_in = source_index(rows, h, padding_mode)
+    cols, cols_in = source_index(cols, w, padding_mode)
+    out = x.gather(2, rows.view(n, 1, out_h, 1).expand(n, c, out_h, w))
+    out = out.gather(3, cols.view(n, 1, 1, out_w).expand(n, c, out_h, out_w))
+    if rows_in is not None and cols_in is not None:
+        inside = rows_in.view(n, 1, out_h, 1) & cols_in.view(n, 1, 1, out_w)
+        out = torch.where(inside, out, constant(fill, x, "fill"))
+    return out
+
+
+def _flip(x: torch.Tensor, mask: torch.Tensor, dim: int) -> torch.Tensor:
+    # One gather with a per-sample reversed index; cheaper than flip() of everything plus a where().
+    n, length = x.shape[0], x.shape[dim]
+    ar = torch.arange(length, device=x.device)
+    idx = torch.where(mask.view(n, 1), length - 1 - ar, ar)
+    shape = [n, 1, 1, 1]
+    shape[dim] = length
+    return x.gather(dim, idx.view(shape).expand_as(x))
+
+
+def hflip(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mirror the width axis of the samples where ``mask`` (bool, shape ``(N,)``) is true."""
+    return _flip(x, mask, 3)
+
+
+def vflip(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mirror the height axis of the samples where ``mask`` (bool, shape ``(N,)``) is true."""
+    return _flip(x, mask, 2)
+
+
+def convert_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Change dtype with torchvision's ``convert_image_dtype`` scaling.
+
+    uint8 -> float divides by 255; float -> uint8 multiplies by ``256 - 1e-3`` and truncates
+    (torchvision's rule); float -> float is a plain cast.
+    """
+    if x.dtype == dtype:
+        return x
+    if x.dtype == torch.uint8 and dtype.is_floating_point:
+        return x.to(dtype).div_(255)
+    if x.dtype.is_floating_point and dtype == torch.uint8:
+        return x.mul(255 + 1.0 - 1e-3).to(dtype)
+    if x.dtype.is_floating_point and dtype.is_floating_point:
+        return x.to(dtype)
+    raise ConfigError(f"dtype={dtype} is not supported from {x.dtype}; use torch.uint8 or a floating dtype")
+
+
+def normalize(
+    x: torch.Tensor, mean: Sequence[float], std: Sequence[float], dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """``(x - mean) / std`` per channel; uint8 input is first divided by 255, as ``ToTensor`` does.
+
+    The arithmetic runs in float32 (or float64 for float64 input) in torchvision's order, so the
+    result equals ``F.normalize(F.to_tensor(img), mean, std)`` bit for bit before the final cast.
+    """
+    work = torch.float64 if x.dtype == torch.float64 else torch.float32
+    x = convert_dtype(x, work)
+    m, s = constant(tuple(mean), x, "mean"), constant(tuple(std), x, "std")
+    return x.sub(m).div_(s).to(dtype)
+
+
+def erase(
+    x: torch.Tensor,
+    mask: torch.Tensor,
+    top: torch.Tensor,
+    left: torch.Tensor,
+    height: torch.Tensor,
+    width: torch.Tensor,
+    value: torch.Tensor,
+) -> torch.Tensor:
+    """Set the box ``[top, top+height) x [left, left+width)`` to ``value`` where ``mask`` is true.
+
+    All box tensors have shape ``(N,)``. ``value`` broadcasts against ``(N, C, H, W)``: a scalar,
+    ``(1, C, 1, 1)`` per channel (see :func:`constant`), or a full tensor for random values.
+    """
+    n, _, h, w = x.shape
+    r = torch.arange(h, device=x.device).view(1, h)
+    q = torch.arange(w, device=x.device).view(1, w)
+    in_rows = (r >= top.view(n, 1)) & (r < (top + height).view(n, 1))
+    in_cols = (q >= left.view(n, 1)) & (q < (left + width).view(n, 1))
+    box = in_rows.view(n, 1, h, 1) & in_cols.view(n, 1, 1, w) & mask.view(n, 1, 1, 1)
+    return torch.where(box, value.to(x.dtype), x)

@@ -1,0 +1,334 @@
+"""Batched augmentation transforms: small callables over ``(N, C, H, W)`` batches.
+
+Each transform draws its own parameters for every sample in one call (``sample``) and applies
+them with a pure function from :mod:`gpufeed.augment.functional` (``apply``). Random transforms
+take randomness only from the ``generator=`` passed in, never from torch's global RNG, so a
+loader can make every batch reproducible from its seed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+
+from ..errors import ConfigError, DeviceError
+from . import functional as F
+
+__all__ = [
+    "BatchTransform",
+    "Compose",
+    "ConvertDtype",
+    "Cutout",
+    "Normalize",
+    "RandomCrop",
+    "RandomErasing",
+    "RandomHorizontalFlip",
+    "RandomVerticalFlip",
+]
+
+Params = dict[str, Any]
+
+
+def _check_generator(generator: torch.Generator | None, x: torch.Tensor, op: str) -> torch.Generator:
+    if generator is None:
+        raise ConfigError(
+            f"{op} is random and needs generator=torch.Generator(device={x.device.type!r}).manual_seed(SEED); "
+            "gpufeed never draws from torch's global RNG"
+        )
+    if generator.device.type != x.device.type:
+        raise DeviceError(
+            f"{op}: generator is on {generator.device.type!r} but the batch is on {x.device.type!r}; "
+            f"create it with torch.Generator(device={x.device.type!r})"
+        )
+    return generator
+
+
+def _pair(value: int | Sequence[int], name: str) -> tuple[int, int]:
+    pair = (value, value) if isinstance(value, int) else tuple(value)
+    if len(pair) != 2 or not all(isinstance(v, int) and v >= 1 for v in pair):
+        raise ConfigError(f"{name}={value!r} must be a positive int or a (height, width) pair")
+    return pair  # type: ignore[return-value]
+
+
+def _probability(p: float) -> float:
+    if not 0.0 <= p <= 1.0:
+        raise ConfigError(f"{p=} must be in [0, 1]")
+    return float(p)
+
+
+class BatchTransform:
+    """Base class: ``out = t(batch, generator=g)`` equals ``t.apply(batch, t.sample(batch, g))``."""
+
+    random: bool = True
+
+    def sample(self, x: torch.Tensor, generator: torch.Generator) -> Params:
+        """Draw this transform's parameters for every sample of ``x`` (on ``x.device``)."""
+        return {}
+
+    def apply(self, x: torch.Tensor, params: Params) -> torch.Tensor:
+        """Apply the transform with given per-sample parameters (deterministic)."""
+        raise NotImplementedError
+
+    def __call__(self, x: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        F.check_batch(x)
+        if not self.random:
+            return self.apply(x, {})
+        return self.apply(x, self.sample(x, _check_generator(generator, x, type(self).__name__)))
+
+
+@dataclass(frozen=True)
+class RandomCrop(BatchTransform):
+    """Pad, then crop ``size`` at an offset drawn uniformly per sample (torchvision semantics).
+
+    Offsets are uniform over ``[0, H + pad_top + pad_bottom - h]`` inclusive on each axis,
+    independently per sample. ``fill`` is in the input's value space (0 pads black on uint8).
+
+    Example:
+        >>> g = torch.Generator().manual_seed(0)
+        >>> RandomCrop(32, padding=4)(torch.zeros(8, 3, 32, 32, dtype=torch.uint8), generator=g).shape
+        torch.Size([8, 3, 32, 32])
+    """
+
+    size: int | tuple[int, int]
+    padding: int | Sequence[int] | None = None
+    pad_if_needed: bool = False
+    fill: float | Sequence[float] = 0
+    padding_mode: Literal["constant", "edge", "reflect", "symmetric"] = "constant"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "size", _pair(self.size, "size"))
+        pad = self.padding
+        if pad is None:
+            pad = (0, 0, 0, 0)
+        elif isinstance(pad, int):
+            pad = (pad,) * 4
+        else:
+            pad = tuple(pad)
+            if len(pad) == 2:  # torchvision: (left/right, top/bottom)
+                pad = (pad[0], pad[1], pad[0], pad[1])
+        if len(pad) != 4 or not all(isinstance(p, int) for p in pad):
+            raise ConfigError(f"padding={self.padding!r} must be an int or 2 or 4 ints (left, top, right, bottom)")
+        if min(pad) < 0:
+            raise ConfigError(f"padding={self.padding!r} must be >= 0")
+        object.__setattr__(self, "padding", pad)
+        if self.padding_mode not in F.PADDING_MODES:
+            raise ConfigError(f"padding_mode={self.padding_mode!r} must be one of {F.PADDING_MODES}")
+
+    def resolved_padding(self, height: int, width: int) -> tuple[int, int, int, int]:
+        """Padding (left, top, right, bottom) for an input of this size, ``pad_if_needed`` included."""
+        left, top, right, bottom = self.padding  # type: ignore[misc]
+        h, w = self.size  # type: ignore[misc]
+        if self.pad_if_needed and width + left + right < w:
+            extra = w - (width + left + right)
+            left, right = left + extra, right + extra
+        if self.pad_if_needed and height + top + bottom < h:
+            extra = h - (height + top + bottom)
+            top, bottom = top + extra, bottom + extra
+        return left, top, right, bottom
+
+    def sample(self, x: torch.Tensor, generator: torch.Generator) -> Params:
+        n, _, height, width = x.shape
+        left, top, right, bottom = self.resolved_padding(height, width)
+        h, w = self.size  # type: ignore[misc]
+        ph, pw = height + top + bottom, width + left + right
+        if ph < h or pw < w:
+            raise ConfigError(
+                f"size={self.size} is larger than the padded image ({ph}, {pw}); increase padding or set pad_if_needed"
+            )
+        return {
+            "top": torch.randint(0, ph - h + 1, (n,), generator=generator, device=x.device),
+            "left": torch.randint(0, pw - w + 1, (n,), generator=generator, device=x.device),
+        }
+
+    def apply(self, x: torch.Tensor, params: Params) -> torch.Tensor:
+        padding = self.resolved_padding(x.shape[2], x.shape[3])
+        return F.crop(x, params["top"], params["left"], self.size, padding, self.fill, self.padding_mode)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class RandomHorizontalFlip(BatchTransform):
+    """Mirror the width axis of each sample with probability ``p``, independently."""
+
+    p: float = 0.5
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "p", _probability(self.p))
+
+    def sample(self, x: torch.Tensor, generator: torch.Generator) -> Params:
+        return {"mask": torch.rand(x.shape[0], generator=generator, device=x.device) < self.p}
+
+    def apply(self, x: torch.Tensor, params: Params) -> torch.Tensor:
+        return F.hflip(x, params["mask"])
+
+
+@dataclass(frozen=True)
+class RandomVerticalFlip(RandomHorizontalFlip):
+    """Mirror the height axis of each sample with probability ``p``, independently."""
+
+    def apply(self, x: torch.Tensor, params: Params) -> torch.Tensor:
+        return F.vflip(x, params["mask"])
+
+
+@dataclass(frozen=True)
+class Normalize(BatchTransform):
+    """``(x - mean) / std`` per channel; uint8 input is divided by 255 first (``ToTensor``).
+
+    Example:
+        >>> Normalize([0.5], [0.5])(torch.full((1, 1, 1, 1), 255, dtype=torch.uint8)).item()
+        1.0
+    """
+
+    mean: Sequence[float]
+    std: Sequence[float]
+    dtype: torch.dtype = torch.float32
+    random = False
+
+    def __post_init__(self) -> None:
+        mean, std = tuple(float(m) for m in self.mean), tuple(float(s) for s in self.std)
+        if len(mean) != len(std) and 1 not in (len(mean), len(std)):
+            raise ConfigError(f"mean={self.mean!r} and std={self.std!r} must have the same length")
+        if any(s == 0 for s in std):
+            raise ConfigError(f"std={self.std!r} must not contain 0")
+        if not self.dtype.is_floating_point:
+            raise ConfigError(f"dtype={self.dtype} must be a floating dtype")
+        object.__setattr__(self, "mean", mean)
+        object.__setattr__(self, "std", std)
+
+    def apply(self, x: torch.Tensor, params: Params) -> torch.Tensor:
+        return F.normalize(x, self.mean, self.std, self.dtype)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class ConvertDtype(BatchTransform):
+    """Change dtype with torchvision's ``ConvertImageDtype`` scaling (uint8 -> float divides by 255)."""
+
+    dtype: torch.dtype = torch.float32
+    random = False
+
+    def apply(self, x: torch.Tensor, params: Params) -> torch.Tensor:
+        return F.convert_dtype(x, self.dtype)
+
+
+def _erase_value(value: float | Sequence[float] | str, x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    if isinstance(value, str):  # "random": independent N(0, 1) per erased pixel, as torchvision
+        if x.dtype == torch.uint8:
+            raise ConfigError("value='random' draws N(0, 1) values and needs float input; erase after Normalize")
+        return torch.randn(x.shape, generator=generator, device=x.device, dtype=x.dtype)
+    return F.constant(value, x, "value")
+
+
+@dataclass(frozen=True)
+class RandomErasing(BatchTransform):
+    """Erase one random box per sample with probability ``p`` (torchvision's ``RandomErasing``).
+
+    Per sample, up to 10 (area, aspect ratio) draws; the first whose box fits is used, and if
+    none fits the sample is left unchanged, exactly the distribution of torchvision's loop.
+    ``value`` is in the input's value space: a number, one per channel, or ``"random"``.
+    """
+
+    p: float = 0.5
+    scale: tuple[float, float] = (0.02, 0.33)
+    ratio: tuple[float, float] = (0.3, 3.3)
+    value: float | Sequence[float] | str = 0
+    attempts: int = field(default=10, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "p", _probability(self.p))
+        if not (0 < self.scale[0] <= self.scale[1]):
+            raise ConfigError(f"scale={self.scale!r} must satisfy 0 < min <= max")
+        if not (0 < self.ratio[0] <= self.ratio[1]):
+            raise ConfigError(f"ratio={self.ratio!r} must satisfy 0 < min <= max")
+        if isinstance(self.value, str) and self.value != "random":
+            raise ConfigError(f"value={self.value!r} must be a number, a sequence of numbers or 'random'")
+
+    def sample(self, x: torch.Tensor, generator: torch.Generator) -> Params:
+        n, _, img_h, img_w = x.shape
+        dev, k = x.device, self.attempts
+        # float64 like torchvision's Python floats, so round() sees the same values.
+        u = torch.rand((4, n, k), generator=generator, device=dev, dtype=torch.float64)
+        area = img_h * img_w * (self.scale[0] + (self.scale[1] - self.scale[0]) * u[0])
+        lo, hi = math.log(self.ratio[0]), math.log(self.ratio[1])
+        aspect = torch.exp(lo + (hi - lo) * u[1])
+        h = torch.round(torch.sqrt(area * aspect)).long()
+        w = torch.round(torch.sqrt(area / aspect)).long()
+        fits = (h < img_h) & (w < img_w)
+        first = fits.to(torch.uint8).argmax(dim=1, keepdim=True)  # first attempt that fits
+        h, w = h.gather(1, first).squeeze(1), w.gather(1, first).squeeze(1)
+        top = (u[2, :, 0] * (img_h - h + 1)).floor().long()
+        left = (u[3, :, 0] * (img_w - w + 1)).floor().long()
+        coin = torch.rand(n, generator=generator, device=dev) < self.p
+        value = _erase_value(self.value, x, generator)
+        return {"mask": coin & fits.any(dim=1), "top": top, "left": left, "height": h, "width": w, "value": value}
+
+    def apply(self, x: torch.Tensor, params: Params) -> torch.Tensor:
+        p = params
+        return F.erase(x, p["mask"], p["top"], p["left"], p["height"], p["width"], p["value"])
+
+
+@dataclass(frozen=True)
+class Cutout(BatchTransform):
+    """Fill a ``size`` x ``size`` square centred uniformly in the image, clipped at the border.
+
+    The centre is uniform over all pixels (DeVries & Taylor, 2017), so boxes near the edge are
+    partly outside; ``p`` is the per-sample probability of applying it.
+    """
+
+    size: int
+    fill: float | Sequence[float] = 0
+    p: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.size, int) or self.size < 1:
+            raise ConfigError(f"size={self.size!r} must be an int >= 1")
+        if isinstance(self.fill, str):
+            raise ConfigError(f"fill={self.fill!r} must be a number or one number per channel")
+        object.__setattr__(self, "p", _probability(self.p))
+
+    def sample(self, x: torch.Tensor, generator: torch.Generator) -> Params:
+        n, _, h, w = x.shape
+        cy = torch.randint(0, h, (n,), generator=generator, device=x.device)
+        cx = torch.randint(0, w, (n,), generator=generator, device=x.device)
+        coin = torch.rand(n, generator=generator, device=x.device) < self.p
+        return {"mask": coin, "top": cy - self.size // 2, "left": cx - self.size // 2}
+
+    def apply(self, x: torch.Tensor, params: Params) -> torch.Tensor:
+        side = torch.full_like(params["top"], self.size)
+        value = F.constant(self.fill, x, "fill")
+        return F.erase(x, params["mask"], params["top"], params["left"], side, side, value)
+
+
+class Compose(BatchTransform):
+    """Apply transforms in order, all drawing from the one generator passed in.
+
+    Example:
+        >>> aug = Compose([RandomCrop(32, padding=4), RandomHorizontalFlip(), Normalize([0.5] * 3, [0.25] * 3)])
+        >>> aug(torch.zeros(2, 3, 32, 32, dtype=torch.uint8), generator=torch.Generator().manual_seed(0)).dtype
+        torch.float32
+    """
+
+    def __init__(self, transforms: Sequence[BatchTransform]) -> None:
+        transforms = list(transforms)
+        for i, t in enumerate(transforms):
+            if not isinstance(t, BatchTransform):
+                raise ConfigError(
+                    f"transforms[{i}]={t!r} is not a gpufeed.augment transform; "
+                    "batched ops take (N, C, H, W) tensors and a generator"
+                )
+        self.transforms = transforms
+        self.random = any(t.random for t in transforms)
+
+    def __call__(self, x: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        F.check_batch(x)
+        if self.random:
+            _check_generator(generator, x, "Compose")
+        for t in self.transforms:
+            x = t.apply(x, t.sample(x, generator) if t.random else {})  # type: ignore[arg-type]
+        return x
+
+    def __repr__(self) -> str:
+        body = "".join(f"\n    {t!r}," for t in self.transforms)
+        return f"Compose([{body}\n])"

@@ -1,0 +1,30 @@
+"""Public exception types.
+
+Every message names the argument (or sample), the offending value and the fix, e.g.
+``ConfigError("batch_size=0 must be >= 1")``. Each type also derives from the builtin a
+caller would catch without knowing gpufeed (``ValueError``, ``TypeError``, ``RuntimeError``).
+"""
+
+from __future__ import annotations
+
+__all__ = ["ConfigError", "DataError", "DeviceError", "GpufeedError", "StateError"]
+
+
+class GpufeedError(Exception):
+    """Base class of every error gpufeed raises on purpose."""
+
+
+class ConfigError(GpufeedError, ValueError):
+    """An argument has a value gpufeed cannot use (``batch_size < 1``, ``padding < 0``, ...)."""
+
+
+class DataError(GpufeedError, ValueError):
+    """The data itself is unusable: wrong rank or dtype, NaN, labels out of range, empty."""
+
+
+class DeviceError(GpufeedError, RuntimeError):
+    """A device is unknown or not available on this machine, or tensors sit on different devices."""
+
+
+class StateError(GpufeedError, RuntimeError):
+    """A loader state cannot be restored (taken with another configuration, or loaded mid-epoch)."""

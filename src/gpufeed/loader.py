@@ -1,0 +1,299 @@
+"""DeviceLoader: a dataset resident on one device, served as augmented batches.
+
+Per epoch: the order comes from :func:`gpufeed.sampling.epoch_order` (CPU, pure), is sent to the
+device once, and the batches are produced a *chunk* of several batches at a time: one gather from
+the resident store, one call of the batched transform, one dtype/layout conversion. Chunking
+amortises kernel launches (the per-batch cost on a GPU is launch overhead, not bandwidth); the
+batches handed out are slices of the chunk. Nothing in an epoch reads a device value on the host.
+
+Randomness: each chunk's transform draws from a generator seeded with
+``derive_seed(seed, epoch, rank, chunk)``, so any batch can be recomputed from the configuration
+alone; that is what makes mid-epoch resume exact.
+"""
+
+from __future__ import annotations
+
+import inspect
+import weakref
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from .augment.functional import convert_dtype
+from .device import resolve_device
+from .errors import ConfigError, DataError, StateError
+from .sampling import derive_seed, epoch_order, num_batches
+
+__all__ = ["DeviceLoader"]
+
+STATE_VERSION = 1
+_CHUNK_BYTES = 32 << 20  # stored bytes gathered per chunk; bounds the chunk's float output too
+_MAX_CHUNK_BATCHES = 32
+
+Transform = Callable[..., torch.Tensor]
+
+
+@dataclass(frozen=True)
+class _Config:
+    """What fixes the sequence of batches; a saved state must match it to be resumed."""
+
+    n: int
+    batch_size: int
+    shuffle: bool
+    drop_last: bool
+    seed: int
+    chunk_batches: int
+
+    def __post_init__(self) -> None:
+        if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
+            raise ConfigError(f"batch_size={self.batch_size!r} must be an int >= 1")
+        if not isinstance(self.seed, int):
+            raise ConfigError(f"seed={self.seed!r} must be an int")
+        if not isinstance(self.chunk_batches, int) or self.chunk_batches < 1:
+            raise ConfigError(f"chunk_batches={self.chunk_batches!r} must be an int >= 1")
+
+
+def _as_tensor(value: Any, name: str) -> torch.Tensor:
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, np.ndarray):
+        return torch.from_numpy(np.ascontiguousarray(value))
+    if isinstance(value, (list, tuple)):
+        return torch.as_tensor(value)
+    raise DataError(f"{name} must be a torch.Tensor or numpy array, got {type(value).__name__}")
+
+
+def _check_images(images: torch.Tensor) -> None:
+    if images.dim() != 4:
+        fix = "; add the channel axis with images.unsqueeze(1)" if images.dim() == 3 else ""
+        raise DataError(f"images must have shape (N, C, H, W), got {tuple(images.shape)}{fix}")
+    if images.shape[0] == 0:
+        raise DataError("images is empty (N=0); a loader needs at least one sample")
+    if images.dtype != torch.uint8 and not images.dtype.is_floating_point:
+        raise DataError(f"images has dtype={images.dtype}; use uint8 (preferred: 4x smaller) or a floating dtype")
+    if images.dtype.is_floating_point:
+        bad = ~torch.isfinite(images).flatten(1).all(dim=1)
+        if bool(bad.any()):
+            first = int(bad.nonzero()[0, 0])
+            raise DataError(f"images[{first}] contains NaN or inf ({int(bad.sum())} such samples); clean the data")
+
+
+def _check_labels(labels: torch.Tensor, n: int, num_classes: int | None) -> None:
+    if labels.dim() == 0 or labels.shape[0] != n:
+        raise DataError(f"labels has shape {tuple(labels.shape)} but images has {n} samples; they must match")
+    if labels.dtype.is_floating_point:
+        bad = ~torch.isfinite(labels.reshape(n, -1)).all(dim=1)
+        if bool(bad.any()):
+            raise DataError(f"labels[{int(bad.nonzero()[0, 0])}] is NaN or inf")
+        return
+    if labels.dtype == torch.bool or labels.is_complex():
+        raise DataError(f"labels has dtype={labels.dtype}; use an integer (class index) or floating dtype")
+    low = labels < 0
+    high = labels >= num_classes if num_classes is not None else torch.zeros_like(low)
+    bad = (low | high).reshape(n, -1).any(dim=1)
+    if bool(bad.any()):
+        i = int(bad.nonzero()[0, 0])
+        limit = f"[0, {num_classes})" if num_classes is not None else ">= 0"
+        raise DataError(f"labels[{i}]={labels[i].tolist()} is out of range {limit}; class indices must be {limit}")
+
+
+class DeviceLoader:
+    """Yield ``(images, labels)`` batches from tensors held on ``device``, augmented there.
+
+    Args:
+        images: ``(N, C, H, W)`` uint8 (preferred) or floating tensor or numpy array.
+        labels: ``(N, ...)`` class indices or targets.
+        batch_size: samples per batch.
+        shuffle: visit samples in a random order, a pure function of (seed, epoch, N).
+        drop_last: drop the ragged last batch (the only samples ever skipped).
+        transform: a batched transform called as ``transform(x, generator=g)``, e.g.
+            ``gpufeed.augment.Compose([...])``.
+        device: where the data lives and batches are made; ``None``: CUDA if available, else CPU.
+        seed: seeds the order and the augmentation.
+        dtype: the images' output dtype (uint8 -> float scales to [0, 1] as ``ToTensor`` does);
+            ``None`` keeps the transform's output.
+        channels_last: return images in ``torch.channels_last`` memory format.
+        num_classes: if given, integer labels must lie in ``[0, num_classes)``.
+        chunk_batches: batches gathered and transformed per call; ``None`` picks a size from the
+            sample size. Part of what fixes the augmentation, so it is saved in ``state_dict``.
+
+    Iterating again starts the next epoch; :meth:`set_epoch` picks one explicitly.
+
+    Example:
+        >>> import torch
+        >>> loader = DeviceLoader(torch.zeros(10, 1, 4, 4, dtype=torch.uint8), torch.arange(10),
+        ...                       batch_size=4, drop_last=True, device="cpu")
+        >>> len(loader), [y.tolist() for _, y in loader][0] != [y.tolist() for _, y in loader][0]
+        (2, True)
+    """
+
+    def __init__(
+        self,
+        images: torch.Tensor | np.ndarray,
+        labels: torch.Tensor | np.ndarray,
+        batch_size: int = 256,
+        shuffle: bool = True,
+        drop_last: bool = False,
+        transform: Transform | None = None,
+        device: str | torch.device | None = None,
+        seed: int = 0,
+        dtype: torch.dtype | None = torch.float32,
+        channels_last: bool = False,
+        *,
+        num_classes: int | None = None,
+        chunk_batches: int | None = None,
+    ) -> None:
+        images, labels = _as_tensor(images, "images"), _as_tensor(labels, "labels")
+        _check_images(images)
+        _check_labels(labels, images.shape[0], num_classes)
+        if transform is not None:
+            _check_transform(transform)
+        if dtype is not None and dtype != torch.uint8 and not dtype.is_floating_point:
+            raise ConfigError(f"dtype={dtype} must be None, torch.uint8 or a floating dtype")
+        self.device = resolve_device(device)
+        n = images.shape[0]
+        if chunk_batches is None and isinstance(batch_size, int) and batch_size >= 1:
+            batch_bytes = batch_size * images[0].numel() * images.element_size()
+            chunk_batches = max(1, min(_MAX_CHUNK_BATCHES, _CHUNK_BYTES // batch_bytes))
+        self.config = _Config(n, batch_size, bool(shuffle), bool(drop_last), seed, chunk_batches or 1)
+        self.transform = transform
+        self.dtype = dtype
+        self.channels_last = channels_last
+        # Resident copies (no copy when already on the device); never written to.
+        self.images = images.to(self.device)
+        self.labels = labels.to(self.device)
+        self._epoch = 0  # the epoch the next __iter__ serves
+        self._offset = 0  # the batch it starts at (non-zero only after load_state_dict)
+        self._live: weakref.ref[_EpochIterator] | None = None
+
+    def __len__(self) -> int:
+        c = self.config
+        return num_batches(c.n, c.batch_size, c.drop_last)
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next iteration will serve (or the one in progress)."""
+        it = self._live_iterator()
+        return it.epoch if it is not None else self._epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Serve ``epoch`` on the next iteration (as ``DistributedSampler.set_epoch``)."""
+        if not isinstance(epoch, int) or epoch < 0:
+            raise ConfigError(f"epoch={epoch!r} must be an int >= 0")
+        self._epoch, self._offset = epoch, 0
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        it = _EpochIterator(self, self._epoch, self._offset)
+        # Iterating again advances the epoch, so forgetting set_epoch() never repeats one.
+        self._epoch, self._offset = self._epoch + 1, 0
+        self._live = weakref.ref(it)
+        return it
+
+    def _live_iterator(self) -> _EpochIterator | None:
+        it = self._live() if self._live is not None else None
+        return it if it is not None and not it.done else None
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the loader stands: the epoch and the next batch within it, plus what fixes them."""
+        it = self._live_iterator()
+        epoch, batch = (it.epoch, it.next_batch) if it is not None else (self._epoch, self._offset)
+        return {"version": STATE_VERSION, "epoch": epoch, "batch": batch, **asdict(self.config)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state``: the next iteration yields exactly the batches the saved run had left."""
+        if self._live_iterator() is not None:
+            raise StateError(
+                "load_state_dict() was called while an epoch is being iterated; "
+                "load the state before iterating (e.g. right after building the loader)"
+            )
+        if state.get("version") != STATE_VERSION:
+            raise StateError(f"state version={state.get('version')!r} is not {STATE_VERSION}; it is not a loader state")
+        for key, current in asdict(self.config).items():
+            if state.get(key) != current:
+                raise StateError(
+                    f"state has {key}={state.get(key)!r} but this loader has {key}={current!r}; "
+                    "resume needs the same data and configuration"
+                )
+        epoch, batch = state.get("epoch"), state.get("batch")
+        if not isinstance(epoch, int) or epoch < 0 or not isinstance(batch, int) or not 0 <= batch <= len(self):
+            raise StateError(f"state has epoch={epoch!r}, batch={batch!r}; expected epoch >= 0, 0 <= batch <= {len(self)}")
+        self._epoch, self._offset = (epoch + 1, 0) if batch == len(self) else (epoch, batch)
+
+    def _order(self, epoch: int) -> torch.Tensor:
+        c = self.config
+        order = epoch_order(c.seed, epoch, c.n, c.shuffle)
+        if self.device.type == "cuda":
+            order = order.pin_memory().to(self.device, non_blocking=True)  # no host sync
+        return order[: len(self) * c.batch_size] if c.drop_last else order
+
+    def _chunk(self, order: torch.Tensor, epoch: int, chunk: int, generator: torch.Generator | None) -> tuple:
+        c = self.config
+        span = c.chunk_batches * c.batch_size
+        idx = order[chunk * span : (chunk + 1) * span]
+        x = self.images.index_select(0, idx)
+        y = self.labels.index_select(0, idx)
+        if self.transform is not None:
+            assert generator is not None
+            generator.manual_seed(derive_seed(c.seed, epoch, 0, chunk))  # rank 0 until sharding exists
+            x = self.transform(x, generator=generator)
+            if not isinstance(x, torch.Tensor) or x.dim() < 1 or x.shape[0] != idx.shape[0]:
+                got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+                raise DataError(f"transform returned {got} for a batch of {idx.shape[0]}; it must keep the batch axis")
+        if self.dtype is not None:
+            x = convert_dtype(x, self.dtype)
+        if self.channels_last and x.dim() == 4:
+            x = x.contiguous(memory_format=torch.channels_last)
+        return x, y
+
+
+def _check_transform(transform: Transform) -> None:
+    if not callable(transform):
+        raise ConfigError(f"transform={transform!r} is not callable")
+    try:
+        params = inspect.signature(transform).parameters
+    except (TypeError, ValueError):
+        return  # builtins without a signature: let the call itself speak
+    takes_kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    if "generator" not in params and not takes_kwargs:
+        raise ConfigError(
+            f"transform={transform!r} does not accept generator=; DeviceLoader calls transform(batch, generator=g) "
+            "on whole batches. Use gpufeed.augment ops, or add a generator keyword to your callable"
+        )
+
+
+class _EpochIterator:
+    """One epoch of a DeviceLoader; records its position so the loader can save it."""
+
+    def __init__(self, loader: DeviceLoader, epoch: int, start: int) -> None:
+        self.loader, self.epoch, self.next_batch = loader, epoch, start
+        self.total = len(loader)
+        self.done = start >= self.total
+        self._order: torch.Tensor | None = None
+        self._generator: torch.Generator | None = None
+        self._chunk_index = -1
+        self._chunk: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def __iter__(self) -> _EpochIterator:
+        return self
+
+    def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.done:
+            raise StopIteration
+        loader, b = self.loader, self.next_batch
+        k, bs = loader.config.chunk_batches, loader.config.batch_size
+        if self._order is None:  # lazily, so building an iterator costs nothing
+            self._order = loader._order(self.epoch)
+            if loader.transform is not None:
+                self._generator = torch.Generator(device=loader.device)
+        if b // k != self._chunk_index:
+            self._chunk_index = b // k
+            self._chunk = loader._chunk(self._order, self.epoch, self._chunk_index, self._generator)
+        x, y = self._chunk  # type: ignore[misc]
+        j = (b % k) * bs
+        self.next_batch = b + 1
+        if self.next_batch >= self.total:
+            self.done, self._chunk, self._order = True, None, None
+        return x[j : j + bs], y[j : j + bs]

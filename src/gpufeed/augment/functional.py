@@ -92,33 +92,55 @@ def constant(values: float | Sequence[float], x: torch.Tensor, name: str = "valu
     return _cached_constant(tuple(float(v) for v in vals), x.device, x.dtype)
 
 
+def _axis_source(
+    pos: torch.Tensor, size: int, pads: list[tuple[int, int]], mode: str
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Map positions on an axis padded in stages (``(before, after)`` each, applied in order) to the source.
+
+    Stages matter for reflect and symmetric: torchvision's ``pad_if_needed`` pads the already
+    padded image again, which reflects the first padding too.
+    """
+    sizes = [size]
+    for before, after in pads:
+        sizes.append(sizes[-1] + before + after)
+    inside: torch.Tensor | None = None
+    for (before, _), inner in zip(reversed(pads), reversed(sizes[:-1]), strict=True):
+        pos, ok = source_index(pos - before, inner, mode)
+        if ok is not None:
+            inside = ok if inside is None else inside & ok
+    return pos, inside
+
+
 def crop(
     x: torch.Tensor,
     top: torch.Tensor,
     left: torch.Tensor,
     size: tuple[int, int],
-    padding: Padding = (0, 0, 0, 0),
+    padding: Padding | Sequence[Padding] = (0, 0, 0, 0),
     fill: float | Sequence[float] = 0,
     padding_mode: str = "constant",
 ) -> torch.Tensor:
     """Pad each image by ``padding`` (left, top, right, bottom), then crop ``size`` at (top, left).
 
     ``top`` and ``left`` are per-sample offsets into the *padded* image, as torchvision's
-    ``F.crop(F.pad(img, padding, fill, padding_mode), top, left, *size)``. The padded image is
-    never materialised: two gathers read the source through index maps.
+    ``F.crop(F.pad(img, padding, fill, padding_mode), top, left, *size)``. ``padding`` may also be
+    a list of such 4-tuples applied one after the other. The padded image is never materialised:
+    two gathers read the source through index maps.
     """
     n, c, h, w = x.shape
     out_h, out_w = size
-    pad_l, pad_t = padding[0], padding[1]
-    rows = top.view(n, 1) + torch.arange(out_h, device=x.device) - pad_t
-    cols = left.view(n, 1) + torch.arange(out_w, device=x.device) - pad_l
-    rows, rows_in = source_index(rows, h, padding_mode)
-    cols, cols_in = source_index(cols, w, padding_mode)
+    stages = [padding] if isinstance(padding[0], int) else list(padding)  # type: ignore[list-item]
+    rows = top.view(n, 1) + torch.arange(out_h, device=x.device)
+    cols = left.view(n, 1) + torch.arange(out_w, device=x.device)
+    rows, rows_in = _axis_source(rows, h, [(p[1], p[3]) for p in stages], padding_mode)  # type: ignore[index]
+    cols, cols_in = _axis_source(cols, w, [(p[0], p[2]) for p in stages], padding_mode)  # type: ignore[index]
     out = x.gather(2, rows.view(n, 1, out_h, 1).expand(n, c, out_h, w))
     out = out.gather(3, cols.view(n, 1, 1, out_w).expand(n, c, out_h, out_w))
-    if rows_in is not None and cols_in is not None:
-        inside = rows_in.view(n, 1, out_h, 1) & cols_in.view(n, 1, 1, out_w)
-        out = torch.where(inside, out, constant(fill, x, "fill"))
+    if rows_in is not None or cols_in is not None:
+        true = torch.ones((), dtype=torch.bool, device=x.device)
+        r_in = rows_in.view(n, 1, out_h, 1) if rows_in is not None else true
+        c_in = cols_in.view(n, 1, 1, out_w) if cols_in is not None else true
+        out = torch.where(r_in & c_in, out, constant(fill, x, "fill"))
     return out
 
 

@@ -118,23 +118,29 @@ class RandomCrop(BatchTransform):
         if self.padding_mode not in F.PADDING_MODES:
             raise ConfigError(f"padding_mode={self.padding_mode!r} must be one of {F.PADDING_MODES}")
 
-    def resolved_padding(self, height: int, width: int) -> tuple[int, int, int, int]:
-        """Padding (left, top, right, bottom) for an input of this size, ``pad_if_needed`` included."""
+    def resolved_padding(self, height: int, width: int) -> list[tuple[int, int, int, int]]:
+        """Padding stages (left, top, right, bottom) for an input of this size, in torchvision's order.
+
+        With ``pad_if_needed`` torchvision pads a second time (width, then height) when the padded
+        image is still smaller than ``size``; for reflect modes the stages do not merge into one.
+        """
+        stages = [self.padding]
         left, top, right, bottom = self.padding  # type: ignore[misc]
         h, w = self.size  # type: ignore[misc]
         if self.pad_if_needed and width + left + right < w:
             extra = w - (width + left + right)
-            left, right = left + extra, right + extra
+            stages.append((extra, 0, extra, 0))
         if self.pad_if_needed and height + top + bottom < h:
             extra = h - (height + top + bottom)
-            top, bottom = top + extra, bottom + extra
-        return left, top, right, bottom
+            stages.append((0, extra, 0, extra))
+        return stages  # type: ignore[return-value]
 
     def sample(self, x: torch.Tensor, generator: torch.Generator) -> Params:
         n, _, height, width = x.shape
-        left, top, right, bottom = self.resolved_padding(height, width)
+        stages = self.resolved_padding(height, width)
         h, w = self.size  # type: ignore[misc]
-        ph, pw = height + top + bottom, width + left + right
+        ph = height + sum(p[1] + p[3] for p in stages)
+        pw = width + sum(p[0] + p[2] for p in stages)
         if ph < h or pw < w:
             raise ConfigError(
                 f"size={self.size} is larger than the padded image ({ph}, {pw}); increase padding or set pad_if_needed"

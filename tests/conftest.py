@@ -1,0 +1,42 @@
+"""Shared fixtures: the ``device`` fixture runs a test on the CPU and, where present, on CUDA."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+_DEVICES = [
+    pytest.param("cpu", id="cpu"),
+    pytest.param(
+        "cuda",
+        id="cuda",
+        marks=[pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")],
+    ),
+]
+
+
+@pytest.fixture(params=_DEVICES)
+def device(request: pytest.FixtureRequest) -> torch.device:
+    return torch.device(request.param)
+
+
+def indexed_images(n: int, channels: int = 3, size: int = 8) -> torch.Tensor:
+    """uint8 images whose every pixel encodes the sample index (mod 256) plus its position.
+
+    Sample i has channel 0 filled with i % 256 and channel 1 with i // 256, so a batch can be
+    mapped back to the indices it came from; channel 2 varies by pixel so crops and flips show.
+    """
+    x = torch.zeros(n, channels, size, size, dtype=torch.uint8)
+    idx = torch.arange(n)
+    x[:, 0] = (idx % 256).to(torch.uint8).view(n, 1, 1)
+    if channels > 1:
+        x[:, 1] = (idx // 256).to(torch.uint8).view(n, 1, 1)
+    if channels > 2:
+        x[:, 2] = torch.arange(size * size, dtype=torch.uint8).view(size, size)
+    return x
+
+
+def decode_indices(batch: torch.Tensor) -> list[int]:
+    """Inverse of :func:`indexed_images` for an untransformed batch."""
+    b = batch.cpu().long()
+    return (b[:, 0, 0, 0] + 256 * b[:, 1, 0, 0]).tolist()

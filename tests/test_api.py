@@ -1,0 +1,29 @@
+import subprocess
+import sys
+
+import gpufeed
+from gpufeed import augment
+
+
+def test_all_is_sorted_and_every_name_exists():
+    for module in (gpufeed, augment):
+        assert list(module.__all__) == sorted(module.__all__)
+        for name in module.__all__:
+            assert hasattr(module, name), name
+
+
+def test_public_api_names_from_design_are_exported():
+    assert {"DeviceLoader", "prefetch", "augment"} <= set(gpufeed.__all__)
+    expected = {"Compose", "RandomCrop", "RandomHorizontalFlip", "RandomVerticalFlip", "Normalize", "RandomErasing"}
+    assert expected | {"Cutout", "ConvertDtype"} <= set(augment.__all__)
+
+
+def test_import_initialises_no_cuda_and_changes_no_torch_global():
+    code = (
+        "import torch; before = (torch.get_default_dtype(), torch.backends.cudnn.benchmark, torch.initial_seed());"
+        "import gpufeed, gpufeed.augment;"
+        "after = (torch.get_default_dtype(), torch.backends.cudnn.benchmark, torch.initial_seed());"
+        "print(torch.cuda.is_initialized(), before == after)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["False", "True"]

@@ -219,7 +219,9 @@ class DeviceLoader:
                 )
         epoch, batch = state.get("epoch"), state.get("batch")
         if not isinstance(epoch, int) or epoch < 0 or not isinstance(batch, int) or not 0 <= batch <= len(self):
-            raise StateError(f"state has epoch={epoch!r}, batch={batch!r}; expected epoch >= 0, 0 <= batch <= {len(self)}")
+            raise StateError(
+                f"state has epoch={epoch!r}, batch={batch!r}; expected epoch >= 0 and 0 <= batch <= {len(self)}"
+            )
         self._epoch, self._offset = (epoch + 1, 0) if batch == len(self) else (epoch, batch)
 
     def _order(self, epoch: int) -> torch.Tensor:

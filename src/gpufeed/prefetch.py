@@ -61,6 +61,38 @@ class _Failed:
         self.error = error
 
 
+def lookahead(
+    source: Iterable[Any], depth: int, start: Callable[[Any], Any], finish: Callable[[Any], T]
+) -> Iterator[T]:
+    """Yield ``finish(start(item))`` per item, with ``depth`` items started ahead of the one yielded.
+
+    An exception raised by ``source`` is re-raised where it happened in the sequence, after the
+    items before it have been yielded.
+    """
+    it = iter(source)
+    pending: deque[Any] = deque()
+    more = True
+
+    def fill() -> None:
+        nonlocal more
+        while more and len(pending) < depth:
+            try:
+                pending.append(start(next(it)))
+            except StopIteration:
+                more = False
+            except Exception as e:
+                pending.append(_Failed(e))
+                more = False
+
+    fill()
+    while pending:
+        item = pending.popleft()
+        fill()  # start the next copies before handing this batch out, so they overlap its compute
+        if isinstance(item, _Failed):
+            raise item.error
+        yield finish(item)
+
+
 class Prefetcher(Iterable[T]):
     """Re-iterable wrapper returned by :func:`prefetch`; ``len()`` is the source's length."""
 
@@ -73,46 +105,27 @@ class Prefetcher(Iterable[T]):
     def __iter__(self) -> Iterator[T]:
         if self.device.type != "cuda":
             return iter(self.iterable)
-        return self._cuda_iter()
-
-    def _cuda_iter(self) -> Iterator[T]:
         device = self.device
         with torch.cuda.device(device):
             copy_stream = torch.cuda.Stream(device)
-        source = iter(self.iterable)
-        pending: deque[tuple[Any, torch.cuda.Event] | _Failed] = deque()
-        more = True
 
-        def issue() -> bool:
-            try:
-                batch = next(source)
-            except StopIteration:
-                return False
-            except Exception as e:  # surfaced in order, after the batches before it
-                pending.append(_Failed(e))
-                return False
+        def start(batch: Any) -> tuple[Any, torch.cuda.Event]:
             with torch.cuda.device(device), torch.cuda.stream(copy_stream):  # NOTE [ Stream ownership ] 1-2
                 moved = map_tensors(batch, lambda t: _pinned(t).to(device, non_blocking=True))
                 event = torch.cuda.Event()
                 event.record(copy_stream)
-            pending.append((moved, event))
-            return True
+            return moved, event
 
-        while True:
-            while more and len(pending) < self.depth:
-                more = issue()
-            if not pending:
-                return
-            item = pending.popleft()
-            if isinstance(item, _Failed):
-                raise item.error
+        def finish(item: tuple[Any, torch.cuda.Event]) -> Any:
             moved, event = item
             consumer = torch.cuda.current_stream(device)
             consumer.wait_event(event)  # NOTE [ Stream ownership ] 3
             for t in _tensors(moved):
                 if t.device == device:
                     t.record_stream(consumer)  # NOTE [ Stream ownership ] 4
-            yield moved
+            return moved
+
+        return lookahead(self.iterable, self.depth, start, finish)
 
 
 def _pinned(t: torch.Tensor) -> torch.Tensor:

@@ -151,8 +151,8 @@ def test_random_transform_without_generator_says_how_to_make_one():
 
 
 def test_deterministic_transforms_need_no_generator():
-    out = Compose([ConvertDtype(torch.float32), Normalize([0.0], [2.0])])(torch.full((1, 1, 1, 1), 255, dtype=torch.uint8))
-    assert out.item() == 0.5
+    x = torch.full((1, 1, 1, 1), 255, dtype=torch.uint8)
+    assert Compose([ConvertDtype(torch.float32), Normalize([0.0], [2.0])])(x).item() == 0.5
 
 
 @pytest.mark.parametrize(

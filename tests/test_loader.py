@@ -1,0 +1,217 @@
+"""DeviceLoader: coverage, order, resume, bad input."""
+
+import pickle
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from conftest import decode_indices, indexed_images
+from gpufeed import ConfigError, DataError, DeviceError, DeviceLoader, StateError
+from gpufeed.augment import Compose, Normalize, RandomCrop, RandomErasing, RandomHorizontalFlip
+
+AUG = Compose([RandomCrop(8, padding=2), RandomHorizontalFlip(), Normalize([0.5] * 3, [0.25] * 3),
+               RandomErasing(p=0.5)])
+
+
+def _loader(n=50, **kw):
+    kw.setdefault("batch_size", 8)
+    kw.setdefault("device", "cpu")
+    return DeviceLoader(indexed_images(n), torch.arange(n), **kw)
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(1, 300), bs=st.integers(1, 64), drop_last=st.booleans(), shuffle=st.booleans(),
+       chunk=st.integers(1, 5), seed=st.integers(0, 1000))
+def test_every_index_exactly_once_per_epoch(n, bs, drop_last, shuffle, chunk, seed):
+    loader = DeviceLoader(indexed_images(n), torch.arange(n), batch_size=bs, shuffle=shuffle, drop_last=drop_last,
+                          device="cpu", seed=seed, dtype=None, chunk_batches=chunk)
+    batches = list(loader)
+    assert len(batches) == len(loader)
+    seen = [i for x, y in batches for i in decode_indices(x)]
+    assert seen == [i for _, y in batches for i in y.tolist()]  # labels travel with their images
+    assert len(seen) == len(set(seen))
+    if drop_last:
+        assert len(seen) == (n // bs) * bs and all(x.shape[0] == bs for x, _ in batches)
+    else:
+        assert sorted(seen) == list(range(n))
+    if not shuffle:
+        assert seen == list(range(len(seen)))
+
+
+def test_iterating_again_serves_the_next_epoch_with_a_new_order():
+    loader = _loader()
+    first = torch.cat([y for _, y in loader])
+    second = torch.cat([y for _, y in loader])
+    assert loader.epoch == 2
+    assert not torch.equal(first, second)
+    loader.set_epoch(0)
+    assert torch.equal(torch.cat([y for _, y in loader]), first)
+
+
+def test_order_is_a_function_of_seed_and_epoch_only():
+    a, b = _loader(seed=3), _loader(seed=3, batch_size=5)
+    b.set_epoch(4)
+    a.set_epoch(4)
+    assert torch.equal(torch.cat([y for _, y in a]), torch.cat([y for _, y in b]))
+
+
+def test_batches_are_transformed_in_the_requested_dtype_and_layout():
+    loader = _loader(transform=AUG, dtype=torch.bfloat16, channels_last=True)
+    x, y = next(iter(loader))
+    assert x.dtype == torch.bfloat16 and x.shape == (8, 3, 8, 8) and y.dtype == torch.int64
+    assert x.is_contiguous(memory_format=torch.channels_last)
+
+
+def test_without_transform_uint8_becomes_float_in_zero_one():
+    x, _ = next(iter(_loader(shuffle=False)))
+    assert x.dtype == torch.float32
+    assert torch.equal(x, indexed_images(50)[:8].float() / 255)
+
+
+def test_augmentation_is_reproducible_and_differs_between_epochs():
+    a, b = _loader(transform=AUG, seed=1, shuffle=False), _loader(transform=AUG, seed=1, shuffle=False)
+    epoch0 = [x for x, _ in a]
+    assert all(torch.equal(p, q) for p, q in zip(epoch0, [x for x, _ in b], strict=True))
+    epoch1 = [x for x, _ in a]  # same samples in the same order (no shuffle), new augmentation
+    assert sum(torch.equal(p, q) for p, q in zip(epoch0, epoch1, strict=True)) == 0
+
+
+def test_loader_uses_no_global_rng():
+    torch.manual_seed(0)
+    expected = torch.rand(3)
+    torch.manual_seed(0)
+    list(_loader(transform=AUG))
+    assert torch.equal(torch.rand(3), expected)
+
+
+@pytest.mark.parametrize("stop_after", [0, 1, 3, 5, 6])
+def test_resume_mid_epoch_equals_the_uninterrupted_run(stop_after):
+    kw = dict(transform=AUG, chunk_batches=2, seed=5)
+    full = _loader(**kw)
+    full.set_epoch(2)
+    expected = [(x.clone(), y.clone()) for x, y in full] + [(x.clone(), y.clone()) for x, y in full]
+
+    run = _loader(**kw)
+    run.set_epoch(2)
+    it = iter(run)
+    for _ in range(stop_after):
+        next(it)
+    state = pickle.loads(pickle.dumps(run.state_dict()))
+    assert state["epoch"] == 2 and state["batch"] == stop_after
+
+    resumed = _loader(**kw)
+    resumed.load_state_dict(state)
+    got = [(x, y) for x, y in resumed] + [(x, y) for x, y in resumed]  # rest of epoch 2, then epoch 3
+    assert len(got) == len(expected) - stop_after
+    for (x, y), (ex, ey) in zip(got, expected[stop_after:], strict=True):
+        assert torch.equal(x, ex) and torch.equal(y, ey)
+
+
+def test_resume_in_a_fresh_process_is_bit_exact(tmp_path):
+    kw = dict(transform=AUG, chunk_batches=3, seed=11)
+    loader = _loader(**kw)
+    it = iter(loader)
+    head = [next(it) for _ in range(4)]
+    torch.save(loader.state_dict(), tmp_path / "state.pt")
+    expected = torch.stack([x for x, _ in it][:2])  # the uninterrupted run's next two batches (full size)
+
+    script = textwrap.dedent(f"""
+        import sys, torch
+        sys.path.insert(0, {str(__import__('pathlib').Path(__file__).parent)!r})
+        from test_loader import AUG, _loader
+        loader = _loader(transform=AUG, chunk_batches=3, seed=11)
+        loader.load_state_dict(torch.load({str(tmp_path / 'state.pt')!r}))
+        it = iter(loader)
+        torch.save(torch.stack([next(it)[0], next(it)[0]]), {str(tmp_path / 'out.pt')!r})
+    """)
+    subprocess.run([sys.executable, "-c", script], check=True)
+    assert len(head) == 4
+    assert torch.equal(torch.load(tmp_path / "out.pt"), expected)
+
+
+def test_state_at_the_end_of_an_epoch_points_to_the_next():
+    loader = _loader()
+    list(loader)
+    state = loader.state_dict()
+    assert (state["epoch"], state["batch"]) == (1, 0)
+
+
+def test_load_state_dict_while_iterating_is_an_error():
+    loader = _loader()
+    it = iter(loader)
+    next(it)
+    with pytest.raises(StateError, match="while an epoch is being iterated"):
+        loader.load_state_dict(loader.state_dict())
+
+
+@pytest.mark.parametrize("key, value", [("seed", 99), ("batch_size", 4), ("n", 7), ("version", 0), ("batch", 99)])
+def test_load_state_dict_refuses_a_state_of_another_configuration(key, value):
+    state = _loader().state_dict()
+    state[key] = value
+    with pytest.raises(StateError, match=key):
+        _loader().load_state_dict(state)
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        (dict(images=torch.zeros(0, 3, 8, 8, dtype=torch.uint8), labels=torch.zeros(0)), DataError, "empty"),
+        (dict(images=torch.zeros(4, 8, 8, dtype=torch.uint8)), DataError, "unsqueeze"),
+        (dict(images=torch.zeros(4, 3, 8, 8, dtype=torch.int32)), DataError, "dtype=torch.int32"),
+        (dict(labels=torch.arange(5)), DataError, "labels has shape"),
+        (dict(labels=torch.tensor([0, 1, -1, 2])), DataError, r"labels\[2\]=-1 is out of range"),
+        (dict(labels=torch.tensor([0, 1, 10, 2]), num_classes=10), DataError, r"labels\[2\]=10"),
+        (dict(batch_size=0), ConfigError, "batch_size=0"),
+        (dict(device="tpu"), DeviceError, "device='tpu'"),
+        (dict(device="cuda:7"), DeviceError, "cuda"),
+        (dict(transform=lambda x: x), ConfigError, "generator="),
+        (dict(dtype=torch.int64), ConfigError, "dtype=torch.int64"),
+    ],
+)
+def test_bad_input_raises_a_typed_error_naming_it(kwargs, error, match):
+    args = dict(images=torch.zeros(4, 3, 8, 8, dtype=torch.uint8), labels=torch.arange(4), device="cpu")
+    args.update(kwargs)
+    with pytest.raises(error, match=match):
+        DeviceLoader(**args)
+
+
+def test_nan_in_float_images_names_the_first_bad_sample():
+    images = torch.rand(6, 3, 4, 4)
+    images[4, 1, 2, 2] = float("nan")
+    with pytest.raises(DataError, match=r"images\[4\] contains NaN"):
+        DeviceLoader(images, torch.arange(6), device="cpu")
+
+
+def test_transform_that_drops_samples_is_reported():
+    loader = _loader(transform=lambda x, generator: x[:1])
+    with pytest.raises(DataError, match="keep the batch axis"):
+        next(iter(loader))
+
+
+def test_numpy_inputs_are_accepted_and_the_caller_data_is_not_modified():
+    images = indexed_images(20).numpy()
+    before = images.copy()
+    loader = DeviceLoader(images, np.arange(20), batch_size=6, device="cpu", transform=AUG)
+    list(loader)
+    assert np.array_equal(images, before)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_epoch_does_not_synchronise_with_the_host():
+    loader = DeviceLoader(indexed_images(4096, size=32), torch.arange(4096), batch_size=256, device="cuda",
+                          transform=Compose([RandomCrop(32, padding=4), RandomHorizontalFlip(),
+                                             Normalize([0.5] * 3, [0.25] * 3)]))
+    list(loader)  # warm-up: constants cached, allocator primed
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        n = sum(x.shape[0] for x, _ in loader)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert n == 4096

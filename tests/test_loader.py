@@ -15,8 +15,9 @@ from conftest import decode_indices, indexed_images
 from gpufeed import ConfigError, DataError, DeviceError, DeviceLoader, StateError
 from gpufeed.augment import Compose, Normalize, RandomCrop, RandomErasing, RandomHorizontalFlip
 
-AUG = Compose([RandomCrop(8, padding=2), RandomHorizontalFlip(), Normalize([0.5] * 3, [0.25] * 3),
-               RandomErasing(p=0.5)])
+AUG = Compose(
+    [RandomCrop(8, padding=2), RandomHorizontalFlip(), Normalize([0.5] * 3, [0.25] * 3), RandomErasing(p=0.5)]
+)
 
 
 def _loader(n=50, **kw):
@@ -26,11 +27,26 @@ def _loader(n=50, **kw):
 
 
 @settings(max_examples=60, deadline=None)
-@given(n=st.integers(1, 300), bs=st.integers(1, 64), drop_last=st.booleans(), shuffle=st.booleans(),
-       chunk=st.integers(1, 5), seed=st.integers(0, 1000))
+@given(
+    n=st.integers(1, 300),
+    bs=st.integers(1, 64),
+    drop_last=st.booleans(),
+    shuffle=st.booleans(),
+    chunk=st.integers(1, 5),
+    seed=st.integers(0, 1000),
+)
 def test_every_index_exactly_once_per_epoch(n, bs, drop_last, shuffle, chunk, seed):
-    loader = DeviceLoader(indexed_images(n), torch.arange(n), batch_size=bs, shuffle=shuffle, drop_last=drop_last,
-                          device="cpu", seed=seed, dtype=None, chunk_batches=chunk)
+    loader = DeviceLoader(
+        indexed_images(n),
+        torch.arange(n),
+        batch_size=bs,
+        shuffle=shuffle,
+        drop_last=drop_last,
+        device="cpu",
+        seed=seed,
+        dtype=None,
+        chunk_batches=chunk,
+    )
     batches = list(loader)
     assert len(batches) == len(loader)
     seen = [i for x, y in batches for i in decode_indices(x)]
@@ -123,12 +139,12 @@ def test_resume_in_a_fresh_process_is_bit_exact(tmp_path):
 
     script = textwrap.dedent(f"""
         import sys, torch
-        sys.path.insert(0, {str(__import__('pathlib').Path(__file__).parent)!r})
+        sys.path.insert(0, {str(__import__("pathlib").Path(__file__).parent)!r})
         from test_loader import AUG, _loader
         loader = _loader(transform=AUG, chunk_batches=3, seed=11)
-        loader.load_state_dict(torch.load({str(tmp_path / 'state.pt')!r}))
+        loader.load_state_dict(torch.load({str(tmp_path / "state.pt")!r}))
         it = iter(loader)
-        torch.save(torch.stack([next(it)[0], next(it)[0]]), {str(tmp_path / 'out.pt')!r})
+        torch.save(torch.stack([next(it)[0], next(it)[0]]), {str(tmp_path / "out.pt")!r})
     """)
     subprocess.run([sys.executable, "-c", script], check=True)
     assert len(head) == 4
@@ -205,9 +221,13 @@ def test_numpy_inputs_are_accepted_and_the_caller_data_is_not_modified():
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_epoch_does_not_synchronise_with_the_host():
-    loader = DeviceLoader(indexed_images(4096, size=32), torch.arange(4096), batch_size=256, device="cuda",
-                          transform=Compose([RandomCrop(32, padding=4), RandomHorizontalFlip(),
-                                             Normalize([0.5] * 3, [0.25] * 3)]))
+    loader = DeviceLoader(
+        indexed_images(4096, size=32),
+        torch.arange(4096),
+        batch_size=256,
+        device="cuda",
+        transform=Compose([RandomCrop(32, padding=4), RandomHorizontalFlip(), Normalize([0.5] * 3, [0.25] * 3)]),
+    )
     list(loader)  # warm-up: constants cached, allocator primed
     torch.cuda.set_sync_debug_mode("error")
     try:

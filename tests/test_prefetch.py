@@ -31,8 +31,9 @@ def test_prefetcher_is_reiterable_and_has_the_source_length():
 def test_lookahead_starts_exactly_depth_items_ahead(depth):
     log = []
     out = []
-    for item in lookahead(range(6), depth, start=lambda i: log.append(("start", i)) or i,
-                          finish=lambda i: log.append(("finish", i)) or i):
+    for item in lookahead(
+        range(6), depth, start=lambda i: log.append(("start", i)) or i, finish=lambda i: log.append(("finish", i)) or i
+    ):
         out.append(item)
         started = max(i for kind, i in log if kind == "start")
         assert started == min(item + depth, 5)  # never more than depth in flight

@@ -27,8 +27,14 @@ def _torchvision_crop(img, top, left, size, padding, pad_if_needed, fill, mode):
 @pytest.mark.parametrize("mode", ["constant", "edge", "reflect", "symmetric"])
 @pytest.mark.parametrize(
     ("size", "padding", "pad_if_needed"),
-    [((9, 7), 2, False), ((5, 4), None, False), ((8, 8), [1, 3], False), ((6, 9), [0, 1, 3, 2], False),
-     ((12, 11), None, True), ((14, 10), 1, True)],
+    [
+        ((9, 7), 2, False),
+        ((5, 4), None, False),
+        ((8, 8), [1, 3], False),
+        ((6, 9), [0, 1, 3, 2], False),
+        ((12, 11), None, True),
+        ((14, 10), 1, True),
+    ],
 )
 def test_crop_equals_torchvision_random_crop_with_the_same_offsets(device, mode, size, padding, pad_if_needed):
     x = _batch().to(device)

@@ -85,8 +85,13 @@ def test_random_erasing_parameters_follow_torchvision_distribution():
     # the rare "no attempt fits" case leaves the image alone, as torchvision returns the image itself
     tv_fit_rate, fit_rate = len(tv_h) / DRAWS, fits.double().mean().item()
     assert abs(fit_rate - tv_fit_rate) < 4.5 * math.sqrt(tv_fit_rate * (1 - tv_fit_rate) * 2 / DRAWS) + 1e-9
-    for ours, theirs in [(params["height"], tv_h), (params["width"], tv_w), (params["top"], tv_top),
-                         (params["left"], tv_left), (params["height"] * params["width"], tv_h * tv_w)]:
+    for ours, theirs in [
+        (params["height"], tv_h),
+        (params["width"], tv_w),
+        (params["top"], tv_top),
+        (params["left"], tv_left),
+        (params["height"] * params["width"], tv_h * tv_w),
+    ]:
         assert ks_statistic(ours[fits], theirs) < ks_critical(int(fits.sum()), len(theirs))
 
 
@@ -123,8 +128,12 @@ def test_cutout_box_is_clipped_at_the_border_and_centres_are_uniform():
 
 def test_call_equals_apply_of_sample_with_the_same_generator_state():
     x = torch.randint(0, 256, (32, 3, 16, 16), dtype=torch.uint8, generator=_gen(9))
-    for op in [RandomCrop(12, padding=2, padding_mode="reflect"), RandomHorizontalFlip(), RandomErasing(p=0.8),
-               Cutout(5, p=0.5)]:
+    for op in [
+        RandomCrop(12, padding=2, padding_mode="reflect"),
+        RandomHorizontalFlip(),
+        RandomErasing(p=0.8),
+        Cutout(5, p=0.5),
+    ]:
         assert torch.equal(op(x, generator=_gen(5)), op.apply(x, op.sample(x, _gen(5))))
 
 

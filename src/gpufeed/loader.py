@@ -30,7 +30,9 @@ from .sampling import derive_seed, epoch_order, num_batches
 __all__ = ["DeviceLoader"]
 
 STATE_VERSION = 1
-_CHUNK_BYTES = 32 << 20  # stored bytes gathered per chunk; bounds the chunk's float output too
+# Stored bytes gathered per chunk. On a GPU the cost of a batch is kernel launches, so chunks are
+# large; on a CPU the cost is memory traffic, and a chunk that stays in cache is 2-4x faster.
+_CHUNK_BYTES = {"cuda": 32 << 20, "cpu": 1 << 20}
 _MAX_CHUNK_BATCHES = 32
 
 Transform = Callable[..., torch.Tensor]
@@ -157,7 +159,8 @@ class DeviceLoader:
         n = images.shape[0]
         if chunk_batches is None and isinstance(batch_size, int) and batch_size >= 1:
             batch_bytes = batch_size * images[0].numel() * images.element_size()
-            chunk_batches = max(1, min(_MAX_CHUNK_BATCHES, _CHUNK_BYTES // batch_bytes))
+            budget = _CHUNK_BYTES.get(self.device.type, _CHUNK_BYTES["cuda"])
+            chunk_batches = max(1, min(_MAX_CHUNK_BATCHES, budget // batch_bytes))
         self.config = _Config(n, batch_size, bool(shuffle), bool(drop_last), seed, chunk_batches or 1)
         self.transform = transform
         self.dtype = dtype

@@ -192,3 +192,23 @@ def test_crop_larger_than_the_padded_image_is_an_error_suggesting_padding():
 def test_normalize_with_the_wrong_number_of_channels_names_them():
     with pytest.raises(ConfigError, match="one per channel"):
         Normalize([0.5] * 3, [0.2] * 3)(torch.zeros(1, 1, 2, 2))
+
+
+@pytest.mark.parametrize(
+    "ops",
+    [
+        [RandomCrop(12, padding=3), RandomHorizontalFlip()],
+        [RandomHorizontalFlip(), RandomVerticalFlip(), RandomCrop((10, 14), padding=(1, 2, 3, 4), fill=9)],
+        [RandomCrop(14, padding=2, padding_mode="reflect"), RandomCrop(10, padding=1, fill=5), RandomVerticalFlip()],
+        [RandomCrop(14, padding=2, fill=1), RandomHorizontalFlip(), RandomCrop(12, padding=3, fill=200)],
+        [RandomCrop(16, padding=2, fill=(1, 2, 3)), RandomHorizontalFlip(), RandomCrop(16, padding=1, fill=(1, 2, 3))],
+        [RandomCrop(12, padding=4), RandomErasing(p=1.0, value=7), RandomHorizontalFlip(), RandomCrop(12, padding=2)],
+    ],
+)
+def test_compose_fuses_crops_and_flips_into_the_same_pixels_as_one_by_one(device, ops):
+    x = torch.randint(0, 256, (64, 3, 16, 16), dtype=torch.uint8, generator=_gen(2)).to(device)
+    fused = Compose(ops)(x, generator=_gen(3, device))
+    g, y = _gen(3, device), x
+    for op in ops:
+        y = op.apply(y, op.sample(y, g))
+    assert torch.equal(fused, y)

@@ -16,6 +16,8 @@ from functools import lru_cache
 import torch
 
 from ..errors import ConfigError, DataError
+from . import geometry as G
+from .geometry import PADDING_MODES, Padding
 
 __all__ = [
     "PADDING_MODES",
@@ -26,13 +28,8 @@ __all__ = [
     "erase",
     "hflip",
     "normalize",
-    "source_index",
     "vflip",
 ]
-
-PADDING_MODES = ("constant", "edge", "reflect", "symmetric")
-Padding = tuple[int, int, int, int]  # left, top, right, bottom, as torchvision
-
 
 def check_batch(x: object, name: str = "batch") -> torch.Tensor:
     """Raise a typed error unless ``x`` is an ``(N, C, H, W)`` uint8 or floating tensor."""
@@ -44,32 +41,6 @@ def check_batch(x: object, name: str = "batch") -> torch.Tensor:
     if x.dtype != torch.uint8 and not x.dtype.is_floating_point:
         raise DataError(f"{name} must be uint8 or floating, got dtype={x.dtype}; convert with x.to(torch.uint8)")
     return x
-
-
-def source_index(pos: torch.Tensor, size: int, mode: str) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Map positions in a padded axis to indices into an axis of ``size`` elements.
-
-    ``pos`` holds source coordinates that may lie outside ``[0, size)``. Returns the index to read
-    and, for ``"constant"`` mode, the mask of positions that are inside (``None`` otherwise).
-    Reflect and symmetric are periodic, which equals numpy's repeated reflection for pads wider
-    than the image.
-    """
-    if mode == "constant":
-        inside = (pos >= 0) & (pos < size)
-        return pos.clamp(0, size - 1), inside
-    if mode == "edge":
-        return pos.clamp(0, size - 1), None
-    if mode == "reflect":
-        if size == 1:
-            return torch.zeros_like(pos), None
-        period = 2 * (size - 1)
-        r = pos.remainder(period)
-        return torch.where(r >= size, period - r, r), None
-    if mode == "symmetric":
-        period = 2 * size
-        r = pos.remainder(period)
-        return torch.where(r >= size, period - 1 - r, r), None
-    raise ConfigError(f"padding_mode={mode!r} is not one of {PADDING_MODES}")
 
 
 @lru_cache(maxsize=128)
@@ -92,25 +63,6 @@ def constant(values: float | Sequence[float], x: torch.Tensor, name: str = "valu
     return _cached_constant(tuple(float(v) for v in vals), x.device, x.dtype)
 
 
-def _axis_source(
-    pos: torch.Tensor, size: int, pads: list[tuple[int, int]], mode: str
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Map positions on an axis padded in stages (``(before, after)`` each, applied in order) to the source.
-
-    Stages matter for reflect and symmetric: torchvision's ``pad_if_needed`` pads the already
-    padded image again, which reflects the first padding too.
-    """
-    sizes = [size]
-    for before, after in pads:
-        sizes.append(sizes[-1] + before + after)
-    inside: torch.Tensor | None = None
-    for (before, _), inner in zip(reversed(pads), reversed(sizes[:-1]), strict=True):
-        pos, ok = source_index(pos - before, inner, mode)
-        if ok is not None:
-            inside = ok if inside is None else inside & ok
-    return pos, inside
-
-
 def crop(
     x: torch.Tensor,
     top: torch.Tensor,
@@ -125,43 +77,20 @@ def crop(
     ``top`` and ``left`` are per-sample offsets into the *padded* image, as torchvision's
     ``F.crop(F.pad(img, padding, fill, padding_mode), top, left, *size)``. ``padding`` may also be
     a list of such 4-tuples applied one after the other. The padded image is never materialised:
-    two gathers read the source through index maps.
+    one gather reads the source through an index map.
     """
-    n, c, h, w = x.shape
-    out_h, out_w = size
-    stages = [padding] if isinstance(padding[0], int) else list(padding)  # type: ignore[list-item]
-    rows = top.view(n, 1) + torch.arange(out_h, device=x.device)
-    cols = left.view(n, 1) + torch.arange(out_w, device=x.device)
-    rows, rows_in = _axis_source(rows, h, [(p[1], p[3]) for p in stages], padding_mode)  # type: ignore[index]
-    cols, cols_in = _axis_source(cols, w, [(p[0], p[2]) for p in stages], padding_mode)  # type: ignore[index]
-    out = x.gather(2, rows.view(n, 1, out_h, 1).expand(n, c, out_h, w))
-    out = out.gather(3, cols.view(n, 1, 1, out_w).expand(n, c, out_h, out_w))
-    if rows_in is not None or cols_in is not None:
-        true = torch.ones((), dtype=torch.bool, device=x.device)
-        r_in = rows_in.view(n, 1, out_h, 1) if rows_in is not None else true
-        c_in = cols_in.view(n, 1, 1, out_w) if cols_in is not None else true
-        out = torch.where(r_in & c_in, out, constant(fill, x, "fill"))
-    return out
-
-
-def _flip(x: torch.Tensor, mask: torch.Tensor, dim: int) -> torch.Tensor:
-    # One gather with a per-sample reversed index; cheaper than flip() of everything plus a where().
-    n, length = x.shape[0], x.shape[dim]
-    ar = torch.arange(length, device=x.device)
-    idx = torch.where(mask.view(n, 1), length - 1 - ar, ar)
-    shape = [n, 1, 1, 1]
-    shape[dim] = length
-    return x.gather(dim, idx.view(shape).expand_as(x))
+    m = G.crop_map(top, left, size, (x.shape[2], x.shape[3]), padding, padding_mode, fill)
+    return G.remap(x, m, constant(fill, x, "fill") if m.fill is not None else None)
 
 
 def hflip(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Mirror the width axis of the samples where ``mask`` (bool, shape ``(N,)``) is true."""
-    return _flip(x, mask, 3)
+    return G.remap(x, G.flip_map(mask, x.shape[3], "cols"))
 
 
 def vflip(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Mirror the height axis of the samples where ``mask`` (bool, shape ``(N,)``) is true."""
-    return _flip(x, mask, 2)
+    return G.remap(x, G.flip_map(mask, x.shape[2], "rows"))
 
 
 def convert_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

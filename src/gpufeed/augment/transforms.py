@@ -17,12 +17,14 @@ import torch
 
 from ..errors import ConfigError, DeviceError
 from . import functional as F
+from . import geometry as G
 
 __all__ = [
     "BatchTransform",
     "Compose",
     "ConvertDtype",
     "Cutout",
+    "GeometricTransform",
     "Normalize",
     "RandomCrop",
     "RandomErasing",
@@ -80,8 +82,33 @@ class BatchTransform:
         return self.apply(x, self.sample(x, _check_generator(generator, x, type(self).__name__)))
 
 
+class GeometricTransform(BatchTransform):
+    """A transform that only moves pixels (crop, flip): :class:`Compose` fuses a run of them into one gather."""
+
+    def draw(self, n: int, height: int, width: int, device: torch.device, generator: torch.Generator) -> Params:
+        """Draw parameters for ``n`` samples of size ``(height, width)``; needs no pixels."""
+        raise NotImplementedError
+
+    def index_map(self, params: Params, height: int, width: int) -> G.IndexMap:
+        """Where each output pixel reads from, for inputs of size ``(height, width)``."""
+        raise NotImplementedError
+
+    def output_size(self, height: int, width: int) -> tuple[int, int]:
+        return height, width
+
+    def sample(self, x: torch.Tensor, generator: torch.Generator) -> Params:
+        return self.draw(x.shape[0], x.shape[2], x.shape[3], x.device, generator)
+
+    def apply(self, x: torch.Tensor, params: Params) -> torch.Tensor:
+        return _remap(x, self.index_map(params, x.shape[2], x.shape[3]))
+
+
+def _remap(x: torch.Tensor, m: G.IndexMap) -> torch.Tensor:
+    return G.remap(x, m, F.constant(m.fill, x, "fill") if m.fill is not None else None)
+
+
 @dataclass(frozen=True)
-class RandomCrop(BatchTransform):
+class RandomCrop(GeometricTransform):
     """Pad, then crop ``size`` at an offset drawn uniformly per sample (torchvision semantics).
 
     Offsets are uniform over ``[0, H + pad_top + pad_bottom - h]`` inclusive on each axis,
@@ -135,8 +162,10 @@ class RandomCrop(BatchTransform):
             stages.append((0, extra, 0, extra))
         return stages  # type: ignore[return-value]
 
-    def sample(self, x: torch.Tensor, generator: torch.Generator) -> Params:
-        n, _, height, width = x.shape
+    def output_size(self, height: int, width: int) -> tuple[int, int]:
+        return self.size  # type: ignore[return-value]
+
+    def draw(self, n: int, height: int, width: int, device: torch.device, generator: torch.Generator) -> Params:
         stages = self.resolved_padding(height, width)
         h, w = self.size  # type: ignore[misc]
         ph = height + sum(p[1] + p[3] for p in stages)
@@ -146,17 +175,19 @@ class RandomCrop(BatchTransform):
                 f"size={self.size} is larger than the padded image ({ph}, {pw}); increase padding or set pad_if_needed"
             )
         return {
-            "top": torch.randint(0, ph - h + 1, (n,), generator=generator, device=x.device),
-            "left": torch.randint(0, pw - w + 1, (n,), generator=generator, device=x.device),
+            "top": torch.randint(0, ph - h + 1, (n,), generator=generator, device=device),
+            "left": torch.randint(0, pw - w + 1, (n,), generator=generator, device=device),
         }
 
-    def apply(self, x: torch.Tensor, params: Params) -> torch.Tensor:
-        padding = self.resolved_padding(x.shape[2], x.shape[3])
-        return F.crop(x, params["top"], params["left"], self.size, padding, self.fill, self.padding_mode)  # type: ignore[arg-type]
+    def index_map(self, params: Params, height: int, width: int) -> G.IndexMap:
+        stages = self.resolved_padding(height, width)
+        return G.crop_map(
+            params["top"], params["left"], self.size, (height, width), stages, self.padding_mode, self.fill  # type: ignore[arg-type]
+        )
 
 
 @dataclass(frozen=True)
-class RandomHorizontalFlip(BatchTransform):
+class RandomHorizontalFlip(GeometricTransform):
     """Mirror the width axis of each sample with probability ``p``, independently."""
 
     p: float = 0.5
@@ -164,19 +195,19 @@ class RandomHorizontalFlip(BatchTransform):
     def __post_init__(self) -> None:
         object.__setattr__(self, "p", _probability(self.p))
 
-    def sample(self, x: torch.Tensor, generator: torch.Generator) -> Params:
-        return {"mask": torch.rand(x.shape[0], generator=generator, device=x.device) < self.p}
+    def draw(self, n: int, height: int, width: int, device: torch.device, generator: torch.Generator) -> Params:
+        return {"mask": torch.rand(n, generator=generator, device=device) < self.p}
 
-    def apply(self, x: torch.Tensor, params: Params) -> torch.Tensor:
-        return F.hflip(x, params["mask"])
+    def index_map(self, params: Params, height: int, width: int) -> G.IndexMap:
+        return G.flip_map(params["mask"], width, "cols")
 
 
 @dataclass(frozen=True)
 class RandomVerticalFlip(RandomHorizontalFlip):
     """Mirror the height axis of each sample with probability ``p``, independently."""
 
-    def apply(self, x: torch.Tensor, params: Params) -> torch.Tensor:
-        return F.vflip(x, params["mask"])
+    def index_map(self, params: Params, height: int, width: int) -> G.IndexMap:
+        return G.flip_map(params["mask"], height, "rows")
 
 
 @dataclass(frozen=True)
@@ -310,6 +341,9 @@ class Cutout(BatchTransform):
 class Compose(BatchTransform):
     """Apply transforms in order, all drawing from the one generator passed in.
 
+    Consecutive crops and flips are fused: their index maps are composed and the batch is read
+    once, which gives the same pixels as applying them one by one.
+
     Example:
         >>> aug = Compose([RandomCrop(32, padding=4), RandomHorizontalFlip(), Normalize([0.5] * 3, [0.25] * 3)])
         >>> aug(torch.zeros(2, 3, 32, 32, dtype=torch.uint8), generator=torch.Generator().manual_seed(0)).dtype
@@ -331,9 +365,21 @@ class Compose(BatchTransform):
         F.check_batch(x)
         if self.random:
             _check_generator(generator, x, "Compose")
+        n, _, h, w = x.shape
+        pending: G.IndexMap | None = None  # composed map of the geometric ops not yet applied
         for t in self.transforms:
+            if isinstance(t, GeometricTransform):
+                m = t.index_map(t.draw(n, h, w, x.device, generator), h, w)  # type: ignore[arg-type]
+                h, w = t.output_size(h, w)
+                fused = pending.then(m) if pending is not None else m
+                if fused is None:  # two paddings with different fills cannot share one map
+                    x, fused = _remap(x, pending), m  # type: ignore[arg-type]
+                pending = fused
+                continue
+            if pending is not None:
+                x, pending = _remap(x, pending), None
             x = t.apply(x, t.sample(x, generator) if t.random else {})  # type: ignore[arg-type]
-        return x
+        return _remap(x, pending) if pending is not None else x
 
     def __repr__(self) -> str:
         body = "".join(f"\n    {t!r}," for t in self.transforms)

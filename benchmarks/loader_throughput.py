@@ -23,10 +23,9 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
 sys.path.insert(0, str(Path(__file__).parent))
-from harness import Timing, environment, print_table, save_json, time_epochs  # noqa: E402
-
 import gpufeed as gf  # noqa: E402
 from gpufeed import augment as A  # noqa: E402
+from harness import Timing, environment, print_table, save_json, time_epochs  # noqa: E402
 
 MEAN, STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
 
@@ -64,7 +63,8 @@ def torch_rows(data, labels, args, device) -> list[Timing]:
         consume = (lambda b: b[0].to(device, non_blocking=True)) if device.type == "cuda" else None
         name = f"torchvision DataLoader, num_workers={w}" + (", persistent" if w else "")
         name += ", pinned" if device.type == "cuda" else ""
-        rows.append(time_epochs(name, lambda loader=loader: loader, device, args.repeats, consume))
+        repeats = args.torch_repeats or args.repeats
+        rows.append(time_epochs(name, lambda loader=loader: loader, device, repeats, consume))
         del loader
     return rows
 
@@ -75,14 +75,19 @@ def gpufeed_rows(data, labels, args, device) -> list[Timing]:
     rows = []
     configs = [
         ("gpufeed DeviceLoader, fp32", dict(dtype=torch.float32), "constant"),
-        ("gpufeed DeviceLoader, fp16, channels_last, reflect pad", dict(dtype=torch.float16, channels_last=True),
-         "reflect"),
+        (
+            "gpufeed DeviceLoader, fp16, channels_last, reflect pad",
+            dict(dtype=torch.float16, channels_last=True),
+            "reflect",
+        ),
     ]
     for name, kw, mode in configs:
-        aug = A.Compose([A.RandomCrop(32, padding=4, padding_mode=mode), A.RandomHorizontalFlip(),
-                         A.Normalize(MEAN, STD)])
-        loader = gf.DeviceLoader(images, targets, batch_size=args.batch_size, shuffle=True, transform=aug,
-                                 device=device, seed=0, **kw)
+        aug = A.Compose(
+            [A.RandomCrop(32, padding=4, padding_mode=mode), A.RandomHorizontalFlip(), A.Normalize(MEAN, STD)]
+        )
+        loader = gf.DeviceLoader(
+            images, targets, batch_size=args.batch_size, shuffle=True, transform=aug, device=device, seed=0, **kw
+        )
         rows.append(time_epochs(f"{name} ({device.type})", lambda loader=loader: loader, device, args.repeats))
     return rows
 
@@ -94,21 +99,34 @@ def airbench_row(data, labels, args, device) -> Timing | None:
         print("airbench not importable: its row is skipped", file=sys.stderr)
         return None
     with tempfile.TemporaryDirectory() as d:
-        torch.save({"images": torch.from_numpy(data), "labels": torch.from_numpy(labels), "classes": list(range(10))},
-                   Path(d) / "train.pt")
-        loader = CifarLoader(d, train=True, batch_size=args.batch_size, aug=dict(flip=True, translate=4),
-                             gpu=device.index or 0)
-    return time_epochs("airbench CifarLoader (fp16, channels_last, reflect pad)", lambda: loader, device,
-                       args.repeats, note="crop+flip; whole-epoch augmentation at iteration start")
+        torch.save(
+            {"images": torch.from_numpy(data), "labels": torch.from_numpy(labels), "classes": list(range(10))},
+            Path(d) / "train.pt",
+        )
+        loader = CifarLoader(
+            d, train=True, batch_size=args.batch_size, aug=dict(flip=True, translate=4), gpu=device.index or 0
+        )
+    return time_epochs(
+        "airbench CifarLoader (fp16, channels_last, reflect pad)",
+        lambda: loader,
+        device,
+        args.repeats,
+        note="crop+flip; whole-epoch augmentation at iteration start",
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--n", type=int, default=10_000, help="images (CIFAR-10 shaped)")
     p.add_argument("--batch-size", type=int, default=256)
-    p.add_argument("--workers", type=lambda s: [int(v) for v in s.split(",")], default=[0, 2],
-                   help="DataLoader num_workers values, comma separated")
+    p.add_argument(
+        "--workers",
+        type=lambda s: [int(v) for v in s.split(",")],
+        default=[0, 2],
+        help="DataLoader num_workers values, comma separated",
+    )
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--torch-repeats", type=int, default=None, help="repeats for the DataLoader rows (slow)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     p.add_argument("--out", type=Path, default=Path("bench-out"), help="folder for loader_throughput.json")
     args = p.parse_args(argv)
@@ -121,9 +139,14 @@ def main(argv: list[str] | None = None) -> int:
     if device.type == "cuda":
         row = airbench_row(data, labels, args, device)
         rows += [row] if row else []
-    env = environment(device, images=args.n, batch_size=args.batch_size, repeats=args.repeats,
-                      torch_threads=torch.get_num_threads(),
-                      transforms="RandomCrop(32, padding=4) + RandomHorizontalFlip + Normalize")
+    env = environment(
+        device,
+        images=args.n,
+        batch_size=args.batch_size,
+        repeats=args.repeats,
+        torch_threads=torch.get_num_threads(),
+        transforms="RandomCrop(32, padding=4) + RandomHorizontalFlip + Normalize",
+    )
     print(", ".join(f"{k}={v}" for k, v in env.items()))
     print_table(rows, baseline=rows[0])
     save_json(args.out / "loader_throughput.json", env, rows, baseline=rows[0])

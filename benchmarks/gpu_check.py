@@ -1,0 +1,159 @@
+"""Every GPU check of gpufeed in one run, a few minutes on one GPU; writes OUT/gpu_check.json.
+
+    PYTHONPATH=src python benchmarks/gpu_check.py --out "$OUT"
+
+1. the CUDA-marked tests (pytest -m cuda);
+2. loader throughput, side by side: gpufeed DeviceLoader, torchvision DataLoader, and airbench's
+   CifarLoader (from a wheel in .whl/, built with `pip wheel --no-deps airbench==0.1.8 -w .whl`);
+3. the prefetcher race check: a slow consumer (device sleep), per-batch checksums, >= 1,000 batches;
+4. no host-device synchronisation in steady state (torch.cuda.set_sync_debug_mode("error")) for
+   DeviceLoader and prefetch.
+Each part records its own error instead of stopping the others.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import zipfile
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+os.environ["PYTHONPATH"] = f"{ROOT / 'src'}:{ROOT / 'benchmarks'}"  # DataLoader workers import from both
+sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import gpufeed as gf  # noqa: E402
+from gpufeed import augment as A  # noqa: E402
+from harness import environment  # noqa: E402
+
+
+def run_cuda_tests(out: Path) -> dict:
+    t = time.perf_counter()
+    r = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-m", "cuda", "-p", "no:cacheprovider", str(ROOT / "tests")],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=os.environ,
+    )
+    (out / "pytest_cuda.txt").write_text(r.stdout + r.stderr)
+    return {
+        "returncode": r.returncode,
+        "summary": (r.stdout.strip().splitlines() or [""])[-1],
+        "seconds": round(time.perf_counter() - t, 1),
+    }
+
+
+def add_airbench_wheel() -> str | None:
+    wheels = sorted((ROOT / ".whl").glob("airbench-*.whl"))
+    if not wheels:
+        return None
+    target = Path(tempfile.mkdtemp(prefix="airbench-"))
+    zipfile.ZipFile(wheels[-1]).extractall(target)
+    sys.path.insert(0, str(target))
+    return wheels[-1].name
+
+
+def loader_throughput(out: Path, n: int) -> dict:
+    import loader_throughput as lt
+
+    lt.main(
+        [
+            "--n",
+            str(n),
+            "--device",
+            "cuda",
+            "--workers",
+            "0,16",
+            "--repeats",
+            "5",
+            "--torch-repeats",
+            "1",
+            "--out",
+            str(out),
+        ]
+    )
+    return json.loads((out / "loader_throughput.json").read_text())
+
+
+def prefetch_race_check(batches: int = 1200, depth: int = 3) -> dict:
+    """A consumer slower than the copies; any missing wait or record_stream corrupts a checksum."""
+    shape = (256, 3, 32, 32)
+    source = ((torch.full(shape, float(i % 997)), torch.tensor([i])) for i in range(batches))
+    sums = torch.zeros(batches, dtype=torch.float64, device="cuda")
+    labels = torch.zeros(batches, dtype=torch.int64, device="cuda")
+    for i, (x, y) in enumerate(gf.prefetch(source, device="cuda", depth=depth)):
+        torch.cuda._sleep(1_000_000)  # ~0.5 ms of device time before reading the batch
+        sums[i] = x.double().sum()
+        labels[i] = y[0]
+        del x, y  # hand the memory back at once: the allocator must still not reuse it early
+    torch.cuda.synchronize()
+    expected = torch.tensor([float(i % 997) * 256 * 3 * 32 * 32 for i in range(batches)], dtype=torch.float64)
+    bad = (sums.cpu() != expected) | (labels.cpu() != torch.arange(batches))
+    return {"batches": batches, "depth": depth, "corrupted": int(bad.sum()), "ok": not bool(bad.any())}
+
+
+def sync_free_check() -> dict:
+    res = {}
+    aug = A.Compose([A.RandomCrop(32, padding=4), A.RandomHorizontalFlip(), A.Normalize([0.5] * 3, [0.25] * 3)])
+    images = torch.randint(0, 256, (20_000, 3, 32, 32), dtype=torch.uint8)
+    loader = gf.DeviceLoader(
+        images,
+        torch.randint(0, 10, (20_000,)),
+        batch_size=256,
+        transform=aug,
+        device="cuda",
+        dtype=torch.bfloat16,
+        channels_last=True,
+    )
+    list(loader)  # warm-up: constants cached on the device
+    source = [(torch.rand(256, 3, 32, 32), torch.arange(256)) for _ in range(20)]
+    list(gf.prefetch(source, device="cuda"))
+    for name, make in [("DeviceLoader", lambda: loader), ("prefetch", lambda: gf.prefetch(source, device="cuda"))]:
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            count = sum(1 for _ in make())
+            res[name] = {"ok": True, "batches": count}
+        except RuntimeError as e:
+            res[name] = {"ok": False, "error": str(e)[:500]}
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return res
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--n", type=int, default=50_000)
+    args = p.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    summary: dict = {"environment": environment(torch.device("cuda"), images=args.n), "airbench": add_airbench_wheel()}
+    parts = [
+        ("cuda_tests", lambda: run_cuda_tests(args.out)),
+        ("prefetch_race", prefetch_race_check),
+        ("sync_free", sync_free_check),
+        ("loader_throughput", lambda: loader_throughput(args.out, args.n)),
+    ]
+    for name, fn in parts:
+        t = time.perf_counter()
+        try:
+            summary[name] = fn()
+        except Exception:
+            summary[name] = {"error": traceback.format_exc()[-3000:]}
+        print(f"[{name}] {time.perf_counter() - t:.1f}s: {json.dumps(summary[name])[:600]}", flush=True)
+        (args.out / "gpu_check.json").write_text(json.dumps(summary, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

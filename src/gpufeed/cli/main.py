@@ -1,0 +1,31 @@
+"""Entry point of the ``gpufeed`` command. Subcommands register in ``COMMANDS`` as they land."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Sequence
+
+import gpufeed
+
+# name -> (help, add_arguments(parser), run(args) -> exit code)
+COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gpufeed", description="Keep a PyTorch GPU fed.")
+    parser.add_argument("--version", action="version", version=f"gpufeed {gpufeed.__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (help_text, add_arguments, run) in sorted(COMMANDS.items()):
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        add_arguments(p)
+        p.set_defaults(run=run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "run", None) is None:
+        parser.print_help()
+        return 0
+    return int(args.run(args))

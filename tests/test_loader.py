@@ -235,3 +235,40 @@ def test_cuda_epoch_does_not_synchronise_with_the_host():
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert n == 4096
+
+
+def _tier_loader(images, storage, device):
+    return DeviceLoader(
+        images,
+        torch.arange(images.shape[0]) % 10,
+        batch_size=32,
+        transform=AUG,
+        device=device,
+        seed=4,
+        storage=storage,
+        chunk_batches=2,
+    )
+
+
+@pytest.mark.parametrize("storage", ["pinned", "mmap"])
+def test_every_storage_tier_yields_the_batches_of_the_device_tier(tmp_path, device, storage):
+    images = indexed_images(150)
+    path = tmp_path / "images.u8"
+    mapped = np.memmap(path, dtype=np.uint8, mode="w+", shape=tuple(images.shape))
+    mapped[:] = images.numpy()
+    mapped.flush()
+    source = (
+        torch.from_numpy(np.memmap(path, dtype=np.uint8, mode="c", shape=tuple(images.shape)))
+        if storage == "mmap"
+        else images
+    )
+    expected = list(_tier_loader(images, "device", device))
+    got = list(_tier_loader(source, storage, device))
+    assert len(got) == len(expected) == 5
+    for (x, y), (ex, ey) in zip(got, expected, strict=True):
+        assert x.device.type == device.type and torch.equal(x, ex) and torch.equal(y, ey)
+
+
+def test_storage_must_be_a_known_tier():
+    with pytest.raises(ConfigError, match="storage='gpu'"):
+        _tier_loader(indexed_images(4), "gpu", "cpu")

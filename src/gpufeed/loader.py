@@ -6,6 +6,12 @@ the resident store, one call of the batched transform, one dtype/layout conversi
 amortises kernel launches (the per-batch cost on a GPU is launch overhead, not bandwidth); the
 batches handed out are slices of the chunk. Nothing in an epoch reads a device value on the host.
 
+Storage: the images live on the device (``storage="device"``, the fast case), in pinned host
+memory (``"pinned"``) or wherever the caller's tensor is, e.g. a memory-mapped file (``"mmap"``).
+For the host tiers a chunk is gathered on the CPU into pinned memory and copied ahead of use by
+:func:`gpufeed.prefetch`; the transform still runs on the device, with the same chunks and seeds,
+so every tier yields the same batches.
+
 Randomness: each chunk's transform draws from a generator seeded with
 ``derive_seed(seed, epoch, rank, chunk)``, so any batch can be recomputed from the configuration
 alone; that is what makes mid-epoch resume exact.
@@ -25,9 +31,12 @@ import torch
 from .augment.functional import convert_dtype
 from .device import resolve_device
 from .errors import ConfigError, DataError, StateError
+from .prefetch import prefetch
 from .sampling import derive_seed, epoch_order, num_batches
 
-__all__ = ["DeviceLoader"]
+__all__ = ["STORAGE_TIERS", "DeviceLoader"]
+
+STORAGE_TIERS = ("device", "pinned", "mmap")
 
 STATE_VERSION = 1
 # Stored bytes gathered per chunk. On a GPU the cost of a batch is kernel launches, so chunks are
@@ -77,10 +86,12 @@ def _check_images(images: torch.Tensor) -> None:
     if images.dtype != torch.uint8 and not images.dtype.is_floating_point:
         raise DataError(f"images has dtype={images.dtype}; use uint8 (preferred: 4x smaller) or a floating dtype")
     if images.dtype.is_floating_point:
-        bad = ~torch.isfinite(images).flatten(1).all(dim=1)
-        if bool(bad.any()):
-            first = int(bad.nonzero()[0, 0])
-            raise DataError(f"images[{first}] contains NaN or inf ({int(bad.sum())} such samples); clean the data")
+        step = 4096  # in slices, so a memory-mapped array is not materialised at once
+        for start in range(0, images.shape[0], step):
+            bad = ~torch.isfinite(images[start : start + step]).flatten(1).all(dim=1)
+            if bool(bad.any()):
+                first = start + int(bad.nonzero()[0, 0])
+                raise DataError(f"images[{first}] contains NaN or inf; clean the data or drop the sample")
 
 
 def _check_labels(labels: torch.Tensor, n: int, num_classes: int | None) -> None:
@@ -121,6 +132,9 @@ class DeviceLoader:
         num_classes: if given, integer labels must lie in ``[0, num_classes)``.
         chunk_batches: batches gathered and transformed per call; ``None`` picks a size from the
             sample size. Part of what fixes the augmentation, so it is saved in ``state_dict``.
+        storage: where the images are kept: ``"device"`` (copied there once), ``"pinned"`` (page-
+            locked host memory) or ``"mmap"`` (the caller's CPU tensor as it is, e.g. from
+            ``np.memmap``). The batches are the same for every tier.
 
     Iterating again starts the next epoch; :meth:`set_epoch` picks one explicitly.
 
@@ -147,6 +161,7 @@ class DeviceLoader:
         *,
         num_classes: int | None = None,
         chunk_batches: int | None = None,
+        storage: str = "device",
     ) -> None:
         images, labels = _as_tensor(images, "images"), _as_tensor(labels, "labels")
         _check_images(images)
@@ -156,6 +171,10 @@ class DeviceLoader:
         if dtype is not None and dtype != torch.uint8 and not dtype.is_floating_point:
             raise ConfigError(f"dtype={dtype} must be None, torch.uint8 or a floating dtype")
         self.device = resolve_device(device)
+        if storage not in STORAGE_TIERS:
+            raise ConfigError(f"storage={storage!r} must be one of {STORAGE_TIERS}")
+        if storage != "device" and images.device.type != "cpu":
+            raise ConfigError(f"storage={storage!r} keeps images on the host, but they are on {images.device}")
         n = images.shape[0]
         if chunk_batches is None and isinstance(batch_size, int) and batch_size >= 1:
             batch_bytes = batch_size * images[0].numel() * images.element_size()
@@ -165,9 +184,14 @@ class DeviceLoader:
         self.transform = transform
         self.dtype = dtype
         self.channels_last = channels_last
-        # Resident copies (no copy when already on the device); never written to.
-        self.images = images.to(self.device)
-        self.labels = labels.to(self.device)
+        self.storage = storage
+        # Never written to. The device tier copies once (no copy when already there).
+        if storage == "device":
+            self.images, self.labels = images.to(self.device), labels.to(self.device)
+        elif storage == "pinned" and self.device.type == "cuda":
+            self.images, self.labels = _pinned(images), _pinned(labels)
+        else:
+            self.images, self.labels = images, labels
         self._epoch = 0  # the epoch the next __iter__ serves
         self._offset = 0  # the batch it starts at (non-zero only after load_state_dict)
         self._live: weakref.ref[_EpochIterator] | None = None
@@ -227,31 +251,54 @@ class DeviceLoader:
             )
         self._epoch, self._offset = (epoch + 1, 0) if batch == len(self) else (epoch, batch)
 
-    def _order(self, epoch: int) -> torch.Tensor:
+    def _chunks(self, epoch: int, first: int) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
+        """Yield ``(chunk index, images, labels)`` from chunk ``first`` on, transformed, on the device."""
         c = self.config
         order = epoch_order(c.seed, epoch, c.n, c.shuffle)
-        if self.device.type == "cuda":
-            order = order.pin_memory().to(self.device, non_blocking=True)  # no host sync
-        return order[: len(self) * c.batch_size] if c.drop_last else order
-
-    def _chunk(self, order: torch.Tensor, epoch: int, chunk: int, generator: torch.Generator | None) -> tuple:
-        c = self.config
+        if c.drop_last:
+            order = order[: len(self) * c.batch_size]
         span = c.chunk_batches * c.batch_size
-        idx = order[chunk * span : (chunk + 1) * span]
-        x = self.images.index_select(0, idx)
-        y = self.labels.index_select(0, idx)
+        chunks = range(first, -(-order.shape[0] // span))
+        on_host = self.images.device.type == "cpu" and self.device.type != "cpu"
+        if on_host:
+            # Gathered on the CPU straight into pinned memory, copied ahead on a side stream.
+            raw = prefetch(((k, *self._gather(order[k * span : (k + 1) * span])) for k in chunks), self.device)
+        else:
+            if self.device.type == "cuda":
+                order = order.pin_memory().to(self.device, non_blocking=True)  # once per epoch, no host sync
+            raw = ((k, *self._gather(order[k * span : (k + 1) * span])) for k in chunks)
+        generator = torch.Generator(device=self.device) if self.transform is not None else None
+        for k, x, y in raw:
+            yield k, self._finish(x, epoch, k, generator), y
+
+    def _gather(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.images.device.type == "cpu" and self.device.type == "cuda":
+            return _index_pinned(self.images, idx), _index_pinned(self.labels, idx)
+        return self.images.index_select(0, idx), self.labels.index_select(0, idx)
+
+    def _finish(self, x: torch.Tensor, epoch: int, chunk: int, generator: torch.Generator | None) -> torch.Tensor:
+        count = x.shape[0]
         if self.transform is not None:
             assert generator is not None
-            generator.manual_seed(derive_seed(c.seed, epoch, 0, chunk))  # rank 0 until sharding exists
+            generator.manual_seed(derive_seed(self.config.seed, epoch, 0, chunk))  # rank 0 until sharding exists
             x = self.transform(x, generator=generator)
-            if not isinstance(x, torch.Tensor) or x.dim() < 1 or x.shape[0] != idx.shape[0]:
+            if not isinstance(x, torch.Tensor) or x.dim() < 1 or x.shape[0] != count:
                 got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
-                raise DataError(f"transform returned {got} for a batch of {idx.shape[0]}; it must keep the batch axis")
+                raise DataError(f"transform returned {got} for a batch of {count}; it must keep the batch axis")
         if self.dtype is not None:
             x = convert_dtype(x, self.dtype)
         if self.channels_last and x.dim() == 4:
             x = x.contiguous(memory_format=torch.channels_last)
-        return x, y
+        return x
+
+
+def _pinned(t: torch.Tensor) -> torch.Tensor:
+    return t if t.is_pinned() else t.pin_memory()
+
+
+def _index_pinned(source: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    out = torch.empty((idx.shape[0], *source.shape[1:]), dtype=source.dtype, pin_memory=True)
+    return torch.index_select(source, 0, idx, out=out)
 
 
 def _check_transform(transform: Transform) -> None:
@@ -276,10 +323,8 @@ class _EpochIterator:
         self.loader, self.epoch, self.next_batch = loader, epoch, start
         self.total = len(loader)
         self.done = start >= self.total
-        self._order: torch.Tensor | None = None
-        self._generator: torch.Generator | None = None
-        self._chunk_index = -1
-        self._chunk: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._chunks: Iterator[tuple[int, torch.Tensor, torch.Tensor]] | None = None
+        self._chunk: tuple[int, torch.Tensor, torch.Tensor] | None = None
 
     def __iter__(self) -> _EpochIterator:
         return self
@@ -287,18 +332,14 @@ class _EpochIterator:
     def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self.done:
             raise StopIteration
-        loader, b = self.loader, self.next_batch
-        k, bs = loader.config.chunk_batches, loader.config.batch_size
-        if self._order is None:  # lazily, so building an iterator costs nothing
-            self._order = loader._order(self.epoch)
-            if loader.transform is not None:
-                self._generator = torch.Generator(device=loader.device)
-        if b // k != self._chunk_index:
-            self._chunk_index = b // k
-            self._chunk = loader._chunk(self._order, self.epoch, self._chunk_index, self._generator)
-        x, y = self._chunk  # type: ignore[misc]
+        b, k, bs = self.next_batch, self.loader.config.chunk_batches, self.loader.config.batch_size
+        if self._chunks is None:  # lazily, so building an iterator costs nothing
+            self._chunks = self.loader._chunks(self.epoch, b // k)
+        if self._chunk is None or self._chunk[0] != b // k:
+            self._chunk = next(self._chunks)
+        _, x, y = self._chunk
         j = (b % k) * bs
         self.next_batch = b + 1
         if self.next_batch >= self.total:
-            self.done, self._chunk, self._order = True, None, None
+            self.done, self._chunk, self._chunks = True, None, None
         return x[j : j + bs], y[j : j + bs]

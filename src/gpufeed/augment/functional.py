@@ -31,6 +31,7 @@ __all__ = [
     "vflip",
 ]
 
+
 def check_batch(x: object, name: str = "batch") -> torch.Tensor:
     """Raise a typed error unless ``x`` is an ``(N, C, H, W)`` uint8 or floating tensor."""
     if not isinstance(x, torch.Tensor):

@@ -182,7 +182,13 @@ class RandomCrop(GeometricTransform):
     def index_map(self, params: Params, height: int, width: int) -> G.IndexMap:
         stages = self.resolved_padding(height, width)
         return G.crop_map(
-            params["top"], params["left"], self.size, (height, width), stages, self.padding_mode, self.fill  # type: ignore[arg-type]
+            params["top"],
+            params["left"],
+            self.size,
+            (height, width),
+            stages,
+            self.padding_mode,
+            self.fill,  # type: ignore[arg-type]
         )
 
 

@@ -11,19 +11,39 @@ Example:
 """
 
 from . import augment
-from .errors import ConfigError, DataError, DeviceError, GpufeedError, StateError
+from .accelerate import accelerate
+from .cache import Cache, build_cache, open_cache
+from .errors import (
+    CacheError,
+    ConfigError,
+    DataError,
+    DeviceError,
+    GpufeedError,
+    StateError,
+    UnsupportedTransformError,
+)
+from .fallback import FallbackLoader
 from .loader import DeviceLoader
+from .plan import Plan
 from .prefetch import prefetch
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "Cache",
+    "CacheError",
     "ConfigError",
     "DataError",
     "DeviceError",
     "DeviceLoader",
+    "FallbackLoader",
     "GpufeedError",
+    "Plan",
     "StateError",
+    "UnsupportedTransformError",
+    "accelerate",
     "augment",
+    "build_cache",
+    "open_cache",
     "prefetch",
 ]

@@ -7,7 +7,15 @@ caller would catch without knowing gpufeed (``ValueError``, ``TypeError``, ``Run
 
 from __future__ import annotations
 
-__all__ = ["ConfigError", "DataError", "DeviceError", "GpufeedError", "StateError"]
+__all__ = [
+    "CacheError",
+    "ConfigError",
+    "DataError",
+    "DeviceError",
+    "GpufeedError",
+    "StateError",
+    "UnsupportedTransformError",
+]
 
 
 class GpufeedError(Exception):
@@ -28,3 +36,11 @@ class DeviceError(GpufeedError, RuntimeError):
 
 class StateError(GpufeedError, RuntimeError):
     """A loader state cannot be restored (taken with another configuration, or loaded mid-epoch)."""
+
+
+class UnsupportedTransformError(ConfigError):
+    """A transform gpufeed can neither cache nor run batched; the message lists what it supports."""
+
+
+class CacheError(GpufeedError, RuntimeError):
+    """A cache on disk is incomplete, corrupt or foreign; the message names the file and the remedy."""

@@ -195,6 +195,7 @@ class DeviceLoader:
         self._epoch = 0  # the epoch the next __iter__ serves
         self._offset = 0  # the batch it starts at (non-zero only after load_state_dict)
         self._live: weakref.ref[_EpochIterator] | None = None
+        self.plan: Any = None  # set by gpufeed.accelerate(): what was cached, the tier, and why
 
     def __len__(self) -> int:
         c = self.config

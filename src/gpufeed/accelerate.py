@@ -1,0 +1,221 @@
+"""accelerate(): a torchvision-style dataset with its transform -> the fastest loader that fits.
+
+1. :mod:`gpufeed.plan` splits the transform: a deterministic prefix computed once per sample, and
+   the rest as batched ops on the device.
+2. :mod:`gpufeed.ingest` reads the dataset through the prefix (vectorised when it exposes arrays),
+   or a verified cache on disk (:mod:`gpufeed.cache`) gives it back.
+3. A storage tier is chosen: the device if the data fits its budget, else pinned host memory,
+   else a memory map of the cache file. Every tier yields the same batches.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import warnings
+import weakref
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .cache import entry_path, open_cache, store
+from .cache.fingerprint import cache_key
+from .cache.format import MANIFEST
+from .cache.writer import write_cache
+from .device import resolve_device
+from .errors import ConfigError, UnsupportedTransformError
+from .fallback import FallbackLoader
+from .ingest import ingest
+from .loader import DeviceLoader
+from .plan import Plan, Split, build_batched, split_transform
+
+__all__ = ["DEVICE_BUDGET_FRACTION", "HOST_BUDGET_FRACTION", "accelerate"]
+
+DEVICE_BUDGET_FRACTION = 0.5  # of the device memory free when accelerate() runs: the rest is the model's
+HOST_BUDGET_FRACTION = 0.5  # of the host memory available, for the pinned tier
+
+_DATASET = object()
+
+
+def _host_available() -> int:
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+def _device_budget(device: torch.device, memory_budget: int | None) -> int:
+    if memory_budget is not None:
+        if memory_budget < 0:
+            raise ConfigError(f"{memory_budget=} must be >= 0 bytes")
+        return memory_budget
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free * DEVICE_BUDGET_FRACTION)
+    return int(_host_available() * HOST_BUDGET_FRACTION)
+
+
+def _choose_tier(nbytes: int, device: torch.device, memory_budget: int | None) -> tuple[str, str]:
+    budget = _device_budget(device, memory_budget)
+    if nbytes <= budget:
+        return "device", f"{_fmt(nbytes)} fits the {device.type} budget of {_fmt(budget)}"
+    host = int(_host_available() * HOST_BUDGET_FRACTION)
+    if device.type == "cuda" and nbytes <= host:
+        return "pinned", f"{_fmt(nbytes)} exceeds the device budget of {_fmt(budget)}; fits pinned host memory"
+    return "mmap", f"{_fmt(nbytes)} exceeds the device budget of {_fmt(budget)} and host memory; memory-mapped file"
+
+
+def _fmt(nbytes: int) -> str:
+    return f"{nbytes / 2**30:.2f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.1f} MiB"
+
+
+def accelerate(
+    dataset: Any,
+    batch_size: int = 256,
+    shuffle: bool = True,
+    drop_last: bool = False,
+    device: str | torch.device | None = None,
+    seed: int = 0,
+    *,
+    transform: Any = _DATASET,
+    dtype: torch.dtype | None = torch.float32,
+    channels_last: bool = False,
+    memory_budget: int | None = None,
+    cache: bool | str | Path = "auto",
+    fallback: str = "error",
+    cache_lambda: bool = False,
+    num_workers: int | None = None,
+    progress: bool = True,
+) -> DeviceLoader | FallbackLoader:
+    """A loader over ``dataset`` that yields what ``DataLoader(dataset, ...)`` would, many times faster.
+
+    The dataset's transform (or ``transform=``) is split: its deterministic prefix is computed once
+    and stored as uint8 where possible, its random part runs batched on ``device`` with the same
+    semantics. ``print(loader.plan)`` says what was decided and why.
+
+    Args:
+        dataset: a map-style dataset: torchvision's CIFAR10/100, MNIST, SVHN, STL10, ImageFolder,
+            a ``TensorDataset``, any dataset returning ``(image, label)``.
+        batch_size, shuffle, drop_last, seed: as for :class:`DeviceLoader`.
+        device: where batches are made; ``None``: CUDA if available, else CPU.
+        transform: overrides ``dataset.transform``.
+        dtype, channels_last: the images' output dtype and memory format.
+        memory_budget: bytes the stored data may take on the device (default: half the free memory).
+        cache: ``"auto"`` stores the computed prefix on disk when it was expensive to compute (per-sample
+            path) or when the data must be memory-mapped; ``True`` always, ``False`` never; a path is
+            the cache root to use (default ``$XDG_CACHE_HOME/gpufeed``).
+        fallback: ``"error"`` (default) raises for a random op gpufeed cannot batch; ``"prefetch"``
+            runs the original per-sample pipeline in DataLoader workers behind :func:`prefetch`.
+        cache_lambda: treat ``Lambda`` ops in the deterministic prefix as deterministic.
+        num_workers: workers for per-sample ingestion (and the fallback); default from the cores.
+
+    Example:
+        >>> import torch, torchvision.transforms.v2 as v2
+        >>> from torch.utils.data import TensorDataset
+        >>> ds = TensorDataset(torch.zeros(8, 3, 32, 32, dtype=torch.uint8), torch.arange(8))
+        >>> aug = v2.Compose([v2.RandomCrop(32, padding=4), v2.ToDtype(torch.float32, scale=True)])
+        >>> loader = accelerate(ds, batch_size=4, device="cpu", transform=aug, progress=False)
+        >>> [tuple(x.shape) for x, _ in loader], loader.plan.storage
+        ([(4, 3, 32, 32), (4, 3, 32, 32)], 'device')
+    """
+    if fallback not in ("error", "prefetch"):
+        raise ConfigError(f"fallback={fallback!r} must be 'error' or 'prefetch'")
+    transform = getattr(dataset, "transform", None) if transform is _DATASET else transform
+    dev = resolve_device(device)
+    try:
+        split = split_transform(transform, cache_lambda)
+    except UnsupportedTransformError as e:
+        if fallback != "prefetch":
+            raise
+        warnings.warn(f"gpufeed.accelerate falls back to per-sample DataLoader workers (slow path): {e}", stacklevel=2)
+        return FallbackLoader(
+            dataset,
+            transform,
+            batch_size,
+            shuffle,
+            drop_last,
+            dev,
+            seed,
+            dtype=dtype,
+            channels_last=channels_last,
+            num_workers=num_workers,
+            reason=str(e),
+        )
+
+    src = _load(dataset, split, cache, num_workers, progress)
+    images, labels = src.images, src.labels
+    nbytes = images.nbytes + labels.nbytes
+    tier, why = _choose_tier(nbytes, dev, memory_budget)
+    if tier != "device":
+        warnings.warn(f"gpufeed.accelerate: {why}; batches are the same, each chunk is copied in", stacklevel=2)
+    spill = None
+    if tier == "mmap" and not src.mapped:
+        spill = Path(tempfile.mkdtemp(prefix="gpufeed-mmap-"))
+        write_cache(spill / "entry", "temporary", {"images": images, "labels": labels}, {"temporary": True})
+        mapped = open_cache(spill / "entry", verify=False)
+        images, labels = mapped.images, mapped.labels
+    batched = build_batched(split.device, images.dtype, (images.shape[2], images.shape[3]))
+    loader = DeviceLoader(
+        images,
+        labels,
+        batch_size,
+        shuffle,
+        drop_last,
+        transform=batched,
+        device=dev,
+        seed=seed,
+        dtype=dtype,
+        channels_last=channels_last,
+        storage=tier,
+    )
+    if spill is not None:
+        weakref.finalize(loader, shutil.rmtree, spill, True)
+    loader.plan = Plan(
+        cached=tuple(repr(op) for op in split.cached),
+        batched=tuple(repr(op) for op in (batched.transforms if batched else [])),
+        storage=tier,
+        stored_shape=tuple(images.shape),
+        stored_dtype=str(images.dtype).replace("torch.", ""),
+        bytes=nbytes,
+        ingest=src.description,
+        cache_path=str(src.cache_path) if src.cache_path else None,
+        notes=(why, *src.notes, *split.notes),
+    )
+    return loader
+
+
+@dataclass
+class _Source:
+    images: torch.Tensor
+    labels: torch.Tensor
+    description: str
+    cache_path: Path | None = None
+    mapped: bool = False  # memory-mapped from a cache file
+    notes: list[str] = field(default_factory=list)
+
+
+def _load(dataset: Any, split: Split, cache: bool | str | Path, num_workers: int | None, progress: bool) -> _Source:
+    """Images and labels on the host, from a cache hit or a fresh ingest (persisted when it pays)."""
+    key = cache_key(dataset, split.cached) if cache is not False else None
+    notes = []
+    if cache is not False and key is None:
+        warnings.warn(
+            f"gpufeed.accelerate: {type(dataset).__name__} or its cached ops cannot be fingerprinted, so nothing is "
+            "written to disk (an opaque source could later be matched to other data)",
+            stacklevel=3,
+        )
+        notes.append("not persisted: the source or the cached ops cannot be fingerprinted")
+    root = Path(cache) if isinstance(cache, (str, Path)) and cache != "auto" else None
+    path = entry_path(dataset, key, root) if key is not None else None
+    if path is not None and (path / MANIFEST).is_file():
+        hit = open_cache(path, verify=True)
+        return _Source(hit.images, hit.labels, f"cache hit, verified ({len(hit.labels)} samples)", path, True, notes)
+    data = ingest(dataset, split.cached_transform(), num_workers=num_workers, progress=progress)
+    desc = f"{data.path} read of {len(data.labels)} samples in {data.seconds:.2f} s"
+    if path is not None and (cache is True or root is not None or data.path == "per-sample"):
+        stored = store(path, key, split, data)  # type: ignore[arg-type]
+        return _Source(stored.images, stored.labels, desc + ", written to the cache", path, True, notes)
+    return _Source(data.images, data.labels, desc, None, False, notes)

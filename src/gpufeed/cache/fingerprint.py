@@ -1,0 +1,93 @@
+"""Cache keys: the source's identity, the cached transform's parameters and the format version.
+
+Change any of them and the key changes, so an old entry is never matched to new data or a new
+transform. What cannot be identified (an unknown dataset class, a Lambda, any object whose repr
+is its memory address) gives no key, and the caller does not persist it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from .format import VERSION, block_hashes
+
+__all__ = ["cache_key", "dataset_identity", "default_cache_dir", "transform_identity"]
+
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
+def default_cache_dir() -> Path:
+    """``$GPUFEED_CACHE_DIR``, else ``$XDG_CACHE_HOME/gpufeed``, else ``~/.cache/gpufeed`` (read at call time)."""
+    if os.environ.get("GPUFEED_CACHE_DIR"):
+        return Path(os.environ["GPUFEED_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "gpufeed"
+
+
+def _content(array: Any) -> list[str]:
+    a = array.numpy() if isinstance(array, torch.Tensor) else np.asarray(array)
+    return [str(a.dtype), str(a.shape), *block_hashes(np.ascontiguousarray(a))]
+
+
+def dataset_identity(dataset: Any) -> dict[str, Any] | None:
+    """What identifies the samples of ``dataset``; ``None`` when gpufeed cannot tell.
+
+    Array datasets are identified by a hash of their content; file datasets (``ImageFolder``
+    and friends, anything with ``.samples`` or ``.imgs``) by each file's path, size and mtime.
+    """
+    ident: dict[str, Any] = {"class": f"{type(dataset).__module__}.{type(dataset).__qualname__}", "len": len(dataset)}
+    for attr in ("train", "split", "classes"):
+        if isinstance(getattr(dataset, attr, None), (bool, str, list)):
+            ident[attr] = getattr(dataset, attr)
+    if hasattr(dataset, "tensors"):  # TensorDataset
+        ident["content"] = [_content(t) for t in dataset.tensors]
+        return ident
+    data = getattr(dataset, "data", None)
+    labels = getattr(dataset, "targets", getattr(dataset, "labels", None))
+    if isinstance(data, (np.ndarray, torch.Tensor)) and labels is not None:
+        ident["content"] = [_content(data), _content(labels)]
+    elif isinstance(getattr(dataset, "samples", None), list):
+        files = []
+        for path, target in dataset.samples:
+            st = os.stat(path)
+            files.append([str(Path(path).resolve()), st.st_size, st.st_mtime_ns, target])
+        ident["files"] = hashlib.blake2b(json.dumps(files).encode(), digest_size=16).hexdigest()
+    else:
+        return None
+    if getattr(dataset, "target_transform", None) is not None:
+        tt = transform_identity([dataset.target_transform])
+        if tt is None:
+            return None
+        ident["target_transform"] = tt
+    return ident
+
+
+def transform_identity(ops: Sequence[Any]) -> list[str] | None:
+    """The reprs of the cached ops (they carry every parameter), or ``None`` if one is opaque."""
+    reprs = [repr(op) for op in ops]
+    if any(type(op).__name__ == "Lambda" or _ADDRESS.search(r) for op, r in zip(ops, reprs, strict=True)):
+        return None
+    return reprs
+
+
+def cache_key(dataset: Any, cached_ops: Sequence[Any]) -> str | None:
+    """A hex key for (source, cached transform, format, library versions), or ``None`` if not identifiable."""
+    source, transform = dataset_identity(dataset), transform_identity(cached_ops)
+    if source is None or transform is None:
+        return None
+    import PIL
+    import torchvision
+
+    # Resize and friends may change output between releases: the versions are part of the key.
+    versions = {"format": VERSION, "torchvision": torchvision.__version__, "pillow": PIL.__version__}
+    blob = json.dumps({"source": source, "transform": transform, "versions": versions}, sort_keys=True, default=str)
+    return hashlib.blake2b(blob.encode(), digest_size=20).hexdigest()

@@ -1,0 +1,178 @@
+"""Dataset -> one ``(N, C, H, W)`` tensor of images and one of labels, after the cached part.
+
+Two paths. Datasets that expose their arrays (``.data`` with ``.targets`` or ``.labels``: CIFAR,
+MNIST, SVHN, STL10, ...; ``TensorDataset``) are read in one vectorised step when nothing needs
+computing per sample; a spot check against ``dataset[i]`` guards the layout guess. Any other
+map-style dataset is read sample by sample, in ``DataLoader`` workers, with a progress bar; every
+image must come out of the cached part with one shape.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, TensorDataset
+
+from .errors import DataError
+
+__all__ = ["Ingested", "ingest", "to_chw"]
+
+_CHW_DATASETS = ("SVHN", "STL10")  # store .data as (N, C, H, W); the others as (N, H, W[, C])
+
+
+@dataclass(frozen=True)
+class Ingested:
+    images: torch.Tensor  # (N, C, H, W), CPU, uint8 (or float32 when the cached part made floats)
+    labels: torch.Tensor  # (N,) int64, or the dataset's targets
+    path: str  # "arrays" or "per-sample"
+    seconds: float
+
+
+def to_chw(image: Any) -> torch.Tensor:
+    """A PIL image, HWC numpy array or CHW/HW tensor as a ``(C, H, W)`` tensor (uint8 stays uint8)."""
+    if isinstance(image, torch.Tensor):
+        return image.unsqueeze(0) if image.dim() == 2 else image
+    if isinstance(image, np.ndarray):
+        t = torch.from_numpy(np.ascontiguousarray(image))
+        return t.unsqueeze(0) if t.dim() == 2 else t.permute(2, 0, 1)
+    from PIL import Image
+    from torchvision.transforms.functional import pil_to_tensor
+
+    if isinstance(image, Image.Image):
+        return pil_to_tensor(image)
+    raise DataError(f"a sample's image is a {type(image).__name__}; expected a PIL image, numpy array or tensor")
+
+
+def _label_tensor(labels: Any) -> torch.Tensor:
+    t = labels if isinstance(labels, torch.Tensor) else torch.as_tensor(np.asarray(labels))
+    return t.long() if not t.is_floating_point() else t
+
+
+def _arrays(dataset: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Images as (N, C, H, W) and labels straight from the dataset's arrays, or None."""
+    if isinstance(dataset, TensorDataset) and len(dataset.tensors) == 2:
+        images, labels = dataset.tensors
+        return (images.unsqueeze(1) if images.dim() == 3 else images), _label_tensor(labels)
+    data = getattr(dataset, "data", None)
+    labels = getattr(dataset, "targets", getattr(dataset, "labels", None))
+    if not isinstance(data, (np.ndarray, torch.Tensor)) or labels is None or data.dtype not in (np.uint8, torch.uint8):
+        return None
+    images = torch.as_tensor(data)
+    if images.dim() == 3:
+        images = images.unsqueeze(1)
+    elif images.dim() == 4 and type(dataset).__name__ not in _CHW_DATASETS and images.shape[-1] in (1, 3, 4):
+        images = images.permute(0, 3, 1, 2)
+    elif images.dim() != 4 or images.shape[1] not in (1, 3, 4):
+        return None
+    labels = _label_tensor(labels)
+    target_transform = getattr(dataset, "target_transform", None)
+    if target_transform is not None:
+        labels = _label_tensor([target_transform(int(v)) for v in labels.tolist()])
+    return images.contiguous(), labels
+
+
+def _with_transform(dataset: Any, transform: Callable[[Any], Any] | None) -> Any:
+    """A shallow copy of ``dataset`` whose per-sample transform is ``transform`` (the caller's is untouched)."""
+    if not hasattr(dataset, "transform"):
+        return dataset
+    ds = copy.copy(dataset)
+    ds.transform = transform
+    if hasattr(ds, "transforms") and type(ds.transforms).__name__ == "StandardTransform":
+        from torchvision.datasets.vision import StandardTransform
+
+        ds.transforms = StandardTransform(transform, getattr(ds, "target_transform", None))
+    return ds
+
+
+def _collate(items: list[tuple[Any, Any]]) -> list[tuple[torch.Tensor, Any]]:
+    # Runs in the workers: decode to tensors there, stack in the parent (where odd shapes are named).
+    return [(to_chw(image), label) for image, label in items]
+
+
+def _default_workers(n: int) -> int:
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return 0 if n < 2048 or cores < 2 else min(8, cores)
+
+
+def _per_sample(dataset: Any, num_workers: int | None, progress: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    n = len(dataset)
+    workers = _default_workers(n) if num_workers is None else num_workers
+    kwargs: dict[str, Any] = {}
+    if workers > 0 and torch.cuda.is_initialized():
+        kwargs["multiprocessing_context"] = "forkserver"  # never fork a process that holds CUDA state
+    loader = DataLoader(dataset, batch_size=64, shuffle=False, num_workers=workers, collate_fn=_collate, **kwargs)
+    from tqdm.auto import tqdm
+
+    images: torch.Tensor | None = None
+    labels: list[Any] = []
+    i = 0
+    with tqdm(total=n, desc="gpufeed: reading samples", unit="img", disable=not progress) as bar:
+        for batch in loader:
+            for image, label in batch:
+                if images is None:
+                    images = torch.empty((n, *image.shape), dtype=image.dtype)
+                elif image.shape != images.shape[1:] or image.dtype != images.dtype:
+                    raise DataError(
+                        f"sample {i} has shape {tuple(image.shape)} ({image.dtype}) but sample 0 has "
+                        f"{tuple(images.shape[1:])} ({images.dtype}); every image must leave the cached part with "
+                        "one shape: add a Resize and CenterCrop (or RandomCrop with pad_if_needed) first"
+                    )
+                images[i] = image
+                labels.append(label)
+                i += 1
+            bar.update(len(batch))
+    assert images is not None
+    return images, _label_tensor(labels)
+
+
+def ingest(
+    dataset: Dataset,
+    cached: Callable[[Any], Any] | None = None,
+    *,
+    num_workers: int | None = None,
+    progress: bool = True,
+) -> Ingested:
+    """Read every sample of ``dataset`` through ``cached`` (the deterministic part) into two tensors.
+
+    The dataset's own ``transform`` is replaced by ``cached`` on a copy; the caller's dataset is
+    not modified.
+
+    Example:
+        >>> ds = TensorDataset(torch.zeros(4, 1, 2, 2, dtype=torch.uint8), torch.arange(4))
+        >>> r = ingest(ds, progress=False); (tuple(r.images.shape), r.path)
+        ((4, 1, 2, 2), 'arrays')
+    """
+    t0 = time.perf_counter()
+    n = len(dataset)  # type: ignore[arg-type]
+    if n == 0:
+        raise DataError("the dataset is empty (len 0); nothing to load")
+    stripped = _with_transform(dataset, cached)
+    arrays = _arrays(dataset) if cached is None else None
+    if arrays is not None and arrays[0].shape[0] == n and _spot_check(stripped, arrays[0]):
+        return Ingested(arrays[0], arrays[1], "arrays", time.perf_counter() - t0)
+    images, labels = _per_sample(stripped, num_workers, progress)
+    return Ingested(images, labels, "per-sample", time.perf_counter() - t0)
+
+
+def _spot_check(stripped: Any, images: torch.Tensor) -> bool:
+    """Compare a few array rows with what ``dataset[i]`` returns, to catch a wrong layout guess."""
+    if isinstance(stripped, TensorDataset):
+        return True
+    n = images.shape[0]
+    for i in sorted({0, n // 2, n - 1}):
+        if not torch.equal(to_chw(stripped[i][0]), images[i]):
+            warnings.warn(
+                f"{type(stripped).__name__}.data does not match dataset[{i}]; reading sample by sample instead "
+                "(slower: one Python call per image)",
+                stacklevel=3,
+            )
+            return False
+    return True

@@ -80,7 +80,9 @@ def _erasing(op: Any, s: _State) -> A.BatchTransform:
     return A.RandomErasing(op.p, tuple(op.scale), tuple(op.ratio), value)
 
 
-def _to_float(s: _State, dtype: torch.dtype = torch.float32, scale: bool = True) -> A.BatchTransform | None:
+def _to_float(
+    s: _State, dtype: torch.dtype = torch.float32, scale: bool = True, reciprocal: bool = False
+) -> A.BatchTransform | None:
     if not scale:
         raise UnsupportedTransformError(
             "ToDtype(..., scale=False) keeps 0-255 values in a float tensor, which gpufeed does not batch; "
@@ -88,8 +90,8 @@ def _to_float(s: _State, dtype: torch.dtype = torch.float32, scale: bool = True)
         )
     if s.dtype == dtype:
         return None
-    s.dtype = dtype
-    return A.ConvertDtype(dtype)
+    was_uint8, s.dtype = s.dtype == torch.uint8, dtype
+    return A.ConvertDtype(dtype, reciprocal=reciprocal and was_uint8)
 
 
 def _to_dtype(op: Any, s: _State) -> A.BatchTransform | None:
@@ -103,7 +105,8 @@ def _to_dtype(op: Any, s: _State) -> A.BatchTransform | None:
     if dtype == torch.uint8:
         s.dtype = torch.uint8
         return A.ConvertDtype(torch.uint8)
-    return _to_float(s, dtype, scale=getattr(op, "scale", True))
+    # v1 ConvertImageDtype divides by 255; v2 ToDtype multiplies by 1/255 (last-bit differences).
+    return _to_float(s, dtype, scale=getattr(op, "scale", True), reciprocal=_is_v2(op))
 
 
 def _normalize(op: Any, s: _State) -> A.BatchTransform:
@@ -206,20 +209,20 @@ def build_batched(
     """The gpufeed ops for the device part, for stored images of this dtype and (height, width)."""
     state = _State(stored_dtype, image_size)
     out: list[A.BatchTransform] = []
+    inputs: list[torch.dtype] = []  # the dtype each op in ``out`` receives
     for op in device_ops:
+        before = state.dtype
         converted = CONVERTERS[_name(op)](op, state)
         if converted is None:
             continue
-        # ToTensor then Normalize is exactly gpufeed's Normalize on uint8 (it divides by 255 first).
-        if isinstance(converted, A.Normalize) and out and _is_uint8_to_float(out[-1], converted):
-            out[-1] = converted
+        prev = out[-1] if out else None
+        if isinstance(converted, A.Normalize) and isinstance(prev, A.ConvertDtype) and inputs[-1] == torch.uint8:
+            # uint8 -> float then Normalize is exactly gpufeed's Normalize on uint8 (it scales first).
+            out[-1] = A.Normalize(converted.mean, converted.std, converted.dtype, prev.reciprocal)
             continue
         out.append(converted)
+        inputs.append(before)
     return A.Compose(out) if out else None
-
-
-def _is_uint8_to_float(prev: A.BatchTransform, norm: A.Normalize) -> bool:
-    return isinstance(prev, A.ConvertDtype) and prev.dtype == norm.dtype
 
 
 @dataclass(frozen=True)

@@ -153,3 +153,12 @@ def test_constant_rejects_wrong_length_and_non_pixel_fill_for_uint8():
         F.constant((1, 2), x, "fill")
     with pytest.raises(ConfigError, match="0, 255"):
         F.constant(-1, x, "fill")
+
+
+def test_reciprocal_scaling_equals_v2_to_dtype_and_default_equals_v1():
+    import torchvision.transforms.v2.functional as F2
+
+    x = torch.arange(256, dtype=torch.uint8).view(1, 1, 16, 16)
+    assert torch.equal(F.convert_dtype(x, torch.float32, reciprocal=True), F2.to_dtype(x, torch.float32, scale=True))
+    assert torch.equal(F.convert_dtype(x, torch.float32), TF.convert_image_dtype(x, torch.float32))
+    assert not torch.equal(F.convert_dtype(x, torch.float32), F.convert_dtype(x, torch.float32, reciprocal=True))

@@ -94,16 +94,17 @@ def vflip(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return G.remap(x, G.flip_map(mask, x.shape[2], "rows"))
 
 
-def convert_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def convert_dtype(x: torch.Tensor, dtype: torch.dtype, reciprocal: bool = False) -> torch.Tensor:
     """Change dtype with torchvision's ``convert_image_dtype`` scaling.
 
-    uint8 -> float divides by 255; float -> uint8 multiplies by ``256 - 1e-3`` and truncates
-    (torchvision's rule); float -> float is a plain cast.
+    uint8 -> float divides by 255 (``reciprocal=True`` multiplies by ``1/255`` instead, as
+    ``transforms.v2.ToDtype`` does: the two differ in the last bit for some values); float ->
+    uint8 multiplies by ``256 - 1e-3`` and truncates (torchvision's rule); float -> float casts.
     """
     if x.dtype == dtype:
         return x
     if x.dtype == torch.uint8 and dtype.is_floating_point:
-        return x.to(dtype).div_(255)
+        return x.to(dtype).mul_(1.0 / 255) if reciprocal else x.to(dtype).div_(255)
     if x.dtype.is_floating_point and dtype == torch.uint8:
         return x.mul(255 + 1.0 - 1e-3).to(dtype)
     if x.dtype.is_floating_point and dtype.is_floating_point:
@@ -112,15 +113,21 @@ def convert_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def normalize(
-    x: torch.Tensor, mean: Sequence[float], std: Sequence[float], dtype: torch.dtype = torch.float32
+    x: torch.Tensor,
+    mean: Sequence[float],
+    std: Sequence[float],
+    dtype: torch.dtype = torch.float32,
+    reciprocal: bool = False,
 ) -> torch.Tensor:
     """``(x - mean) / std`` per channel; uint8 input is first divided by 255, as ``ToTensor`` does.
+
+    ``reciprocal``: scale uint8 by ``* (1/255)`` as ``transforms.v2.ToDtype`` does (see :func:`convert_dtype`).
 
     The arithmetic runs in float32 (or float64 for float64 input) in torchvision's order, so the
     result equals ``F.normalize(F.to_tensor(img), mean, std)`` bit for bit before the final cast.
     """
     work = torch.float64 if x.dtype == torch.float64 else torch.float32
-    x = convert_dtype(x, work)
+    x = convert_dtype(x, work, reciprocal)
     m, s = constant(tuple(mean), x, "mean"), constant(tuple(std), x, "std")
     return x.sub(m).div_(s).to(dtype)
 

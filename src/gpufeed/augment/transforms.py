@@ -228,6 +228,7 @@ class Normalize(BatchTransform):
     mean: Sequence[float]
     std: Sequence[float]
     dtype: torch.dtype = torch.float32
+    reciprocal: bool = False  # uint8 input scaled by * (1/255), as transforms.v2.ToDtype does
     random = False
 
     def __post_init__(self) -> None:
@@ -242,7 +243,7 @@ class Normalize(BatchTransform):
         object.__setattr__(self, "std", std)
 
     def apply(self, x: torch.Tensor, params: Params) -> torch.Tensor:
-        return F.normalize(x, self.mean, self.std, self.dtype)  # type: ignore[arg-type]
+        return F.normalize(x, self.mean, self.std, self.dtype, self.reciprocal)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
@@ -250,10 +251,11 @@ class ConvertDtype(BatchTransform):
     """Change dtype with torchvision's ``ConvertImageDtype`` scaling (uint8 -> float divides by 255)."""
 
     dtype: torch.dtype = torch.float32
+    reciprocal: bool = False  # uint8 -> float by * (1/255), as transforms.v2.ToDtype does
     random = False
 
     def apply(self, x: torch.Tensor, params: Params) -> torch.Tensor:
-        return F.convert_dtype(x, self.dtype)
+        return F.convert_dtype(x, self.dtype, self.reciprocal)
 
 
 def _erase_value(value: float | Sequence[float] | str, x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:

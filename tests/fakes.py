@@ -1,0 +1,34 @@
+"""Small real datasets for tests: torchvision's own classes over in-memory arrays or files in tmp_path."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+from torchvision.datasets import CIFAR10, ImageFolder
+from torchvision.datasets.vision import VisionDataset
+
+
+def cifar_like(n: int = 64, transform=None, seed: int = 0, root: str = "/nonexistent") -> CIFAR10:
+    """A real ``torchvision.datasets.CIFAR10`` object over random data (its __getitem__ and all).
+
+    Built without __init__ so no files or checksums are involved; labels are ``i % 10``.
+    """
+    ds = CIFAR10.__new__(CIFAR10)
+    VisionDataset.__init__(ds, root=root, transform=transform)
+    ds.train = True
+    ds.data = np.random.default_rng(seed).integers(0, 256, (n, 32, 32, 3), dtype=np.uint8)
+    ds.targets = [i % 10 for i in range(n)]
+    ds.classes = [str(c) for c in range(10)]
+    return ds
+
+
+def image_folder(root: Path, sizes: list[tuple[int, int]], transform=None, seed: int = 0) -> ImageFolder:
+    """An ``ImageFolder`` of RGB PNGs with the given (width, height) sizes, two classes alternating."""
+    rng = np.random.default_rng(seed)
+    for i, (w, h) in enumerate(sizes):
+        folder = root / f"class{i % 2}"
+        folder.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(folder / f"{i:04d}.png")
+    return ImageFolder(str(root), transform=transform)

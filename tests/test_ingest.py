@@ -1,0 +1,70 @@
+import numpy as np
+import pytest
+import torch
+import torchvision.transforms as T
+from torch.utils.data import TensorDataset
+from torchvision.transforms.functional import pil_to_tensor
+
+from fakes import cifar_like, image_folder
+from gpufeed.errors import DataError
+from gpufeed.ingest import ingest, to_chw
+
+
+def test_array_path_equals_reading_every_sample_and_is_vectorised():
+    ds = cifar_like(50)
+    fast = ingest(ds, progress=False)
+    slow = ingest(ds, cached=T.Lambda(lambda im: im), num_workers=0, progress=False)  # forces per-sample
+    assert (fast.path, slow.path) == ("arrays", "per-sample")
+    assert fast.images.dtype == torch.uint8 and fast.images.shape == (50, 3, 32, 32)
+    assert torch.equal(fast.images, slow.images) and torch.equal(fast.labels, slow.labels)
+    assert fast.labels.tolist() == [i % 10 for i in range(50)]
+
+
+def test_the_callers_dataset_keeps_its_transform():
+    tf = T.Compose([T.RandomCrop(32, padding=4), T.ToTensor()])
+    ds = cifar_like(8, transform=tf)
+    ingest(ds, cached=T.Resize(16), num_workers=0, progress=False)
+    assert ds.transform is tf
+
+
+def test_cached_part_runs_per_sample_exactly_as_torchvision():
+    ds = cifar_like(6)
+    out = ingest(ds, cached=T.Compose([T.Resize(20), T.CenterCrop(16)]), num_workers=0, progress=False)
+    expected = pil_to_tensor(T.CenterCrop(16)(T.Resize(20)(ds[3][0])))  # ds has no transform: ds[3][0] is PIL
+    assert out.images.shape == (6, 3, 16, 16) and torch.equal(out.images[3], expected)
+
+
+def test_target_transform_is_applied_on_the_array_path():
+    ds = cifar_like(20)
+    ds.target_transform = lambda y: 9 - y
+    assert ingest(ds, progress=False).labels.tolist() == [9 - i % 10 for i in range(20)]
+
+
+def test_tensor_dataset_and_grayscale_arrays():
+    ds = TensorDataset(torch.zeros(5, 28, 28, dtype=torch.uint8), torch.arange(5))
+    assert ingest(ds, progress=False).images.shape == (5, 1, 28, 28)
+
+
+def test_per_sample_workers_give_the_same_result(tmp_path):
+    ds = image_folder(tmp_path, [(20, 20)] * 10)
+    a = ingest(ds, cached=T.Resize((8, 8)), num_workers=0, progress=False)
+    b = ingest(ds, cached=T.Resize((8, 8)), num_workers=2, progress=False)
+    assert torch.equal(a.images, b.images) and a.labels.tolist() == [0] * 5 + [1] * 5  # ImageFolder: by class
+
+
+def test_images_of_different_sizes_name_the_first_odd_sample_and_the_fix(tmp_path):
+    ds = image_folder(tmp_path, [(20, 20), (20, 20), (24, 20), (20, 20)])  # ImageFolder order: 0000, 0002, ...
+    with pytest.raises(DataError, match=r"sample 1 has shape \(3, 20, 24\).*add a Resize and CenterCrop"):
+        ingest(ds, num_workers=0, progress=False)
+
+
+def test_empty_dataset_is_an_error():
+    with pytest.raises(DataError, match="empty"):
+        ingest(TensorDataset(torch.zeros(0, 3, 4, 4), torch.zeros(0)), progress=False)
+
+
+def test_to_chw_layouts():
+    assert to_chw(np.zeros((4, 5, 3), dtype=np.uint8)).shape == (3, 4, 5)
+    assert to_chw(torch.zeros(4, 5)).shape == (1, 4, 5)
+    with pytest.raises(DataError, match="str"):
+        to_chw("image.png")

@@ -1,0 +1,80 @@
+import pytest
+import torch
+import torchvision.transforms as T
+
+from fakes import cifar_like, image_folder
+from gpufeed import DeviceLoader, FallbackLoader, UnsupportedTransformError, accelerate
+from gpufeed.plan import build_batched, split_transform
+from gpufeed.sampling import epoch_order
+
+M, S = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
+CIFAR_TF = T.Compose([T.RandomCrop(32, padding=4), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(M, S)])
+
+
+def _batches(loader):
+    return [(x.clone(), y.clone()) for x, y in loader]
+
+
+def test_cifar_runs_from_uint8_on_the_device_tier_with_the_planned_ops(tmp_path):
+    ds = cifar_like(100, transform=CIFAR_TF)
+    loader = accelerate(ds, batch_size=32, device="cpu", seed=3, cache=tmp_path, progress=False)
+    plan = loader.plan
+    assert plan.storage == "device" and plan.stored_dtype == "uint8" and plan.stored_shape == (100, 3, 32, 32)
+    assert plan.cached == () and plan.ingest.startswith("arrays read of 100 samples")
+    assert [b.split("(")[0] for b in plan.batched] == ["RandomCrop", "RandomHorizontalFlip", "Normalize"]
+    assert plan.cache_path is not None  # cache=<root> persists
+    assert "storage:  device" in str(plan) and "batched:  RandomCrop" in str(plan)
+    # The same stored data through a hand-built DeviceLoader with the planned ops gives the same batches.
+    stored = torch.from_numpy(ds.data).permute(0, 3, 1, 2)
+    manual = DeviceLoader(stored, torch.tensor(ds.targets), batch_size=32, device="cpu", seed=3,
+                          transform=build_batched(split_transform(CIFAR_TF).device, torch.uint8, (32, 32)))
+    for (x, y), (mx, my) in zip(_batches(loader), _batches(manual), strict=True):
+        assert torch.equal(x, mx) and torch.equal(y, my)
+    order = epoch_order(3, 1, 100)  # the zip above consumed epoch 0; this call serves epoch 1
+    assert torch.equal(torch.cat([y for _, y in _batches(loader)]), torch.tensor(ds.targets)[order])
+    assert ds.transform is CIFAR_TF
+
+
+def test_a_budget_too_small_for_the_device_falls_back_to_a_memory_map_with_the_same_batches():
+    ds = cifar_like(70, transform=CIFAR_TF)
+    fast = accelerate(ds, batch_size=16, device="cpu", cache=False, progress=False)
+    with pytest.warns(UserWarning, match="exceeds the device budget of 0.0 MiB"):
+        mapped = accelerate(ds, batch_size=16, device="cpu", cache=False, memory_budget=0, progress=False)
+    assert mapped.plan.storage == "mmap" and mapped.storage == "mmap"
+    for (x, y), (mx, my) in zip(_batches(fast), _batches(mapped), strict=True):
+        assert torch.equal(x, mx) and torch.equal(y, my)
+
+
+def test_per_sample_datasets_are_cached_on_disk_and_hit_next_time(tmp_path):
+    folder = image_folder(tmp_path / "data", [(40, 30), (30, 40), (36, 36), (50, 44)] * 3,
+                          transform=T.Compose([T.Resize(24), T.CenterCrop(20), T.RandomHorizontalFlip(),
+                                               T.ToTensor()]))
+    first = accelerate(folder, batch_size=4, device="cpu", cache=tmp_path / "cache", num_workers=0, progress=False)
+    assert first.plan.ingest.startswith("per-sample read of 12 samples") and "written to the cache" in first.plan.ingest
+    assert first.plan.cached == (repr(T.Resize(24)), repr(T.CenterCrop(20)))
+    second = accelerate(folder, batch_size=4, device="cpu", cache=tmp_path / "cache", num_workers=0, progress=False)
+    assert second.plan.ingest.startswith("cache hit") and second.plan.cache_path == first.plan.cache_path
+    for (x, y), (sx, sy) in zip(_batches(first), _batches(second), strict=True):
+        assert torch.equal(x, sx) and torch.equal(y, sy)
+
+
+def test_unsupported_random_ops_raise_unless_the_fallback_is_asked_for():
+    ds = cifar_like(40, transform=T.Compose([T.RandomRotation(10), T.ToTensor()]))
+    with pytest.raises(UnsupportedTransformError, match="fallback='prefetch'"):
+        accelerate(ds, device="cpu", progress=False)
+    with pytest.warns(UserWarning, match="falls back to per-sample DataLoader workers"):
+        loader = accelerate(ds, batch_size=16, device="cpu", fallback="prefetch", num_workers=0, seed=2)
+    assert isinstance(loader, FallbackLoader) and len(loader) == 3
+    batches = _batches(loader)
+    assert [tuple(x.shape) for x, _ in batches] == [(16, 3, 32, 32), (16, 3, 32, 32), (8, 3, 32, 32)]
+    assert torch.equal(torch.cat([y for _, y in batches]), torch.tensor(ds.targets)[epoch_order(2, 0, 40)])
+    assert "RandomRotation" in str(loader.plan)
+
+
+def test_opaque_cached_ops_work_but_are_not_persisted(tmp_path):
+    ds = cifar_like(10, transform=T.Compose([T.Lambda(lambda im: im.rotate(90)), T.ToTensor()]))
+    with pytest.warns(UserWarning, match="cannot be fingerprinted"):
+        loader = accelerate(ds, batch_size=5, device="cpu", cache_lambda=True, cache=tmp_path, num_workers=0,
+                            progress=False)
+    assert loader.plan.cache_path is None and list(tmp_path.iterdir()) == []
+    assert len(_batches(loader)) == 2

@@ -26,8 +26,14 @@ def test_cifar_runs_from_uint8_on_the_device_tier_with_the_planned_ops(tmp_path)
     assert "storage:  device" in str(plan) and "batched:  RandomCrop" in str(plan)
     # The same stored data through a hand-built DeviceLoader with the planned ops gives the same batches.
     stored = torch.from_numpy(ds.data).permute(0, 3, 1, 2)
-    manual = DeviceLoader(stored, torch.tensor(ds.targets), batch_size=32, device="cpu", seed=3,
-                          transform=build_batched(split_transform(CIFAR_TF).device, torch.uint8, (32, 32)))
+    manual = DeviceLoader(
+        stored,
+        torch.tensor(ds.targets),
+        batch_size=32,
+        device="cpu",
+        seed=3,
+        transform=build_batched(split_transform(CIFAR_TF).device, torch.uint8, (32, 32)),
+    )
     for (x, y), (mx, my) in zip(_batches(loader), _batches(manual), strict=True):
         assert torch.equal(x, mx) and torch.equal(y, my)
     order = epoch_order(3, 1, 100)  # the zip above consumed epoch 0; this call serves epoch 1
@@ -46,9 +52,11 @@ def test_a_budget_too_small_for_the_device_falls_back_to_a_memory_map_with_the_s
 
 
 def test_per_sample_datasets_are_cached_on_disk_and_hit_next_time(tmp_path):
-    folder = image_folder(tmp_path / "data", [(40, 30), (30, 40), (36, 36), (50, 44)] * 3,
-                          transform=T.Compose([T.Resize(24), T.CenterCrop(20), T.RandomHorizontalFlip(),
-                                               T.ToTensor()]))
+    folder = image_folder(
+        tmp_path / "data",
+        [(40, 30), (30, 40), (36, 36), (50, 44)] * 3,
+        transform=T.Compose([T.Resize(24), T.CenterCrop(20), T.RandomHorizontalFlip(), T.ToTensor()]),
+    )
     first = accelerate(folder, batch_size=4, device="cpu", cache=tmp_path / "cache", num_workers=0, progress=False)
     assert first.plan.ingest.startswith("per-sample read of 12 samples") and "written to the cache" in first.plan.ingest
     assert first.plan.cached == (repr(T.Resize(24)), repr(T.CenterCrop(20)))
@@ -74,7 +82,8 @@ def test_unsupported_random_ops_raise_unless_the_fallback_is_asked_for():
 def test_opaque_cached_ops_work_but_are_not_persisted(tmp_path):
     ds = cifar_like(10, transform=T.Compose([T.Lambda(lambda im: im.rotate(90)), T.ToTensor()]))
     with pytest.warns(UserWarning, match="cannot be fingerprinted"):
-        loader = accelerate(ds, batch_size=5, device="cpu", cache_lambda=True, cache=tmp_path, num_workers=0,
-                            progress=False)
+        loader = accelerate(
+            ds, batch_size=5, device="cpu", cache_lambda=True, cache=tmp_path, num_workers=0, progress=False
+        )
     assert loader.plan.cache_path is None and list(tmp_path.iterdir()) == []
     assert len(_batches(loader)) == 2

@@ -1,8 +1,20 @@
 import subprocess
 import sys
 
+import pytest
+
 import gpufeed
 from gpufeed.cli.main import main
+
+
+@pytest.fixture(scope="module")
+def cache_home(tmp_path_factory):
+    """A cache root shared by this module's tests; the synthetic data is generated there once."""
+    root = tmp_path_factory.mktemp("gpufeed-home")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("GPUFEED_CACHE_DIR", str(root))
+    yield root
+    mp.undo()
 
 
 def test_version_is_printed_by_the_console_entry_point():
@@ -13,3 +25,29 @@ def test_version_is_printed_by_the_console_entry_point():
 def test_no_command_prints_help_and_succeeds(capsys):
     assert main([]) == 0
     assert "usage: gpufeed" in capsys.readouterr().out
+
+
+def test_cache_build_info_verify_clear_round_trip(cache_home, capsys):
+    assert main(["cache", "build", "--resize", "36"]) == 0
+    out = capsys.readouterr().out
+    assert "50000 samples (3, 32, 32) torch.uint8" in out and "verified" in out
+    entries = [p for p in cache_home.iterdir() if p.name.startswith("syntheticcifar10-")]
+    assert len(entries) == 1
+    assert main(["cache", "info"]) == 0
+    assert "cached: Resize(size=36" in capsys.readouterr().out
+    assert main(["cache", "verify"]) == 0
+    assert capsys.readouterr().out.startswith("OK ")
+    images = entries[0] / "images.bin"
+    data = bytearray(images.read_bytes())
+    data[12345] ^= 1
+    images.write_bytes(data)
+    assert main(["cache", "verify"]) == 1
+    assert "do not match" in capsys.readouterr().err
+    assert main(["cache", "clear"]) == 0
+    assert not entries[0].exists() and (cache_home / "data").exists()  # the dataset itself is not a cache entry
+
+
+def test_cache_clear_refuses_a_directory_that_is_not_a_cache(tmp_path, capsys):
+    (tmp_path / "precious").mkdir()
+    assert main(["cache", "clear", str(tmp_path / "precious")]) == 1
+    assert (tmp_path / "precious").exists() and "not a gpufeed cache entry" in capsys.readouterr().err

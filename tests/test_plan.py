@@ -17,19 +17,43 @@ M, S = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
 
 PIPELINES = {
     "cifar v1": T.Compose([T.RandomCrop(32, padding=4), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(M, S)]),
-    "resize prefix, erasing v1": T.Compose([
-        T.Resize(40), T.CenterCrop(36), T.RandomCrop(32), T.RandomVerticalFlip(0.3), T.ToTensor(), T.Normalize(M, S),
-        T.RandomErasing(p=0.7, value=0.5)]),
-    "to tensor first, reflect, random erase v1": T.Compose([
-        T.ToTensor(), T.RandomCrop(32, padding=2, padding_mode="reflect"), T.Normalize(M, S),
-        T.RandomErasing(p=0.9, value="random")]),
-    "v2 pad_if_needed reflect": v2.Compose([
-        v2.ToImage(), v2.RandomCrop(40, padding=[1, 2], pad_if_needed=True, padding_mode="reflect"),
-        v2.RandomHorizontalFlip(), v2.ToDtype(torch.float32, scale=True), v2.Normalize(M, S),
-        v2.RandomErasing(p=0.8, value=(0.1, 0.2, 0.3))]),
-    "v2 uint8 erasing, fill tuple": v2.Compose([
-        v2.PILToTensor(), v2.RandomCrop(32, padding=3, fill=(10, 20, 30)), v2.RandomErasing(p=1.0, value=7),
-        v2.ToDtype(torch.float32, scale=True)]),
+    "resize prefix, erasing v1": T.Compose(
+        [
+            T.Resize(40),
+            T.CenterCrop(36),
+            T.RandomCrop(32),
+            T.RandomVerticalFlip(0.3),
+            T.ToTensor(),
+            T.Normalize(M, S),
+            T.RandomErasing(p=0.7, value=0.5),
+        ]
+    ),
+    "to tensor first, reflect, random erase v1": T.Compose(
+        [
+            T.ToTensor(),
+            T.RandomCrop(32, padding=2, padding_mode="reflect"),
+            T.Normalize(M, S),
+            T.RandomErasing(p=0.9, value="random"),
+        ]
+    ),
+    "v2 pad_if_needed reflect": v2.Compose(
+        [
+            v2.ToImage(),
+            v2.RandomCrop(40, padding=[1, 2], pad_if_needed=True, padding_mode="reflect"),
+            v2.RandomHorizontalFlip(),
+            v2.ToDtype(torch.float32, scale=True),
+            v2.Normalize(M, S),
+            v2.RandomErasing(p=0.8, value=(0.1, 0.2, 0.3)),
+        ]
+    ),
+    "v2 uint8 erasing, fill tuple": v2.Compose(
+        [
+            v2.PILToTensor(),
+            v2.RandomCrop(32, padding=3, fill=(10, 20, 30)),
+            v2.RandomErasing(p=1.0, value=7),
+            v2.ToDtype(torch.float32, scale=True),
+        ]
+    ),
     "grayscale prefix": T.Compose([T.Grayscale(), T.RandomCrop(32, padding=4, fill=128), T.ToTensor()]),
     "nested compose": T.Compose([T.Compose([T.RandomCrop(32, padding=1)]), T.Compose([T.ToTensor()])]),
 }
@@ -77,8 +101,9 @@ def test_batched_part_equals_the_torchvision_pipeline_with_the_same_parameters(n
     random_ops = [op for op in split.device if type(op).__name__.startswith("Random")]
     assert len(random_ops) == len(drawn)
     for i, img in enumerate(images):
-        ops = list(split.cached) + [_pin(op, drawn[random_ops.index(op)], i) if op in random_ops else op
-                                    for op in split.device]
+        ops = list(split.cached) + [
+            _pin(op, drawn[random_ops.index(op)], i) if op in random_ops else op for op in split.device
+        ]
         expected = ops[0] if len(ops) == 1 else type(transform)(ops)
         with torch.random.fork_rng():
             out = expected(img)
@@ -125,7 +150,8 @@ def test_normalize_on_uint8_is_rejected_as_torchvision_would():
 
 
 def test_lambda_is_cached_when_asked():
-    split = split_transform(T.Compose([T.Lambda(lambda im: im.rotate(90)), T.RandomHorizontalFlip()]),
-                            cache_lambda=True)
+    split = split_transform(
+        T.Compose([T.Lambda(lambda im: im.rotate(90)), T.RandomHorizontalFlip()]), cache_lambda=True
+    )
     assert [type(op).__name__ for op in split.cached] == ["Lambda"]
     assert isinstance(build_batched(split.device, torch.uint8, (8, 8)).transforms[0], A.RandomHorizontalFlip)

@@ -76,9 +76,13 @@ def test_a_file_swapped_in_from_another_cache_is_detected(built, tmp_path):
 
 @pytest.mark.parametrize(
     "content, match",
-    [("", "not valid JSON"), ('{"format": "something-else"}', "not a gpufeed cache manifest"),
-     ('{"format": "gpufeed-cache", "version": 99}', "format version 99"),
-     ('{"format": "gpufeed-cache", "version": 1, "key": "k"}', "malformed"), ("[1, 2]", "not a gpufeed cache")],
+    [
+        ("", "not valid JSON"),
+        ('{"format": "something-else"}', "not a gpufeed cache manifest"),
+        ('{"format": "gpufeed-cache", "version": 99}', "format version 99"),
+        ('{"format": "gpufeed-cache", "version": 1, "key": "k"}', "malformed"),
+        ("[1, 2]", "not a gpufeed cache"),
+    ],
 )
 def test_empty_or_foreign_manifests_are_rejected(built, tmp_path, content, match):
     (tmp_path / "entry" / MANIFEST).write_text(content)

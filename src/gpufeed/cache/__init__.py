@@ -3,15 +3,27 @@
 from __future__ import annotations
 
 import warnings
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from ..errors import CacheError, ConfigError
 from .fingerprint import cache_key, default_cache_dir
+from .manage import list_entries, remove_entry
 from .reader import Cache, open_cache, verify_cache
 from .writer import write_cache
 
-__all__ = ["Cache", "build_cache", "default_cache_dir", "entry_path", "open_cache", "store", "verify_cache"]
+__all__ = [
+    "Cache",
+    "build_cache",
+    "default_cache_dir",
+    "entry_path",
+    "list_entries",
+    "open_cache",
+    "remove_entry",
+    "store",
+    "verify_cache",
+]
 
 _DATASET = object()  # sentinel: use the dataset's own transform
 
@@ -29,6 +41,7 @@ def build_cache(
     cache_lambda: bool = False,
     num_workers: int | None = None,
     progress: bool = True,
+    root: str | Path | None = None,
 ) -> Cache:
     """Compute the deterministic part of ``dataset``'s transform once and store it, atomically and verified.
 
@@ -37,7 +50,7 @@ def build_cache(
 
     Args:
         dataset: a map-style dataset (torchvision datasets, ``ImageFolder``, ``TensorDataset``, ...).
-        path: the entry's directory; ``None`` puts it under :func:`default_cache_dir`.
+        path: the entry's directory; ``None`` puts it under ``root`` (default :func:`default_cache_dir`).
         transform: the full transform; by default ``dataset.transform``. Only its deterministic
             prefix (see :mod:`gpufeed.plan`) is computed and stored.
     """
@@ -52,7 +65,7 @@ def build_cache(
             "or an opaque transform such as a Lambda), so a cache on disk could later be matched to other data; "
             "use gpufeed.accelerate(..., cache=False) to keep it in memory instead"
         )
-    target = Path(path) if path is not None else entry_path(dataset, key)
+    target = Path(path) if path is not None else entry_path(dataset, key, root)
     try:
         existing = open_cache(target, verify=True)
         if existing.key == key:
@@ -66,6 +79,11 @@ def build_cache(
 
 def store(target: Path, key: str, split: Any, data: Any) -> Cache:
     """Write ingested data (:class:`gpufeed.ingest.Ingested`) as the entry ``target`` and open it, verified."""
-    meta = {"cached": [repr(op) for op in split.cached], "ingest": data.path, "ingest_seconds": round(data.seconds, 3)}
+    meta = {
+        "cached": [repr(op) for op in split.cached],
+        "ingest": data.path,
+        "ingest_seconds": round(data.seconds, 3),
+        "created": datetime.now(UTC).isoformat(timespec="seconds"),
+    }
     write_cache(target, key, {"images": data.images, "labels": data.labels}, meta)
     return open_cache(target, verify=True)

@@ -7,8 +7,12 @@ from collections.abc import Callable, Sequence
 
 import gpufeed
 
+from . import cache
+
 # name -> (help, add_arguments(parser), run(args) -> exit code)
-COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {}
+COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {
+    "cache": (cache.HELP, cache.add_arguments, cache.run),
+}
 
 
 def build_parser() -> argparse.ArgumentParser:

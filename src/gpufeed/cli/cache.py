@@ -1,0 +1,117 @@
+"""``gpufeed cache build|info|verify|clear``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .common import add_data_arguments, load_data
+
+HELP = "build, inspect, verify or clear persistent caches of a dataset's deterministic transform"
+MEAN, STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--cache-dir", type=Path, default=None, help="cache root (default: $XDG_CACHE_HOME/gpufeed)")
+    sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+    b = sub.add_parser("build", help="cache the training set's deterministic transform")
+    add_data_arguments(b)
+    b.add_argument("--resize", type=int, default=None, help="add a deterministic Resize(N) + CenterCrop(32) first")
+    b.add_argument("--path", type=Path, default=None, help="the entry's directory (default: under the cache root)")
+    for name, text in [
+        ("info", "describe entries"),
+        ("verify", "check every byte of entries against their hashes"),
+        ("clear", "delete entries and leftovers of interrupted builds"),
+    ]:
+        q = sub.add_parser(name, help=text)
+        q.add_argument("paths", nargs="*", type=Path, help="entries (default: all under the cache root)")
+
+
+def _root(args: argparse.Namespace) -> Path:
+    from ..cache import default_cache_dir
+
+    return args.cache_dir or default_cache_dir()
+
+
+def _entries(args: argparse.Namespace) -> list[Path]:
+    from ..cache import list_entries
+
+    return list(args.paths) or list_entries(_root(args))
+
+
+def run(args: argparse.Namespace) -> int:
+    return {"build": _build, "info": _info, "verify": _verify, "clear": _clear}[args.action](args)
+
+
+def _build(args: argparse.Namespace) -> int:
+    import torchvision.transforms as T
+
+    from ..cache import build_cache
+
+    prefix = [T.Resize(args.resize), T.CenterCrop(32)] if args.resize else []
+    transform = T.Compose(
+        [*prefix, T.RandomCrop(32, padding=4), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(MEAN, STD)]
+    )
+    ds = load_data(args, train=True, transform=transform)
+    cache = build_cache(ds, args.path, root=args.cache_dir)
+    print(
+        f"built {cache.path}: {len(cache.labels)} samples {tuple(cache.images.shape[1:])} {cache.images.dtype}, "
+        f"{cache.nbytes / 2**20:.1f} MiB, verified"
+    )
+    return 0
+
+
+def _info(args: argparse.Namespace) -> int:
+    from ..cache.format import Manifest
+    from ..errors import CacheError
+
+    entries = _entries(args)
+    if not entries:
+        print(f"no cache entries under {_root(args)}")
+    for path in entries:
+        try:
+            m = Manifest.read(path)
+        except CacheError as e:
+            print(f"{path}\n  INVALID: {e}")
+            continue
+        images = m.arrays.get("images")
+        size = sum(a.nbytes for a in m.arrays.values()) / 2**20
+        print(f"{path}\n  key {m.key[:20]}  created {m.meta.get('created', '?')}  {size:.1f} MiB")
+        if images is not None:
+            print(f"  images {images.dtype} {tuple(images.shape)}  ingest: {m.meta.get('ingest', '?')}")
+        print(f"  cached: {', '.join(m.meta.get('cached', [])) or 'nothing (stored as read)'}")
+    return 0
+
+
+def _verify(args: argparse.Namespace) -> int:
+    from ..cache import verify_cache
+    from ..errors import CacheError
+
+    bad = 0
+    for path in _entries(args):
+        try:
+            c = verify_cache(path)
+            print(f"OK   {path} ({c.nbytes / 2**20:.1f} MiB)")
+        except CacheError as e:
+            bad += 1
+            print(f"BAD  {path}: {e}", file=sys.stderr)
+    return 1 if bad else 0
+
+
+def _clear(args: argparse.Namespace) -> int:
+    from ..cache import remove_entry
+    from ..cache.manage import is_leftover
+    from ..errors import CacheError
+
+    root = _root(args)
+    targets = list(args.paths) or (_entries(args) + sorted(p for p in root.glob(".*") if is_leftover(p)))
+    failed = 0
+    for path in targets:
+        try:
+            remove_entry(path)
+            print(f"removed {path}")
+        except CacheError as e:
+            failed += 1
+            print(f"kept {path}: {e}", file=sys.stderr)
+    return 1 if failed else 0

@@ -33,6 +33,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import gpufeed as gf  # noqa: E402
 from gpufeed import augment as A  # noqa: E402
+
 from harness import environment  # noqa: E402
 
 

@@ -25,6 +25,7 @@ from torch.utils.data import DataLoader, Dataset
 sys.path.insert(0, str(Path(__file__).parent))
 import gpufeed as gf  # noqa: E402
 from gpufeed import augment as A  # noqa: E402
+
 from harness import Timing, environment, print_table, save_json, time_epochs  # noqa: E402
 
 MEAN, STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)

@@ -2,10 +2,11 @@ import pytest
 import torch
 import torchvision.transforms as T
 
-from fakes import cifar_like, image_folder
 from gpufeed import DeviceLoader, FallbackLoader, UnsupportedTransformError, accelerate
 from gpufeed.plan import build_batched, split_transform
 from gpufeed.sampling import epoch_order
+
+from fakes import cifar_like, image_folder
 
 M, S = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
 CIFAR_TF = T.Compose([T.RandomCrop(32, padding=4), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(M, S)])

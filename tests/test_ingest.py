@@ -5,9 +5,10 @@ import torchvision.transforms as T
 from torch.utils.data import TensorDataset
 from torchvision.transforms.functional import pil_to_tensor
 
-from fakes import cifar_like, image_folder
 from gpufeed.errors import DataError
 from gpufeed.ingest import ingest, to_chw
+
+from fakes import cifar_like, image_folder
 
 
 def test_array_path_equals_reading_every_sample_and_is_vectorised():

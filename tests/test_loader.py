@@ -11,9 +11,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import decode_indices, indexed_images
 from gpufeed import ConfigError, DataError, DeviceError, DeviceLoader, StateError
 from gpufeed.augment import Compose, Normalize, RandomCrop, RandomErasing, RandomHorizontalFlip
+
+from conftest import decode_indices, indexed_images
 
 AUG = Compose(
     [RandomCrop(8, padding=2), RandomHorizontalFlip(), Normalize([0.5] * 3, [0.25] * 3), RandomErasing(p=0.5)]

@@ -155,3 +155,20 @@ def test_lambda_is_cached_when_asked():
     )
     assert [type(op).__name__ for op in split.cached] == ["Lambda"]
     assert isinstance(build_batched(split.device, torch.uint8, (8, 8)).transforms[0], A.RandomHorizontalFlip)
+
+
+def test_resized_crop_and_color_jitter_convert_with_their_parameters():
+    tf = T.Compose([T.RandomResizedCrop(24, scale=(0.5, 1.0)), T.ColorJitter(0.4, 0.3, 0.2, 0.1), T.ToTensor()])
+    split = split_transform(tf)
+    batched = build_batched(split.device, torch.uint8, (32, 32))
+    rrc, jitter, to_float = batched.transforms
+    assert rrc == A.RandomResizedCrop((24, 24), (0.5, 1.0), (3 / 4, 4 / 3), True)
+    assert jitter.brightness == (0.6, 1.4) and jitter.contrast == (0.7, 1.3) and jitter.hue == (-0.1, 0.1)
+    assert isinstance(to_float, A.ConvertDtype)
+    assert any("PIL's" in note for note in split.notes)  # they ran on PIL images in the original
+
+
+def test_resized_crop_with_another_interpolation_is_refused():
+    tf = T.RandomResizedCrop(24, interpolation=T.InterpolationMode.BICUBIC)
+    with pytest.raises(UnsupportedTransformError, match="bilinear interpolation only"):
+        build_batched(split_transform(tf).device, torch.uint8, (32, 32))

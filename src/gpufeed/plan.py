@@ -80,6 +80,21 @@ def _erasing(op: Any, s: _State) -> A.BatchTransform:
     return A.RandomErasing(op.p, tuple(op.scale), tuple(op.ratio), value)
 
 
+def _resized_crop(op: Any, s: _State) -> A.BatchTransform:
+    mode = getattr(op.interpolation, "value", op.interpolation)
+    if mode != "bilinear":
+        raise UnsupportedTransformError(
+            f"{op!r}: gpufeed batches RandomResizedCrop with bilinear interpolation only, not {mode!r}; "
+            "use InterpolationMode.BILINEAR or fallback='prefetch'"
+        )
+    s.size = tuple(op.size)  # type: ignore[assignment]
+    return A.RandomResizedCrop(tuple(op.size), tuple(op.scale), tuple(op.ratio), bool(op.antialias))
+
+
+def _color_jitter(op: Any, s: _State) -> A.BatchTransform:
+    return A.ColorJitter(op.brightness, op.contrast, op.saturation, op.hue)
+
+
 def _to_float(
     s: _State, dtype: torch.dtype = torch.float32, scale: bool = True, reciprocal: bool = False
 ) -> A.BatchTransform | None:
@@ -124,6 +139,8 @@ CONVERTERS: dict[str, Callable[[Any, _State], A.BatchTransform | None]] = {
     "RandomHorizontalFlip": lambda op, s: A.RandomHorizontalFlip(op.p),
     "RandomVerticalFlip": lambda op, s: A.RandomVerticalFlip(op.p),
     "RandomErasing": _erasing,
+    "RandomResizedCrop": _resized_crop,
+    "ColorJitter": _color_jitter,
     "ToTensor": lambda op, s: _to_float(s),
     "PILToTensor": lambda op, s: None,
     "ToImage": lambda op, s: None,
@@ -131,7 +148,9 @@ CONVERTERS: dict[str, Callable[[Any, _State], A.BatchTransform | None]] = {
     "ToDtype": _to_dtype,
     "Normalize": _normalize,
 }
-RANDOM_SUPPORTED = tuple(n for n in CONVERTERS if n.startswith("Random"))
+RANDOM_SUPPORTED = (*(n for n in CONVERTERS if n.startswith("Random")), "ColorJitter")
+# Ops whose torchvision PIL kernels differ (by a few levels) from the tensor kernels gpufeed follows.
+_PIL_DIFFERS = ("RandomResizedCrop", "ColorJitter")
 
 
 def flatten(transform: Any) -> list[Any]:
@@ -200,6 +219,13 @@ def split_transform(transform: Any, cache_lambda: bool = False) -> Split:
     notes = []
     if any(_name(op) in _CONVERSIONS for op in cached):
         notes.append("a conversion to float comes before a cached op, so the cache stores float32 (4x uint8)")
+    first_tensor = next((i for i, op in enumerate(ops) if _name(op) in _CONVERSIONS), len(ops))
+    for op in ops[:first_tensor]:
+        if _name(op) in _PIL_DIFFERS:
+            notes.append(
+                f"{_name(op)} runs on uint8 tensors as torchvision's tensor kernels do; on PIL images torchvision uses "
+                "PIL's, which differ by a few intensity levels"
+            )
     return Split(tuple(cached), tuple(device), tuple(notes))
 
 

@@ -18,32 +18,8 @@ from gpufeed.augment import (
 )
 from gpufeed.errors import ConfigError
 
-DRAWS = 20_000
-ALPHA = 1e-3  # significance of every distribution test below (fixed seeds: they cannot flake)
-
-
-def chi_square_p_value(counts: torch.Tensor) -> float:
-    """p-value of a chi-square goodness-of-fit test of ``counts`` against the uniform distribution."""
-    counts = counts.double()
-    expected = counts.sum() / counts.numel()
-    stat = ((counts - expected) ** 2 / expected).sum()
-    return float(1 - torch.distributions.Chi2(counts.numel() - 1).cdf(stat))
-
-
-def ks_statistic(a: torch.Tensor, b: torch.Tensor) -> float:
-    """Two-sample Kolmogorov-Smirnov statistic (max distance between empirical CDFs)."""
-    grid = torch.cat([a, b]).double().unique()
-    cdf_a = torch.searchsorted(a.double().sort().values, grid, right=True) / a.numel()
-    cdf_b = torch.searchsorted(b.double().sort().values, grid, right=True) / b.numel()
-    return float((cdf_a - cdf_b).abs().max())
-
-
-def ks_critical(n: int, m: int, alpha: float = ALPHA) -> float:
-    return math.sqrt(-0.5 * math.log(alpha / 2)) * math.sqrt((n + m) / (n * m))
-
-
-def _gen(seed=0, device="cpu"):
-    return torch.Generator(device=device).manual_seed(seed)
+from stats import ALPHA, DRAWS, chi_square_p_value, ks_critical, ks_statistic
+from stats import gen as _gen
 
 
 def test_random_crop_offsets_are_uniform_over_the_inclusive_range(device):

@@ -12,11 +12,12 @@ import torch
 import torchvision.transforms as T
 from torch.utils.data import TensorDataset
 
-from fakes import cifar_like
 from gpufeed import CacheError, ConfigError, build_cache, open_cache
 from gpufeed.cache import default_cache_dir
 from gpufeed.cache.fingerprint import cache_key, dataset_identity
 from gpufeed.cache.format import MANIFEST
+
+from fakes import cifar_like
 
 
 @pytest.fixture

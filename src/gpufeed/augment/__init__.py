@@ -1,6 +1,8 @@
 """Batched per-sample augmentation on ``(N, C, H, W)`` tensors: ``from gpufeed import augment as A``."""
 
 from . import functional
+from .color import ColorJitter
+from .resize import RandomResizedCrop
 from .transforms import (
     BatchTransform,
     Compose,
@@ -15,6 +17,7 @@ from .transforms import (
 
 __all__ = [
     "BatchTransform",
+    "ColorJitter",
     "Compose",
     "ConvertDtype",
     "Cutout",
@@ -22,6 +25,7 @@ __all__ = [
     "RandomCrop",
     "RandomErasing",
     "RandomHorizontalFlip",
+    "RandomResizedCrop",
     "RandomVerticalFlip",
     "functional",
 ]

@@ -1,0 +1,165 @@
+"""ColorJitter, batched: per-sample brightness, contrast, saturation and hue factors and order.
+
+The pixel arithmetic follows torchvision's tensor kernels (``transforms.functional``) op for op --
+the same blend formula, the same truncating grayscale, the same HSV round trip -- with a factor
+per sample instead of one per call. torchvision applies the four adjustments in a random order
+per image; here each of the four slots computes every enabled adjustment for the whole batch and
+keeps, per sample, the one its order names (no per-sample Python, no host sync).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from ..errors import ConfigError
+from .transforms import BatchTransform, Params
+
+__all__ = ["ColorJitter", "adjust_brightness", "adjust_contrast", "adjust_hue", "adjust_saturation"]
+
+Factor = torch.Tensor  # (N,) per-sample factors
+
+
+def _col(f: Factor, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``ratio`` and ``1 - ratio`` as torchvision computes them: ``1 - ratio`` in double, then cast."""
+    work = torch.float64 if like.dtype == torch.float64 else torch.float32
+    ratio = f.view(-1, 1, 1, 1)
+    return ratio.to(work), (1.0 - ratio.to(torch.float64)).to(work)
+
+
+def _blend(img1: torch.Tensor, img2: torch.Tensor, f: Factor) -> torch.Tensor:
+    ratio, rest = _col(f, img1)
+    bound = 255 if img1.dtype == torch.uint8 else 1.0
+    return (ratio * img1 + rest * img2).clamp(0, bound).to(img1.dtype)
+
+
+def _gray(x: torch.Tensor) -> torch.Tensor:
+    if x.shape[1] == 1:
+        return x
+    r, g, b = x.unbind(dim=1)
+    return (0.2989 * r + 0.587 * g + 0.114 * b).to(x.dtype).unsqueeze(1)
+
+
+def adjust_brightness(x: torch.Tensor, f: Factor) -> torch.Tensor:
+    return _blend(x, torch.zeros_like(x), f)
+
+
+def adjust_contrast(x: torch.Tensor, f: Factor) -> torch.Tensor:
+    work = x.dtype if x.dtype.is_floating_point else torch.float32
+    return _blend(x, torch.mean(_gray(x).to(work), dim=(-3, -2, -1), keepdim=True), f)
+
+
+def adjust_saturation(x: torch.Tensor, f: Factor) -> torch.Tensor:
+    return x if x.shape[1] == 1 else _blend(x, _gray(x), f)
+
+
+def _rgb2hsv(img: torch.Tensor) -> torch.Tensor:
+    r, g, b = img.unbind(dim=-3)
+    maxc, minc = torch.max(img, dim=-3).values, torch.min(img, dim=-3).values
+    eqc, cr = maxc == minc, maxc - minc
+    ones = torch.ones_like(maxc)
+    s = cr / torch.where(eqc, ones, maxc)
+    cr_divisor = torch.where(eqc, ones, cr)
+    rc, gc, bc = (maxc - r) / cr_divisor, (maxc - g) / cr_divisor, (maxc - b) / cr_divisor
+    hr = (maxc == r) * (bc - gc)
+    hg = ((maxc == g) & (maxc != r)) * (2.0 + rc - bc)
+    hb = ((maxc != g) & (maxc != r)) * (4.0 + gc - rc)
+    h = torch.fmod(((hr + hg + hb) / 6.0 + 1.0), 1.0)
+    return torch.stack((h, s, maxc), dim=-3)
+
+
+def _hsv2rgb(img: torch.Tensor) -> torch.Tensor:
+    h, s, v = img.unbind(dim=-3)
+    i = torch.floor(h * 6.0)
+    f = (h * 6.0) - i
+    i = i.to(dtype=torch.int32) % 6
+    p = torch.clamp((v * (1.0 - s)), 0.0, 1.0)
+    q = torch.clamp((v * (1.0 - s * f)), 0.0, 1.0)
+    t = torch.clamp((v * (1.0 - s * (1.0 - f))), 0.0, 1.0)
+    mask = i.unsqueeze(dim=-3) == torch.arange(6, device=i.device).view(-1, 1, 1)
+    a1 = torch.stack((v, q, p, p, t, v), dim=-3)
+    a2 = torch.stack((t, v, v, q, p, p), dim=-3)
+    a3 = torch.stack((p, p, t, v, v, q), dim=-3)
+    a4 = torch.stack((a1, a2, a3), dim=-4)
+    return torch.einsum("...ijk, ...xijk -> ...xjk", mask.to(dtype=img.dtype), a4)
+
+
+def adjust_hue(x: torch.Tensor, f: Factor) -> torch.Tensor:
+    if x.shape[1] == 1:
+        return x
+    from .functional import convert_dtype
+
+    hsv = _rgb2hsv(convert_dtype(x, torch.float32) if x.dtype == torch.uint8 else x)
+    h, s, v = hsv.unbind(dim=-3)
+    h = (h + f.view(-1, 1, 1).to(h.dtype)) % 1.0
+    return convert_dtype(_hsv2rgb(torch.stack((h, s, v), dim=-3)), x.dtype)
+
+
+def _range(value: float | Sequence[float] | None, name: str, centre: float, low: float, high: float):
+    if value is None:
+        return None
+    if isinstance(value, (int, float)):
+        if value < 0:
+            raise ConfigError(f"{name}={value} must be >= 0")
+        lo_hi = (max(low, centre - value), centre + value) if centre else (-value, value)
+    else:
+        lo_hi = tuple(float(v) for v in value)
+    if len(lo_hi) != 2 or not (low <= lo_hi[0] <= lo_hi[1] <= high):
+        raise ConfigError(f"{name}={value!r} must give a range within [{low}, {high}]")
+    return None if lo_hi[0] == lo_hi[1] == centre else lo_hi
+
+
+_ADJUST: tuple[Callable[[torch.Tensor, Factor], torch.Tensor], ...] = (
+    adjust_brightness,
+    adjust_contrast,
+    adjust_saturation,
+    adjust_hue,
+)
+
+
+@dataclass(frozen=True)
+class ColorJitter(BatchTransform):
+    """torchvision's ``ColorJitter`` with factors and order drawn per sample.
+
+    Arguments as torchvision: a number ``v`` means ``[max(0, 1 - v), 1 + v]`` (hue: ``[-v, v]``,
+    ``v <= 0.5``), or give ``(min, max)``.
+    """
+
+    brightness: float | Sequence[float] | None = None
+    contrast: float | Sequence[float] | None = None
+    saturation: float | Sequence[float] | None = None
+    hue: float | Sequence[float] | None = None
+
+    def __post_init__(self) -> None:
+        inf = float("inf")
+        object.__setattr__(self, "brightness", _range(self.brightness, "brightness", 1.0, 0.0, inf))
+        object.__setattr__(self, "contrast", _range(self.contrast, "contrast", 1.0, 0.0, inf))
+        object.__setattr__(self, "saturation", _range(self.saturation, "saturation", 1.0, 0.0, inf))
+        object.__setattr__(self, "hue", _range(self.hue, "hue", 0.0, -0.5, 0.5))
+
+    def _ranges(self) -> tuple:
+        return (self.brightness, self.contrast, self.saturation, self.hue)
+
+    def sample(self, x: torch.Tensor, generator: torch.Generator) -> Params:
+        n = x.shape[0]
+        order = torch.rand((n, 4), generator=generator, device=x.device).argsort(dim=1)  # a uniform permutation
+        factors = []
+        for r in self._ranges():
+            u = torch.rand(n, generator=generator, device=x.device)
+            factors.append(None if r is None else r[0] + (r[1] - r[0]) * u)
+        return {"order": order, "factors": factors}
+
+    def apply(self, x: torch.Tensor, params: Params) -> torch.Tensor:
+        order, factors = params["order"], params["factors"]
+        enabled = [j for j, f in enumerate(factors) if f is not None]
+        if len(enabled) == 1:  # the order does not matter
+            return _ADJUST[enabled[0]](x, factors[enabled[0]])
+        for slot in range(4):
+            which = order[:, slot].view(-1, 1, 1, 1)
+            out = x
+            for j in enabled:
+                out = torch.where(which == j, _ADJUST[j](x, factors[j]), out)
+            x = out
+        return x

@@ -1,0 +1,56 @@
+import torch
+import torchvision.transforms as T
+import torchvision.transforms.functional as TF
+
+from gpufeed.augment import RandomResizedCrop
+
+from stats import DRAWS, ks_critical, ks_statistic
+from stats import gen as _gen
+
+
+def _pinned_reference(x, params, i, size, antialias):
+    box = [int(params[k][i]) for k in ("top", "left", "height", "width")]
+    return TF.resized_crop(x[i], *box, list(size), antialias=antialias)
+
+
+def test_float_pixels_equal_torchvision_resized_crop(device):
+    x = torch.rand(48, 3, 40, 30, generator=_gen(1)).to(device)
+    for antialias in (True, False):
+        op = RandomResizedCrop((24, 28), antialias=antialias)
+        params = op.sample(x, _gen(2, device))
+        out = op.apply(x, params)
+        for i in range(48):
+            ref = _pinned_reference(x.cpu(), {k: v.cpu() for k, v in params.items()}, i, (24, 28), antialias)
+            assert (out[i].cpu() - ref).abs().max() < 1e-5  # float rounding of weights and sums
+
+
+def test_uint8_pixels_are_within_one_level_of_torchvision():
+    x = torch.randint(0, 256, (64, 3, 32, 32), dtype=torch.uint8, generator=_gen(3))
+    op = RandomResizedCrop(24)
+    params = op.sample(x, _gen(4))
+    out = op.apply(x, params)
+    ref = torch.stack([_pinned_reference(x, params, i, (24, 24), True) for i in range(64)])
+    diff = (out.int() - ref.int()).abs()
+    assert diff.max() <= 1 and (diff > 0).double().mean() < 0.01  # torchvision's uint8 kernel is fixed point
+
+
+def test_box_distribution_matches_torchvision_get_params():
+    img = torch.zeros(3, 40, 30)
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        tv = torch.tensor([T.RandomResizedCrop.get_params(img, [0.08, 1.0], [3 / 4, 4 / 3]) for _ in range(DRAWS)])
+    params = RandomResizedCrop(24).sample(torch.zeros(DRAWS, 3, 40, 30), _gen(5))
+    ours = torch.stack([params[k] for k in ("top", "left", "height", "width")], dim=1)
+    for k in range(4):
+        assert ks_statistic(ours[:, k], tv[:, k]) < ks_critical(DRAWS, DRAWS)
+    area = ours[:, 2] * ours[:, 3]
+    assert ks_statistic(area, tv[:, 2] * tv[:, 3]) < ks_critical(DRAWS, DRAWS)
+
+
+def test_no_fitting_draw_falls_back_to_torchvisions_central_crop():
+    x = torch.zeros(5, 1, 20, 20)
+    params = RandomResizedCrop(8, scale=(1.0, 1.0), ratio=(2.0, 3.0)).sample(x, _gen())
+    # a 20x20 image cannot hold any box of ratio >= 2 covering its whole area: central crop at ratio 2
+    expected = T.RandomResizedCrop.get_params(torch.zeros(1, 20, 20), [1.0, 1.0], [2.0, 3.0])
+    for i in range(5):
+        assert tuple(int(params[k][i]) for k in ("top", "left", "height", "width")) == expected

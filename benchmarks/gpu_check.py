@@ -7,7 +7,9 @@
    CifarLoader (from a wheel in .whl/, built with `pip wheel --no-deps airbench==0.1.8 -w .whl`);
 3. the prefetcher race check: a slow consumer (device sleep), per-batch checksums, >= 1,000 batches;
 4. no host-device synchronisation in steady state (torch.cuda.set_sync_debug_mode("error")) for
-   DeviceLoader and prefetch.
+   DeviceLoader and prefetch;
+5. accelerate(): the tier fallback under torch.cuda.set_per_process_memory_fraction (same batches),
+   and each tier against torchvision's DataLoader (benchmarks/accelerate_tiers.py).
 Each part records its own error instead of stopping the others.
 """
 
@@ -132,6 +134,48 @@ def sync_free_check() -> dict:
     return res
 
 
+_TIER_SCRIPT = """
+import json, sys, warnings, torch
+import gpufeed as gf
+from gpufeed.data import cifar10
+from accelerate_tiers import TRAIN_TF
+if sys.argv[1] != "none":
+    torch.cuda.set_per_process_memory_fraction(float(sys.argv[1]))
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    loader = gf.accelerate(cifar10("synthetic", transform=TRAIN_TF), device="cuda", seed=1, cache=False,
+                           progress=False)
+it = iter(loader)
+sums = [float(next(it)[0].double().sum()) for _ in range(20)]
+print(json.dumps({"storage": loader.plan.storage, "warnings": [str(w.message) for w in caught], "sums": sums}))
+"""
+
+
+def tier_fallback_check() -> dict:
+    """Under a small per-process memory cap the data goes to pinned host memory: same batches, one warning."""
+    runs = {}
+    for cap in ("none", "0.0015"):
+        r = subprocess.run([sys.executable, "-c", _TIER_SCRIPT, cap], capture_output=True, text=True, env=os.environ)
+        if r.returncode:
+            return {"error": r.stderr[-2000:]}
+        runs[cap] = json.loads(r.stdout.strip().splitlines()[-1])
+    same = runs["none"]["sums"] == runs["0.0015"]["sums"]
+    return {
+        "uncapped": runs["none"]["storage"],
+        "capped": runs["0.0015"]["storage"],
+        "capped_warnings": runs["0.0015"]["warnings"],
+        "identical_batches": same,
+        "ok": same and runs["none"]["storage"] == "device" and runs["0.0015"]["storage"] == "pinned",
+    }
+
+
+def accelerate_tiers(out: Path) -> dict:
+    import accelerate_tiers as at
+
+    at.main(["--device", "cuda", "--workers", "16", "--repeats", "5", "--out", str(out)])
+    return json.loads((out / "accelerate_tiers.json").read_text())
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--out", type=Path, required=True)
@@ -143,7 +187,9 @@ def main() -> int:
         ("cuda_tests", lambda: run_cuda_tests(args.out)),
         ("prefetch_race", prefetch_race_check),
         ("sync_free", sync_free_check),
+        ("tier_fallback", tier_fallback_check),
         ("loader_throughput", lambda: loader_throughput(args.out, args.n)),
+        ("accelerate_tiers", lambda: accelerate_tiers(args.out)),
     ]
     for name, fn in parts:
         t = time.perf_counter()

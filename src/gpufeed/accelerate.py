@@ -53,8 +53,13 @@ def _device_budget(device: torch.device, memory_budget: int | None) -> int:
             raise ConfigError(f"{memory_budget=} must be >= 0 bytes")
         return memory_budget
     if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        return int(free * DEVICE_BUDGET_FRACTION)
+        free, total = torch.cuda.mem_get_info(device)
+        allocated, reserved = torch.cuda.memory_allocated(device), torch.cuda.memory_reserved(device)
+        # A cap set with torch.cuda.set_per_process_memory_fraction binds the allocator, not the device.
+        get_fraction = getattr(torch.cuda, "get_per_process_memory_fraction", None)
+        fraction = get_fraction(device) if get_fraction is not None else 1.0
+        usable = min(free + reserved - allocated, int(fraction * total) - allocated)
+        return max(0, int(usable * DEVICE_BUDGET_FRACTION))
     return int(_host_available() * HOST_BUDGET_FRACTION)
 
 

@@ -2,7 +2,7 @@ import pytest
 import torch
 import torchvision.transforms as T
 
-from gpufeed import DeviceLoader, FallbackLoader, UnsupportedTransformError, accelerate
+from gpufeed import DataError, DeviceLoader, FallbackLoader, UnsupportedTransformError, accelerate
 from gpufeed.plan import build_batched, split_transform
 from gpufeed.sampling import epoch_order
 
@@ -88,3 +88,10 @@ def test_opaque_cached_ops_work_but_are_not_persisted(tmp_path):
         )
     assert loader.plan.cache_path is None and list(tmp_path.iterdir()) == []
     assert len(_batches(loader)) == 2
+
+
+def test_labels_outside_the_datasets_classes_are_reported():
+    ds = cifar_like(20, transform=CIFAR_TF)
+    ds.targets[7] = 10
+    with pytest.raises(DataError, match=r"labels\[7\]=10 is out of range \[0, 10\)"):
+        accelerate(ds, device="cpu", cache=False, progress=False)

@@ -205,10 +205,9 @@ def test_nan_in_float_images_names_the_first_bad_sample():
         DeviceLoader(images, torch.arange(6), device="cpu")
 
 
-def test_transform_that_drops_samples_is_reported():
-    loader = _loader(transform=lambda x, generator: x[:1])
+def test_transform_that_drops_samples_is_reported_when_the_loader_is_built():
     with pytest.raises(DataError, match="keep the batch axis"):
-        next(iter(loader))
+        _loader(transform=lambda x, generator: x[:1])
 
 
 def test_numpy_inputs_are_accepted_and_the_caller_data_is_not_modified():
@@ -273,3 +272,10 @@ def test_every_storage_tier_yields_the_batches_of_the_device_tier(tmp_path, devi
 def test_storage_must_be_a_known_tier():
     with pytest.raises(ConfigError, match="storage='gpu'"):
         _tier_loader(indexed_images(4), "gpu", "cpu")
+
+
+def test_a_transform_that_cannot_run_on_this_data_fails_at_construction():
+    with pytest.raises(ConfigError, match="one per channel"):
+        _loader(transform=Compose([Normalize([0.5, 0.5], [0.2, 0.2])]))  # 3-channel images
+    with pytest.raises(ConfigError, match="larger than the padded image"):
+        _loader(transform=RandomCrop(12))  # 8x8 images

@@ -163,6 +163,7 @@ def accelerate(
         mapped = open_cache(spill / "entry", verify=False)
         images, labels = mapped.images, mapped.labels
     batched = build_batched(split.device, images.dtype, (images.shape[2], images.shape[3]))
+    classes = getattr(dataset, "classes", None)  # torchvision datasets: labels must index it
     loader = DeviceLoader(
         images,
         labels,
@@ -175,6 +176,7 @@ def accelerate(
         dtype=dtype,
         channels_last=channels_last,
         storage=tier,
+        num_classes=len(classes) if isinstance(classes, list) and classes else None,
     )
     if spill is not None:
         weakref.finalize(loader, shutil.rmtree, spill, True)

@@ -196,6 +196,15 @@ class DeviceLoader:
         self._offset = 0  # the batch it starts at (non-zero only after load_state_dict)
         self._live: weakref.ref[_EpochIterator] | None = None
         self.plan: Any = None  # set by gpufeed.accelerate(): what was cached, the tier, and why
+        self._probe()
+
+    def _probe(self) -> None:
+        """Run the transform once on two samples, so a bad argument (a mean of the wrong length, a crop
+        larger than the image) fails here and not in the middle of the first epoch."""
+        if self.transform is None:
+            return
+        x = self.images[:2].to(self.device)
+        self._finish(x, epoch=0, chunk=0, generator=torch.Generator(device=self.device))
 
     def __len__(self) -> int:
         c = self.config

@@ -1,0 +1,189 @@
+"""The training loaders ``gpufeed train --loader`` and ``gpufeed bench`` compare.
+
+- ``torch``: torchvision's ``DataLoader`` with per-sample PIL transforms (the usual baseline).
+- ``pretransform``: the deterministic part (ToTensor + Normalize) computed once per sample into a
+  float tensor, the random part (crop, flip) per sample in ``DataLoader`` workers.
+- ``gpu-per-sample``: the whole dataset on the device as floats, still indexed and augmented one
+  sample at a time through ``DataLoader`` (the step most guides stop at).
+- ``gpufeed``: :func:`gpufeed.accelerate`.
+- ``fixed``: one batch, already on the device, served ``len(loader)`` times (the model-alone floor).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torchvision.transforms as T
+from torch.utils.data import DataLoader, Dataset
+
+from ..accelerate import accelerate
+from ..errors import ConfigError
+from ..sampling import derive_seed
+
+__all__ = ["LOADER_KINDS", "MEAN", "STD", "eval_transform", "make_train_loader", "subset", "train_transform"]
+
+MEAN, STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
+LOADER_KINDS = ("torch", "pretransform", "gpu-per-sample", "gpufeed", "fixed")
+
+
+def train_transform() -> T.Compose:
+    return T.Compose([T.RandomCrop(32, padding=4), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(MEAN, STD)])
+
+
+def eval_transform() -> T.Compose:
+    return T.Compose([T.ToTensor(), T.Normalize(MEAN, STD)])
+
+
+def subset(dataset: Any, n: int | None) -> Any:
+    """The first ``n`` samples as a dataset of the same class (arrays sliced, so fast paths still apply)."""
+    if n is None or n >= len(dataset):
+        return dataset
+    if n < 1:
+        raise ConfigError(f"a subset of {n=} samples is empty; use a size >= 1")
+    ds = copy.copy(dataset)
+    ds.data, ds.targets = dataset.data[:n], list(dataset.targets[:n])
+    return ds
+
+
+def usable_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+class _ToDevice:
+    """A CPU loader's batches moved to the device (non-blocking from pinned memory)."""
+
+    def __init__(self, loader: Any, device: torch.device, channels_last: bool) -> None:
+        self.loader, self.device, self.channels_last = loader, device, channels_last
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        fmt = torch.channels_last if self.channels_last else torch.contiguous_format
+        for x, y in self.loader:
+            yield x.to(self.device, non_blocking=True, memory_format=fmt), y.to(self.device, non_blocking=True)
+
+
+class _TensorAugment(Dataset):
+    """Samples of an ``(N, C, H, W)`` float tensor (on any device) through per-sample tensor transforms."""
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, transform: Any) -> None:
+        self.images, self.labels, self.transform = images, labels, transform
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.transform(self.images[i]), self.labels[i]
+
+
+class _Fixed:
+    def __init__(self, batch: tuple[torch.Tensor, torch.Tensor], steps: int) -> None:
+        self.batch, self.steps = batch, steps
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        for _ in range(self.steps):
+            yield self.batch
+
+
+def _workers_kwargs(workers: int) -> dict[str, Any]:
+    if workers == 0:
+        return {}
+    kw: dict[str, Any] = {"persistent_workers": True, "prefetch_factor": 4}
+    if torch.cuda.is_initialized():
+        kw["multiprocessing_context"] = "forkserver"  # fork after CUDA init crashed workers in a measured run
+    return kw
+
+
+def _pretransformed(dataset: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """ToTensor + Normalize once per sample, as a user would cache the deterministic part by hand."""
+    det = eval_transform()
+    plain = copy.copy(dataset)
+    plain.transform = None
+    images = torch.stack([det(plain[i][0]) for i in range(len(plain))])
+    return images, torch.as_tensor(dataset.targets)
+
+
+def make_train_loader(
+    kind: str,
+    dataset: Any,
+    batch_size: int,
+    device: torch.device,
+    seed: int,
+    *,
+    num_workers: int | None = None,
+    drop_last: bool = True,
+    dtype: torch.dtype = torch.float32,
+    channels_last: bool = False,
+) -> Any:
+    """A loader of ``kind`` over ``dataset`` (whose transform is the training transform), yielding device batches."""
+    workers = min(16, usable_cores()) if num_workers is None else num_workers
+    g = torch.Generator().manual_seed(derive_seed(seed, 2))
+    pin = device.type == "cuda"
+    random_part = T.Compose([T.RandomCrop(32, padding=4), T.RandomHorizontalFlip()])
+    if kind == "torch":
+        dl = DataLoader(
+            dataset,
+            batch_size,
+            shuffle=True,
+            drop_last=drop_last,
+            num_workers=workers,
+            pin_memory=pin,
+            generator=g,
+            **_workers_kwargs(workers),
+        )
+        return _ToDevice(dl, device, channels_last)
+    if kind == "pretransform":
+        images, labels = _pretransformed(dataset)
+        dl = DataLoader(
+            _TensorAugment(images, labels, random_part),
+            batch_size,
+            shuffle=True,
+            drop_last=drop_last,
+            num_workers=workers,
+            pin_memory=pin,
+            generator=g,
+            **_workers_kwargs(workers),
+        )
+        return _ToDevice(dl, device, channels_last)
+    if kind == "gpu-per-sample":
+        images, labels = _pretransformed(dataset)
+        ds = _TensorAugment(images.to(device), labels.to(device), random_part)
+        dl = DataLoader(ds, batch_size, shuffle=True, drop_last=drop_last, num_workers=0, generator=g)
+        return _ToDevice(dl, device, channels_last)
+    if kind == "gpufeed":
+        return accelerate(
+            dataset,
+            batch_size,
+            shuffle=True,
+            drop_last=drop_last,
+            device=device,
+            seed=seed,
+            dtype=dtype,
+            channels_last=channels_last,
+            cache=False,
+            progress=False,
+        )
+    if kind == "fixed":
+        loader = accelerate(
+            dataset,
+            batch_size,
+            shuffle=True,
+            drop_last=True,
+            device=device,
+            seed=seed,
+            dtype=dtype,
+            channels_last=channels_last,
+            cache=False,
+            progress=False,
+        )
+        x, y = next(iter(loader))
+        return _Fixed((x.clone(memory_format=torch.preserve_format), y.clone()), len(loader))
+    raise ConfigError(f"loader={kind!r} is not one of {LOADER_KINDS}")

@@ -1,0 +1,214 @@
+"""The training loop behind ``gpufeed train`` and the rows of ``gpufeed bench``.
+
+Per epoch it records the wall time, images/s, the fraction of it the host spent waiting for the
+next batch, GPU utilisation (NVML) and peak memory, the mean training loss and the test accuracy.
+The loss is accumulated on the device and read once per epoch, so the loop itself adds no host
+synchronisation per step. Traps avoided: training drops the ragged last batch (a new batch size
+makes cuDNN re-tune for seconds), and DataLoader workers are never forked after CUDA is up.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..accelerate import accelerate
+from ..device import resolve_device
+from ..errors import ConfigError
+from .loaders import LOADER_KINDS, eval_transform, make_train_loader, subset, train_transform
+from .models import MODELS, build_model
+from .monitor import UtilisationMonitor
+from .step import SGD, make_step
+
+__all__ = ["EpochRecord", "TrainConfig", "train"]
+
+_AMP = {"off": None, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything that defines a run; validated on construction."""
+
+    model: str = "small"
+    loader: str = "gpufeed"
+    epochs: int = 3
+    batch_size: int = 256
+    lr: float = 0.05
+    momentum: float = 0.9
+    weight_decay: float = 5e-4
+    amp: str = "off"
+    channels_last: bool = False
+    cuda_graphs: bool = False
+    compile: bool = False
+    seed: int = 0
+    device: str | None = None
+    num_workers: int | None = None
+    train_size: int | None = None
+    test_size: int | None = None
+    data: str = "synthetic"
+    data_dir: str | None = None
+    download: bool = False
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        if self.model not in MODELS:
+            raise ConfigError(f"model={self.model!r} is not one of {sorted(MODELS)}")
+        if self.loader not in LOADER_KINDS:
+            raise ConfigError(f"loader={self.loader!r} is not one of {LOADER_KINDS}")
+        if self.amp not in _AMP:
+            raise ConfigError(f"amp={self.amp!r} is not one of {sorted(_AMP)}")
+        if self.epochs < 1 or self.batch_size < 1:
+            raise ConfigError(f"epochs={self.epochs} and batch_size={self.batch_size} must be >= 1")
+        if self.cuda_graphs and self.amp == "fp16":
+            raise ConfigError("cuda_graphs with amp='fp16' is not possible: fp16 loss scaling reads the host; use bf16")
+
+
+@dataclass
+class EpochRecord:
+    epoch: int
+    epoch_s: float
+    images: int
+    images_per_s: float
+    data_wait_fraction: float
+    train_loss: float
+    test_acc: float | None
+    gpu_util: float | None = None
+    peak_memory_bytes: int | None = None
+    lr: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+
+def _lr_at(step: int, total: int, peak: float) -> float:
+    """Linear warm-up over the first 15% of steps from 0.1 x peak, then linear decay to 0."""
+    warm = max(1, int(0.15 * total))
+    if step < warm:
+        return peak * (0.1 + 0.9 * step / warm)
+    return peak * max(0.0, (total - step) / max(1, total - warm))
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, loader: Any, amp: torch.dtype | None, device: torch.device) -> float:
+    model.eval()
+    correct = torch.zeros((), dtype=torch.int64, device=device)
+    total = 0
+    for x, y in loader:
+        with torch.autocast(device.type, dtype=amp or torch.float32, enabled=amp is not None):
+            correct += (model(x).argmax(dim=1) == y).sum()
+        total += y.shape[0]
+    model.train()
+    return correct.item() / max(1, total)
+
+
+def train(
+    cfg: TrainConfig, out: str | Path | None = None, datasets: tuple[Any, Any] | None = None
+) -> list[EpochRecord]:
+    """Train ``cfg.model`` on (synthetic) CIFAR-10 and return one record per epoch; ``out/train.json`` if given."""
+    from ..data import cifar10
+
+    device = resolve_device(cfg.device)
+    if cfg.cuda_graphs and device.type != "cuda":
+        raise ConfigError("cuda_graphs needs a CUDA device")
+    torch.manual_seed(cfg.seed)  # model initialisation; the data order and augmentation have their own seeds
+    if device.type == "cuda":
+        torch.backends.cudnn.benchmark = True
+    train_set, test_set = datasets or (
+        cifar10(cfg.data, cfg.data_dir, train=True, transform=train_transform(), download=cfg.download),
+        cifar10(cfg.data, cfg.data_dir, train=False, transform=eval_transform(), download=cfg.download),
+    )
+    train_set, test_set = subset(train_set, cfg.train_size), subset(test_set, cfg.test_size)
+    amp = _AMP[cfg.amp]
+    fmt = torch.channels_last if cfg.channels_last else torch.contiguous_format
+    model = build_model(cfg.model, len(train_set.classes)).to(device, memory_format=fmt)
+    loader = make_train_loader(
+        cfg.loader,
+        train_set,
+        cfg.batch_size,
+        device,
+        cfg.seed,
+        num_workers=cfg.num_workers,
+        channels_last=cfg.channels_last,
+    )
+    test_loader = accelerate(
+        test_set, 1024, shuffle=False, device=device, channels_last=cfg.channels_last, cache=False, progress=False
+    )
+    lr = torch.tensor(cfg.lr, device=device)
+    opt = SGD(list(model.parameters()), lr, cfg.momentum, cfg.weight_decay)
+    compiled = torch.compile(model) if cfg.compile else model
+    example = next(iter(loader)) if cfg.cuda_graphs else None
+    step = make_step(compiled, opt, amp, device, graph_example=example)
+    records: list[EpochRecord] = []
+    total_steps, done = cfg.epochs * len(loader), 0
+    for epoch in range(cfg.epochs):
+        record, done = _epoch(epoch, loader, step, lr, cfg, device, done, total_steps)
+        record.test_acc = evaluate(compiled, test_loader, amp, device)
+        records.append(record)
+        if out is not None:
+            _save(Path(out), cfg, device, records)
+    return records
+
+
+def _epoch(epoch, loader, step, lr, cfg, device, done, total):  # type: ignore[no-untyped-def]
+    from tqdm.auto import tqdm
+
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    loss_sum = torch.zeros((), device=device)
+    images, wait = 0, 0.0
+    _sync(device)
+    with UtilisationMonitor(device) as monitor:
+        t0 = time.perf_counter()
+        it = iter(loader)
+        bar = tqdm(total=len(loader), desc=f"epoch {epoch}", unit="batch", disable=not cfg.progress, leave=False)
+        while True:
+            tw = time.perf_counter()
+            batch = next(it, None)
+            wait += time.perf_counter() - tw
+            if batch is None:
+                break
+            x, y = batch
+            lr.fill_(_lr_at(done, total, cfg.lr))  # a device-side write: no host sync
+            loss_sum += step(x, y)
+            images += y.shape[0]
+            done += 1
+            bar.update(1)
+        _sync(device)
+        seconds = time.perf_counter() - t0
+        bar.close()
+    record = EpochRecord(
+        epoch=epoch,
+        epoch_s=seconds,
+        images=images,
+        images_per_s=images / seconds,
+        data_wait_fraction=wait / seconds,
+        train_loss=loss_sum.item() / max(1, len(loader)),
+        test_acc=None,
+        gpu_util=monitor.mean,
+        lr=_lr_at(done - 1, total, cfg.lr),
+        peak_memory_bytes=torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
+        notes=[monitor.unavailable] if monitor.unavailable and device.type == "cuda" else [],
+    )
+    return record, done
+
+
+def _save(out: Path, cfg: TrainConfig, device: torch.device, records: list[EpochRecord]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    env = {
+        "torch": torch.__version__,
+        "device": str(device),
+        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+    }
+    payload = {"config": asdict(cfg), "environment": env, "epochs": [asdict(r) for r in records]}
+    tmp = out / "train.json.tmp"
+    tmp.write_text(json.dumps(payload, indent=2))
+    tmp.replace(out / "train.json")

@@ -11,14 +11,15 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -e '.[dev,plot]'
 	touch $(STAMP)
 
 test: setup
 	$(PY) -m pytest -q
 
 bench: setup
-	$(PY) benchmarks/loader_throughput.py
+	$(VENV)/bin/gpufeed bench --out bench-out
+	$(PY) benchmarks/loader_throughput.py --out bench-out
 
 lint: setup
 	$(PY) -m ruff check src tests benchmarks

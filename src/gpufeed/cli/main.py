@@ -7,11 +7,13 @@ from collections.abc import Callable, Sequence
 
 import gpufeed
 
-from . import cache
+from . import bench, cache, train
 
 # name -> (help, add_arguments(parser), run(args) -> exit code)
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {
+    "bench": (bench.HELP, bench.add_arguments, bench.run),
     "cache": (cache.HELP, cache.add_arguments, cache.run),
+    "train": (train.HELP, train.add_arguments, train.run),
 }
 
 

@@ -1,0 +1,228 @@
+"""The CIFAR-10 speed ladder behind ``gpufeed bench``: each step of the data pipeline, end to end.
+
+Every rung trains the same model with the same recipe for two epochs in this one process and
+keeps the second (steady-state) epoch; the first epoch is recorded too, since worker start-up and
+cuDNN tuning hide there. The "model alone" rungs feed one fixed batch already on the device: the
+floor each pipeline is measured against, one per precision set-up.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .device import resolve_device
+from .report import bar_chart, format_table
+from .train.loaders import usable_cores
+from .train.loop import TrainConfig, train
+
+__all__ = ["Rung", "Row", "ladder", "run_bench"]
+
+
+@dataclass(frozen=True)
+class Rung:
+    name: str
+    loader: str
+    amp: str = "off"
+    channels_last: bool = False
+    cuda_graphs: bool = False
+    num_workers: int | None = None
+    floor: str | None = None  # name of the model-alone rung of the same precision set-up
+    gpu_only: bool = False
+
+
+@dataclass
+class Row:
+    name: str
+    epoch_s: float | None = None
+    images_per_s: float | None = None
+    speedup: float | None = None
+    first_epoch_s: float | None = None
+    data_wait_fraction: float | None = None
+    gpu_util: float | None = None
+    peak_memory_mib: float | None = None
+    test_acc: float | None = None
+    floor: str | None = None
+    floor_ratio: float | None = None
+    skipped: str | None = None
+
+
+FP32, BF16, GRAPHED = "model alone, fp32", "model alone, bf16 + channels_last", "model alone, bf16 + CL + CUDA graph"
+
+
+def ladder(workers: int) -> list[Rung]:
+    """The rungs, in order; ``workers`` is the tuned DataLoader's worker count."""
+    return [
+        Rung("torchvision DataLoader, num_workers=0", "torch", num_workers=0, floor=FP32),
+        Rung(f"torchvision DataLoader, num_workers={workers}, persistent", "torch", num_workers=workers, floor=FP32),
+        Rung(
+            "deterministic part cached, random part per sample", "pretransform", num_workers=min(8, workers), floor=FP32
+        ),
+        Rung("dataset on the GPU, per sample through DataLoader, fp16", "gpu-per-sample", amp="fp16", gpu_only=True),
+        Rung("gpufeed", "gpufeed", floor=FP32),
+        Rung("gpufeed + bf16 + channels_last", "gpufeed", amp="bf16", channels_last=True, floor=BF16),
+        Rung(
+            "gpufeed + bf16 + channels_last + CUDA graphs",
+            "gpufeed",
+            amp="bf16",
+            channels_last=True,
+            cuda_graphs=True,
+            floor=GRAPHED,
+            gpu_only=True,
+        ),
+        Rung(FP32, "fixed"),
+        Rung(BF16, "fixed", amp="bf16", channels_last=True),
+        Rung(GRAPHED, "fixed", amp="bf16", channels_last=True, cuda_graphs=True, gpu_only=True),
+    ]
+
+
+def sized_config(
+    device: torch.device, model: str | None, train_size: int | None, test_size: int | None, batch_size: int, seed: int
+) -> tuple[TrainConfig, str]:
+    """Size the run to the machine: VGG16 on all 50,000 images on a GPU, a small subset and model on a CPU."""
+    if device.type == "cuda":
+        cfg = TrainConfig(
+            model=model or "vgg16",
+            train_size=train_size,
+            test_size=test_size,
+            batch_size=batch_size,
+            epochs=2,
+            seed=seed,
+            device=str(device),
+            progress=False,
+        )
+        return cfg, f"{cfg.model} on {train_size or 50_000} images"
+    cfg = TrainConfig(
+        model=model or "small",
+        train_size=train_size or 5_000,
+        test_size=test_size or 1_000,
+        batch_size=batch_size,
+        epochs=2,
+        seed=seed,
+        device="cpu",
+        progress=False,
+    )
+    return cfg, (
+        f"CPU run: {cfg.model} model on a {cfg.train_size}-image subset so it finishes in about 2 minutes "
+        "(on a GPU: VGG16 on 50,000)"
+    )
+
+
+def run_bench(
+    device: str | None = None,
+    model: str | None = None,
+    train_size: int | None = None,
+    test_size: int | None = None,
+    batch_size: int = 256,
+    seed: int = 0,
+    out: str | Path | None = None,
+    log: Callable[[str], None] = print,
+    only: list[str] | None = None,
+) -> list[Row]:
+    """Run the ladder; print a table; write ``out/bench.json`` and ``out/bench.png``."""
+    from .data import cifar10
+    from .train.loaders import eval_transform, train_transform
+
+    dev = resolve_device(device)
+    base, sizing = sized_config(dev, model, train_size, test_size, batch_size, seed)
+    log(f"gpufeed bench: {sizing}, batch {batch_size}, 2 epochs per rung (the second is timed)")
+    datasets = (
+        cifar10("synthetic", train=True, transform=train_transform()),
+        cifar10("synthetic", train=False, transform=eval_transform()),
+    )
+    rows: list[Row] = []
+    for rung in ladder(min(16, usable_cores())):
+        if only and rung.name not in only:
+            continue
+        if rung.gpu_only and dev.type != "cuda":
+            rows.append(Row(rung.name, skipped="needs a CUDA device"))
+            log(f"  skipped  {rung.name}: needs a CUDA device")
+            continue
+        cfg = replace(
+            base,
+            loader=rung.loader,
+            amp=rung.amp,
+            channels_last=rung.channels_last,
+            cuda_graphs=rung.cuda_graphs,
+            num_workers=rung.num_workers,
+        )
+        records = train(cfg, datasets=datasets)
+        first, last = records[0], records[-1]
+        rows.append(
+            Row(
+                rung.name,
+                last.epoch_s,
+                last.images_per_s,
+                None,
+                first.epoch_s,
+                last.data_wait_fraction,
+                last.gpu_util,
+                last.peak_memory_bytes / 2**20 if last.peak_memory_bytes else None,
+                last.test_acc,
+                rung.floor,
+            )
+        )
+        log(f"  {last.epoch_s:8.3f} s  {rung.name}")
+    _relate(rows)
+    log(format_table([asdict(r) for r in rows], _COLUMNS))
+    if out is not None:
+        _write(Path(out), rows, dev, sizing, log)
+    return rows
+
+
+_COLUMNS = [
+    ("name", "rung", "s"),
+    ("epoch_s", "epoch s", ".3f"),
+    ("images_per_s", "img/s", ",.0f"),
+    ("speedup", "speedup", ".1f"),
+    ("floor_ratio", "x floor", ".2f"),
+    ("gpu_util", "GPU %", ".0f"),
+    ("peak_memory_mib", "peak MiB", ",.0f"),
+    ("first_epoch_s", "1st epoch s", ".2f"),
+    ("test_acc", "test acc", ".3f"),
+    ("skipped", "skipped", "s"),
+]
+
+
+def _relate(rows: list[Row]) -> None:
+    by_name = {r.name: r for r in rows}
+    base = rows[0].epoch_s if rows and rows[0].epoch_s else None
+    for r in rows:
+        if r.epoch_s is None:
+            continue
+        r.speedup = base / r.epoch_s if base else None
+        floor = by_name.get(r.floor or "")
+        r.floor_ratio = r.epoch_s / floor.epoch_s if floor and floor.epoch_s else None
+
+
+def _write(out: Path, rows: list[Row], device: torch.device, sizing: str, log: Callable[[str], None]) -> None:
+    import datetime as dt
+    import platform
+
+    out.mkdir(parents=True, exist_ok=True)
+    env: dict[str, Any] = {
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "device": str(device),
+        "cpu_cores": os.cpu_count(),
+        "sizing": sizing,
+        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+        "cuda": torch.version.cuda if device.type == "cuda" else None,
+    }
+    (out / "bench.json").write_text(json.dumps({"environment": env, "rows": [asdict(r) for r in rows]}, indent=2))
+    done = [r for r in rows if r.epoch_s is not None]
+    why = bar_chart(
+        out / "bench.png",
+        [r.name for r in done],
+        [r.epoch_s for r in done],  # type: ignore[misc]
+        f"gpufeed bench: one training epoch ({sizing})",
+        "seconds per epoch (log scale)",
+    )
+    log(f"wrote {out / 'bench.json'}" + (f"; bench.png not written: {why}" if why else f" and {out / 'bench.png'}"))

@@ -1,0 +1,25 @@
+"""``gpufeed bench``: the CIFAR-10 speed ladder, side by side in one process."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+HELP = "the CIFAR-10 ladder: DataLoader -> cached -> GPU-resident -> gpufeed -> AMP -> CUDA graphs, vs the model alone"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda if available)")
+    p.add_argument("--model", default=None, help="default: vgg16 on a GPU, small on a CPU")
+    p.add_argument("--train-size", type=int, default=None, help="default: all 50,000 on a GPU, 5,000 on a CPU")
+    p.add_argument("--test-size", type=int, default=None)
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, default=Path("bench-out"), help="folder for bench.json and bench.png")
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..bench import run_bench
+
+    run_bench(args.device, args.model, args.train_size, args.test_size, args.batch_size, args.seed, args.out)
+    return 0

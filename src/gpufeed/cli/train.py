@@ -1,0 +1,76 @@
+"""``gpufeed train``: the fast training loop on (synthetic) CIFAR-10."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import asdict
+from pathlib import Path
+
+from .common import add_data_arguments
+
+HELP = "train a CIFAR model with a chosen loader, precision and CUDA graphs; per-epoch records to DIR/train.json"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from ..train.loaders import LOADER_KINDS
+    from ..train.models import MODELS
+
+    add_data_arguments(p)
+    p.add_argument("--model", choices=sorted(MODELS), default="small")
+    p.add_argument("--loader", choices=[k for k in LOADER_KINDS if k != "fixed"], default="gpufeed")
+    p.add_argument("--num-workers", type=int, default=None, help="DataLoader workers (torch and pretransform loaders)")
+    p.add_argument("--amp", choices=["off", "fp16", "bf16"], default="off")
+    p.add_argument("--channels-last", action="store_true")
+    p.add_argument("--cuda-graphs", action="store_true", help="capture forward, backward and step in a CUDA graph")
+    p.add_argument("--compile", action="store_true", help="torch.compile the model")
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda if available)")
+    p.add_argument("--train-size", type=int, default=None, help="train on the first N images")
+    p.add_argument("--test-size", type=int, default=None, help="test on the first N images")
+    p.add_argument("--out", type=Path, default=Path("train-out"), help="folder for train.json")
+    p.add_argument("--no-progress", action="store_true")
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..report import format_table
+    from ..train import TrainConfig, train
+
+    cfg = TrainConfig(
+        model=args.model,
+        loader=args.loader,
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        amp=args.amp,
+        channels_last=args.channels_last,
+        cuda_graphs=args.cuda_graphs,
+        compile=args.compile,
+        seed=args.seed,
+        device=args.device,
+        num_workers=args.num_workers,
+        train_size=args.train_size,
+        test_size=args.test_size,
+        data=args.data,
+        data_dir=str(args.data_dir) if args.data_dir else None,
+        download=args.download,
+        progress=not args.no_progress,
+    )
+    records = train(cfg, out=args.out)
+    columns = [
+        ("epoch", "epoch", "d"),
+        ("epoch_s", "seconds", ".2f"),
+        ("images_per_s", "img/s", ",.0f"),
+        ("data_wait_fraction", "data wait", ".1%"),
+        ("gpu_util", "GPU %", ".0f"),
+        ("train_loss", "train loss", ".4f"),
+        ("test_acc", "test acc", ".4f"),
+    ]
+    print(format_table([asdict(r) for r in records], columns))
+    notes = {n for r in records for n in r.notes}
+    for n in sorted(notes):
+        print(f"note: {n}")
+    print(f"wrote {args.out / 'train.json'}")
+    return 0

@@ -11,7 +11,7 @@ def test_ladder_order_and_floors():
 
 
 def test_bench_rows_json_and_plot_on_a_tiny_cpu_run(tmp_path):
-    only = ["torchvision DataLoader, num_workers=0", "gpufeed", FP32, "gpufeed + bf16 + channels_last + CUDA graphs"]
+    only = ["torchvision DataLoader, num_workers=0", "gpufeed", "gpufeed + bf16 + channels_last + CUDA graphs", FP32]
     lines = []
     rows = run_bench("cpu", train_size=512, test_size=128, batch_size=128, out=tmp_path, log=lines.append, only=only)
     assert [r.name for r in rows] == only

@@ -9,7 +9,9 @@
 4. no host-device synchronisation in steady state (torch.cuda.set_sync_debug_mode("error")) for
    DeviceLoader and prefetch;
 5. accelerate(): the tier fallback under torch.cuda.set_per_process_memory_fraction (same batches),
-   and each tier against torchvision's DataLoader (benchmarks/accelerate_tiers.py).
+   and each tier against torchvision's DataLoader (benchmarks/accelerate_tiers.py);
+6. the ``gpufeed bench`` ladder: VGG16 on 50,000 images (about 2 minutes on an H200).
+Parts run in this order and the JSON is rewritten after each, so a run cut short keeps what it did.
 Each part records its own error instead of stopping the others.
 """
 
@@ -176,10 +178,18 @@ def accelerate_tiers(out: Path) -> dict:
     return json.loads((out / "accelerate_tiers.json").read_text())
 
 
+def bench_ladder(out: Path) -> dict:
+    from gpufeed.bench import run_bench
+
+    rows = run_bench("cuda", out=out / "bench", log=lambda line: print(line, flush=True))
+    return json.loads((out / "bench" / "bench.json").read_text()) if rows else {}
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--n", type=int, default=50_000)
+    p.add_argument("--parts", nargs="*", default=None, help="run only these parts (default: all, in order)")
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     summary: dict = {"environment": environment(torch.device("cuda"), images=args.n), "airbench": add_airbench_wheel()}
@@ -190,7 +200,10 @@ def main() -> int:
         ("tier_fallback", tier_fallback_check),
         ("loader_throughput", lambda: loader_throughput(args.out, args.n)),
         ("accelerate_tiers", lambda: accelerate_tiers(args.out)),
+        ("bench_ladder", lambda: bench_ladder(args.out)),
     ]
+    if args.parts:
+        parts = [(name, fn) for name, fn in parts if name in args.parts]
     for name, fn in parts:
         t = time.perf_counter()
         try:

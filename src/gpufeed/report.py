@@ -32,13 +32,17 @@ def bar_chart(path: Path, labels: Sequence[str], values: Sequence[float], title:
         import matplotlib.pyplot as plt
     except ImportError:
         return "matplotlib is not installed (pip install 'gpufeed[plot]')"
-    fig, ax = plt.subplots(figsize=(9, 0.45 * len(labels) + 1.5))
+    import textwrap
+
+    fig, ax = plt.subplots(figsize=(9, 0.45 * len(labels) + 1.8))
     ax.barh(range(len(labels)), values, color="#4C72B0")
     ax.set_yticks(range(len(labels)), labels=labels, fontsize=8)
     ax.invert_yaxis()
-    ax.set_xscale("log")
+    if values and max(values) / max(min(values), 1e-12) > 20:  # a ladder spanning decades reads best on a log axis
+        ax.set_xscale("log")
+        xlabel += " (log scale)"
     ax.set_xlabel(xlabel)
-    ax.set_title(title, fontsize=10)
+    fig.suptitle("\n".join(textwrap.wrap(title, 100)), fontsize=10)
     for i, v in enumerate(values):
         ax.text(v, i, f" {v:.3g}", va="center", fontsize=8)
     fig.tight_layout()

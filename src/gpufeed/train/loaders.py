@@ -125,45 +125,28 @@ def make_train_loader(
 ) -> Any:
     """A loader of ``kind`` over ``dataset`` (whose transform is the training transform), yielding device batches."""
     workers = min(16, usable_cores()) if num_workers is None else num_workers
-    g = torch.Generator().manual_seed(derive_seed(seed, 2))
-    pin = device.type == "cuda"
     random_part = T.Compose([T.RandomCrop(32, padding=4), T.RandomHorizontalFlip()])
-    if kind == "torch":
+
+    def dataloader(ds: Dataset, workers: int) -> _ToDevice:
+        g = torch.Generator().manual_seed(derive_seed(seed, 2))
         dl = DataLoader(
-            dataset,
+            ds,
             batch_size,
             shuffle=True,
             drop_last=drop_last,
             num_workers=workers,
-            pin_memory=pin,
+            pin_memory=device.type == "cuda" and workers > 0,
             generator=g,
             **_workers_kwargs(workers),
         )
         return _ToDevice(dl, device, channels_last)
-    if kind == "pretransform":
-        images, labels = _pretransformed(dataset)
-        dl = DataLoader(
-            _TensorAugment(images, labels, random_part),
-            batch_size,
-            shuffle=True,
-            drop_last=drop_last,
-            num_workers=workers,
-            pin_memory=pin,
-            generator=g,
-            **_workers_kwargs(workers),
-        )
-        return _ToDevice(dl, device, channels_last)
-    if kind == "gpu-per-sample":
-        images, labels = _pretransformed(dataset)
-        ds = _TensorAugment(images.to(device), labels.to(device), random_part)
-        dl = DataLoader(ds, batch_size, shuffle=True, drop_last=drop_last, num_workers=0, generator=g)
-        return _ToDevice(dl, device, channels_last)
-    if kind == "gpufeed":
+
+    def gpufeed(last: bool) -> Any:
         return accelerate(
             dataset,
             batch_size,
             shuffle=True,
-            drop_last=drop_last,
+            drop_last=last,
             device=device,
             seed=seed,
             dtype=dtype,
@@ -171,19 +154,18 @@ def make_train_loader(
             cache=False,
             progress=False,
         )
+
+    if kind == "torch":
+        return dataloader(dataset, workers)
+    if kind == "pretransform":
+        return dataloader(_TensorAugment(*_pretransformed(dataset), random_part), workers)
+    if kind == "gpu-per-sample":
+        images, labels = _pretransformed(dataset)
+        return dataloader(_TensorAugment(images.to(device), labels.to(device), random_part), 0)
+    if kind == "gpufeed":
+        return gpufeed(drop_last)
     if kind == "fixed":
-        loader = accelerate(
-            dataset,
-            batch_size,
-            shuffle=True,
-            drop_last=True,
-            device=device,
-            seed=seed,
-            dtype=dtype,
-            channels_last=channels_last,
-            cache=False,
-            progress=False,
-        )
+        loader = gpufeed(True)
         x, y = next(iter(loader))
         return _Fixed((x.clone(memory_format=torch.preserve_format), y.clone()), len(loader))
     raise ConfigError(f"loader={kind!r} is not one of {LOADER_KINDS}")

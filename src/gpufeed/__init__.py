@@ -13,6 +13,7 @@ Example:
 from . import augment
 from .accelerate import accelerate
 from .cache import Cache, build_cache, open_cache
+from .diagnose import Report, diagnose
 from .errors import (
     CacheError,
     ConfigError,
@@ -23,6 +24,7 @@ from .errors import (
     UnsupportedTransformError,
 )
 from .fallback import FallbackLoader
+from .findings import Finding
 from .loader import DeviceLoader
 from .plan import Plan
 from .prefetch import prefetch
@@ -37,13 +39,16 @@ __all__ = [
     "DeviceError",
     "DeviceLoader",
     "FallbackLoader",
+    "Finding",
     "GpufeedError",
     "Plan",
+    "Report",
     "StateError",
     "UnsupportedTransformError",
     "accelerate",
     "augment",
     "build_cache",
+    "diagnose",
     "open_cache",
     "prefetch",
 ]

@@ -19,6 +19,7 @@ class UtilisationMonitor:
     def __init__(self, device: torch.device, interval_s: float = 0.05) -> None:
         self.device, self.interval_s = device, interval_s
         self.samples: list[int] = []
+        self.timeline: list[tuple[float, float, float]] = []  # (seconds since start, GPU %, memory used MiB)
         self.unavailable: str | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -41,10 +42,16 @@ class UtilisationMonitor:
         return self
 
     def _run(self) -> None:
+        import time
+
         import pynvml
 
+        t0 = time.perf_counter()
         while not self._stop.wait(self.interval_s):
-            self.samples.append(pynvml.nvmlDeviceGetUtilizationRates(self._handle).gpu)
+            util = pynvml.nvmlDeviceGetUtilizationRates(self._handle).gpu
+            used = pynvml.nvmlDeviceGetMemoryInfo(self._handle).used / 2**20
+            self.samples.append(util)
+            self.timeline.append((time.perf_counter() - t0, float(util), float(used)))
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()

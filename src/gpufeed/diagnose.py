@@ -1,0 +1,317 @@
+"""diagnose(): is this training loop waiting on data, and what would fix it?
+
+It runs the caller's own loop (``step_fn(batch)`` for each batch of ``loader``) for some steps and
+measures, per step, the host time spent waiting for the next batch and the time in the step (plus
+the step's span on the GPU, from CUDA events read once at the end). GPU utilisation comes from
+NVML where available, CPU utilisation from psutil. One extra step runs under a probe that counts
+float32 convolutions and matmuls. The verdict:
+
+- ``"data-bound"``: at least 25% of the wall time is spent waiting for batches;
+- ``"launch-bound"``: little waiting, yet the GPU is busy less than 60% of the time (kernels too
+  small to hide the host's launch overhead: larger batches, CUDA graphs, torch.compile);
+- ``"compute-bound"``: otherwise -- the data pipeline is not the problem.
+
+Three lines for your own loop::
+
+    report = gpufeed.diagnose(train_loader, lambda batch: train_step(*batch), steps=100)
+    print(report)
+    report.save("diagnosis")   # report.md, report.json, timeline.png
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from .device import resolve_device
+from .errors import ConfigError
+from .findings import CHECKS, Evidence, Finding, unwrap_dataloader
+from .prefetch import map_tensors
+
+__all__ = ["DATA_BOUND_FRACTION", "LAUNCH_BOUND_BUSY", "Report", "diagnose"]
+
+DATA_BOUND_FRACTION = 0.25
+LAUNCH_BOUND_BUSY = 0.60
+
+
+@dataclass
+class Report:
+    """The diagnosis: ``verdict``, ``data_wait_fraction``, ``findings`` (each with its fix), and the evidence."""
+
+    verdict: str
+    data_wait_fraction: float
+    steps: int
+    wall_s: float
+    wait_s: list[float]
+    step_s: list[float]
+    device_step_s: list[float] | None
+    gpu_busy_fraction: float | None
+    gpu_timeline: list[tuple[float, float, float]]  # (seconds since start, GPU %, memory used MiB)
+    cpu_percent: float | None
+    device: str
+    findings: list[Finding] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        med = statistics.median
+        lines = [
+            f"verdict: {self.verdict}  ({self.steps} steps, {self.wall_s:.2f} s on {self.device})",
+            f"  waiting for data: {self.data_wait_fraction:.1%} of wall time "
+            f"(median {med(self.wait_s) * 1e3:.2f} ms per batch; step median {med(self.step_s) * 1e3:.2f} ms)",
+        ]
+        if self.gpu_busy_fraction is not None:
+            lines.append(f"  GPU busy: {self.gpu_busy_fraction:.0%}")
+        if self.cpu_percent is not None:
+            lines.append(f"  CPU (this process and its workers): {self.cpu_percent:.0f}% of one core")
+        for f in self.findings:
+            lines += [f"- {f.kind}: {f.message}", f"    fix:  {f.fix}", f"    gain: {f.expected_gain}"]
+        if not self.findings:
+            lines.append("- no findings: nothing in the data pipeline to fix")
+        lines += [f"note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def save(self, directory: str | Path) -> Path:
+        """Write ``report.md``, ``report.json`` and ``timeline.png`` (if matplotlib is installed) to ``directory``."""
+        out = Path(directory)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "report.json").write_text(json.dumps(self.to_dict(), indent=2))
+        (out / "report.md").write_text(f"# gpufeed diagnosis\n\n```\n{self}\n```\n\n![timeline](timeline.png)\n")
+        why = _timeline(self, out / "timeline.png")
+        if why:
+            (out / "report.md").write_text(f"# gpufeed diagnosis\n\n```\n{self}\n```\n\n(timeline.png: {why})\n")
+        return out
+
+
+class _PrecisionProbe(TorchFunctionMode):
+    """Counts conv/linear/matmul calls by whether they would run in float32 (autocast off) or lower."""
+
+    _OPS = {
+        torch.nn.functional.conv2d,
+        torch.nn.functional.conv1d,
+        torch.nn.functional.conv3d,
+        torch.nn.functional.linear,
+        torch.matmul,
+        torch.mm,
+        torch.bmm,
+        torch.addmm,
+    }
+
+    def __init__(self, device_type: str) -> None:
+        super().__init__()
+        self.device_type, self.fp32, self.low = device_type, 0, 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        if func in self._OPS and args and isinstance(args[0], torch.Tensor):
+            if args[0].dtype == torch.float32 and not torch.is_autocast_enabled(self.device_type):
+                self.fp32 += 1
+            elif args[0].dtype in (torch.float16, torch.bfloat16) or torch.is_autocast_enabled(self.device_type):
+                self.low += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _batch_facts(batch: Any) -> tuple[bool | None, bool | None, int]:
+    tensors: list[torch.Tensor] = []
+    map_tensors(batch, lambda t: tensors.append(t) or t)  # type: ignore[func-returns-value]
+    if not tensors:
+        return None, None, 0
+    on_host = all(t.device.type == "cpu" for t in tensors)
+    pinned = all(t.is_pinned() for t in tensors) if on_host and torch.cuda.is_available() else None
+    return on_host, pinned, sum(t.nbytes for t in tensors)
+
+
+def _copy_times(batch: Any, device: torch.device) -> dict[str, float]:
+    """One batch copied to the device from pageable and from pinned memory (median of 3 each)."""
+    tensors: list[torch.Tensor] = []
+    map_tensors(batch, lambda t: tensors.append(t) or t)  # type: ignore[func-returns-value]
+    out = {}
+    for name, source in [("pageable", [t.clone() for t in tensors]), ("pinned", [t.pin_memory() for t in tensors])]:
+        times = []
+        for _ in range(3):
+            _sync(device)
+            t0 = time.perf_counter()
+            for t in source:
+                t.to(device, non_blocking=name == "pinned")
+            _sync(device)
+            times.append(time.perf_counter() - t0)
+        out[name] = statistics.median(times)
+    return out
+
+
+def diagnose(
+    loader: Iterable[Any],
+    step_fn: Callable[[Any], Any],
+    steps: int = 100,
+    *,
+    device: str | torch.device | None = None,
+) -> Report:
+    """Run ``step_fn(batch)`` for ``steps`` batches of ``loader`` and say what limits the loop.
+
+    Args:
+        loader: any iterable of batches (a ``DataLoader``, a gpufeed loader, ...). A fresh iterator
+            is taken, so a loader with ``set_epoch`` advances by one epoch as in training.
+        step_fn: one training step on one batch, exactly as the loop calls it.
+        steps: steps to measure (fewer if the loader ends first). Two more are used: a probe step
+            that counts float32 matmuls and convolutions, and nothing else.
+        device: the training device; ``None``: CUDA if available, else CPU.
+    """
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 2:
+        raise ConfigError(f"steps={steps!r} must be an int >= 2")
+    dev = resolve_device(device)
+    from .train.monitor import UtilisationMonitor
+
+    cpu = _cpu_meter()
+    wait_s: list[float] = []
+    step_s: list[float] = []
+    events: list[tuple[Any, Any]] = []
+    first_batch: Any = None
+    it = iter(loader)
+    _sync(dev)
+    with UtilisationMonitor(dev, interval_s=0.02) as monitor:
+        t_start = time.perf_counter()
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            batch = next(it, None)
+            t1 = time.perf_counter()
+            if batch is None:
+                break
+            if first_batch is None:
+                first_batch = batch
+            if dev.type == "cuda":
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+            step_fn(batch)
+            if dev.type == "cuda":
+                end.record()
+                events.append((start, end))
+            wait_s.append(t1 - t0)
+            step_s.append(time.perf_counter() - t1)
+        _sync(dev)
+        wall = time.perf_counter() - t_start
+    if len(step_s) < 2:
+        raise ConfigError(f"the loader yielded {len(step_s)} batch(es); diagnose needs at least 2")
+    probe = _PrecisionProbe(dev.type)
+    probe_batch = next(it, None)
+    probe_batch = first_batch if probe_batch is None else probe_batch
+    with probe:
+        step_fn(probe_batch)
+    _sync(dev)
+    notes: list[str] = []
+    device_step = [s.elapsed_time(e) / 1e3 for s, e in events] if events else None
+    busy = None
+    if dev.type == "cuda":
+        if monitor.mean is not None:
+            busy = monitor.mean / 100
+        else:
+            notes.append(f"GPU busy fraction unknown: {monitor.unavailable}; launch-bound cannot be told apart")
+    fraction = sum(wait_s) / wall
+    verdict = (
+        "data-bound"
+        if fraction >= DATA_BOUND_FRACTION
+        else ("launch-bound" if busy is not None and busy < LAUNCH_BOUND_BUSY else "compute-bound")
+    )
+    on_host, pinned, nbytes = _batch_facts(first_batch)
+    ev = Evidence(
+        dev,
+        wait_s,
+        step_s,
+        wall,
+        fraction,
+        verdict,
+        on_host,
+        pinned,
+        nbytes,
+        _copy_times(first_batch, dev) if dev.type == "cuda" and on_host else {},
+        probe.fp32,
+        probe.low,
+    )
+    dl = unwrap_dataloader(loader)
+    findings = [f for check in CHECKS if (f := check(dl, ev)) is not None]
+    timeline = [(t, u, m) for t, u, m in getattr(monitor, "timeline", [])]
+    return Report(
+        verdict,
+        fraction,
+        len(step_s),
+        wall,
+        wait_s,
+        step_s,
+        device_step,
+        busy,
+        timeline,
+        cpu(),
+        str(dev),
+        findings,
+        notes,
+    )
+
+
+def _cpu_meter() -> Callable[[], float | None]:
+    """CPU time of this process and its children (DataLoader workers) over the run, in % of one core."""
+    try:
+        import psutil
+    except ImportError:
+        return lambda: None
+    me = psutil.Process()
+
+    def total() -> float:
+        procs = [me, *me.children(recursive=True)]
+        seconds = 0.0
+        for p in procs:
+            try:
+                t = p.cpu_times()
+                seconds += t.user + t.system
+            except psutil.Error:  # a worker that exited between listing and reading
+                continue
+        return seconds
+
+    t0, c0 = time.perf_counter(), total()
+    return lambda: 100 * (total() - c0) / max(1e-9, time.perf_counter() - t0)
+
+
+def _timeline(report: Report, path: Path) -> str | None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed (pip install 'gpufeed[plot]')"
+    fig, ax = plt.subplots(figsize=(10, 4))
+    x = range(report.steps)
+    wait_ms = [w * 1e3 for w in report.wait_s]
+    step_ms = [s * 1e3 for s in report.step_s]
+    ax.bar(x, wait_ms, color="#C44E52", label="waiting for data")
+    ax.bar(x, step_ms, bottom=wait_ms, color="#4C72B0", label="in the step")
+    ax.set_xlabel("step")
+    ax.set_ylabel("milliseconds")
+    ax.set_title(f"gpufeed diagnose: {report.verdict}, {report.data_wait_fraction:.0%} of time waiting for data")
+    if report.gpu_timeline:
+        twin = ax.twinx()
+        elapsed = [t for t, _, _ in report.gpu_timeline]
+        scale = report.steps / max(elapsed[-1], 1e-9)
+        twin.plot(
+            [t * scale for t in elapsed], [u for _, u, _ in report.gpu_timeline], color="#55A868", label="GPU busy %"
+        )
+        twin.set_ylim(0, 105)
+        twin.set_ylabel("GPU busy %")
+        twin.legend(loc="upper right")
+    ax.legend(loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return None

@@ -1,0 +1,149 @@
+"""diagnose(): the verdict and wait fraction on loops whose costs are known, and one test per finding."""
+
+import json
+import os
+import time
+
+import pytest
+import torch
+import torchvision.transforms as T
+from torch.utils.data import DataLoader, TensorDataset
+
+from gpufeed import ConfigError, diagnose
+
+from fakes import cifar_like
+
+
+class SlowLoader:
+    """Yields a fixed batch after sleeping ``delay`` seconds: a loader with a known cost."""
+
+    def __init__(self, delay: float, n: int = 30) -> None:
+        self.delay, self.n = delay, n
+
+    def __iter__(self):
+        for _ in range(self.n):
+            time.sleep(self.delay)
+            yield torch.zeros(4, 3, 8, 8), torch.zeros(4, dtype=torch.long)
+
+
+def _sleep_step(seconds):
+    return lambda batch: time.sleep(seconds)
+
+
+def _kinds(report):
+    return {f.kind for f in report.findings}
+
+
+def test_a_slow_loader_is_data_bound_with_the_injected_wait_fraction():
+    report = diagnose(SlowLoader(0.03), _sleep_step(0.01), steps=20, device="cpu")
+    assert report.verdict == "data-bound" and report.steps == 20
+    assert report.data_wait_fraction == pytest.approx(0.75, abs=0.1)  # 30 ms wait per 40 ms step
+
+
+def test_a_fast_loader_is_not_data_bound():
+    report = diagnose(SlowLoader(0.0), _sleep_step(0.02), steps=20, device="cpu")
+    assert report.verdict == "compute-bound" and report.data_wait_fraction < 0.05
+    assert "no findings" in str(report)
+
+
+def test_per_sample_transforms_and_too_few_workers_are_found_on_a_torchvision_pipeline():
+    tf = T.Compose(
+        [T.RandomCrop(32, padding=4), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize([0.5] * 3, [0.25] * 3)]
+    )
+    loader = DataLoader(cifar_like(512, transform=tf), batch_size=64, num_workers=0)
+    report = diagnose(loader, lambda batch: None, steps=8, device="cpu")
+    assert report.verdict == "data-bound"
+    assert {"per-sample-transforms", "too-few-workers"} <= _kinds(report)
+    fix = next(f for f in report.findings if f.kind == "per-sample-transforms").fix
+    assert "gpufeed.accelerate" in fix
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")  # torch's own warning says the same
+def test_more_workers_than_cores_are_reported():
+    cores = len(os.sched_getaffinity(0))
+    loader = DataLoader(TensorDataset(torch.zeros(64, 3, 4, 4)), batch_size=8, num_workers=cores + 1)
+    assert "too-many-workers" in _kinds(diagnose(loader, lambda b: None, steps=4, device="cpu"))
+
+
+def test_a_slow_first_step_with_cudnn_benchmark_is_reported(monkeypatch):
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", True)
+    calls = []
+
+    def step(batch):
+        calls.append(1)
+        time.sleep(1.1 if len(calls) == 1 else 0.002)
+
+    report = diagnose(SlowLoader(0.0, n=10), step, steps=8, device="cpu")
+    finding = next(f for f in report.findings if f.kind == "cudnn-autotune")
+    assert "the first step took 1.1 s" in finding.message and "drop_last=True" in finding.fix
+
+
+def test_a_ragged_last_batch_with_cudnn_benchmark_is_reported(monkeypatch):
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", True)
+    loader = DataLoader(TensorDataset(torch.zeros(10, 1)), batch_size=4)
+    finding = next(
+        f for f in diagnose(loader, lambda b: None, steps=3, device="cpu").findings if f.kind == "ragged-last-batch"
+    )
+    assert "has 2 samples instead of 4" in finding.message
+    assert "ragged-last-batch" not in _kinds(
+        diagnose(
+            DataLoader(TensorDataset(torch.zeros(10, 1)), batch_size=4, drop_last=True),
+            lambda b: None,
+            steps=2,
+            device="cpu",
+        )
+    )
+
+
+def test_workers_forked_after_cuda_initialisation_are_reported(monkeypatch):
+    loader = DataLoader(TensorDataset(torch.zeros(16, 1)), batch_size=4, num_workers=1)
+    assert "fork-after-cuda" not in _kinds(diagnose(loader, lambda b: None, steps=2, device="cpu"))
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)  # as in a process holding CUDA tensors
+    finding = next(
+        f for f in diagnose(loader, lambda b: None, steps=2, device="cpu").findings if f.kind == "fork-after-cuda"
+    )
+    assert "forkserver" in finding.fix
+    safe = DataLoader(TensorDataset(torch.zeros(16, 1)), batch_size=4, num_workers=1, multiprocessing_context="spawn")
+    assert "fork-after-cuda" not in _kinds(diagnose(safe, lambda b: None, steps=2, device="cpu"))
+
+
+def test_float32_convolutions_without_autocast_are_reported():
+    conv = torch.nn.Conv2d(3, 8, 3)
+
+    def fp32_step(batch):
+        conv(batch[0]).sum().backward()
+
+    def bf16_step(batch):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            conv(batch[0]).sum().backward()
+
+    report = diagnose(SlowLoader(0.0, n=6), fp32_step, steps=4, device="cpu")
+    finding = next(f for f in report.findings if f.kind == "fp32-compute")
+    assert finding.message.startswith("1 convolution/matmul calls per step") and "autocast" in finding.fix
+    assert "fp32-compute" not in _kinds(diagnose(SlowLoader(0.0, n=6), bf16_step, steps=4, device="cpu"))
+
+
+def test_report_saves_markdown_json_and_a_timeline(tmp_path):
+    report = diagnose(SlowLoader(0.01, n=12), _sleep_step(0.005), steps=10, device="cpu")
+    out = report.save(tmp_path / "diag")
+    saved = json.loads((out / "report.json").read_text())
+    assert saved["verdict"] == report.verdict and len(saved["wait_s"]) == 10
+    assert "verdict: data-bound" in (out / "report.md").read_text()
+    assert (out / "timeline.png").stat().st_size > 5_000
+
+
+def test_too_few_steps_or_batches_is_an_error():
+    with pytest.raises(ConfigError, match="steps=1"):
+        diagnose(SlowLoader(0.0), lambda b: None, steps=1)
+    with pytest.raises(ConfigError, match="yielded 1 batch"):
+        diagnose(SlowLoader(0.0, n=1), lambda b: None, steps=5, device="cpu")
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_unpinned_host_batches_and_a_dataset_that_fits_are_reported_on_cuda():
+    tf = T.Compose([T.ToTensor()])
+    loader = DataLoader(cifar_like(256, transform=tf), batch_size=64)
+    report = diagnose(loader, lambda b: b[0].cuda().sum(), steps=3, device="cuda")
+    kinds = _kinds(report)
+    assert {"unpinned-copies", "fits-on-device"} <= kinds

@@ -28,6 +28,7 @@ from .findings import Finding
 from .loader import DeviceLoader
 from .plan import Plan
 from .prefetch import prefetch
+from .tune import LoaderConfig, tune_dataloader
 
 __version__ = "0.1.0"
 
@@ -41,6 +42,7 @@ __all__ = [
     "FallbackLoader",
     "Finding",
     "GpufeedError",
+    "LoaderConfig",
     "Plan",
     "Report",
     "StateError",
@@ -51,4 +53,5 @@ __all__ = [
     "diagnose",
     "open_cache",
     "prefetch",
+    "tune_dataloader",
 ]

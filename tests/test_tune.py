@@ -1,0 +1,87 @@
+"""tune_dataloader() on datasets whose per-sample cost is known, so the best settings are predictable."""
+
+import os
+import random
+import time
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import Dataset, TensorDataset
+
+from gpufeed import ConfigError
+from gpufeed.tune import LoaderConfig, tune_dataloader
+
+
+class SleepDataset(Dataset):
+    """Each sample costs ``cost`` seconds of waiting (no CPU): workers overlap it perfectly."""
+
+    def __init__(self, n: int, cost: float) -> None:
+        self.n, self.cost = n, cost
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        time.sleep(self.cost)
+        return torch.full((3, 8, 8), float(i)), i
+
+
+def test_a_dataset_with_per_sample_latency_gets_workers_and_a_measured_speedup():
+    cfg = tune_dataloader(SleepDataset(3000, 0.002), batch_size=16, time_budget_s=10, max_workers=4)
+    assert cfg.num_workers == 4  # sleeping samples scale with workers up to the limit given
+    assert cfg.speedup > 2.5  # 4 workers over the in-process default, a sleep-bound loader
+    assert cfg.kwargs["num_workers"] == 4 and cfg.kwargs["persistent_workers"] is True
+    assert cfg.table[0].num_workers == 0 and {t.num_workers for t in cfg.table} >= {0, 1, 2, 4}
+    assert any("persistent_workers=True" in n for n in cfg.notes)
+
+
+def test_a_trivially_cheap_dataset_stays_in_process():
+    cfg = tune_dataloader(TensorDataset(torch.zeros(20_000, 4)), batch_size=64, time_budget_s=6, max_workers=2)
+    assert cfg.num_workers == 0 and cfg.kwargs == {"batch_size": 64, "num_workers": 0, "pin_memory": False}
+    assert cfg.speedup == 1.0
+
+
+def test_the_search_stays_inside_the_budget_and_leaves_random_state_alone():
+    torch.manual_seed(5)
+    random.seed(5)
+    np.random.seed(5)
+    expected = (torch.rand(2), random.random(), np.random.rand())
+    torch.manual_seed(5)
+    random.seed(5)
+    np.random.seed(5)
+    t = time.perf_counter()
+    tune_dataloader(SleepDataset(2000, 0.001), batch_size=16, time_budget_s=3, max_workers=8)
+    assert time.perf_counter() - t < 3 + 3  # one trial may overrun the budget
+    assert (torch.rand(2), random.random(), np.random.rand())[1:] == expected[1:]
+    torch.manual_seed(5)
+    assert torch.equal(torch.rand(2), expected[0])
+
+
+def test_big_python_lists_in_the_dataset_are_warned_about():
+    ds = TensorDataset(torch.zeros(1024, 2))
+    ds.paths = [f"img{i}.png" for i in range(150_000)]
+    with pytest.warns(UserWarning, match=r"TensorDataset.paths is a Python list of 150,000 items"):
+        cfg = tune_dataloader(ds, batch_size=32, time_budget_s=1, max_workers=0)
+    assert "numpy array" in cfg.notes[0]
+
+
+def test_a_loader_that_is_not_the_bottleneck_is_said_so():
+    cfg = tune_dataloader(
+        TensorDataset(torch.zeros(2048, 2)), batch_size=32, time_budget_s=1, max_workers=0, step_s=0.5
+    )
+    assert any("not the bottleneck" in n for n in cfg.notes)
+
+
+def test_bad_arguments():
+    with pytest.raises(ConfigError, match="batch_size=0"):
+        tune_dataloader(TensorDataset(torch.zeros(10, 2)), batch_size=0)
+    with pytest.raises(ConfigError, match="fewer than 8 batches"):
+        tune_dataloader(TensorDataset(torch.zeros(10, 2)), batch_size=4)
+    with pytest.raises(ConfigError, match="persistent"):
+        LoaderConfig(32, 0, False, None, True, None, 1.0)
+
+
+def test_usable_cores_bound_the_default_search():
+    cfg = tune_dataloader(SleepDataset(2000, 0.001), batch_size=16, time_budget_s=4)
+    assert max(t.num_workers for t in cfg.table) == len(os.sched_getaffinity(0))

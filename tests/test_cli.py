@@ -51,3 +51,61 @@ def test_cache_clear_refuses_a_directory_that_is_not_a_cache(tmp_path, capsys):
     (tmp_path / "precious").mkdir()
     assert main(["cache", "clear", str(tmp_path / "precious")]) == 1
     assert (tmp_path / "precious").exists() and "not a gpufeed cache entry" in capsys.readouterr().err
+
+
+def test_diagnose_command_prints_a_verdict_and_saves_the_report(cache_home, tmp_path, capsys):
+    out = tmp_path / "diag"
+    assert (
+        main(
+            [
+                "diagnose",
+                "--loader",
+                "torch",
+                "--num-workers",
+                "0",
+                "--train-size",
+                "1024",
+                "--test-size",
+                "128",
+                "--steps",
+                "3",
+                "--device",
+                "cpu",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
+    text = capsys.readouterr().out
+    assert text.startswith("verdict: ") and "fp32-compute" in text
+    assert {p.name for p in out.iterdir()} == {"report.md", "report.json", "timeline.png"}
+
+
+def test_tune_command_prints_the_trials_and_the_best_kwargs(cache_home, capsys):
+    assert main(["tune", "--batch-size", "256", "--time-budget", "3", "--max-workers", "1"]) == 0
+    text = capsys.readouterr().out
+    assert "best: DataLoader(dataset, **{'batch_size': 256" in text and "x the default settings" in text
+
+
+def test_train_command_writes_train_json(cache_home, tmp_path, capsys):
+    assert (
+        main(
+            [
+                "train",
+                "--epochs",
+                "1",
+                "--train-size",
+                "512",
+                "--test-size",
+                "128",
+                "--device",
+                "cpu",
+                "--no-progress",
+                "--out",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
+    assert "test acc" in capsys.readouterr().out and (tmp_path / "train.json").is_file()

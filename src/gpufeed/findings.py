@@ -180,7 +180,8 @@ def _fp32(dl: DataLoader | None, ev: Evidence) -> Finding | None:
         "fp32-compute",
         f"{ev.fp32_ops} convolution/matmul calls per step run in float32 with autocast off",
         f"with torch.autocast('{ev.device.type}', dtype=torch.{dtype}): ... (and channels_last for convolutions)",
-        "often 2-3x on tensor cores (3.1x for a small CNN measured on a bf16-capable CPU)",
+        "often 2-3x where there are bf16/fp16 matrix units (GPU tensor cores; 3.1x measured for a small CNN on a "
+        "bf16-capable CPU)",
     )
 
 

@@ -235,7 +235,7 @@ def tune_dataloader(
         warnings.warn(note, stacklevel=2)
     notes = list(memory)
     if best.num_workers > 0:
-        why = "forkserver, since CUDA is initialised here" if ctx else "the platform default (fork)"
+        why = "forkserver, since CUDA is initialised here" if ctx else "the platform's default start method"
         notes.append(
             f"persistent_workers=True: starting {best.num_workers} workers ({why}) took "
             f"{best.startup_s:.2f} s to the first batch; persistent workers pay it once, not every epoch"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 from .common import add_data_arguments
 
@@ -12,6 +13,14 @@ HELP = "train a CIFAR model with a chosen loader, precision and CUDA graphs; per
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_run_arguments(p)
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--out", type=Path, default=Path("train-out"), help="folder for train.json")
+    p.add_argument("--no-progress", action="store_true")
+
+
+def add_run_arguments(p: argparse.ArgumentParser) -> None:
+    """The options that set up a run; ``gpufeed diagnose`` takes the same ones."""
     from ..train.loaders import LOADER_KINDS
     from ..train.models import MODELS
 
@@ -23,25 +32,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--channels-last", action="store_true")
     p.add_argument("--cuda-graphs", action="store_true", help="capture forward, backward and step in a CUDA graph")
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
-    p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda if available)")
     p.add_argument("--train-size", type=int, default=None, help="train on the first N images")
     p.add_argument("--test-size", type=int, default=None, help="test on the first N images")
-    p.add_argument("--out", type=Path, default=Path("train-out"), help="folder for train.json")
-    p.add_argument("--no-progress", action="store_true")
 
 
-def run(args: argparse.Namespace) -> int:
-    from ..report import format_table
-    from ..train import TrainConfig, train
+def config_from(args: argparse.Namespace, **overrides: object) -> Any:
+    """The :class:`~gpufeed.train.TrainConfig` the run options describe."""
+    from ..train import TrainConfig
 
-    cfg = TrainConfig(
+    fields: dict[str, Any] = dict(
         model=args.model,
         loader=args.loader,
-        epochs=args.epochs,
         batch_size=args.batch_size,
         lr=args.lr,
         amp=args.amp,
@@ -56,9 +61,16 @@ def run(args: argparse.Namespace) -> int:
         data=args.data,
         data_dir=str(args.data_dir) if args.data_dir else None,
         download=args.download,
-        progress=not args.no_progress,
     )
-    records = train(cfg, out=args.out)
+    fields.update(overrides)
+    return TrainConfig(**fields)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..report import format_table
+    from ..train import train
+
+    records = train(config_from(args, epochs=args.epochs, progress=not args.no_progress), out=args.out)
     columns = [
         ("epoch", "epoch", "d"),
         ("epoch_s", "seconds", ".2f"),

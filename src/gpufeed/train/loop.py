@@ -26,7 +26,7 @@ from .models import MODELS, build_model
 from .monitor import UtilisationMonitor
 from .step import SGD, make_step
 
-__all__ = ["EpochRecord", "TrainConfig", "train"]
+__all__ = ["EpochRecord", "Prepared", "TrainConfig", "prepare", "train"]
 
 _AMP = {"off": None, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -110,10 +110,21 @@ def evaluate(model: nn.Module, loader: Any, amp: torch.dtype | None, device: tor
     return correct.item() / max(1, total)
 
 
-def train(
-    cfg: TrainConfig, out: str | Path | None = None, datasets: tuple[Any, Any] | None = None
-) -> list[EpochRecord]:
-    """Train ``cfg.model`` on (synthetic) CIFAR-10 and return one record per epoch; ``out/train.json`` if given."""
+@dataclass
+class Prepared:
+    """A run set up and ready: what :func:`train` loops over, and what ``gpufeed diagnose`` measures."""
+
+    model: nn.Module
+    loader: Any
+    test_loader: Any
+    step: Any  # step(x, y) -> loss on the device
+    lr: torch.Tensor
+    device: torch.device
+    amp: torch.dtype | None
+
+
+def prepare(cfg: TrainConfig, datasets: tuple[Any, Any] | None = None) -> Prepared:
+    """Data, model, loader, optimiser and step for ``cfg`` (CUDA graph captured if asked)."""
     from ..data import cifar10
 
     device = resolve_device(cfg.device)
@@ -147,14 +158,22 @@ def train(
     compiled = torch.compile(model) if cfg.compile else model
     example = next(iter(loader)) if cfg.cuda_graphs else None
     step = make_step(compiled, opt, amp, device, graph_example=example)
+    return Prepared(compiled, loader, test_loader, step, lr, device, amp)
+
+
+def train(
+    cfg: TrainConfig, out: str | Path | None = None, datasets: tuple[Any, Any] | None = None
+) -> list[EpochRecord]:
+    """Train ``cfg.model`` on (synthetic) CIFAR-10 and return one record per epoch; ``out/train.json`` if given."""
+    run = prepare(cfg, datasets)
     records: list[EpochRecord] = []
-    total_steps, done = cfg.epochs * len(loader), 0
+    total_steps, done = cfg.epochs * len(run.loader), 0
     for epoch in range(cfg.epochs):
-        record, done = _epoch(epoch, loader, step, lr, cfg, device, done, total_steps)
-        record.test_acc = evaluate(compiled, test_loader, amp, device)
+        record, done = _epoch(epoch, run.loader, run.step, run.lr, cfg, run.device, done, total_steps)
+        record.test_acc = evaluate(run.model, run.test_loader, run.amp, run.device)
         records.append(record)
         if out is not None:
-            _save(Path(out), cfg, device, records)
+            _save(Path(out), cfg, run.device, records)
     return records
 
 

@@ -1,0 +1,27 @@
+"""``gpufeed diagnose``: the diagnosis of a training configuration, without writing code."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from .train import add_run_arguments, config_from
+
+HELP = "is the GPU waiting on data? run a configuration for some steps and print the verdict and the fixes"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_run_arguments(p)
+    p.add_argument("--steps", type=int, default=50, help="training steps to measure")
+    p.add_argument("--out", type=Path, default=Path("diagnose-out"), help="folder for report.md/json, timeline.png")
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..diagnose import diagnose
+    from ..train.loop import prepare
+
+    prepared = prepare(config_from(args, progress=False))
+    report = diagnose(prepared.loader, lambda batch: prepared.step(*batch), steps=args.steps, device=prepared.device)
+    print(report)
+    print(f"wrote {report.save(args.out)}")
+    return 0

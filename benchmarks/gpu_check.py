@@ -10,7 +10,8 @@
    DeviceLoader and prefetch;
 5. accelerate(): the tier fallback under torch.cuda.set_per_process_memory_fraction (same batches),
    and each tier against torchvision's DataLoader (benchmarks/accelerate_tiers.py);
-6. the ``gpufeed bench`` ladder: VGG16 on 50,000 images (about 2 minutes on an H200).
+6. the ``gpufeed bench`` ladder: VGG16 on 50,000 images (about 2 minutes on an H200);
+7. tune_dataloader() against the rule of thumb (num_workers = cores) on 16 cores.
 Parts run in this order and the JSON is rewritten after each, so a run cut short keeps what it did.
 Each part records its own error instead of stopping the others.
 """
@@ -185,6 +186,13 @@ def bench_ladder(out: Path) -> dict:
     return json.loads((out / "bench" / "bench.json").read_text()) if rows else {}
 
 
+def tune_vs_rule_of_thumb(out: Path) -> dict:
+    import tune_throughput as tt
+
+    tt.main(["--device", "cuda", "--budget", "45", "--out", str(out)])
+    return json.loads((out / "tune_throughput.json").read_text())
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--out", type=Path, required=True)
@@ -201,6 +209,7 @@ def main() -> int:
         ("loader_throughput", lambda: loader_throughput(args.out, args.n)),
         ("accelerate_tiers", lambda: accelerate_tiers(args.out)),
         ("bench_ladder", lambda: bench_ladder(args.out)),
+        ("tune", lambda: tune_vs_rule_of_thumb(args.out)),
     ]
     if args.parts:
         parts = [(name, fn) for name, fn in parts if name in args.parts]

@@ -69,3 +69,22 @@ def test_to_chw_layouts():
     assert to_chw(torch.zeros(4, 5)).shape == (1, 4, 5)
     with pytest.raises(DataError, match="str"):
         to_chw("image.png")
+
+
+def test_cached_ops_apply_to_datasets_without_a_transform_attribute():
+    ds = TensorDataset(torch.arange(2 * 3 * 8 * 8, dtype=torch.uint8).view(2, 3, 8, 8), torch.arange(2))
+    out = ingest(ds, cached=T.CenterCrop(4), num_workers=0, progress=False)
+    assert out.path == "per-sample" and out.images.shape == (2, 3, 4, 4)
+    assert torch.equal(out.images[1], T.CenterCrop(4)(ds.tensors[0][1]))
+
+
+def test_samples_that_are_not_image_label_pairs_are_named():
+    class Dicts(torch.utils.data.Dataset):
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, i):
+            return {"image": torch.zeros(3, 4, 4), "label": i}
+
+    with pytest.raises(DataError, match=r"returned a dict; gpufeed reads \(image, label\) pairs"):
+        ingest(Dicts(), num_workers=0, progress=False)

@@ -79,10 +79,28 @@ def _arrays(dataset: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
     return images.contiguous(), labels
 
 
+class _Mapped(Dataset):
+    """``(transform(image), label)`` of a dataset that has no ``transform`` attribute of its own."""
+
+    def __init__(self, dataset: Any, transform: Callable[[Any], Any]) -> None:
+        self.dataset, self.transform = dataset, transform
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, i: int) -> tuple[Any, Any]:
+        image, label = self.dataset[i]
+        return self.transform(image), label
+
+
 def _with_transform(dataset: Any, transform: Callable[[Any], Any] | None) -> Any:
-    """A shallow copy of ``dataset`` whose per-sample transform is ``transform`` (the caller's is untouched)."""
+    """``dataset`` with its per-sample transform replaced by ``transform``; the caller's object is untouched.
+
+    torchvision datasets get a shallow copy with ``.transform`` set; others (``TensorDataset``,
+    custom ones) are wrapped so that ``transform`` applies to the image of each ``(image, label)``.
+    """
     if not hasattr(dataset, "transform"):
-        return dataset
+        return dataset if transform is None else _Mapped(dataset, transform)
     ds = copy.copy(dataset)
     ds.transform = transform
     if hasattr(ds, "transforms") and type(ds.transforms).__name__ == "StandardTransform":
@@ -92,9 +110,16 @@ def _with_transform(dataset: Any, transform: Callable[[Any], Any] | None) -> Any
     return ds
 
 
-def _collate(items: list[tuple[Any, Any]]) -> list[tuple[torch.Tensor, Any]]:
+def _pair(item: Any) -> tuple[Any, Any]:
+    if not isinstance(item, (tuple, list)) or len(item) != 2:
+        got = f"a {type(item).__name__}" + (f" of {len(item)}" if isinstance(item, (tuple, list)) else "")
+        raise DataError(f"dataset[i] returned {got}; gpufeed reads (image, label) pairs, as torchvision datasets give")
+    return item[0], item[1]
+
+
+def _collate(items: list[Any]) -> list[tuple[torch.Tensor, Any]]:
     # Runs in the workers: decode to tensors there, stack in the parent (where odd shapes are named).
-    return [(to_chw(image), label) for image, label in items]
+    return [(to_chw(image), label) for image, label in map(_pair, items)]
 
 
 def _default_workers(n: int) -> int:
@@ -168,7 +193,7 @@ def _spot_check(stripped: Any, images: torch.Tensor) -> bool:
         return True
     n = images.shape[0]
     for i in sorted({0, n // 2, n - 1}):
-        if not torch.equal(to_chw(stripped[i][0]), images[i]):
+        if not torch.equal(to_chw(_pair(stripped[i])[0]), images[i]):
             warnings.warn(
                 f"{type(stripped).__name__}.data does not match dataset[{i}]; reading sample by sample instead "
                 "(slower: one Python call per image)",

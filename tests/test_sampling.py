@@ -1,10 +1,10 @@
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from gpufeed.errors import ConfigError
-from gpufeed.sampling import derive_seed, epoch_order, num_batches
+from gpufeed.sampling import derive_seed, epoch_order, local_indices, num_batches, rank_indices, shard_batches
 
 
 @given(seed=st.integers(0, 2**40), epoch=st.integers(0, 10_000), n=st.integers(0, 3000))
@@ -54,3 +54,70 @@ def test_num_batches_covers_all_but_the_ragged_tail(n, bs, drop_last):
 def test_num_batches_rejects_batch_size_below_one():
     with pytest.raises(ConfigError, match="batch_size=0"):
         num_batches(10, 0, False)
+
+
+@given(
+    n=st.integers(1, 400),
+    bs=st.integers(1, 32),
+    world=st.integers(1, 5),
+    drop_last=st.booleans(),
+    seed=st.integers(0, 100),
+)
+def test_evaluation_shards_visit_every_sample_exactly_once_and_differ_by_at_most_one_batch(
+    n, bs, world, drop_last, seed
+):
+    order = epoch_order(seed, 0, n)
+    shares = [rank_indices(order, bs, r, world, drop_last, even=False) for r in range(world)]
+    seen = torch.cat(shares).sort().values
+    used = (n // bs) * bs if drop_last else n
+    assert len(seen) == used and len(seen.unique()) == used  # exactly once (all of them without drop_last)
+    if not drop_last:
+        assert torch.equal(seen, torch.arange(n))
+    batches = [-(-len(s) // bs) for s in shares]
+    assert max(batches) - min(batches) <= 1
+
+
+@given(n=st.integers(1, 400), bs=st.integers(1, 32), world=st.integers(1, 5), drop_last=st.booleans())
+def test_training_shards_are_equal_full_batches_with_bounded_padding(n, bs, world, drop_last):
+    order = epoch_order(0, 0, n)
+    shares = [rank_indices(order, bs, r, world, drop_last, even=True) for r in range(world)]
+    slots, full, padded = shard_batches(n, bs, world, drop_last, even=True)
+    counts = [-(-len(s) // bs) for s in shares]
+    assert counts == [slots // world] * world  # same number of batches on every rank: no rank waits in a collective
+    allidx = torch.cat(shares)
+    if drop_last:
+        assert all(len(s) % bs == 0 for s in shares)  # full batches only
+        assert len(allidx.unique()) == len(allidx) and n - len(allidx) < world * bs
+    else:
+        assert torch.equal(allidx.unique(), torch.arange(n))  # every sample, at least once
+        assert len(allidx) - n == padded * bs < world * bs  # the stated padding bound
+    if world == 1:
+        assert padded == 0  # one rank: nothing repeated
+
+
+def test_shards_of_one_rank_are_the_whole_order_in_batches():
+    order = epoch_order(3, 1, 11)
+    assert torch.equal(rank_indices(order, 4, 0, 1, drop_last=False, even=False), order)
+
+
+def test_rank_out_of_range_is_an_error():
+    with pytest.raises(ConfigError, match="rank=2"):
+        rank_indices(torch.arange(4), 2, 2, 2, drop_last=False, even=True)
+
+
+@given(
+    n=st.integers(1, 300), bs=st.integers(1, 16), world=st.integers(1, 4), drop_last=st.booleans(), even=st.booleans()
+)
+def test_local_shards_cover_their_samples_and_equalise_batch_counts(n, bs, world, drop_last, even):
+    assume(n >= world)  # a rank with no local sample is refused when the loader is built
+    shares = []
+    for r in range(world):
+        local = len(range(r, n, world))
+        mine = local_indices(epoch_order(0, 0, local), bs, n, world, drop_last, even)
+        assert mine.numel() == 0 or mine.max() < local
+        if not drop_last:
+            assert set(mine.tolist()) == set(range(local))  # all its samples
+        assert all(len(mine) - k * bs >= 0 for k in range(len(mine) // bs))
+        shares.append(-(-len(mine) // bs))
+    if even:
+        assert len(set(shares)) == 1

@@ -10,7 +10,7 @@ import torch
 
 from .errors import ConfigError
 
-__all__ = ["derive_seed", "epoch_order", "num_batches"]
+__all__ = ["derive_seed", "epoch_order", "local_indices", "num_batches", "rank_indices", "shard_batches"]
 
 _MASK64 = (1 << 64) - 1
 
@@ -63,3 +63,88 @@ def num_batches(n: int, batch_size: int, drop_last: bool) -> int:
     if batch_size < 1:
         raise ConfigError(f"{batch_size=} must be >= 1")
     return n // batch_size if drop_last else -(-n // batch_size)
+
+
+def shard_batches(n: int, batch_size: int, world: int, drop_last: bool, even: bool) -> tuple[int, int, int]:
+    """How an epoch of ``n`` samples is cut for ``world`` ranks: ``(slots, full_used, padded)``.
+
+    The global sequence is ``full_used`` full batches of the order, then ``padded`` full batches of
+    repeated samples (from the start of the order), then the ragged tail batch if there is one and
+    it is kept: ``slots`` batch slots in all, handed to ranks in turn (slot ``j`` to rank ``j % world``).
+
+    ``even=True`` (training): every rank gets the same number of slots: with ``drop_last`` whole
+    batches are dropped (fewer than ``world * batch_size`` samples), else batches of repeats are
+    added (fewer than ``world * batch_size`` samples). ``even=False`` (evaluation): no padding, each
+    sample once; rank counts differ by at most one batch. With one rank, nothing is padded.
+
+    Example:
+        >>> shard_batches(10, 2, 3, drop_last=False, even=True)   # 5 batches + 1 padded = 2 per rank
+        (6, 5, 1)
+        >>> shard_batches(10, 2, 3, drop_last=True, even=True)    # 3 batches used, 4 samples dropped
+        (3, 3, 0)
+    """
+    if world < 1:
+        raise ConfigError(f"world_size={world} must be >= 1")
+    full, tail = divmod(n, batch_size)
+    real = full + (1 if tail and not drop_last else 0)
+    if not even:
+        return (full if drop_last else real), full, 0
+    if drop_last:
+        used = (full // world) * world
+        return used, used, 0
+    slots = -(-real // world) * world
+    return slots, full, slots - real
+
+
+def rank_indices(
+    order: torch.Tensor, batch_size: int, rank: int, world: int, drop_last: bool, even: bool
+) -> torch.Tensor:
+    """The part of the global ``order`` that ``rank`` visits, batch after batch (see :func:`shard_batches`).
+
+    Every rank derives the same global order, so the shares are disjoint and together cover it.
+    Only a rank's last batch can be short.
+
+    Example:
+        >>> rank_indices(torch.arange(10), 2, 1, 3, drop_last=False, even=False).tolist()
+        [2, 3, 8, 9]
+    """
+    if not 0 <= rank < world:
+        raise ConfigError(f"rank={rank} must be in [0, world_size={world})")
+    n = order.shape[0]
+    slots, full, padded = shard_batches(n, batch_size, world, drop_last, even)
+    parts = [order[: full * batch_size]]
+    if padded:
+        parts.append(order.repeat(-(-padded * batch_size // n))[: padded * batch_size])
+    if slots > full + padded:  # the ragged tail, last
+        parts.append(order[full * batch_size :])
+    seq = torch.cat(parts)
+    mine = range(rank, slots, world)
+    if not mine:
+        return order[:0]
+    return torch.cat([seq[j * batch_size : (j + 1) * batch_size] for j in mine])
+
+
+def local_indices(
+    order: torch.Tensor, batch_size: int, n: int, world: int, drop_last: bool, even: bool
+) -> torch.Tensor:
+    """A rank's visiting order over its *local* share (``shard="local"``), equalised across ranks.
+
+    ``order`` permutes the rank's own samples (``n // world`` or one more). With ``even`` every rank
+    ends with the same number of batches: under ``drop_last`` each uses ``(n // world) // batch_size``
+    full batches; otherwise a rank one batch short repeats samples from its order's start to make
+    one more full batch (placed before its ragged tail, so only the last batch is short).
+    """
+    local = order.shape[0]
+    full, tail = divmod(local, batch_size)
+    if drop_last:
+        use = (n // world) // batch_size if even else full
+        return order[: use * batch_size]
+    if not even:
+        return order
+    largest = -(-n // world)
+    target = -(-largest // batch_size)  # batches of the largest share
+    missing = target - (full + (1 if tail else 0))
+    if missing <= 0 or local == 0:
+        return order
+    pad = order.repeat(-(-missing * batch_size // local))[: missing * batch_size]
+    return torch.cat([order[: full * batch_size], pad, order[full * batch_size :]])

@@ -32,11 +32,12 @@ from .augment.functional import convert_dtype
 from .device import resolve_device
 from .errors import ConfigError, DataError, StateError
 from .prefetch import prefetch
-from .sampling import derive_seed, epoch_order, num_batches
+from .sampling import derive_seed, epoch_order, local_indices, rank_indices
 
-__all__ = ["STORAGE_TIERS", "DeviceLoader"]
+__all__ = ["SHARD_MODES", "STORAGE_TIERS", "DeviceLoader", "distributed_rank"]
 
 STORAGE_TIERS = ("device", "pinned", "mmap")
+SHARD_MODES = ("full", "local")
 
 STATE_VERSION = 1
 # Stored bytes gathered per chunk. On a GPU the cost of a batch is kernel launches, so chunks are
@@ -47,18 +48,45 @@ _MAX_CHUNK_BATCHES = 32
 Transform = Callable[..., torch.Tensor]
 
 
+def distributed_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    """``(rank, world_size)``: as given, else from ``torch.distributed`` when initialised, else ``(0, 1)``."""
+    if rank is not None and world_size is not None:
+        return rank, world_size
+    if rank is not None or world_size is not None:
+        raise ConfigError(f"rank={rank!r} and world_size={world_size!r}: give both or neither")
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
 @dataclass(frozen=True)
 class _Config:
     """What fixes the sequence of batches; a saved state must match it to be resumed."""
 
-    n: int
+    n: int  # samples in the whole dataset (before sharding)
     batch_size: int
     shuffle: bool
     drop_last: bool
     seed: int
     chunk_batches: int
+    rank: int = 0
+    world_size: int = 1
+    even: bool = True
+    shard: str = "full"
 
     def __post_init__(self) -> None:
+        if not isinstance(self.world_size, int) or self.world_size < 1:
+            raise ConfigError(f"world_size={self.world_size!r} must be an int >= 1")
+        if not isinstance(self.rank, int) or not 0 <= self.rank < self.world_size:
+            raise ConfigError(f"rank={self.rank!r} must be in [0, world_size={self.world_size})")
+        if self.shard not in SHARD_MODES:
+            raise ConfigError(f"shard={self.shard!r} must be one of {SHARD_MODES}")
+        if self.shard == "local" and self.n < self.world_size:
+            raise ConfigError(
+                f"shard='local' needs at least one sample per rank: {self.n} samples, {self.world_size} ranks"
+            )
         if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
             raise ConfigError(f"batch_size={self.batch_size!r} must be an int >= 1")
         if not isinstance(self.seed, int):
@@ -135,6 +163,14 @@ class DeviceLoader:
         storage: where the images are kept: ``"device"`` (copied there once), ``"pinned"`` (page-
             locked host memory) or ``"mmap"`` (the caller's CPU tensor as it is, e.g. from
             ``np.memmap``). The batches are the same for every tier.
+        rank, world_size: this process's share of each epoch; by default read from
+            ``torch.distributed`` when it is initialised, else one rank.
+        even: ``True`` (training): every rank gets the same number of batches, padding with
+            repeated samples (fewer than ``world_size * batch_size``) or dropping with ``drop_last``.
+            ``False`` (evaluation): every sample exactly once across ranks.
+        shard: ``"full"``: every rank holds the whole dataset and takes a different share of the
+            same global order each epoch. ``"local"``: each rank holds only samples ``rank::world_size``
+            (a 1/world_size of the memory) and shuffles within them, so samples never change rank.
 
     Iterating again starts the next epoch; :meth:`set_epoch` picks one explicitly.
 
@@ -162,6 +198,10 @@ class DeviceLoader:
         num_classes: int | None = None,
         chunk_batches: int | None = None,
         storage: str = "device",
+        rank: int | None = None,
+        world_size: int | None = None,
+        even: bool = True,
+        shard: str = "full",
     ) -> None:
         images, labels = _as_tensor(images, "images"), _as_tensor(labels, "labels")
         _check_images(images)
@@ -180,7 +220,13 @@ class DeviceLoader:
             batch_bytes = batch_size * images[0].numel() * images.element_size()
             budget = _CHUNK_BYTES.get(self.device.type, _CHUNK_BYTES["cuda"])
             chunk_batches = max(1, min(_MAX_CHUNK_BATCHES, budget // batch_bytes))
-        self.config = _Config(n, batch_size, bool(shuffle), bool(drop_last), seed, chunk_batches or 1)
+        rank, world_size = distributed_rank(rank, world_size)
+        self.config = _Config(
+            n, batch_size, bool(shuffle), bool(drop_last), seed, chunk_batches or 1, rank, world_size, bool(even), shard
+        )
+        if shard == "local" and world_size > 1:  # keep only this rank's samples
+            local = torch.arange(rank, n, world_size)
+            images, labels = images.index_select(0, local), labels.index_select(0, local)
         self.transform = transform
         self.dtype = dtype
         self.channels_last = channels_last
@@ -195,6 +241,7 @@ class DeviceLoader:
         self._epoch = 0  # the epoch the next __iter__ serves
         self._offset = 0  # the batch it starts at (non-zero only after load_state_dict)
         self._live: weakref.ref[_EpochIterator] | None = None
+        self._length: int | None = None
         self.plan: Any = None  # set by gpufeed.accelerate(): what was cached, the tier, and why
         self._probe()
 
@@ -207,8 +254,21 @@ class DeviceLoader:
         self._finish(x, epoch=0, chunk=0, generator=torch.Generator(device=self.device))
 
     def __len__(self) -> int:
+        if self._length is None:
+            self._length = -(-self._indices(0, shuffle=False).shape[0] // self.config.batch_size)
+        return self._length
+
+    def _indices(self, epoch: int, shuffle: bool | None = None) -> torch.Tensor:
+        """This rank's samples for ``epoch``, in visiting order (indices into the resident store)."""
         c = self.config
-        return num_batches(c.n, c.batch_size, c.drop_last)
+        shuffle = c.shuffle if shuffle is None else shuffle
+        if c.shard == "local":
+            local = self.images.shape[0]
+            # derive_seed(seed, rank): each rank shuffles its own samples with its own stream.
+            order = epoch_order(derive_seed(c.seed, c.rank), epoch, local, shuffle)
+            return local_indices(order, c.batch_size, c.n, c.world_size, c.drop_last, c.even)
+        order = epoch_order(c.seed, epoch, c.n, shuffle)
+        return rank_indices(order, c.batch_size, c.rank, c.world_size, c.drop_last, c.even)
 
     @property
     def epoch(self) -> int:
@@ -248,6 +308,12 @@ class DeviceLoader:
             )
         if state.get("version") != STATE_VERSION:
             raise StateError(f"state version={state.get('version')!r} is not {STATE_VERSION}; it is not a loader state")
+        if state.get("world_size", 1) != self.config.world_size:
+            raise StateError(
+                f"state was saved with world_size={state.get('world_size')} but this run has "
+                f"world_size={self.config.world_size}: per-rank positions do not map onto another world size; "
+                f"continue from the next epoch instead with loader.set_epoch({state.get('epoch', 0) + 1})"
+            )
         for key, current in asdict(self.config).items():
             if state.get(key) != current:
                 raise StateError(
@@ -264,9 +330,7 @@ class DeviceLoader:
     def _chunks(self, epoch: int, first: int) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
         """Yield ``(chunk index, images, labels)`` from chunk ``first`` on, transformed, on the device."""
         c = self.config
-        order = epoch_order(c.seed, epoch, c.n, c.shuffle)
-        if c.drop_last:
-            order = order[: len(self) * c.batch_size]
+        order = self._indices(epoch)
         span = c.chunk_batches * c.batch_size
         chunks = range(first, -(-order.shape[0] // span))
         on_host = self.images.device.type == "cpu" and self.device.type != "cpu"
@@ -290,7 +354,7 @@ class DeviceLoader:
         count = x.shape[0]
         if self.transform is not None:
             assert generator is not None
-            generator.manual_seed(derive_seed(self.config.seed, epoch, 0, chunk))  # rank 0 until sharding exists
+            generator.manual_seed(derive_seed(self.config.seed, epoch, self.config.rank, chunk))
             x = self.transform(x, generator=generator)
             if not isinstance(x, torch.Tensor) or x.dim() < 1 or x.shape[0] != count:
                 got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__

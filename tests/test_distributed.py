@@ -1,0 +1,178 @@
+"""Sharded loading: every rank from the same global order, disjoint shares, distinct augmentation, resume."""
+
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from gpufeed import ConfigError, DeviceLoader, StateError
+from gpufeed.augment import Compose, RandomCrop, RandomHorizontalFlip
+from gpufeed.sampling import epoch_order, rank_indices
+
+from conftest import decode_indices, indexed_images
+
+AUG = Compose([RandomCrop(8, padding=2), RandomHorizontalFlip()])
+
+
+def _ranks(n=103, world=3, **kw):
+    kw.setdefault("batch_size", 8)
+    return [
+        DeviceLoader(
+            indexed_images(n), torch.arange(n), device="cpu", seed=7, dtype=None, rank=r, world_size=world, **kw
+        )
+        for r in range(world)
+    ]
+
+
+def _seen(loader):
+    return [decode_indices(x) for x, _ in loader]
+
+
+def test_evaluation_mode_yields_every_sample_exactly_once_across_ranks():
+    loaders = _ranks(even=False)
+    shares = [sum(_seen(lo), []) for lo in loaders]
+    assert sorted(sum(shares, [])) == list(range(103))
+    assert max(len(lo) for lo in loaders) - min(len(lo) for lo in loaders) <= 1
+
+
+def test_training_mode_gives_every_rank_the_same_number_of_batches():
+    for drop_last in (False, True):
+        loaders = _ranks(drop_last=drop_last)
+        batches = [_seen(lo) for lo in loaders]
+        assert len({len(b) for b in batches}) == 1 == len({len(lo) for lo in loaders})
+        flat = sum((sum(b, []) for b in batches), [])
+        if drop_last:
+            assert len(flat) == len(set(flat)) and 103 - len(flat) < 3 * 8
+        else:
+            assert set(flat) == set(range(103)) and len(flat) - 103 < 3 * 8
+
+
+def test_every_rank_takes_its_slots_of_one_global_order():
+    loaders = _ranks()
+    order = epoch_order(7, 0, 103)
+    for r, lo in enumerate(loaders):
+        assert sum(_seen(lo), []) == rank_indices(order, 8, r, 3, drop_last=False, even=True).tolist()
+
+
+def test_epochs_differ_and_set_epoch_is_honoured():
+    lo = _ranks()[1]
+    first, second = sum(_seen(lo), []), sum(_seen(lo), [])
+    assert first != second
+    lo.set_epoch(0)
+    assert sum(_seen(lo), []) == first
+
+
+def test_augmentation_streams_differ_between_ranks():
+    same = torch.zeros(64, 3, 8, 8, dtype=torch.uint8)
+    same[:, :, 2:6, 2:6] = 200
+    outs = [
+        next(
+            iter(
+                DeviceLoader(
+                    same,
+                    torch.zeros(64, dtype=torch.long),
+                    batch_size=32,
+                    shuffle=False,
+                    transform=AUG,
+                    device="cpu",
+                    rank=r,
+                    world_size=2,
+                )
+            )
+        )[0]
+        for r in range(2)
+    ]
+    assert not torch.equal(outs[0], outs[1])
+
+
+def test_each_rank_resumes_its_part_of_the_global_sequence():
+    kw = dict(transform=AUG, chunk_batches=2)
+    for r in range(3):
+        full = list(_ranks(**kw)[r])
+        run = _ranks(**kw)[r]
+        it = iter(run)
+        for _ in range(3):
+            next(it)
+        state = run.state_dict()
+        resumed = _ranks(**kw)[r]
+        resumed.load_state_dict(state)
+        rest = list(resumed)
+        assert len(rest) == len(full) - 3
+        assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(rest, full[3:], strict=True))
+
+
+def test_a_changed_world_size_is_refused_with_the_way_forward():
+    state = _ranks(world=4)[0].state_dict()
+    with pytest.raises(StateError, match=r"world_size=4 but this run has world_size=3.*set_epoch\(1\)"):
+        _ranks(world=3)[0].load_state_dict(state)
+
+
+def test_local_shards_hold_a_fraction_and_shuffle_within_it():
+    loaders = _ranks(shard="local", even=False)
+    assert [lo.images.shape[0] for lo in loaders] == [35, 34, 34]
+    shares = [sorted(sum(_seen(lo), [])) for lo in loaders]
+    assert shares == [list(range(r, 103, 3)) for r in range(3)]  # samples never change rank
+    trained = _ranks(shard="local")
+    assert len({len(lo) for lo in trained}) == 1
+
+
+def test_rank_and_world_size_go_together():
+    with pytest.raises(ConfigError, match="give both or neither"):
+        DeviceLoader(indexed_images(4), torch.arange(4), device="cpu", rank=1)
+    with pytest.raises(ConfigError, match=r"rank=3 must be in \[0, world_size=2\)"):
+        DeviceLoader(indexed_images(4), torch.arange(4), device="cpu", rank=3, world_size=2)
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+_WORKER = textwrap.dedent("""
+    import json, os, sys, torch, torch.distributed as dist
+    sys.path.insert(0, {tests!r})
+    from conftest import decode_indices, indexed_images
+    from gpufeed import DeviceLoader
+    dist.init_process_group("gloo")
+    loader = DeviceLoader(indexed_images(50), torch.arange(50), batch_size=4, device="cpu", dtype=None, seed=3,
+                          even=False)
+    mine = [i for x, _ in loader for i in decode_indices(x)]
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, mine)
+    if dist.get_rank() == 0:
+        json.dump({{"world": dist.get_world_size(), "shares": everyone, "len": len(loader)}}, open({out!r}, "w"))
+    dist.destroy_process_group()
+""")
+
+
+@pytest.mark.slow
+def test_rank_and_world_size_come_from_torch_distributed_under_torchrun(tmp_path):
+    import json
+
+    script = tmp_path / "worker.py"
+    script.write_text(_WORKER.format(tests=str(Path(__file__).parent), out=str(tmp_path / "out.json")))
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "3",
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(_free_port()),
+        str(script),
+    ]
+    subprocess.run(cmd, check=True, env=env, capture_output=True, timeout=120)
+    result = json.loads((tmp_path / "out.json").read_text())
+    assert result["world"] == 3
+    assert sorted(sum(result["shares"], [])) == list(range(50))
+    order = epoch_order(3, 0, 50)
+    assert result["shares"] == [rank_indices(order, 4, r, 3, False, False).tolist() for r in range(3)]

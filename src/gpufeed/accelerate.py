@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from .cache import entry_path, open_cache, store
+from .cache import build_lock, entry_path, open_cache, store
 from .cache.fingerprint import cache_key
 from .cache.format import MANIFEST
 from .cache.writer import write_cache
@@ -94,6 +94,10 @@ def accelerate(
     cache_lambda: bool = False,
     num_workers: int | None = None,
     progress: bool = True,
+    rank: int | None = None,
+    world_size: int | None = None,
+    even: bool = True,
+    shard: str = "full",
 ) -> DeviceLoader | FallbackLoader:
     """A loader over ``dataset`` that yields what ``DataLoader(dataset, ...)`` would, many times faster.
 
@@ -116,6 +120,9 @@ def accelerate(
             runs the original per-sample pipeline in DataLoader workers behind :func:`prefetch`.
         cache_lambda: treat ``Lambda`` ops in the deterministic prefix as deterministic.
         num_workers: workers for per-sample ingestion (and the fallback); default from the cores.
+        rank, world_size, even, shard: sharding under ``torch.distributed``, as for
+            :class:`DeviceLoader` (read from the process group by default). A cache on disk is built
+            by one process per node; the others wait for it and reuse it.
 
     Example:
         >>> import torch, torchvision.transforms.v2 as v2
@@ -177,6 +184,10 @@ def accelerate(
         channels_last=channels_last,
         storage=tier,
         num_classes=len(classes) if isinstance(classes, list) and classes else None,
+        rank=rank,
+        world_size=world_size,
+        even=even,
+        shard=shard,
     )
     if spill is not None:
         weakref.finalize(loader, shutil.rmtree, spill, True)
@@ -217,12 +228,21 @@ def _load(dataset: Any, split: Split, cache: bool | str | Path, num_workers: int
         notes.append("not persisted: the source or the cached ops cannot be fingerprinted")
     root = Path(cache) if isinstance(cache, (str, Path)) and cache != "auto" else None
     path = entry_path(dataset, key, root) if key is not None else None
-    if path is not None and (path / MANIFEST).is_file():
-        hit = open_cache(path, verify=True)
-        return _Source(hit.images, hit.labels, f"cache hit, verified ({len(hit.labels)} samples)", path, True, notes)
-    data = ingest(dataset, split.cached_transform(), num_workers=num_workers, progress=progress)
-    desc = f"{data.path} read of {len(data.labels)} samples in {data.seconds:.2f} s"
-    if path is not None and (cache is True or root is not None or data.path == "per-sample"):
-        stored = store(path, key, split, data)  # type: ignore[arg-type]
-        return _Source(stored.images, stored.labels, desc + ", written to the cache", path, True, notes)
-    return _Source(data.images, data.labels, desc, None, False, notes)
+    if path is None:
+        data = ingest(dataset, split.cached_transform(), num_workers=num_workers, progress=progress)
+        return _Source(data.images, data.labels, _describe(data), None, False, notes)
+    with build_lock(path):  # one process per node builds; the others find its entry here
+        if (path / MANIFEST).is_file():
+            hit = open_cache(path, verify=True)
+            return _Source(
+                hit.images, hit.labels, f"cache hit, verified ({len(hit.labels)} samples)", path, True, notes
+            )
+        data = ingest(dataset, split.cached_transform(), num_workers=num_workers, progress=progress)
+        if cache is True or root is not None or data.path == "per-sample":
+            stored = store(path, key, split, data)  # type: ignore[arg-type]
+            return _Source(stored.images, stored.labels, _describe(data) + ", written to the cache", path, True, notes)
+    return _Source(data.images, data.labels, _describe(data), None, False, notes)
+
+
+def _describe(data: Any) -> str:
+    return f"{data.path} read of {len(data.labels)} samples in {data.seconds:.2f} s"

@@ -182,3 +182,53 @@ def test_opened_cache_is_memory_mapped_and_never_writes_the_file(built, tmp_path
         warnings.simplefilter("error")
         assert (tmp_path / "entry" / "images.bin").read_bytes() == before
     assert isinstance(np.asarray(cache.images.numpy()), np.ndarray)
+
+
+_BUILDER = textwrap.dedent("""
+    import os, sys, time
+    sys.path.insert(0, {tests!r})
+    import gpufeed.cache as cache_mod
+    import gpufeed.cache.writer as writer
+    from fakes import cifar_like
+    import torchvision.transforms as T
+    import gpufeed.ingest as ingest_mod
+    original = ingest_mod.ingest
+    def counted(*a, **k):
+        with open({log!r}, "a") as f:
+            f.write(f"{{os.getpid()}}\\n")
+        time.sleep(0.5)  # a slow build, so the others arrive while it runs
+        return original(*a, **k)
+    ingest_mod.ingest = counted
+    if {die!r}:
+        writer._checkpoint = lambda p: os._exit(17) if p == "wrote images.bin" else None
+    c = cache_mod.build_cache(cifar_like(40, transform=T.Resize(16)), {target!r}, progress=False)
+    print(c.images.shape[0])
+""")
+
+
+def _builder(tmp_path, die=False):
+    from pathlib import Path
+
+    script = _BUILDER.format(
+        tests=str(Path(__file__).parent.parent),
+        log=str(tmp_path / "builds.log"),
+        target=str(tmp_path / "entry"),
+        die=die,
+    )
+    return subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+
+
+def test_concurrent_builders_build_once_and_all_get_the_entry(tmp_path):
+    procs = [_builder(tmp_path) for _ in range(3)]
+    outs = [p.communicate(timeout=120)[0].strip() for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0] and outs == ["40", "40", "40"]
+    assert len((tmp_path / "builds.log").read_text().split()) == 1  # one ingest for three processes
+
+
+def test_a_builder_that_dies_does_not_block_the_next(tmp_path):
+    dead = _builder(tmp_path, die=True)
+    dead.wait(timeout=120)
+    assert dead.returncode == 17
+    alive = _builder(tmp_path)
+    assert alive.communicate(timeout=120)[0].strip() == "40" and alive.returncode == 0
+    assert len((tmp_path / "builds.log").read_text().split()) == 2

@@ -9,6 +9,7 @@ from typing import Any
 
 from ..errors import CacheError, ConfigError
 from .fingerprint import cache_key, default_cache_dir
+from .lock import build_lock
 from .manage import list_entries, remove_entry
 from .reader import Cache, open_cache, verify_cache
 from .writer import write_cache
@@ -16,6 +17,7 @@ from .writer import write_cache
 __all__ = [
     "Cache",
     "build_cache",
+    "build_lock",
     "default_cache_dir",
     "entry_path",
     "list_entries",
@@ -66,15 +68,16 @@ def build_cache(
             "use gpufeed.accelerate(..., cache=False) to keep it in memory instead"
         )
     target = Path(path) if path is not None else entry_path(dataset, key, root)
-    try:
-        existing = open_cache(target, verify=True)
-        if existing.key == key:
-            return existing
-    except CacheError as e:
-        if target.exists():
-            warnings.warn(f"rebuilding the cache: {e}", stacklevel=2)
-    data = ingest(dataset, split.cached_transform(), num_workers=num_workers, progress=progress)
-    return store(target, key, split, data)
+    with build_lock(target):  # concurrent builders (one per rank): the first builds, the rest reuse
+        try:
+            existing = open_cache(target, verify=True)
+            if existing.key == key:
+                return existing
+        except CacheError as e:
+            if target.exists():
+                warnings.warn(f"rebuilding the cache: {e}", stacklevel=2)
+        data = ingest(dataset, split.cached_transform(), num_workers=num_workers, progress=progress)
+        return store(target, key, split, data)
 
 
 def store(target: Path, key: str, split: Any, data: Any) -> Cache:

@@ -11,7 +11,8 @@
 5. accelerate(): the tier fallback under torch.cuda.set_per_process_memory_fraction (same batches),
    and each tier against torchvision's DataLoader (benchmarks/accelerate_tiers.py);
 6. the ``gpufeed bench`` ladder: VGG16 on 50,000 images (about 2 minutes on an H200);
-7. tune_dataloader() against the rule of thumb (num_workers = cores) on 16 cores.
+7. one GPU under torchrun --nproc-per-node 1 (NCCL, DDP) against the plain run;
+8. tune_dataloader() against the rule of thumb (num_workers = cores) on 16 cores.
 Parts run in this order and the JSON is rewritten after each, so a run cut short keeps what it did.
 Each part records its own error instead of stopping the others.
 """
@@ -193,6 +194,35 @@ def tune_vs_rule_of_thumb(out: Path) -> dict:
     return json.loads((out / "tune_throughput.json").read_text())
 
 
+def ddp_overhead(out: Path) -> dict:
+    """One GPU: the same run plain and under torchrun --nproc-per-node 1 (NCCL, DDP); last-epoch times."""
+    base = [
+        sys.executable,
+        "-m",
+        "gpufeed",
+        "train",
+        "--model",
+        "resnet9",
+        "--epochs",
+        "3",
+        "--amp",
+        "bf16",
+        "--channels-last",
+        "--no-progress",
+    ]
+    res = {}
+    for name, extra in [("plain", []), ("torchrun_1", ["--nproc-per-node", "1"])]:
+        r = subprocess.run(
+            [*base, *extra, "--out", str(out / f"ddp_{name}")], capture_output=True, text=True, env=os.environ, cwd=ROOT
+        )
+        if r.returncode:
+            return {"error": f"{name}: {r.stderr[-2000:]}"}
+        epochs = json.loads((out / f"ddp_{name}" / "train.json").read_text())["epochs"]
+        res[name] = {"epoch_s": [e["epoch_s"] for e in epochs], "test_acc": epochs[-1]["test_acc"]}
+    res["overhead"] = res["torchrun_1"]["epoch_s"][-1] / res["plain"]["epoch_s"][-1] - 1
+    return res
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--out", type=Path, required=True)
@@ -209,6 +239,7 @@ def main() -> int:
         ("loader_throughput", lambda: loader_throughput(args.out, args.n)),
         ("accelerate_tiers", lambda: accelerate_tiers(args.out)),
         ("bench_ladder", lambda: bench_ladder(args.out)),
+        ("ddp_overhead", lambda: ddp_overhead(args.out)),
         ("tune", lambda: tune_vs_rule_of_thumb(args.out)),
     ]
     if args.parts:

@@ -31,8 +31,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    import sys
+
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
+    args.argv = argv  # the launcher re-runs the command with it
     if getattr(args, "run", None) is None:
         parser.print_help()
         return 0

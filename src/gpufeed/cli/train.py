@@ -12,11 +12,50 @@ from .common import add_data_arguments
 HELP = "train a CIFAR model with a chosen loader, precision and CUDA graphs; per-epoch records to DIR/train.json"
 
 
+_LAUNCHER = ("--nproc-per-node", "--nnodes", "--node-rank", "--master-addr", "--master-port")
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_run_arguments(p)
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--out", type=Path, default=Path("train-out"), help="folder for train.json")
     p.add_argument("--no-progress", action="store_true")
+    g = p.add_argument_group("distributed (DDP through torch.distributed.run; NCCL on GPUs, gloo on CPUs)")
+    g.add_argument("--nproc-per-node", type=int, default=None, help="processes on this node (one per GPU)")
+    g.add_argument("--nnodes", type=int, default=1)
+    g.add_argument("--node-rank", type=int, default=0)
+    g.add_argument("--master-addr", default=None, help="address of node 0 (multi-node)")
+    g.add_argument("--master-port", type=int, default=29500)
+
+
+def _launch(args: argparse.Namespace) -> int:
+    """Re-run this command under torch's launcher, once per process, without the launcher options."""
+    import subprocess
+    import sys
+
+    rest, skip = [], False
+    for a in args.argv:
+        if skip:
+            skip = False
+        elif a in _LAUNCHER:
+            skip = True
+        elif not a.startswith(tuple(f"{opt}=" for opt in _LAUNCHER)):
+            rest.append(a)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(args.nproc_per_node)]
+    if args.nnodes == 1 and args.master_addr is None:
+        cmd.append("--standalone")
+    else:
+        cmd += [
+            "--nnodes",
+            str(args.nnodes),
+            "--node-rank",
+            str(args.node_rank),
+            "--master-addr",
+            args.master_addr or "127.0.0.1",
+            "--master-port",
+            str(args.master_port),
+        ]
+    return subprocess.call([*cmd, "-m", "gpufeed", *rest])
 
 
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
@@ -67,10 +106,16 @@ def config_from(args: argparse.Namespace, **overrides: object) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
+    import os
+
     from ..report import format_table
     from ..train import train
 
+    if args.nproc_per_node and "LOCAL_RANK" not in os.environ:
+        return _launch(args)
     records = train(config_from(args, epochs=args.epochs, progress=not args.no_progress), out=args.out)
+    if int(os.environ.get("RANK", "0")) != 0:
+        return 0  # rank 0 reports for everyone
     columns = [
         ("epoch", "epoch", "d"),
         ("epoch_s", "seconds", ".2f"),

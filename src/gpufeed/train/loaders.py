@@ -17,8 +17,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+import torch.distributed as dist
 import torchvision.transforms as T
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from ..accelerate import accelerate
 from ..errors import ConfigError
@@ -58,11 +59,15 @@ class _ToDevice:
 
     def __init__(self, loader: Any, device: torch.device, channels_last: bool) -> None:
         self.loader, self.device, self.channels_last = loader, device, channels_last
+        self.epoch = 0
 
     def __len__(self) -> int:
         return len(self.loader)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        if isinstance(getattr(self.loader, "sampler", None), DistributedSampler):
+            self.loader.sampler.set_epoch(self.epoch)  # as DeviceLoader does: each pass is the next epoch
+        self.epoch += 1
         fmt = torch.channels_last if self.channels_last else torch.contiguous_format
         for x, y in self.loader:
             yield x.to(self.device, non_blocking=True, memory_format=fmt), y.to(self.device, non_blocking=True)
@@ -129,10 +134,14 @@ def make_train_loader(
 
     def dataloader(ds: Dataset, workers: int) -> _ToDevice:
         g = torch.Generator().manual_seed(derive_seed(seed, 2))
+        sampler = None
+        if dist.is_available() and dist.is_initialized():  # one share per rank, reshuffled each epoch
+            sampler = DistributedSampler(ds, shuffle=True, seed=seed, drop_last=drop_last)
         dl = DataLoader(
             ds,
             batch_size,
-            shuffle=True,
+            shuffle=sampler is None,
+            sampler=sampler,
             drop_last=drop_last,
             num_workers=workers,
             pin_memory=device.type == "cuda" and workers > 0,

@@ -10,13 +10,16 @@ makes cuDNN re-tune for seconds), and DataLoader workers are never forked after 
 from __future__ import annotations
 
 import json
+import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 from ..accelerate import accelerate
 from ..device import resolve_device
@@ -107,7 +110,10 @@ def evaluate(model: nn.Module, loader: Any, amp: torch.dtype | None, device: tor
             correct += (model(x).argmax(dim=1) == y).sum()
         total += y.shape[0]
     model.train()
-    return correct.item() / max(1, total)
+    counts = torch.stack([correct, torch.tensor(total, device=device)])
+    if dist.is_initialized():  # every rank scored its share of the test set: sum them
+        dist.all_reduce(counts)
+    return counts[0].item() / max(1, counts[1].item())
 
 
 @dataclass
@@ -121,15 +127,19 @@ class Prepared:
     lr: torch.Tensor
     device: torch.device
     amp: torch.dtype | None
+    world_size: int = 1
+    rank: int = 0
 
 
 def prepare(cfg: TrainConfig, datasets: tuple[Any, Any] | None = None) -> Prepared:
     """Data, model, loader, optimiser and step for ``cfg`` (CUDA graph captured if asked)."""
     from ..data import cifar10
 
-    device = resolve_device(cfg.device)
+    device, rank, world = _distributed(cfg)
     if cfg.cuda_graphs and device.type != "cuda":
         raise ConfigError("cuda_graphs needs a CUDA device")
+    if cfg.cuda_graphs and world > 1:
+        raise ConfigError("cuda_graphs is not supported with more than one process (DDP); run one process or drop it")
     torch.manual_seed(cfg.seed)  # model initialisation; the data order and augmentation have their own seeds
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = True
@@ -155,10 +165,27 @@ def prepare(cfg: TrainConfig, datasets: tuple[Any, Any] | None = None) -> Prepar
     )
     lr = torch.tensor(cfg.lr, device=device)
     opt = SGD(list(model.parameters()), lr, cfg.momentum, cfg.weight_decay)
+    if dist.is_initialized():
+        model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     compiled = torch.compile(model) if cfg.compile else model
     example = next(iter(loader)) if cfg.cuda_graphs else None
     step = make_step(compiled, opt, amp, device, graph_example=example)
-    return Prepared(compiled, loader, test_loader, step, lr, device, amp)
+    return Prepared(compiled, loader, test_loader, step, lr, device, amp, world, rank)
+
+
+def _distributed(cfg: TrainConfig) -> tuple[torch.device, int, int]:
+    """The device, rank and world size; joins the process group when launched by torchrun."""
+    if "LOCAL_RANK" in os.environ and not dist.is_initialized():  # launched by torchrun, even with one process
+        use_cuda = torch.cuda.is_available() and (cfg.device is None or str(cfg.device).startswith("cuda"))
+        dist.init_process_group("nccl" if use_cuda else "gloo")
+    if not dist.is_initialized():
+        return resolve_device(cfg.device), 0, 1
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    device = resolve_device(cfg.device)
+    if device.type == "cuda":
+        device = resolve_device(f"cuda:{local}")
+        torch.cuda.set_device(device)
+    return device, dist.get_rank(), dist.get_world_size()
 
 
 def train(
@@ -168,16 +195,29 @@ def train(
     run = prepare(cfg, datasets)
     records: list[EpochRecord] = []
     total_steps, done = cfg.epochs * len(run.loader), 0
+    lead = run.rank == 0
     for epoch in range(cfg.epochs):
-        record, done = _epoch(epoch, run.loader, run.step, run.lr, cfg, run.device, done, total_steps)
+        record, done = _epoch(
+            epoch,
+            run.loader,
+            run.step,
+            run.lr,
+            replace(cfg, progress=cfg.progress and lead),
+            run.device,
+            done,
+            total_steps,
+            run.world_size,
+        )
         record.test_acc = evaluate(run.model, run.test_loader, run.amp, run.device)
         records.append(record)
-        if out is not None:
-            _save(Path(out), cfg, run.device, records)
+        if out is not None and lead:
+            _save(Path(out), cfg, run.device, records, run.world_size)
+    if "LOCAL_RANK" in os.environ and dist.is_initialized():  # the group prepare() joined for torchrun
+        dist.destroy_process_group()
     return records
 
 
-def _epoch(epoch, loader, step, lr, cfg, device, done, total):  # type: ignore[no-untyped-def]
+def _epoch(epoch, loader, step, lr, cfg, device, done, total, world=1):  # type: ignore[no-untyped-def]
     from tqdm.auto import tqdm
 
     if device.type == "cuda":
@@ -204,6 +244,10 @@ def _epoch(epoch, loader, step, lr, cfg, device, done, total):  # type: ignore[n
         _sync(device)
         seconds = time.perf_counter() - t0
         bar.close()
+    if world > 1:  # the loss over all ranks; images counted for all of them
+        dist.all_reduce(loss_sum)
+        loss_sum /= world
+        images *= world
     record = EpochRecord(
         epoch=epoch,
         epoch_s=seconds,
@@ -220,11 +264,12 @@ def _epoch(epoch, loader, step, lr, cfg, device, done, total):  # type: ignore[n
     return record, done
 
 
-def _save(out: Path, cfg: TrainConfig, device: torch.device, records: list[EpochRecord]) -> None:
+def _save(out: Path, cfg: TrainConfig, device: torch.device, records: list[EpochRecord], world: int = 1) -> None:
     out.mkdir(parents=True, exist_ok=True)
     env = {
         "torch": torch.__version__,
         "device": str(device),
+        "world_size": world,
         "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
     }
     payload = {"config": asdict(cfg), "environment": env, "epochs": [asdict(r) for r in records]}

@@ -1,0 +1,34 @@
+import json
+
+import pytest
+
+from gpufeed.cli.main import main
+
+
+@pytest.mark.slow
+def test_train_under_torch_distributed_run_with_two_cpu_processes(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("GPUFEED_CACHE_DIR", str(tmp_path / "home"))
+    code = main(
+        [
+            "train",
+            "--nproc-per-node",
+            "2",
+            "--device",
+            "cpu",
+            "--train-size",
+            "1024",
+            "--test-size",
+            "256",
+            "--epochs",
+            "2",
+            "--no-progress",
+            "--out",
+            str(tmp_path / "out"),
+        ]
+    )
+    assert code == 0
+    saved = json.loads((tmp_path / "out" / "train.json").read_text())
+    assert saved["environment"]["world_size"] == 2
+    # 1024 images = 2 ranks x 2 batches of 256 per epoch; the test set is split, then summed exactly
+    assert [e["images"] for e in saved["epochs"]] == [1024, 1024]
+    assert all(0.0 <= e["test_acc"] <= 1.0 for e in saved["epochs"])

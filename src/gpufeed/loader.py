@@ -19,7 +19,6 @@ alone; that is what makes mid-epoch resume exact.
 
 from __future__ import annotations
 
-import inspect
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
@@ -33,6 +32,7 @@ from .device import resolve_device
 from .errors import ConfigError, DataError, StateError
 from .prefetch import prefetch
 from .sampling import derive_seed, epoch_order, local_indices, rank_indices
+from .validate import as_tensor, check_images, check_labels, check_transform
 
 __all__ = ["SHARD_MODES", "STORAGE_TIERS", "DeviceLoader", "distributed_rank"]
 
@@ -93,52 +93,6 @@ class _Config:
             raise ConfigError(f"seed={self.seed!r} must be an int")
         if not isinstance(self.chunk_batches, int) or self.chunk_batches < 1:
             raise ConfigError(f"chunk_batches={self.chunk_batches!r} must be an int >= 1")
-
-
-def _as_tensor(value: Any, name: str) -> torch.Tensor:
-    if isinstance(value, torch.Tensor):
-        return value
-    if isinstance(value, np.ndarray):
-        return torch.from_numpy(np.ascontiguousarray(value))
-    if isinstance(value, (list, tuple)):
-        return torch.as_tensor(value)
-    raise DataError(f"{name} must be a torch.Tensor or numpy array, got {type(value).__name__}")
-
-
-def _check_images(images: torch.Tensor) -> None:
-    if images.dim() != 4:
-        fix = "; add the channel axis with images.unsqueeze(1)" if images.dim() == 3 else ""
-        raise DataError(f"images must have shape (N, C, H, W), got {tuple(images.shape)}{fix}")
-    if images.shape[0] == 0:
-        raise DataError("images is empty (N=0); a loader needs at least one sample")
-    if images.dtype != torch.uint8 and not images.dtype.is_floating_point:
-        raise DataError(f"images has dtype={images.dtype}; use uint8 (preferred: 4x smaller) or a floating dtype")
-    if images.dtype.is_floating_point:
-        step = 4096  # in slices, so a memory-mapped array is not materialised at once
-        for start in range(0, images.shape[0], step):
-            bad = ~torch.isfinite(images[start : start + step]).flatten(1).all(dim=1)
-            if bool(bad.any()):
-                first = start + int(bad.nonzero()[0, 0])
-                raise DataError(f"images[{first}] contains NaN or inf; clean the data or drop the sample")
-
-
-def _check_labels(labels: torch.Tensor, n: int, num_classes: int | None) -> None:
-    if labels.dim() == 0 or labels.shape[0] != n:
-        raise DataError(f"labels has shape {tuple(labels.shape)} but images has {n} samples; they must match")
-    if labels.dtype.is_floating_point:
-        bad = ~torch.isfinite(labels.reshape(n, -1)).all(dim=1)
-        if bool(bad.any()):
-            raise DataError(f"labels[{int(bad.nonzero()[0, 0])}] is NaN or inf")
-        return
-    if labels.dtype == torch.bool or labels.is_complex():
-        raise DataError(f"labels has dtype={labels.dtype}; use an integer (class index) or floating dtype")
-    low = labels < 0
-    high = labels >= num_classes if num_classes is not None else torch.zeros_like(low)
-    bad = (low | high).reshape(n, -1).any(dim=1)
-    if bool(bad.any()):
-        i = int(bad.nonzero()[0, 0])
-        limit = f"[0, {num_classes})" if num_classes is not None else ">= 0"
-        raise DataError(f"labels[{i}]={labels[i].tolist()} is out of range {limit}; class indices must be {limit}")
 
 
 class DeviceLoader:
@@ -203,11 +157,11 @@ class DeviceLoader:
         even: bool = True,
         shard: str = "full",
     ) -> None:
-        images, labels = _as_tensor(images, "images"), _as_tensor(labels, "labels")
-        _check_images(images)
-        _check_labels(labels, images.shape[0], num_classes)
+        images, labels = as_tensor(images, "images"), as_tensor(labels, "labels")
+        check_images(images)
+        check_labels(labels, images.shape[0], num_classes)
         if transform is not None:
-            _check_transform(transform)
+            check_transform(transform)
         if dtype is not None and dtype != torch.uint8 and not dtype.is_floating_point:
             raise ConfigError(f"dtype={dtype} must be None, torch.uint8 or a floating dtype")
         self.device = resolve_device(device)
@@ -373,21 +327,6 @@ def _pinned(t: torch.Tensor) -> torch.Tensor:
 def _index_pinned(source: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     out = torch.empty((idx.shape[0], *source.shape[1:]), dtype=source.dtype, pin_memory=True)
     return torch.index_select(source, 0, idx, out=out)
-
-
-def _check_transform(transform: Transform) -> None:
-    if not callable(transform):
-        raise ConfigError(f"transform={transform!r} is not callable")
-    try:
-        params = inspect.signature(transform).parameters
-    except (TypeError, ValueError):
-        return  # builtins without a signature: let the call itself speak
-    takes_kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-    if "generator" not in params and not takes_kwargs:
-        raise ConfigError(
-            f"transform={transform!r} does not accept generator=; DeviceLoader calls transform(batch, generator=g) "
-            "on whole batches. Use gpufeed.augment ops, or add a generator keyword to your callable"
-        )
 
 
 class _EpochIterator:

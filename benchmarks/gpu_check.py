@@ -140,15 +140,21 @@ def sync_free_check() -> dict:
 
 _TIER_SCRIPT = """
 import json, sys, warnings, torch
+import torchvision.transforms.v2 as v2
+from torch.utils.data import TensorDataset
 import gpufeed as gf
-from gpufeed.data import cifar10
-from accelerate_tiers import TRAIN_TF
+g = torch.Generator().manual_seed(0)
+# 600 MB of uint8 images: over the capped budget (0.006 x 141 GB / 2 = 420 MB), while the cap still
+# leaves room for a chunk's working memory (about 300 MB).
+ds = TensorDataset(torch.randint(0, 256, (200_000, 3, 32, 32), dtype=torch.uint8, generator=g),
+                   torch.randint(0, 10, (200_000,), generator=g))
+tf = v2.Compose([v2.RandomCrop(32, padding=4), v2.RandomHorizontalFlip(), v2.ToDtype(torch.float32, scale=True),
+                 v2.Normalize([0.5] * 3, [0.25] * 3)])
 if sys.argv[1] != "none":
     torch.cuda.set_per_process_memory_fraction(float(sys.argv[1]))
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
-    loader = gf.accelerate(cifar10("synthetic", transform=TRAIN_TF), device="cuda", seed=1, cache=False,
-                           progress=False)
+    loader = gf.accelerate(ds, device="cuda", seed=1, cache=False, progress=False, transform=tf)
 it = iter(loader)
 sums = [float(next(it)[0].double().sum()) for _ in range(20)]
 print(json.dumps({"storage": loader.plan.storage, "warnings": [str(w.message) for w in caught], "sums": sums}))
@@ -158,18 +164,18 @@ print(json.dumps({"storage": loader.plan.storage, "warnings": [str(w.message) fo
 def tier_fallback_check() -> dict:
     """Under a small per-process memory cap the data goes to pinned host memory: same batches, one warning."""
     runs = {}
-    for cap in ("none", "0.0015"):
+    for cap in ("none", "0.006"):
         r = subprocess.run([sys.executable, "-c", _TIER_SCRIPT, cap], capture_output=True, text=True, env=os.environ)
         if r.returncode:
             return {"error": r.stderr[-2000:]}
         runs[cap] = json.loads(r.stdout.strip().splitlines()[-1])
-    same = runs["none"]["sums"] == runs["0.0015"]["sums"]
+    same = runs["none"]["sums"] == runs["0.006"]["sums"]
     return {
         "uncapped": runs["none"]["storage"],
-        "capped": runs["0.0015"]["storage"],
-        "capped_warnings": runs["0.0015"]["warnings"],
+        "capped": runs["0.006"]["storage"],
+        "capped_warnings": runs["0.006"]["warnings"],
         "identical_batches": same,
-        "ok": same and runs["none"]["storage"] == "device" and runs["0.0015"]["storage"] == "pinned",
+        "ok": same and runs["none"]["storage"] == "device" and runs["0.006"]["storage"] == "pinned",
     }
 
 

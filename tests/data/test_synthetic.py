@@ -47,3 +47,16 @@ def test_torchvision_integrity_check_still_runs_on_synthetic_files(tmp_path):
 def test_real_cifar10_needs_a_data_directory():
     with pytest.raises(ValueError, match="--data-dir"):
         cifar10("cifar10")
+
+
+def test_concurrent_requests_generate_once_and_all_read_complete_files(tmp_path):
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from gpufeed.data import SyntheticCIFAR10; "
+        f"print(len(SyntheticCIFAR10({str(tmp_path)!r}, sizes=(2000, 100))))"
+    )
+    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True) for _ in range(3)]
+    assert [p.communicate(timeout=120)[0].strip() for p in procs] == ["2000"] * 3
+    assert [p.returncode for p in procs] == [0, 0, 0]

@@ -28,6 +28,7 @@ from torchvision.datasets import CIFAR10
 
 from ..augment import Compose, RandomCrop, RandomHorizontalFlip
 from ..cache.fingerprint import default_cache_dir
+from ..cache.lock import build_lock
 
 __all__ = ["SyntheticCIFAR10", "cifar10", "write_synthetic_cifar10"]
 
@@ -79,6 +80,13 @@ def write_synthetic_cifar10(
     if (root / _BASE / SIDECAR).is_file():
         return root
     root.mkdir(parents=True, exist_ok=True)
+    with build_lock(root / _BASE):  # several ranks may ask at once: one generates, the others wait
+        if not (root / _BASE / SIDECAR).is_file():
+            _generate(root, seed, train, test)
+    return root
+
+
+def _generate(root: Path, seed: int, train: int, test: int) -> None:
     tmp = root / f".{_BASE}.building-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     try:
@@ -107,13 +115,12 @@ def write_synthetic_cifar10(
         sums = {p.name: _md5(p) for p in sorted(tmp.iterdir())}
         info = {"generator": GENERATOR_VERSION, "seed": seed, "train": train, "test": test, "md5": sums}
         (tmp / SIDECAR).write_text(json.dumps(info, indent=2))
-        if (root / _BASE).exists():
+        if (root / _BASE).exists():  # an incomplete earlier attempt (no sidecar)
             shutil.rmtree(root / _BASE)
         os.replace(tmp, root / _BASE)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return root
 
 
 class SyntheticCIFAR10(CIFAR10):

@@ -116,7 +116,8 @@ def _workers(dl: DataLoader | None, ev: Evidence) -> Finding | None:
             "too-few-workers",
             f"the loop is data-bound with num_workers={dl.num_workers} while {cores} cores are usable",
             "more workers, chosen by measurement: gpufeed.tune_dataloader(dataset, batch_size).kwargs",
-            f"up to {min(cores, max(1, dl.num_workers) * 2)}x the loader's throughput while it is the bottleneck",
+            f"up to about {cores / max(1, dl.num_workers):.0f}x the loader's throughput while it is the bottleneck "
+            "(1.7x measured with 2 workers on 2 cores for torchvision's CIFAR transforms)",
         )
     return None
 

@@ -147,3 +147,21 @@ def test_unpinned_host_batches_and_a_dataset_that_fits_are_reported_on_cuda():
     report = diagnose(loader, lambda b: b[0].cuda().sum(), steps=3, device="cuda")
     kinds = _kinds(report)
     assert {"unpinned-copies", "fits-on-device"} <= kinds
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_many_tiny_kernels_are_launch_bound_and_a_big_matmul_is_compute_bound():
+    a = torch.randn(8192, 8192, device="cuda")
+    small = torch.randn(8, device="cuda")
+
+    def tiny(batch):
+        for _ in range(200):
+            small.add_(1.0)
+
+    def big(batch):
+        a @ a
+
+    loader = [(torch.zeros(1, device="cuda"),)] * 12
+    assert diagnose(loader, tiny, steps=10, device="cuda").verdict == "launch-bound"
+    assert diagnose(loader, big, steps=10, device="cuda").verdict == "compute-bound"

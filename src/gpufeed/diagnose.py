@@ -4,7 +4,8 @@ It runs the caller's own loop (``step_fn(batch)`` for each batch of ``loader``) 
 measures, per step, the host time spent waiting for the next batch and the time in the step (plus
 the step's span on the GPU, from CUDA events read once at the end). GPU utilisation comes from
 NVML where available, CPU utilisation from psutil. One extra step runs under a probe that counts
-float32 convolutions and matmuls. The verdict:
+float32 convolutions and matmuls; on a GPU, five more on one batch run under torch's profiler to
+measure how much of a step's wall time kernels actually run. The verdict:
 
 - ``"data-bound"``: at least 25% of the wall time is spent waiting for batches;
 - ``"launch-bound"``: little waiting, yet the GPU is busy less than 60% of the time (kernels too
@@ -166,8 +167,9 @@ def diagnose(
         loader: any iterable of batches (a ``DataLoader``, a gpufeed loader, ...). A fresh iterator
             is taken, so a loader with ``set_epoch`` advances by one epoch as in training.
         step_fn: one training step on one batch, exactly as the loop calls it.
-        steps: steps to measure (fewer if the loader ends first). Two more are used: a probe step
-            that counts float32 matmuls and convolutions, and nothing else.
+        steps: steps to measure (fewer if the loader ends first). More steps follow on one batch: a
+            probe that counts float32 matmuls and convolutions and, on a GPU, five under the profiler.
+            They train the model further, as the measured steps do.
         device: the training device; ``None``: CUDA if available, else CPU.
     """
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 2:
@@ -215,10 +217,14 @@ def diagnose(
     device_step = [s.elapsed_time(e) / 1e3 for s, e in events] if events else None
     busy = None
     if dev.type == "cuda":
-        if monitor.mean is not None:
+        busy, why = _step_duty_cycle(step_fn, probe_batch, dev)
+        if busy is None and monitor.mean is not None:
             busy = monitor.mean / 100
-        else:
-            notes.append(f"GPU busy fraction unknown: {monitor.unavailable}; launch-bound cannot be told apart")
+        elif busy is None:
+            notes.append(
+                f"GPU busy fraction unknown ({why}; NVML: {monitor.unavailable}); launch-bound cannot be "
+                "told apart from compute-bound"
+            )
     fraction = sum(wait_s) / wall
     verdict = (
         "data-bound"
@@ -258,6 +264,34 @@ def diagnose(
         findings,
         notes,
     )
+
+
+def _step_duty_cycle(
+    step_fn: Callable[[Any], Any], batch: Any, device: torch.device, steps: int = 5
+) -> tuple[float | None, str]:
+    """The fraction of wall time kernels run during ``steps`` steps on one batch (no data wait), by the profiler.
+
+    Under 60% means the GPU idles between small kernels while the host launches the next ones:
+    launch-bound. Returns ``(None, why)`` if the profiler cannot see CUDA kernels here.
+    """
+    try:
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            _sync(device)
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                step_fn(batch)
+            _sync(device)
+            wall = time.perf_counter() - t0
+        kernel_us = sum(
+            getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0)) for e in prof.key_averages()
+        )
+    except Exception as e:  # CUPTI missing or refused: say so in the report
+        return None, f"the CUDA profiler is unavailable: {type(e).__name__}"
+    if kernel_us <= 0:
+        return None, "the CUDA profiler recorded no kernels"
+    return min(1.0, kernel_us / 1e6 / wall), ""
 
 
 def _cpu_meter() -> Callable[[], float | None]:

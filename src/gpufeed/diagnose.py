@@ -205,6 +205,7 @@ def diagnose(
             step_s.append(time.perf_counter() - t1)
         _sync(dev)
         wall = time.perf_counter() - t_start
+    cpu_percent = cpu()  # the measured steps only, not the probes below
     if len(step_s) < 2:
         raise ConfigError(f"the loader yielded {len(step_s)} batch(es); diagnose needs at least 2")
     probe = _PrecisionProbe(dev.type)
@@ -259,7 +260,7 @@ def diagnose(
         device_step,
         busy,
         timeline,
-        cpu(),
+        cpu_percent,
         str(dev),
         findings,
         notes,

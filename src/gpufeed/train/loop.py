@@ -102,6 +102,11 @@ def _sync(device: torch.device) -> None:
 
 @torch.no_grad()
 def evaluate(model: nn.Module, loader: Any, amp: torch.dtype | None, device: torch.device) -> float:
+    """Accuracy over ``loader``; under DDP each rank scores its share and the counts are summed."""
+    # The bare module: DDP's forward broadcasts buffers, a collective that would hang when ranks hold
+    # different numbers of test batches (evaluation shares differ by up to one batch).
+    model = getattr(model, "_orig_mod", model)  # torch.compile's wrapper
+    model = model.module if isinstance(model, DistributedDataParallel) else model
     model.eval()
     correct = torch.zeros((), dtype=torch.int64, device=device)
     total = 0
@@ -168,7 +173,11 @@ def prepare(cfg: TrainConfig, datasets: tuple[Any, Any] | None = None) -> Prepar
     if dist.is_initialized():
         model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     compiled = torch.compile(model) if cfg.compile else model
-    example = next(iter(loader)) if cfg.cuda_graphs else None
+    example = None
+    if cfg.cuda_graphs:
+        example = next(iter(loader))
+        if hasattr(loader, "set_epoch"):
+            loader.set_epoch(0)  # taking the example started epoch 0; training starts it again
     step = make_step(compiled, opt, amp, device, graph_example=example)
     return Prepared(compiled, loader, test_loader, step, lr, device, amp, world, rank)
 

@@ -42,6 +42,11 @@ from gpufeed import augment as A  # noqa: E402
 
 from harness import environment  # noqa: E402
 
+# --cpu-rehearsal runs every part that can run without a GPU on the CPU, at small sizes, so the
+# script's own code is exercised before a GPU session spends minutes on it.
+DEV = "cuda"
+SMALL = False
+
 
 def run_cuda_tests(out: Path) -> dict:
     t = time.perf_counter()
@@ -73,16 +78,17 @@ def add_airbench_wheel() -> str | None:
 def loader_throughput(out: Path, n: int) -> dict:
     import loader_throughput as lt
 
+    workers = "0,2" if SMALL else "0,16"
     lt.main(
         [
             "--n",
             str(n),
             "--device",
-            "cuda",
+            DEV,
             "--workers",
-            "0,16",
+            workers,
             "--repeats",
-            "5",
+            "1" if SMALL else "5",
             "--torch-repeats",
             "1",
             "--out",
@@ -96,14 +102,16 @@ def prefetch_race_check(batches: int = 1200, depth: int = 3) -> dict:
     """A consumer slower than the copies; any missing wait or record_stream corrupts a checksum."""
     shape = (256, 3, 32, 32)
     source = ((torch.full(shape, float(i % 997)), torch.tensor([i])) for i in range(batches))
-    sums = torch.zeros(batches, dtype=torch.float64, device="cuda")
-    labels = torch.zeros(batches, dtype=torch.int64, device="cuda")
-    for i, (x, y) in enumerate(gf.prefetch(source, device="cuda", depth=depth)):
-        torch.cuda._sleep(1_000_000)  # ~0.5 ms of device time before reading the batch
+    sums = torch.zeros(batches, dtype=torch.float64, device=DEV)
+    labels = torch.zeros(batches, dtype=torch.int64, device=DEV)
+    for i, (x, y) in enumerate(gf.prefetch(source, device=DEV, depth=depth)):
+        if DEV == "cuda":
+            torch.cuda._sleep(1_000_000)  # ~0.5 ms of device time before reading the batch
         sums[i] = x.double().sum()
         labels[i] = y[0]
         del x, y  # hand the memory back at once: the allocator must still not reuse it early
-    torch.cuda.synchronize()
+    if DEV == "cuda":
+        torch.cuda.synchronize()
     expected = torch.tensor([float(i % 997) * 256 * 3 * 32 * 32 for i in range(batches)], dtype=torch.float64)
     bad = (sums.cpu() != expected) | (labels.cpu() != torch.arange(batches))
     return {"batches": batches, "depth": depth, "corrupted": int(bad.sum()), "ok": not bool(bad.any())}
@@ -182,40 +190,66 @@ def tier_fallback_check() -> dict:
 def accelerate_tiers(out: Path) -> dict:
     import accelerate_tiers as at
 
-    at.main(["--device", "cuda", "--workers", "16", "--repeats", "5", "--out", str(out)])
+    at.main(
+        ["--device", DEV, "--workers", "2" if SMALL else "16", "--repeats", "1" if SMALL else "5", "--out", str(out)]
+    )
     return json.loads((out / "accelerate_tiers.json").read_text())
 
 
 def bench_ladder(out: Path) -> dict:
     from gpufeed.bench import run_bench
 
-    rows = run_bench("cuda", out=out / "bench", log=lambda line: print(line, flush=True))
+    rows = run_bench(
+        DEV,
+        out=out / "bench",
+        log=lambda line: print(line, flush=True),
+        train_size=512 if SMALL else None,
+        test_size=256 if SMALL else None,
+    )
     return json.loads((out / "bench" / "bench.json").read_text()) if rows else {}
 
 
 def tune_vs_rule_of_thumb(out: Path) -> dict:
     import tune_throughput as tt
 
-    tt.main(["--device", "cuda", "--budget", "45", "--out", str(out)])
+    tt.main(
+        [
+            "--device",
+            DEV,
+            "--budget",
+            "5" if SMALL else "45",
+            "--n",
+            "4000" if SMALL else "20000",
+            "--repeats",
+            "1" if SMALL else "2",
+            "--out",
+            str(out),
+        ]
+    )
     return json.loads((out / "tune_throughput.json").read_text())
 
 
 def ddp_overhead(out: Path) -> dict:
     """One GPU: the same run plain and under torchrun --nproc-per-node 1 (NCCL, DDP); last-epoch times."""
+    model = "small" if SMALL else "resnet9"
     base = [
         sys.executable,
         "-m",
         "gpufeed",
         "train",
         "--model",
-        "resnet9",
+        model,
         "--epochs",
         "3",
         "--amp",
         "bf16",
         "--channels-last",
         "--no-progress",
+        "--device",
+        DEV,
     ]
+    if SMALL:
+        base += ["--train-size", "1024", "--test-size", "256"]
     res = {}
     for name, extra in [("plain", []), ("torchrun_1", ["--nproc-per-node", "1"])]:
         r = subprocess.run(
@@ -234,9 +268,13 @@ def main() -> int:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--n", type=int, default=50_000)
     p.add_argument("--parts", nargs="*", default=None, help="run only these parts (default: all, in order)")
+    p.add_argument("--cpu-rehearsal", action="store_true", help="the CPU-capable parts on the CPU, small")
     args = p.parse_args()
+    global DEV, SMALL
+    if args.cpu_rehearsal:
+        DEV, SMALL, args.n = "cpu", True, 2000
     args.out.mkdir(parents=True, exist_ok=True)
-    summary: dict = {"environment": environment(torch.device("cuda"), images=args.n), "airbench": add_airbench_wheel()}
+    summary: dict = {"environment": environment(torch.device(DEV), images=args.n), "airbench": add_airbench_wheel()}
     parts = [
         ("cuda_tests", lambda: run_cuda_tests(args.out)),
         ("prefetch_race", prefetch_race_check),
@@ -250,6 +288,8 @@ def main() -> int:
     ]
     if args.parts:
         parts = [(name, fn) for name, fn in parts if name in args.parts]
+    if SMALL:  # these need a GPU by nature
+        parts = [(name, fn) for name, fn in parts if name not in ("cuda_tests", "sync_free", "tier_fallback")]
     for name, fn in parts:
         t = time.perf_counter()
         try:

@@ -87,7 +87,8 @@ def _capture(
             step(static_x, static_y)
     torch.cuda.current_stream(device).wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    # thread_local: a DataLoader pin-memory thread elsewhere in the process must not void the capture.
+    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
         static_loss = step(static_x, static_y)
     with torch.no_grad():
         for t, s in zip(_state_tensors(model, opt), saved, strict=True):

@@ -137,7 +137,12 @@ class Prepared:
 
 
 def prepare(cfg: TrainConfig, datasets: tuple[Any, Any] | None = None) -> Prepared:
-    """Data, model, loader, optimiser and step for ``cfg`` (CUDA graph captured if asked)."""
+    """Data, model, loader, optimiser and step for ``cfg`` (CUDA graph captured if asked).
+
+    Like any training script it seeds torch's global RNG with ``cfg.seed`` (model initialisation,
+    and torchvision's per-sample transforms when they run in this process) and turns on
+    ``cudnn.benchmark`` on a GPU (:func:`train` restores the caller's setting afterwards).
+    """
     from ..data import cifar10
 
     device, rank, world = _distributed(cfg)
@@ -201,6 +206,14 @@ def train(
     cfg: TrainConfig, out: str | Path | None = None, datasets: tuple[Any, Any] | None = None
 ) -> list[EpochRecord]:
     """Train ``cfg.model`` on (synthetic) CIFAR-10 and return one record per epoch; ``out/train.json`` if given."""
+    previous = torch.backends.cudnn.benchmark  # prepare() turns it on for the run; the caller's value returns after
+    try:
+        return _train(cfg, out, datasets)
+    finally:
+        torch.backends.cudnn.benchmark = previous
+
+
+def _train(cfg: TrainConfig, out: str | Path | None, datasets: tuple[Any, Any] | None) -> list[EpochRecord]:
     run = prepare(cfg, datasets)
     records: list[EpochRecord] = []
     total_steps, done = cfg.epochs * len(run.loader), 0

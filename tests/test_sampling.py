@@ -4,7 +4,7 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from gpufeed.errors import ConfigError
-from gpufeed.sampling import derive_seed, epoch_order, local_indices, num_batches, rank_indices, shard_batches
+from gpufeed.sampling import derive_seed, epoch_order, local_indices, rank_indices, shard_batches
 
 
 @given(seed=st.integers(0, 2**40), epoch=st.integers(0, 10_000), n=st.integers(0, 3000))
@@ -42,18 +42,10 @@ def test_derive_seed_is_63_bit_and_order_sensitive():
     assert derive_seed(1, 2) != derive_seed(2, 1)
 
 
-@given(n=st.integers(0, 5000), bs=st.integers(1, 600), drop_last=st.booleans())
-def test_num_batches_covers_all_but_the_ragged_tail(n, bs, drop_last):
-    k = num_batches(n, bs, drop_last)
-    if drop_last:
-        assert k * bs <= n < (k + 1) * bs
-    else:
-        assert (k - 1) * bs < n <= k * bs or (n == 0 and k == 0)
-
-
-def test_num_batches_rejects_batch_size_below_one():
-    with pytest.raises(ConfigError, match="batch_size=0"):
-        num_batches(10, 0, False)
+def test_a_single_rank_gets_the_whole_order_with_only_the_tail_short_or_dropped():
+    order = epoch_order(0, 0, 10)
+    assert rank_indices(order, 4, 0, 1, drop_last=False, even=True).tolist() == order.tolist()
+    assert rank_indices(order, 4, 0, 1, drop_last=True, even=True).tolist() == order[:8].tolist()
 
 
 @given(

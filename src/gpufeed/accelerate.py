@@ -28,7 +28,7 @@ from .cache.writer import write_cache
 from .device import resolve_device
 from .errors import ConfigError, UnsupportedTransformError
 from .fallback import FallbackLoader
-from .ingest import ingest
+from .ingest import exposes_arrays, ingest
 from .loader import DeviceLoader
 from .plan import Plan, Split, build_batched, split_transform
 
@@ -217,6 +217,11 @@ class _Source:
 
 def _load(dataset: Any, split: Split, cache: bool | str | Path, num_workers: int | None, progress: bool) -> _Source:
     """Images and labels on the host, from a cache hit or a fresh ingest (persisted when it pays)."""
+    if cache == "auto" and not split.cached and exposes_arrays(dataset):
+        # Nothing to compute and a vectorised read: a cache could not be faster, and fingerprinting
+        # the arrays would cost more than reading them.
+        data = ingest(dataset, None, num_workers=num_workers, progress=progress)
+        return _Source(data.images, data.labels, _describe(data))
     key = cache_key(dataset, split.cached) if cache is not False else None
     notes = []
     if cache is not False and key is None:

@@ -17,9 +17,8 @@ from typing import Any
 
 import torch
 
-from .device import resolve_device
+from .device import resolve_device, usable_cores
 from .report import bar_chart, format_table
-from .train.loaders import usable_cores
 from .train.loop import TrainConfig, train
 
 __all__ = ["Rung", "Row", "ladder", "run_bench"]
@@ -86,30 +85,21 @@ def sized_config(
     device: torch.device, model: str | None, train_size: int | None, test_size: int | None, batch_size: int, seed: int
 ) -> tuple[TrainConfig, str]:
     """Size the run to the machine: VGG16 on all 50,000 images on a GPU, a small subset and model on a CPU."""
-    if device.type == "cuda":
-        cfg = TrainConfig(
-            model=model or "vgg16",
-            train_size=train_size,
-            test_size=test_size,
-            batch_size=batch_size,
-            epochs=2,
-            seed=seed,
-            device=str(device),
-            progress=False,
-        )
-        return cfg, f"{cfg.model} on {train_size or 50_000} images"
+    gpu = device.type == "cuda"
     cfg = TrainConfig(
-        model=model or "small",
-        train_size=train_size or 5_000,
-        test_size=test_size or 1_000,
+        model=model or ("vgg16" if gpu else "small"),
+        train_size=train_size if gpu else train_size or 5_000,
+        test_size=test_size if gpu else test_size or 1_000,
         batch_size=batch_size,
         epochs=2,
         seed=seed,
-        device="cpu",
+        device=str(device),
         progress=False,
     )
+    if gpu:
+        return cfg, f"{cfg.model} on {train_size or 50_000} images"
     return cfg, (
-        f"CPU run: {cfg.model} model on a {cfg.train_size}-image subset so it finishes in about 2 minutes "
+        f"CPU run: {cfg.model} model on a {cfg.train_size}-image subset so it finishes in about a minute "
         "(on a GPU: VGG16 on 50,000)"
     )
 

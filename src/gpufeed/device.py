@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from .errors import DeviceError
 
-__all__ = ["resolve_device"]
+__all__ = ["resolve_device", "usable_cores"]
+
+
+def usable_cores() -> int:
+    """CPU cores this process may run on (its affinity mask, which containers narrow), at least 1."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:

@@ -8,7 +8,6 @@ epoch), never forks workers from a process with CUDA state, and overlaps the cop
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,6 +15,7 @@ import torch
 from torch.utils.data import DataLoader, Sampler
 
 from .augment.functional import convert_dtype
+from .device import usable_cores
 from .errors import StateError
 from .ingest import _with_transform
 from .plan import Plan
@@ -55,7 +55,7 @@ class FallbackLoader:
         reason: str,
     ) -> None:
         ds = _with_transform(dataset, transform)
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        cores = usable_cores()
         workers = min(8, cores) if num_workers is None else num_workers
         kwargs: dict[str, Any] = {}
         if workers > 0:

@@ -16,6 +16,8 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
+from .device import usable_cores
+
 __all__ = ["CHECKS", "Evidence", "Finding", "unwrap_dataloader"]
 
 
@@ -102,7 +104,7 @@ def _unpinned(dl: DataLoader | None, ev: Evidence) -> Finding | None:
 def _workers(dl: DataLoader | None, ev: Evidence) -> Finding | None:
     if dl is None:
         return None
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cores = usable_cores()
     if dl.num_workers > cores:
         return Finding(
             "too-many-workers",

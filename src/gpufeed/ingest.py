@@ -10,7 +10,6 @@ image must come out of the cached part with one shape.
 from __future__ import annotations
 
 import copy
-import os
 import time
 import warnings
 from collections.abc import Callable
@@ -21,9 +20,10 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
+from .device import usable_cores
 from .errors import DataError
 
-__all__ = ["Ingested", "ingest", "to_chw"]
+__all__ = ["Ingested", "exposes_arrays", "ingest", "to_chw"]
 
 _CHW_DATASETS = ("SVHN", "STL10")  # store .data as (N, C, H, W); the others as (N, H, W[, C])
 
@@ -58,14 +58,13 @@ def _label_tensor(labels: Any) -> torch.Tensor:
 
 def _arrays(dataset: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
     """Images as (N, C, H, W) and labels straight from the dataset's arrays, or None."""
-    if isinstance(dataset, TensorDataset) and len(dataset.tensors) == 2:
+    if not exposes_arrays(dataset):
+        return None
+    if isinstance(dataset, TensorDataset):
         images, labels = dataset.tensors
         return (images.unsqueeze(1) if images.dim() == 3 else images), _label_tensor(labels)
-    data = getattr(dataset, "data", None)
     labels = getattr(dataset, "targets", getattr(dataset, "labels", None))
-    if not isinstance(data, (np.ndarray, torch.Tensor)) or labels is None or data.dtype not in (np.uint8, torch.uint8):
-        return None
-    images = torch.as_tensor(data)
+    images = torch.as_tensor(dataset.data)
     if images.dim() == 3:
         images = images.unsqueeze(1)
     elif images.dim() == 4 and type(dataset).__name__ not in _CHW_DATASETS and images.shape[-1] in (1, 3, 4):
@@ -91,6 +90,15 @@ class _Mapped(Dataset):
     def __getitem__(self, i: int) -> tuple[Any, Any]:
         image, label = self.dataset[i]
         return self.transform(image), label
+
+
+def exposes_arrays(dataset: Any) -> bool:
+    """Whether ``dataset`` holds its samples as arrays gpufeed can read in one step (checks attributes only)."""
+    if isinstance(dataset, TensorDataset):
+        return len(dataset.tensors) == 2
+    data = getattr(dataset, "data", None)
+    labels = getattr(dataset, "targets", getattr(dataset, "labels", None))
+    return isinstance(data, (np.ndarray, torch.Tensor)) and labels is not None and data.dtype in (np.uint8, torch.uint8)
 
 
 def _with_transform(dataset: Any, transform: Callable[[Any], Any] | None) -> Any:
@@ -123,7 +131,7 @@ def _collate(items: list[Any]) -> list[tuple[torch.Tensor, Any]]:
 
 
 def _default_workers(n: int) -> int:
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cores = usable_cores()
     return 0 if n < 2048 or cores < 2 else min(8, cores)
 
 

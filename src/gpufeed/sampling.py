@@ -10,7 +10,7 @@ import torch
 
 from .errors import ConfigError
 
-__all__ = ["derive_seed", "epoch_order", "local_indices", "num_batches", "rank_indices", "shard_batches"]
+__all__ = ["derive_seed", "epoch_order", "local_indices", "rank_indices", "shard_batches"]
 
 _MASK64 = (1 << 64) - 1
 
@@ -51,18 +51,6 @@ def epoch_order(seed: int, epoch: int, n: int, shuffle: bool = True) -> torch.Te
         return torch.arange(n, dtype=torch.int64)
     g = torch.Generator(device="cpu").manual_seed(derive_seed(seed, epoch))
     return torch.randperm(n, generator=g, dtype=torch.int64)
-
-
-def num_batches(n: int, batch_size: int, drop_last: bool) -> int:
-    """Batches in an epoch of ``n`` samples; ``drop_last`` drops only the ragged tail.
-
-    Example:
-        >>> num_batches(10, 4, drop_last=False), num_batches(10, 4, drop_last=True)
-        (3, 2)
-    """
-    if batch_size < 1:
-        raise ConfigError(f"{batch_size=} must be >= 1")
-    return n // batch_size if drop_last else -(-n // batch_size)
 
 
 def shard_batches(n: int, batch_size: int, world: int, drop_last: bool, even: bool) -> tuple[int, int, int]:

@@ -17,7 +17,6 @@ it once per run instead of once per epoch.
 
 from __future__ import annotations
 
-import os
 import random
 import statistics
 import time
@@ -29,7 +28,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from .device import resolve_device
+from .device import resolve_device, usable_cores
 from .errors import ConfigError
 
 __all__ = ["LoaderConfig", "Trial", "tune_dataloader"]
@@ -74,10 +73,6 @@ class LoaderConfig:
             if self.multiprocessing_context:
                 kw["multiprocessing_context"] = self.multiprocessing_context
         return kw
-
-
-def _usable_cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 class _Clock:
@@ -192,7 +187,7 @@ def tune_dataloader(
             "tune on a larger dataset or a smaller batch_size"
         )
     dev = resolve_device(device)
-    cores = _usable_cores() if max_workers is None else max_workers
+    cores = usable_cores() if max_workers is None else max_workers
     ctx = "forkserver" if torch.cuda.is_initialized() else None  # never fork a process holding CUDA state
     clock = _Clock(time_budget_s)
     state = (random.getstate(), np.random.get_state())

@@ -28,6 +28,7 @@ __all__ = [
     "erase",
     "hflip",
     "normalize",
+    "remap",
     "vflip",
 ]
 
@@ -80,18 +81,22 @@ def crop(
     a list of such 4-tuples applied one after the other. The padded image is never materialised:
     one gather reads the source through an index map.
     """
-    m = G.crop_map(top, left, size, (x.shape[2], x.shape[3]), padding, padding_mode, fill)
-    return G.remap(x, m, constant(fill, x, "fill") if m.fill is not None else None)
+    return remap(x, G.crop_map(top, left, size, (x.shape[2], x.shape[3]), padding, padding_mode, fill))
+
+
+def remap(x: torch.Tensor, m: G.IndexMap) -> torch.Tensor:
+    """Read ``x`` through the index map ``m`` (crops and flips, see :mod:`gpufeed.augment.geometry`)."""
+    return G.remap(x, m, constant(m.fill, x, "fill") if m.fill is not None else None)
 
 
 def hflip(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Mirror the width axis of the samples where ``mask`` (bool, shape ``(N,)``) is true."""
-    return G.remap(x, G.flip_map(mask, x.shape[3], "cols"))
+    return remap(x, G.flip_map(mask, x.shape[3], "cols"))
 
 
 def vflip(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Mirror the height axis of the samples where ``mask`` (bool, shape ``(N,)``) is true."""
-    return G.remap(x, G.flip_map(mask, x.shape[2], "rows"))
+    return remap(x, G.flip_map(mask, x.shape[2], "rows"))
 
 
 def convert_dtype(x: torch.Tensor, dtype: torch.dtype, reciprocal: bool = False) -> torch.Tensor:

@@ -100,11 +100,7 @@ class GeometricTransform(BatchTransform):
         return self.draw(x.shape[0], x.shape[2], x.shape[3], x.device, generator)
 
     def apply(self, x: torch.Tensor, params: Params) -> torch.Tensor:
-        return _remap(x, self.index_map(params, x.shape[2], x.shape[3]))
-
-
-def _remap(x: torch.Tensor, m: G.IndexMap) -> torch.Tensor:
-    return G.remap(x, m, F.constant(m.fill, x, "fill") if m.fill is not None else None)
+        return F.remap(x, self.index_map(params, x.shape[2], x.shape[3]))
 
 
 @dataclass(frozen=True)
@@ -381,13 +377,13 @@ class Compose(BatchTransform):
                 h, w = t.output_size(h, w)
                 fused = pending.then(m) if pending is not None else m
                 if fused is None:  # two paddings with different fills cannot share one map
-                    x, fused = _remap(x, pending), m  # type: ignore[arg-type]
+                    x, fused = F.remap(x, pending), m  # type: ignore[arg-type]
                 pending = fused
                 continue
             if pending is not None:
-                x, pending = _remap(x, pending), None
+                x, pending = F.remap(x, pending), None
             x = t.apply(x, t.sample(x, generator) if t.random else {})  # type: ignore[arg-type]
-        return _remap(x, pending) if pending is not None else x
+        return F.remap(x, pending) if pending is not None else x
 
     def __repr__(self) -> str:
         body = "".join(f"\n    {t!r}," for t in self.transforms)

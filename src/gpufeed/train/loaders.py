@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import copy
-import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,6 +21,7 @@ import torchvision.transforms as T
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from ..accelerate import accelerate
+from ..device import usable_cores
 from ..errors import ConfigError
 from ..sampling import derive_seed
 
@@ -48,10 +48,6 @@ def subset(dataset: Any, n: int | None) -> Any:
     ds = copy.copy(dataset)
     ds.data, ds.targets = dataset.data[:n], list(dataset.targets[:n])
     return ds
-
-
-def usable_cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 class _ToDevice:

@@ -21,9 +21,8 @@ from typing import Any
 
 import torch
 
-from .cache import build_lock, entry_path, open_cache, store
+from .cache import entry_path, load_or_ingest, open_cache
 from .cache.fingerprint import cache_key
-from .cache.format import MANIFEST
 from .cache.writer import write_cache
 from .device import resolve_device
 from .errors import ConfigError, UnsupportedTransformError
@@ -236,16 +235,14 @@ def _load(dataset: Any, split: Split, cache: bool | str | Path, num_workers: int
     if path is None:
         data = ingest(dataset, split.cached_transform(), num_workers=num_workers, progress=progress)
         return _Source(data.images, data.labels, _describe(data), None, False, notes)
-    with build_lock(path):  # one process per node builds; the others find its entry here
-        if (path / MANIFEST).is_file():
-            hit = open_cache(path, verify=True)
-            return _Source(
-                hit.images, hit.labels, f"cache hit, verified ({len(hit.labels)} samples)", path, True, notes
-            )
-        data = ingest(dataset, split.cached_transform(), num_workers=num_workers, progress=progress)
-        if cache is True or root is not None or data.path == "per-sample":
-            stored = store(path, key, split, data)  # type: ignore[arg-type]
-            return _Source(stored.images, stored.labels, _describe(data) + ", written to the cache", path, True, notes)
+    persist = cache is True or root is not None  # "auto": only what was expensive to compute
+    hit, data = load_or_ingest(
+        dataset, split, path, key, lambda d: persist or d.path == "per-sample", num_workers, progress
+    )
+    if data is None:
+        return _Source(hit.images, hit.labels, f"cache hit, verified ({len(hit.labels)} samples)", path, True, notes)
+    if hit is not None:
+        return _Source(hit.images, hit.labels, _describe(data) + ", written to the cache", path, True, notes)
     return _Source(data.images, data.labels, _describe(data), None, False, notes)
 
 

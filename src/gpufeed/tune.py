@@ -141,7 +141,7 @@ def _trial(
 def _memory_notes(dataset: Any) -> list[str]:
     notes = []
     for owner in (dataset, getattr(dataset, "dataset", None)):
-        for name, value in vars(owner).items() if owner is not None else []:
+        for name, value in getattr(owner, "__dict__", {}).items():
             if isinstance(value, (list, dict)) and len(value) > 100_000:
                 notes.append(
                     f"{type(owner).__name__}.{name} is a Python {type(value).__name__} of {len(value):,} items: each "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ __all__ = [
     "default_cache_dir",
     "entry_path",
     "list_entries",
+    "load_or_ingest",
     "open_cache",
     "remove_entry",
     "store",
@@ -56,7 +58,6 @@ def build_cache(
         transform: the full transform; by default ``dataset.transform``. Only its deterministic
             prefix (see :mod:`gpufeed.plan`) is computed and stored.
     """
-    from ..ingest import ingest
     from ..plan import split_transform
 
     split = split_transform(getattr(dataset, "transform", None) if transform is _DATASET else transform, cache_lambda)
@@ -68,16 +69,38 @@ def build_cache(
             "use gpufeed.accelerate(..., cache=False) to keep it in memory instead"
         )
     target = Path(path) if path is not None else entry_path(dataset, key, root)
-    with build_lock(target):  # concurrent builders (one per rank): the first builds, the rest reuse
+    cache, _ = load_or_ingest(dataset, split, target, key, lambda data: True, num_workers, progress)
+    assert cache is not None
+    return cache
+
+
+def load_or_ingest(
+    dataset: Any,
+    split: Any,
+    target: Path,
+    key: str,
+    persist: Callable[[Any], bool],
+    num_workers: int | None = None,
+    progress: bool = True,
+) -> tuple[Cache | None, Any]:
+    """The entry at ``target`` if it is valid and has ``key``; else a fresh ingest, stored when ``persist(data)``.
+
+    Returns ``(cache, data)``: ``(entry, None)`` on a hit, ``(entry, data)`` when just written,
+    ``(None, data)`` when not persisted. Runs under the entry's build lock, so concurrent callers
+    (one per rank) build once; a damaged entry is rebuilt with a warning.
+    """
+    from ..ingest import ingest
+
+    with build_lock(target):
         try:
             existing = open_cache(target, verify=True)
             if existing.key == key:
-                return existing
+                return existing, None
         except CacheError as e:
             if target.exists():
-                warnings.warn(f"rebuilding the cache: {e}", stacklevel=2)
+                warnings.warn(f"rebuilding the cache: {e}", stacklevel=3)
         data = ingest(dataset, split.cached_transform(), num_workers=num_workers, progress=progress)
-        return store(target, key, split, data)
+        return (store(target, key, split, data) if persist(data) else None), data
 
 
 def store(target: Path, key: str, split: Any, data: Any) -> Cache:

@@ -79,7 +79,6 @@ def _capture(
 ) -> Step:
     static_x, static_y = example[0].clone(memory_format=torch.preserve_format), example[1].clone()
     saved = [t.detach().clone() for t in _state_tensors(model, opt)]
-    lr_saved = [g["lr"].clone() for g in opt.param_groups]
     side = torch.cuda.Stream(device)  # NOTE [ Graph capture ]: warm-up on a side stream
     side.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(side):
@@ -93,8 +92,6 @@ def _capture(
     with torch.no_grad():
         for t, s in zip(_state_tensors(model, opt), saved, strict=True):
             t.copy_(s)
-        for g, lr in zip(opt.param_groups, lr_saved, strict=True):
-            g["lr"].copy_(lr)
 
     def replay(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         static_x.copy_(x)

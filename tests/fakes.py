@@ -32,3 +32,33 @@ def image_folder(root: Path, sizes: list[tuple[int, int]], transform=None, seed:
         folder.mkdir(parents=True, exist_ok=True)
         Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(folder / f"{i:04d}.png")
     return ImageFolder(str(root), transform=transform)
+
+
+def snapshot(root: Path) -> dict[str, str]:
+    """Every path under ``root`` (hidden ones too) with its kind and, for files, a hash of its bytes.
+
+    Two equal snapshots mean nothing under ``root`` was created, deleted, renamed or changed.
+    """
+    import hashlib
+    import os
+
+    tree = {}
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        for name in dirnames + filenames:
+            path = Path(dirpath) / name
+            rel = str(path.relative_to(root))
+            if path.is_symlink():
+                tree[rel] = f"link -> {os.readlink(path)}"
+            elif path.is_dir():
+                tree[rel] = "dir"
+            else:
+                tree[rel] = "file " + hashlib.sha256(path.read_bytes()).hexdigest()
+    return tree
+
+
+def user_folder(root: Path) -> Path:
+    """A user's own folder: an ImageFolder tree of small PNGs, a notes file and a hidden file."""
+    image_folder(root / "photos", [(12, 10), (9, 14), (16, 16), (10, 10)])
+    (root / "photos" / "notes.txt").write_text("do not lose me\n")
+    (root / "photos" / ".hidden").write_bytes(bytes(range(256)))
+    return root / "photos"

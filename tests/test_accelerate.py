@@ -1,3 +1,9 @@
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
 import pytest
 import torch
 import torchvision.transforms as T
@@ -95,3 +101,39 @@ def test_labels_outside_the_datasets_classes_are_reported():
     ds.targets[7] = 10
     with pytest.raises(DataError, match=r"labels\[7\]=10 is out of range \[0, 10\)"):
         accelerate(ds, device="cpu", cache=False, progress=False)
+
+
+_PEAK = textwrap.dedent("""
+    import ctypes, gc, json, sys, warnings
+    sys.path.insert(0, {tests!r})
+    import torchvision.transforms as T
+    import gpufeed as gf
+    from fakes import cifar_like
+
+    def status(key):
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith(key + ":"))
+
+    ds = cifar_like(20_000, transform=T.Compose([T.RandomCrop(32, padding=4), T.ToTensor()]))  # HWC, contiguous
+    gf.accelerate(cifar_like(8, transform=ds.transform), batch_size=4, device="cpu", cache=False)  # warm imports
+    gc.collect()
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # reset the peak-RSS mark (VmHWM) to the current resident size
+    before = status("VmRSS")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        loader = gf.accelerate(ds, batch_size=256, device="cpu", cache={cache}, progress=False)
+    print(json.dumps([status("VmHWM") - before, ds.data.nbytes, loader.plan.ingest]))
+""")
+
+
+@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs Linux's peak-RSS reset")
+@pytest.mark.parametrize("cache", ["False", "{root!r}"], ids=["in memory", "written to a cache"])
+def test_ingest_holds_at_most_one_copy_of_the_images_beyond_the_dataset(tmp_path, cache):
+    script = _PEAK.format(tests=str(Path(__file__).parent), cache=cache.format(root=str(tmp_path)))
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    extra, images, ingest = json.loads(run.stdout.strip().splitlines()[-1])
+    assert ingest.startswith("arrays read of 20000 samples")
+    assert extra <= 1.25 * images, f"peak {extra / images:.2f} x the images beyond the dataset"

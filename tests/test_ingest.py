@@ -55,7 +55,7 @@ def test_per_sample_workers_give_the_same_result(tmp_path):
 
 def test_images_of_different_sizes_name_the_first_odd_sample_and_the_fix(tmp_path):
     ds = image_folder(tmp_path, [(20, 20), (20, 20), (24, 20), (20, 20)])  # ImageFolder order: 0000, 0002, ...
-    with pytest.raises(DataError, match=r"sample 1 has shape \(3, 20, 24\).*add a Resize and CenterCrop"):
+    with pytest.raises(DataError, match=r"ImageFolder\[1\] has shape \(3, 20, 24\).*add a Resize and CenterCrop"):
         ingest(ds, num_workers=0, progress=False)
 
 

@@ -16,6 +16,7 @@ from .cache import Cache, build_cache, open_cache
 from .diagnose import Report, diagnose
 from .errors import (
     CacheError,
+    CacheWriteError,
     ConfigError,
     DataError,
     DeviceError,
@@ -35,6 +36,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Cache",
     "CacheError",
+    "CacheWriteError",
     "ConfigError",
     "DataError",
     "DeviceError",

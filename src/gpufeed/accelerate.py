@@ -25,11 +25,12 @@ from .cache import entry_path, load_or_ingest, open_cache
 from .cache.fingerprint import cache_key
 from .cache.writer import write_cache
 from .device import resolve_device
-from .errors import ConfigError, UnsupportedTransformError
+from .errors import CacheWriteError, ConfigError, UnsupportedTransformError
 from .fallback import FallbackLoader
 from .ingest import exposes_arrays, ingest
 from .loader import DeviceLoader
 from .plan import Plan, Split, build_batched, split_transform
+from .validate import as_flag, as_int, check_dataset, check_epoch
 
 __all__ = ["DEVICE_BUDGET_FRACTION", "HOST_BUDGET_FRACTION", "accelerate"]
 
@@ -97,6 +98,7 @@ def accelerate(
     world_size: int | None = None,
     even: bool = True,
     shard: str = "full",
+    lock_timeout: float | None = None,
 ) -> DeviceLoader | FallbackLoader:
     """A loader over ``dataset`` that yields what ``DataLoader(dataset, ...)`` would, many times faster.
 
@@ -122,6 +124,10 @@ def accelerate(
         rank, world_size, even, shard: sharding under ``torch.distributed``, as for
             :class:`DeviceLoader` (read from the process group by default). A cache on disk is built
             by one process per node; the others wait for it and reuse it.
+        lock_timeout: seconds to wait while another process builds the same cache entry (default
+            ``$GPUFEED_LOCK_TIMEOUT``, else an hour); then a CacheError names that process. A cache
+            that cannot be written (disk full, read-only) is not an error: the data stays in memory,
+            with one warning.
 
     Example:
         >>> import torch, torchvision.transforms.v2 as v2
@@ -134,6 +140,12 @@ def accelerate(
     """
     if fallback not in ("error", "prefetch"):
         raise ConfigError(f"fallback={fallback!r} must be 'error' or 'prefetch'")
+    # Checked before the data is read: a bad argument must not cost an ingest.
+    check_dataset(dataset)
+    batch_size, seed = as_int(batch_size, "batch_size", 1), as_int(seed, "seed")
+    shuffle, drop_last = as_flag(shuffle, "shuffle"), as_flag(drop_last, "drop_last")
+    channels_last, even = as_flag(channels_last, "channels_last"), as_flag(even, "even")
+    check_epoch(len(dataset) // batch_size if drop_last else 1, batch_size, len(dataset))
     transform = getattr(dataset, "transform", None) if transform is _DATASET else transform
     dev = resolve_device(device)
     try:
@@ -156,7 +168,7 @@ def accelerate(
             reason=str(e),
         )
 
-    src = _load(dataset, split, cache, num_workers, progress)
+    src = _load(dataset, split, cache, num_workers, progress, lock_timeout)
     images, labels = src.images, src.labels
     nbytes = images.nbytes + labels.nbytes
     tier, why = _choose_tier(nbytes, dev, memory_budget)
@@ -165,9 +177,16 @@ def accelerate(
     spill = None
     if tier == "mmap" and not src.mapped:
         spill = Path(tempfile.mkdtemp(prefix="gpufeed-mmap-"))
-        write_cache(spill / "entry", "temporary", {"images": images, "labels": labels}, {"temporary": True})
-        mapped = open_cache(spill / "entry", verify=False)
-        images, labels = mapped.images, mapped.labels
+        try:
+            write_cache(spill / "entry", "temporary", {"images": images, "labels": labels}, {"temporary": True})
+        except CacheWriteError as e:
+            shutil.rmtree(spill, ignore_errors=True)
+            spill, tier = None, "pinned" if dev.type == "cuda" else "device"
+            why = f"{why}, but the memory map could not be written, so the data stays in host memory"
+            warnings.warn(f"gpufeed.accelerate: {e}; the data stays in host memory", stacklevel=2)
+        else:
+            mapped = open_cache(spill / "entry", verify=False)
+            images, labels = mapped.images, mapped.labels
     batched = build_batched(split.device, images.dtype, (images.shape[2], images.shape[3]))
     classes = getattr(dataset, "classes", None)  # torchvision datasets: labels must index it
     loader = DeviceLoader(
@@ -214,7 +233,14 @@ class _Source:
     notes: list[str] = field(default_factory=list)
 
 
-def _load(dataset: Any, split: Split, cache: bool | str | Path, num_workers: int | None, progress: bool) -> _Source:
+def _load(
+    dataset: Any,
+    split: Split,
+    cache: bool | str | Path,
+    num_workers: int | None,
+    progress: bool,
+    lock_timeout: float | None,
+) -> _Source:
     """Images and labels on the host, from a cache hit or a fresh ingest (persisted when it pays)."""
     if cache == "auto" and not split.cached and exposes_arrays(dataset):
         # Nothing to compute and a vectorised read: a cache could not be faster, and fingerprinting
@@ -237,7 +263,15 @@ def _load(dataset: Any, split: Split, cache: bool | str | Path, num_workers: int
         return _Source(data.images, data.labels, _describe(data), None, False, notes)
     persist = cache is True or root is not None  # "auto": only what was expensive to compute
     hit, data = load_or_ingest(
-        dataset, split, path, key, lambda d: persist or d.path == "per-sample", num_workers, progress
+        dataset,
+        split,
+        path,
+        key,
+        lambda d: persist or d.path == "per-sample",
+        num_workers,
+        progress,
+        lock_timeout,
+        strict=False,  # a cache that cannot be written is not a reason to fail: the data stays in memory
     )
     if data is None:
         return _Source(hit.images, hit.labels, f"cache hit, verified ({len(hit.labels)} samples)", path, True, notes)

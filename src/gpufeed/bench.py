@@ -114,15 +114,20 @@ def run_bench(
     out: str | Path | None = None,
     log: Callable[[str], None] = print,
     only: list[str] | None = None,
+    datasets: tuple[Any, Any] | None = None,
 ) -> list[Row]:
-    """Run the ladder; print a table; write ``out/bench.json`` and ``out/bench.png``."""
+    """Run the ladder; print a table; write ``out/bench.json`` and ``out/bench.png``.
+
+    ``datasets``: ``(train, test)`` CIFAR-10-style datasets (default: the synthetic CIFAR-10 in
+    gpufeed's cache directory).
+    """
     from .data import cifar10
     from .train.loaders import eval_transform, train_transform
 
     dev = resolve_device(device)
     base, sizing = sized_config(dev, model, train_size, test_size, batch_size, seed)
     log(f"gpufeed bench: {sizing}, batch {batch_size}, 2 epochs per rung (the second is timed)")
-    datasets = (
+    datasets = datasets or (
         cifar10("synthetic", train=True, transform=train_transform()),
         cifar10("synthetic", train=False, transform=eval_transform()),
     )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 __all__ = [
     "CacheError",
+    "CacheWriteError",
     "ConfigError",
     "DataError",
     "DeviceError",
@@ -44,3 +45,11 @@ class UnsupportedTransformError(ConfigError):
 
 class CacheError(GpufeedError, RuntimeError):
     """A cache on disk is incomplete, corrupt or foreign; the message names the file and the remedy."""
+
+
+class CacheWriteError(CacheError):
+    """A cache could not be written (disk full, no permission, read-only location); nothing partial is left.
+
+    The message names the path, the bytes needed and the remedy. :func:`gpufeed.accelerate` catches
+    it and keeps the data in memory (with a warning); :func:`gpufeed.build_cache` raises it.
+    """

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, Sampler
+from torch.utils.data import DataLoader, Sampler, default_collate
 
 from .augment.functional import convert_dtype
 from .device import usable_cores
@@ -21,8 +21,15 @@ from .ingest import _with_transform
 from .plan import Plan
 from .prefetch import prefetch
 from .sampling import derive_seed, epoch_order
+from .validate import Guarded, SampleFailure, as_int, check_epoch
 
 __all__ = ["FallbackLoader"]
+
+
+def _collate(items: list[Any]) -> Any:
+    """torch's default collate, or the first sample's failure in the batch's place (raised in the parent)."""
+    failed = next((item for item in items if isinstance(item, SampleFailure)), None)
+    return failed if failed is not None else default_collate(items)
 
 
 class _EpochSampler(Sampler[int]):
@@ -54,7 +61,8 @@ class FallbackLoader:
         num_workers: int | None,
         reason: str,
     ) -> None:
-        ds = _with_transform(dataset, transform)
+        ds = Guarded(_with_transform(dataset, transform), type(dataset).__name__)
+        check_epoch(len(ds) // batch_size if drop_last else 1, batch_size, len(ds))
         cores = usable_cores()
         workers = min(8, cores) if num_workers is None else num_workers
         kwargs: dict[str, Any] = {}
@@ -71,6 +79,7 @@ class FallbackLoader:
             drop_last=drop_last,
             num_workers=workers,
             pin_memory=device.type == "cuda",
+            collate_fn=_collate,
             generator=torch.Generator().manual_seed(derive_seed(seed, 1)),
             **kwargs,
         )
@@ -96,13 +105,16 @@ class FallbackLoader:
         return self._epoch
 
     def set_epoch(self, epoch: int) -> None:
-        self._epoch = epoch
+        self._epoch = as_int(epoch, "epoch", 0)
 
     def __iter__(self) -> Iterator[tuple[Any, Any]]:
         self.sampler.epoch, self._epoch = self._epoch, self._epoch + 1
         self._in_epoch = True
         try:
-            for x, y in prefetch(self.loader, self.device):
+            for batch in prefetch(self.loader, self.device):
+                if isinstance(batch, SampleFailure):
+                    raise batch.exception()
+                x, y = batch
                 if isinstance(x, torch.Tensor) and self.dtype is not None:
                     x = convert_dtype(x, self.dtype)
                 if isinstance(x, torch.Tensor) and self.channels_last and x.dim() == 4:
@@ -117,6 +129,9 @@ class FallbackLoader:
         return {"version": 1, "fallback": True, "epoch": self._epoch}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if not state.get("fallback"):
+        if not isinstance(state, dict) or state.get("fallback") is not True:
             raise StateError("this state was not saved by a fallback loader; rebuild the loader the same way")
-        self._epoch = int(state["epoch"])
+        epoch = state.get("epoch")
+        if type(epoch) is not int or epoch < 0:
+            raise StateError(f"state has epoch={epoch!r}; expected an int >= 0")
+        self._epoch = epoch

@@ -22,6 +22,7 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from .device import usable_cores
 from .errors import DataError
+from .validate import Guarded, SampleFailure, check_dataset, label_tensor
 
 __all__ = ["Ingested", "exposes_arrays", "ingest", "to_chw"]
 
@@ -51,19 +52,15 @@ def to_chw(image: Any) -> torch.Tensor:
     raise DataError(f"a sample's image is a {type(image).__name__}; expected a PIL image, numpy array or tensor")
 
 
-def _label_tensor(labels: Any) -> torch.Tensor:
-    t = labels if isinstance(labels, torch.Tensor) else torch.as_tensor(np.asarray(labels))
-    return t.long() if not t.is_floating_point() else t
-
-
 def _arrays(dataset: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
     """Images as (N, C, H, W) and labels straight from the dataset's arrays, or None."""
     if not exposes_arrays(dataset):
         return None
     if isinstance(dataset, TensorDataset):
         images, labels = dataset.tensors
-        return (images.unsqueeze(1) if images.dim() == 3 else images), _label_tensor(labels)
-    labels = getattr(dataset, "targets", getattr(dataset, "labels", None))
+        return (images.unsqueeze(1) if images.dim() == 3 else images), label_tensor(labels, "TensorDataset labels")
+    name = "targets" if hasattr(dataset, "targets") else "labels"
+    labels = getattr(dataset, name)
     images = torch.as_tensor(dataset.data)
     if images.dim() == 3:
         images = images.unsqueeze(1)
@@ -71,10 +68,11 @@ def _arrays(dataset: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
         images = images.permute(0, 3, 1, 2)
     elif images.dim() != 4 or images.shape[1] not in (1, 3, 4):
         return None
-    labels = _label_tensor(labels)
+    labels = label_tensor(labels, f"{type(dataset).__name__}.{name}")
     target_transform = getattr(dataset, "target_transform", None)
     if target_transform is not None:
-        labels = _label_tensor([target_transform(int(v)) for v in labels.tolist()])
+        mapped = [target_transform(int(v)) for v in labels.tolist()]
+        labels = label_tensor(mapped, f"{type(dataset).__name__}.target_transform({name})")
     return images.contiguous(), labels
 
 
@@ -125,9 +123,14 @@ def _pair(item: Any) -> tuple[Any, Any]:
     return item[0], item[1]
 
 
-def _collate(items: list[Any]) -> list[tuple[torch.Tensor, Any]]:
-    # Runs in the workers: decode to tensors there, stack in the parent (where odd shapes are named).
-    return [(to_chw(image), label) for image, label in map(_pair, items)]
+def _decode(item: Any) -> tuple[torch.Tensor, Any]:
+    # Runs in the workers (inside the guard): decode to tensors there, stack in the parent.
+    image, label = _pair(item)
+    return to_chw(image), label
+
+
+def _collate(items: list[Any]) -> list[Any]:
+    return items
 
 
 def _default_workers(n: int) -> int:
@@ -135,7 +138,10 @@ def _default_workers(n: int) -> int:
     return 0 if n < 2048 or cores < 2 else min(8, cores)
 
 
-def _per_sample(dataset: Any, num_workers: int | None, progress: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def _per_sample(
+    dataset: Any, source: str, num_workers: int | None, progress: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    dataset = Guarded(dataset, source, _decode)
     n = len(dataset)
     workers = _default_workers(n) if num_workers is None else num_workers
     kwargs: dict[str, Any] = {}
@@ -149,12 +155,15 @@ def _per_sample(dataset: Any, num_workers: int | None, progress: bool) -> tuple[
     i = 0
     with tqdm(total=n, desc="gpufeed: reading samples", unit="img", disable=not progress) as bar:
         for batch in loader:
-            for image, label in batch:
+            for item in batch:
+                if isinstance(item, SampleFailure):
+                    raise item.exception()
+                image, label = item
                 if images is None:
                     images = torch.empty((n, *image.shape), dtype=image.dtype)
                 elif image.shape != images.shape[1:] or image.dtype != images.dtype:
                     raise DataError(
-                        f"sample {i} has shape {tuple(image.shape)} ({image.dtype}) but sample 0 has "
+                        f"{source}[{i}] has shape {tuple(image.shape)} ({image.dtype}) but sample 0 has "
                         f"{tuple(images.shape[1:])} ({images.dtype}); every image must leave the cached part with "
                         "one shape: add a Resize and CenterCrop (or RandomCrop with pad_if_needed) first"
                     )
@@ -163,7 +172,7 @@ def _per_sample(dataset: Any, num_workers: int | None, progress: bool) -> tuple[
                 i += 1
             bar.update(len(batch))
     assert images is not None
-    return images, _label_tensor(labels)
+    return images, label_tensor(labels, source)
 
 
 def ingest(
@@ -184,24 +193,30 @@ def ingest(
         ((4, 1, 2, 2), 'arrays')
     """
     t0 = time.perf_counter()
+    check_dataset(dataset)
     n = len(dataset)  # type: ignore[arg-type]
+    source = type(dataset).__name__
     if n == 0:
-        raise DataError("the dataset is empty (len 0); nothing to load")
+        raise DataError(f"the dataset ({source}) is empty (len 0); nothing to load")
     stripped = _with_transform(dataset, cached)
     arrays = _arrays(dataset) if cached is None else None
-    if arrays is not None and arrays[0].shape[0] == n and _spot_check(stripped, arrays[0]):
+    if arrays is not None and arrays[0].shape[0] == n and _spot_check(stripped, source, arrays[0]):
         return Ingested(arrays[0], arrays[1], "arrays", time.perf_counter() - t0)
-    images, labels = _per_sample(stripped, num_workers, progress)
+    images, labels = _per_sample(stripped, source, num_workers, progress)
     return Ingested(images, labels, "per-sample", time.perf_counter() - t0)
 
 
-def _spot_check(stripped: Any, images: torch.Tensor) -> bool:
+def _spot_check(stripped: Any, source: str, images: torch.Tensor) -> bool:
     """Compare a few array rows with what ``dataset[i]`` returns, to catch a wrong layout guess."""
     if isinstance(stripped, TensorDataset):
         return True
     n = images.shape[0]
+    guarded = Guarded(stripped, source, _decode)
     for i in sorted({0, n // 2, n - 1}):
-        if not torch.equal(to_chw(_pair(stripped[i])[0]), images[i]):
+        item = guarded[i]
+        if isinstance(item, SampleFailure):
+            raise item.exception()
+        if not torch.equal(item[0], images[i]):
             warnings.warn(
                 f"{type(stripped).__name__}.data does not match dataset[{i}]; reading sample by sample instead "
                 "(slower: one Python call per image)",

@@ -32,7 +32,16 @@ from .device import resolve_device
 from .errors import ConfigError, DataError, StateError
 from .prefetch import prefetch
 from .sampling import derive_seed, epoch_order, local_indices, rank_indices
-from .validate import as_tensor, check_images, check_labels, check_transform
+from .validate import (
+    as_flag,
+    as_int,
+    as_tensor,
+    check_epoch,
+    check_images,
+    check_labels,
+    check_transform,
+    label_tensor,
+)
 
 __all__ = ["SHARD_MODES", "STORAGE_TIERS", "DeviceLoader", "distributed_rank"]
 
@@ -157,7 +166,10 @@ class DeviceLoader:
         even: bool = True,
         shard: str = "full",
     ) -> None:
-        images, labels = as_tensor(images, "images"), as_tensor(labels, "labels")
+        batch_size, seed = as_int(batch_size, "batch_size", 1), as_int(seed, "seed")
+        shuffle, drop_last = as_flag(shuffle, "shuffle"), as_flag(drop_last, "drop_last")
+        channels_last, even = as_flag(channels_last, "channels_last"), as_flag(even, "even")
+        images, labels = as_tensor(images, "images"), label_tensor(labels, "labels")
         check_images(images)
         check_labels(labels, images.shape[0], num_classes)
         if transform is not None:
@@ -170,13 +182,13 @@ class DeviceLoader:
         if storage != "device" and images.device.type != "cpu":
             raise ConfigError(f"storage={storage!r} keeps images on the host, but they are on {images.device}")
         n = images.shape[0]
-        if chunk_batches is None and isinstance(batch_size, int) and batch_size >= 1:
+        if chunk_batches is None:
             batch_bytes = batch_size * images[0].numel() * images.element_size()
             budget = _CHUNK_BYTES.get(self.device.type, _CHUNK_BYTES["cuda"])
             chunk_batches = max(1, min(_MAX_CHUNK_BATCHES, budget // batch_bytes))
         rank, world_size = distributed_rank(rank, world_size)
         self.config = _Config(
-            n, batch_size, bool(shuffle), bool(drop_last), seed, chunk_batches or 1, rank, world_size, bool(even), shard
+            n, batch_size, shuffle, drop_last, seed, chunk_batches or 1, rank, world_size, even, shard
         )
         if shard == "local" and world_size > 1:  # keep only this rank's samples
             local = torch.arange(rank, n, world_size)
@@ -197,6 +209,8 @@ class DeviceLoader:
         self._live: weakref.ref[_EpochIterator] | None = None
         self._length: int | None = None
         self.plan: Any = None  # set by gpufeed.accelerate(): what was cached, the tier, and why
+        share = f" per rank ({n} across {world_size} ranks)" if world_size > 1 else ""
+        check_epoch(len(self), batch_size, n // world_size, share)
         self._probe()
 
     def _probe(self) -> None:
@@ -232,9 +246,7 @@ class DeviceLoader:
 
     def set_epoch(self, epoch: int) -> None:
         """Serve ``epoch`` on the next iteration (as ``DistributedSampler.set_epoch``)."""
-        if not isinstance(epoch, int) or epoch < 0:
-            raise ConfigError(f"epoch={epoch!r} must be an int >= 0")
-        self._epoch, self._offset = epoch, 0
+        self._epoch, self._offset = as_int(epoch, "epoch", 0), 0
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         it = _EpochIterator(self, self._epoch, self._offset)
@@ -260,6 +272,11 @@ class DeviceLoader:
                 "load_state_dict() was called while an epoch is being iterated; "
                 "load the state before iterating (e.g. right after building the loader)"
             )
+        if not isinstance(state, dict):
+            raise StateError(
+                f"state is a {type(state).__name__}, not the dict loader.state_dict() returned; pass that dict "
+                "(e.g. torch.load(...)['loader'])"
+            )
         if state.get("version") != STATE_VERSION:
             raise StateError(f"state version={state.get('version')!r} is not {STATE_VERSION}; it is not a loader state")
         if state.get("world_size", 1) != self.config.world_size:
@@ -269,13 +286,13 @@ class DeviceLoader:
                 f"continue from the next epoch instead with loader.set_epoch({state.get('epoch', 0) + 1})"
             )
         for key, current in asdict(self.config).items():
-            if state.get(key) != current:
+            if type(state.get(key)) is not type(current) or state.get(key) != current:  # 123.0 is not the seed 123
                 raise StateError(
                     f"state has {key}={state.get(key)!r} but this loader has {key}={current!r}; "
                     "resume needs the same data and configuration"
                 )
         epoch, batch = state.get("epoch"), state.get("batch")
-        if not isinstance(epoch, int) or epoch < 0 or not isinstance(batch, int) or not 0 <= batch <= len(self):
+        if type(epoch) is not int or epoch < 0 or type(batch) is not int or not 0 <= batch <= len(self):
             raise StateError(
                 f"state has epoch={epoch!r}, batch={batch!r}; expected epoch >= 0 and 0 <= batch <= {len(self)}"
             )

@@ -30,6 +30,7 @@ from torch.utils.data import DataLoader
 
 from .device import resolve_device, usable_cores
 from .errors import ConfigError
+from .validate import as_int, check_dataset
 
 __all__ = ["LoaderConfig", "Trial", "tune_dataloader"]
 
@@ -177,8 +178,8 @@ def tune_dataloader(
         >>> cfg.kwargs
         {'batch_size': 32, 'num_workers': 0, 'pin_memory': False}
     """
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ConfigError(f"batch_size={batch_size!r} must be an int >= 1")
+    check_dataset(dataset)
+    batch_size = as_int(batch_size, "batch_size", 1)
     if time_budget_s <= 0:
         raise ConfigError(f"time_budget_s={time_budget_s} must be > 0")
     if len(dataset) < 8 * batch_size:

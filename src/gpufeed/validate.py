@@ -3,15 +3,140 @@
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+import numbers
+import operator
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
+from torch.utils.data import Dataset, IterableDataset
 
 from .errors import ConfigError, DataError
 
-__all__ = ["as_tensor", "check_images", "check_labels", "check_transform"]
+__all__ = [
+    "Guarded",
+    "SampleFailure",
+    "as_flag",
+    "as_int",
+    "as_tensor",
+    "check_dataset",
+    "check_epoch",
+    "check_images",
+    "check_labels",
+    "check_transform",
+    "label_tensor",
+]
+
+
+def as_flag(value: Any, name: str) -> bool:
+    """``value`` if it is a bool (numpy's too); a string such as ``"no"`` or ``"False"`` is an error, not True."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise ConfigError(f"{name}={value!r} must be True or False (a {type(value).__name__} is not a flag)")
+
+
+def as_int(value: Any, name: str, minimum: int | None = None) -> int:
+    """``value`` as an int (numpy and torch integers accepted); bools, floats and strings are errors."""
+    if isinstance(value, (bool, np.bool_)) or (isinstance(value, torch.Tensor) and value.is_floating_point()):
+        raise ConfigError(f"{name}={value!r} must be an int")
+    try:
+        number = operator.index(value)
+    except TypeError:
+        raise ConfigError(f"{name}={value!r} must be an int, not a {type(value).__name__}") from None
+    if minimum is not None and number < minimum:
+        raise ConfigError(f"{name}={number} must be >= {minimum}")
+    return number
+
+
+def check_epoch(batches: int, batch_size: int, samples: int, share: str = "") -> None:
+    """An epoch of zero batches (``drop_last`` with ``batch_size`` over the samples) is an error, not a silent no-op."""
+    if batches == 0:
+        raise ConfigError(
+            f"batch_size={batch_size} with drop_last=True gives an epoch of zero batches: {samples} samples{share}; "
+            f"use batch_size <= {samples} or drop_last=False"
+        )
+
+
+def check_dataset(dataset: Any) -> None:
+    """A map-style dataset (``len()`` and ``[i]``), or a DataError that says what to pass instead."""
+    map_style = hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")
+    if isinstance(dataset, IterableDataset) or not map_style or isinstance(dataset, (str, bytes)):
+        raise DataError(
+            f"dataset is a {type(dataset).__name__}, not a map-style dataset with len() and [i]; gpufeed reads "
+            "torchvision datasets, TensorDataset or any class with __len__ and __getitem__ returning (image, label). "
+            "For an iterable or generator, collect it (a list of pairs) or keep your DataLoader and use "
+            "gpufeed.prefetch(loader)"
+        )
+
+
+def label_tensor(labels: Sequence[Any] | np.ndarray | torch.Tensor, source: str) -> torch.Tensor:
+    """Labels as a tensor (integers as int64); ``None``, strings or ragged labels name the first bad sample."""
+    if isinstance(labels, torch.Tensor):
+        t = labels
+    else:
+        array = None
+        try:
+            array = np.asarray(labels)
+        except ValueError:  # ragged: numpy refuses to build the array
+            pass
+        if array is None or array.dtype.kind not in "biuf":
+            for i, label in enumerate(labels):
+                if not _is_number(label):
+                    raise DataError(
+                        f"{source}[{i}] has label {label!r} ({type(label).__name__}); labels must be class indices "
+                        "(int) or numeric targets of one shape: map names to indices (e.g. with a target_transform)"
+                    )
+            raise DataError(f"the labels of {source} have different shapes; every label must have one shape")
+        t = torch.from_numpy(np.ascontiguousarray(array))
+    return t.long() if not (t.is_floating_point() or t.dtype == torch.bool) else t
+
+
+def _is_number(label: Any) -> bool:
+    if isinstance(label, (torch.Tensor, np.ndarray)):
+        return label.dtype != object and (label.dtype.kind in "biuf" if isinstance(label, np.ndarray) else True)
+    return isinstance(label, numbers.Number)
+
+
+@dataclass(frozen=True)
+class SampleFailure:
+    """What ``dataset[i]`` raised, carried in place of the sample (picklable: it crosses DataLoader workers)."""
+
+    index: int
+    source: str
+    error: str
+    length: int
+    index_error: bool
+
+    def exception(self) -> DataError:
+        hint = (
+            f" (len() says {self.length} samples: does __len__ count samples __getitem__ cannot serve?)"
+            if self.index_error
+            else ""
+        )
+        return DataError(f"{self.source}[{self.index}] raised {self.error}{hint}; fix or drop that sample")
+
+
+class Guarded(Dataset):
+    """``convert(dataset[i])``, or a :class:`SampleFailure` naming ``i`` and ``source`` where that raised.
+
+    ``convert`` (a module-level function, so workers can unpickle it) runs inside the guard too.
+    """
+
+    def __init__(self, dataset: Any, source: str, convert: Callable[[Any], Any] | None = None) -> None:
+        self.dataset, self.source, self.length, self.convert = dataset, source, len(dataset), convert
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, i: int) -> Any:
+        try:
+            item = self.dataset[i]
+            return item if self.convert is None else self.convert(item)
+        except Exception as e:  # any failure of the user's code is reported with its sample
+            return SampleFailure(i, self.source, f"{type(e).__name__}: {e}", self.length, isinstance(e, IndexError))
 
 
 def as_tensor(value: Any, name: str) -> torch.Tensor:
@@ -25,6 +150,7 @@ def as_tensor(value: Any, name: str) -> torch.Tensor:
 
 
 def check_images(images: torch.Tensor) -> None:
+    """Shape, dtype and finiteness of an image tensor; floats outside [0, 1] get a one-time warning."""
     if images.dim() != 4:
         fix = "; add the channel axis with images.unsqueeze(1)" if images.dim() == 3 else ""
         raise DataError(f"images must have shape (N, C, H, W), got {tuple(images.shape)}{fix}")
@@ -34,11 +160,21 @@ def check_images(images: torch.Tensor) -> None:
         raise DataError(f"images has dtype={images.dtype}; use uint8 (preferred: 4x smaller) or a floating dtype")
     if images.dtype.is_floating_point:
         step = 4096  # in slices, so a memory-mapped array is not materialised at once
+        low, high = float("inf"), float("-inf")
         for start in range(0, images.shape[0], step):
-            bad = ~torch.isfinite(images[start : start + step]).flatten(1).all(dim=1)
+            part = images[start : start + step]
+            bad = ~torch.isfinite(part).flatten(1).all(dim=1)
             if bool(bad.any()):
                 first = start + int(bad.nonzero()[0, 0])
                 raise DataError(f"images[{first}] contains NaN or inf; clean the data or drop the sample")
+            low, high = min(low, float(part.min())), max(high, float(part.max()))
+        if low < 0 or high > 1:
+            warnings.warn(
+                f"float images hold values in [{low:g}, {high:g}], but float images are expected in [0, 1] (as "
+                "ToTensor gives): Normalize, ColorJitter and the fill of crops assume that range. Divide by 255 (or "
+                "pass the uint8 images, 4x smaller) unless the data is already normalised on purpose",
+                stacklevel=3,
+            )
 
 
 def check_labels(labels: torch.Tensor, n: int, num_classes: int | None) -> None:

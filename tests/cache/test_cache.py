@@ -79,7 +79,8 @@ def test_a_file_swapped_in_from_another_cache_is_detected(built, tmp_path):
         ("", "not valid JSON"),
         ('{"format": "something-else"}', "not a gpufeed cache manifest"),
         ('{"format": "gpufeed-cache", "version": 99}', "format version 99"),
-        ('{"format": "gpufeed-cache", "version": 1, "key": "k"}', "malformed"),
+        ('{"format": "gpufeed-cache", "version": 1, "key": "k"}', "format version 1"),
+        ('{"format": "gpufeed-cache", "version": 2, "key": "k"}', "does not match its own digest"),
         ("[1, 2]", "not a gpufeed cache"),
     ],
 )
@@ -143,7 +144,7 @@ def test_key_covers_source_transform_params_and_format(monkeypatch):
     changed = cifar_like(20)
     changed.data[3, 0, 0, 0] ^= 1
     assert key != cache_key(changed, [T.Resize(16)])
-    monkeypatch.setattr("gpufeed.cache.fingerprint.VERSION", 2)
+    monkeypatch.setattr("gpufeed.cache.fingerprint.VERSION", 3)
     assert key != cache_key(ds, [T.Resize(16)])
 
 

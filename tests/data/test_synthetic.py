@@ -60,3 +60,21 @@ def test_concurrent_requests_generate_once_and_all_read_complete_files(tmp_path)
     procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True) for _ in range(3)]
     assert [p.communicate(timeout=120)[0].strip() for p in procs] == ["2000"] * 3
     assert [p.returncode for p in procs] == [0, 0, 0]
+
+
+def test_a_folder_with_synthetic_data_of_another_seed_or_size_is_not_read_as_this_one(tmp_path):
+    from gpufeed import DataError
+
+    write_synthetic_cifar10(tmp_path, seed=1, train=100, test=10)
+    with pytest.raises(DataError, match=r"holds synthetic data of seed 1 and sizes \(100, 10\), not seed 2"):
+        cifar10("synthetic", tmp_path, seed=2, sizes=(100, 10))
+    assert len(cifar10("synthetic", tmp_path, seed=1, sizes=(100, 10))) == 100
+
+
+def test_a_named_folder_is_only_read_unless_download_is_asked(tmp_path):
+    from gpufeed import DataError
+
+    with pytest.raises(DataError, match="holds no synthetic CIFAR-10.*--download"):
+        cifar10("synthetic", tmp_path, sizes=(100, 10))
+    assert list(tmp_path.iterdir()) == []
+    assert len(cifar10("synthetic", tmp_path, sizes=(100, 10), download=True)) == 100

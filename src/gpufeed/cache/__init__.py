@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+import os
 import warnings
 from collections.abc import Callable
+from contextlib import ExitStack
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from ..errors import CacheError, ConfigError
+from ..errors import CacheError, CacheWriteError, ConfigError
 from .fingerprint import cache_key, default_cache_dir
 from .lock import build_lock
 from .manage import list_entries, remove_entry
 from .reader import Cache, open_cache, verify_cache
-from .writer import write_cache
+from .writer import check_target, write_cache
 
 __all__ = [
     "Cache",
@@ -46,20 +48,32 @@ def build_cache(
     num_workers: int | None = None,
     progress: bool = True,
     root: str | Path | None = None,
+    lock_timeout: float | None = None,
 ) -> Cache:
     """Compute the deterministic part of ``dataset``'s transform once and store it, atomically and verified.
 
-    An existing valid entry with the same key is reused; one with another key, or a damaged one,
-    is replaced. Returns the opened :class:`Cache`.
+    An existing valid entry with the same key is reused; a gpufeed entry with another key, or a
+    damaged one, is replaced (with a warning). A path that exists but is not a gpufeed entry (your
+    dataset folder, an empty directory, a file) is refused with a CacheError and left untouched.
+    Returns the opened :class:`Cache`.
 
     Args:
         dataset: a map-style dataset (torchvision datasets, ``ImageFolder``, ``TensorDataset``, ...).
-        path: the entry's directory; ``None`` puts it under ``root`` (default :func:`default_cache_dir`).
+        path: the entry's directory (created; must not exist yet unless it is a gpufeed entry);
+            ``None`` puts it under ``root`` (default :func:`default_cache_dir`).
         transform: the full transform; by default ``dataset.transform``. Only its deterministic
             prefix (see :mod:`gpufeed.plan`) is computed and stored.
+        lock_timeout: seconds to wait while another process builds the same entry (default
+            ``$GPUFEED_LOCK_TIMEOUT``, else an hour); then a CacheError names that process.
+
+    Raises:
+        CacheError: ``path`` is not a gpufeed entry, or the lock wait timed out.
+        CacheWriteError: the disk is full or the location not writable (nothing partial is left).
     """
     from ..plan import split_transform
+    from ..validate import check_dataset
 
+    check_dataset(dataset)
     split = split_transform(getattr(dataset, "transform", None) if transform is _DATASET else transform, cache_lambda)
     key = cache_key(dataset, split.cached)
     if key is None:
@@ -69,9 +83,28 @@ def build_cache(
             "use gpufeed.accelerate(..., cache=False) to keep it in memory instead"
         )
     target = Path(path) if path is not None else entry_path(dataset, key, root)
-    cache, _ = load_or_ingest(dataset, split, target, key, lambda data: True, num_workers, progress)
+    cache, _ = load_or_ingest(dataset, split, target, key, lambda data: True, num_workers, progress, lock_timeout)
     assert cache is not None
     return cache
+
+
+def _current(target: Path, key: str, announce: bool) -> Cache | None:
+    """The valid entry at ``target`` if it has ``key``; ``announce``: warn about what will be rebuilt."""
+    try:
+        existing = open_cache(target, verify=True)
+    except CacheError as e:
+        if announce and target.exists():
+            warnings.warn(f"rebuilding the cache: {e}", stacklevel=4)
+        return None
+    if existing.key == key:
+        return existing
+    if announce:
+        warnings.warn(
+            f"replacing the cache at {target}: it holds another dataset or another transform (key {existing.key[:12]}, "
+            f"wanted {key[:12]})",
+            stacklevel=4,
+        )
+    return None
 
 
 def load_or_ingest(
@@ -82,29 +115,70 @@ def load_or_ingest(
     persist: Callable[[Any], bool],
     num_workers: int | None = None,
     progress: bool = True,
+    lock_timeout: float | None = None,
+    strict: bool = True,
 ) -> tuple[Cache | None, Any]:
     """The entry at ``target`` if it is valid and has ``key``; else a fresh ingest, stored when ``persist(data)``.
 
     Returns ``(cache, data)``: ``(entry, None)`` on a hit, ``(entry, data)`` when just written,
-    ``(None, data)`` when not persisted. Runs under the entry's build lock, so concurrent callers
-    (one per rank) build once; a damaged entry is rebuilt with a warning.
+    ``(None, data)`` when not persisted. A valid entry is read without the lock (so a read-only
+    cache works); building runs under the entry's build lock, so concurrent callers (one per rank)
+    build once. A damaged entry is rebuilt with a warning; a path that is not gpufeed's is refused
+    before anything is created beside it. ``strict=False`` (accelerate): a location that cannot be
+    written gives ``(None, data)`` and one warning instead of a CacheWriteError.
     """
     from ..ingest import ingest
 
-    with build_lock(target):
+    hit = _current(target, key, announce=False)  # entries appear by one rename: no lock needed to read
+    if hit is not None:
+        return hit, None
+    check_target(target)  # before the lock file is created beside it
+    _check_outside_dataset(dataset, target)
+    with ExitStack() as stack:
+        unwritable: CacheWriteError | None = None
         try:
-            existing = open_cache(target, verify=True)
-            if existing.key == key:
-                return existing, None
-        except CacheError as e:
-            if target.exists():
-                warnings.warn(f"rebuilding the cache: {e}", stacklevel=3)
+            stack.enter_context(build_lock(target, lock_timeout, progress=progress))
+        except CacheWriteError as e:
+            if strict:
+                raise
+            unwritable = e
+        if unwritable is None:
+            hit = _current(target, key, announce=True)  # built by another process while we waited?
+            if hit is not None:
+                return hit, None
         data = ingest(dataset, split.cached_transform(), num_workers=num_workers, progress=progress)
-        return (store(target, key, split, data) if persist(data) else None), data
+        if not persist(data):
+            return None, data
+        try:
+            if unwritable is not None:
+                raise unwritable
+            # Verified when asked for a cache; accelerate skips the re-read: the bytes were hashed as they
+            # were written, and reading them back would hold a second copy of the images in memory.
+            return store(target, key, split, data, verify=strict), data
+        except CacheWriteError as e:
+            if strict:
+                raise
+            warnings.warn(f"gpufeed: the data stays in memory, not cached on disk: {e}", stacklevel=3)
+            return None, data
 
 
-def store(target: Path, key: str, split: Any, data: Any) -> Cache:
-    """Write ingested data (:class:`gpufeed.ingest.Ingested`) as the entry ``target`` and open it, verified."""
+def _check_outside_dataset(dataset: Any, target: Path) -> None:
+    """A cache inside the dataset's own directory would change the dataset (an ImageFolder would see a new class)."""
+    root = getattr(dataset, "root", None)
+    if not isinstance(root, (str, os.PathLike)):
+        return
+    base = getattr(dataset, "base_folder", None)  # CIFAR, SVHN, ...: the data sits in root/base_folder
+    data_dir = (Path(root) / base if isinstance(base, str) else Path(root)).resolve()
+    if target.resolve().is_relative_to(data_dir):
+        raise CacheError(
+            f"the cache {target} would be inside {data_dir}, the directory of the dataset "
+            f"({type(dataset).__name__}); gpufeed never writes into a dataset's directory: choose a cache location "
+            "outside it (build_cache(dataset, path), accelerate(..., cache=ROOT), --cache-dir or GPUFEED_CACHE_DIR)"
+        )
+
+
+def store(target: Path, key: str, split: Any, data: Any, verify: bool = True) -> Cache:
+    """Write ingested data (:class:`gpufeed.ingest.Ingested`) as the entry ``target`` and open it."""
     meta = {
         "cached": [repr(op) for op in split.cached],
         "ingest": data.path,
@@ -112,4 +186,4 @@ def store(target: Path, key: str, split: Any, data: Any) -> Cache:
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
     }
     write_cache(target, key, {"images": data.images, "labels": data.labels}, meta)
-    return open_cache(target, verify=True)
+    return open_cache(target, verify=verify)

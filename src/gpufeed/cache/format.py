@@ -3,14 +3,18 @@
 A cache is a directory::
 
     <name>/
-      images.bin      raw C-order array bytes (memory-mappable), no header
+      images.bin      raw C-order little-endian array bytes (memory-mappable), no header
       labels.bin
-      manifest.json   written last: format, version, key, and per array dtype, shape, size and
-                      the blake2b hash of every 64 MiB block
+      manifest.json   written last: format, version, key, per array dtype, shape, size and the
+                      blake2b hash of every 64 MiB block, and a digest of the manifest itself
 
-A directory without a valid manifest is not a cache. Readers check sizes always and hashes when
-asked (the default), so truncation, a zero-filled tail, bit flips and swapped files are caught
-before a sample is served.
+A directory without a valid manifest is not a cache. The manifest's own digest covers every other
+field, so an edited shape, dtype or byte order is caught even when the byte count still adds up.
+Readers check sizes always and block hashes when asked (the default), so truncation, a zero-filled
+tail, bit flips and swapped files are caught before a sample is served.
+
+A directory whose manifest parses and names this format (any version, damaged or not) is
+gpufeed's own: the only kind of directory gpufeed will replace or delete (:func:`is_gpufeed_entry`).
 """
 
 from __future__ import annotations
@@ -27,15 +31,30 @@ import numpy as np
 
 from ..errors import CacheError
 
-__all__ = ["BLOCK_BYTES", "FORMAT", "MANIFEST", "VERSION", "ArraySpec", "Manifest", "block_hashes"]
+__all__ = [
+    "BLOCK_BYTES",
+    "DTYPES",
+    "FORMAT",
+    "MANIFEST",
+    "VERSION",
+    "ArraySpec",
+    "Manifest",
+    "block_hashes",
+    "dtype_code",
+    "is_gpufeed_entry",
+]
 
 FORMAT = "gpufeed-cache"
-VERSION = 1
+VERSION = 2  # 2: explicit byte order in dtypes, manifest digest
 MANIFEST = "manifest.json"
 BLOCK_BYTES = 64 << 20
 
+# The dtypes gpufeed writes, in numpy's explicit spelling ("|" no byte order, "<" little-endian).
+# Anything else in a manifest was not written by gpufeed and is refused before a byte is mapped.
+DTYPES = ("|b1", "|u1", "|i1", "<i2", "<i4", "<i8", "<f2", "<f4", "<f8")
 
-def _hash(block: memoryview) -> str:
+
+def _hash(block: memoryview | bytes) -> str:
     return hashlib.blake2b(block, digest_size=16).hexdigest()
 
 
@@ -47,17 +66,40 @@ def block_hashes(buffer: np.ndarray | memoryview, threads: int = 4) -> tuple[str
         return tuple(pool.map(_hash, blocks))
 
 
+def dtype_code(dtype: np.dtype) -> str:
+    """The manifest's spelling of ``dtype`` (little-endian); a dtype gpufeed does not write is a CacheError."""
+    code = np.dtype(dtype).newbyteorder("<").str
+    if code not in DTYPES:
+        raise CacheError(f"dtype {np.dtype(dtype)} cannot be stored in a gpufeed cache; it stores {', '.join(DTYPES)}")
+    return code
+
+
+def _digest(fields: dict[str, Any]) -> str:
+    body = {k: v for k, v in fields.items() if k != "digest"}
+    return _hash(json.dumps(body, sort_keys=True, separators=(",", ":")).encode())
+
+
 @dataclass(frozen=True)
 class ArraySpec:
     file: str
-    dtype: str
+    dtype: str  # one of DTYPES
     shape: tuple[int, ...]
     nbytes: int
     hashes: tuple[str, ...]
 
     def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            order = {">": "big-endian", "=": "native byte order"}.get(self.dtype[:1], "")
+            what = f"{order} dtype" if order else "dtype"
+            raise ValueError(
+                f"{self.file} has {what} {self.dtype!r}, which gpufeed never writes (it writes {', '.join(DTYPES)})"
+            )
+        if "/" in self.file or "\\" in self.file or self.file in ("", ".", ".."):
+            raise ValueError(f"array file {self.file!r} is not a plain file name inside the cache directory")
+        if any(not isinstance(d, int) or isinstance(d, bool) or d < 0 for d in self.shape):
+            raise ValueError(f"{self.file}: shape {self.shape} must be non-negative integers")
         expected = int(np.prod(self.shape)) * np.dtype(self.dtype).itemsize
-        if expected != self.nbytes or self.nbytes < 0:
+        if expected != self.nbytes:
             raise ValueError(f"{self.file}: shape {self.shape} of {self.dtype} is {expected} bytes, not {self.nbytes}")
         if len(self.hashes) != -(-self.nbytes // BLOCK_BYTES):
             raise ValueError(f"{self.file}: {len(self.hashes)} block hashes for {self.nbytes} bytes")
@@ -72,34 +114,67 @@ class Manifest:
     version: int = VERSION
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=2, sort_keys=True)
+        fields = asdict(self)
+        return json.dumps({**fields, "digest": _digest(fields)}, indent=2, sort_keys=True)
 
     @classmethod
     def read(cls, directory: Path) -> Manifest:
         """Parse and validate ``directory/manifest.json``, or raise a CacheError that says what to do."""
         path = directory / MANIFEST
-        remedy = f"delete {directory} (gpufeed cache clear) and build it again"
+        remedy = f"delete it (gpufeed cache clear {directory}) and build it again"
         if not path.is_file():
-            raise CacheError(f"{path} is missing: {directory} is an incomplete build or not a gpufeed cache; {remedy}")
-        try:
-            raw = json.loads(path.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise CacheError(f"{path} is not valid JSON ({e}); {remedy}") from None
+            raise CacheError(
+                f"{path} is missing: {directory} is an incomplete build or not a gpufeed cache; if it is a gpufeed "
+                f"entry, {remedy}"
+            )
+        raw = _load(path)
         if not isinstance(raw, dict) or raw.get("format") != FORMAT:
-            raise CacheError(f"{path} is not a gpufeed cache manifest (format={_get(raw, 'format')!r}); {remedy}")
+            raise CacheError(
+                f"{path} is not a gpufeed cache manifest (format={_get(raw, 'format')!r}); gpufeed will not read, "
+                f"replace or delete {directory}: point it at a gpufeed cache or at a path that does not exist yet"
+            )
         if raw.get("version") != VERSION:
             raise CacheError(
                 f"{path} has format version {raw.get('version')!r}, this gpufeed reads {VERSION}; {remedy}"
             )
+        if raw.get("digest") != _digest(raw):
+            raise CacheError(
+                f"{path} does not match its own digest: the manifest was edited or damaged after it was written "
+                f"(a changed shape, dtype or hash would serve wrong data); {remedy}"
+            )
         try:
             arrays = {
-                name: ArraySpec(a["file"], a["dtype"], tuple(a["shape"]), int(a["nbytes"]), tuple(a["hashes"]))
+                name: ArraySpec(a["file"], a["dtype"], tuple(a["shape"]), a["nbytes"], tuple(a["hashes"]))
                 for name, a in raw["arrays"].items()
             }
             return cls(str(raw["key"]), arrays, dict(raw.get("meta", {})))
-        except (KeyError, TypeError, ValueError, AttributeError) as e:
+        except ValueError as e:
+            raise CacheError(f"{path}: {e}; {remedy}") from None
+        except (KeyError, TypeError, AttributeError) as e:
             raise CacheError(f"{path} is malformed ({e!r}); {remedy}") from None
+
+
+def _load(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CacheError(
+            f"{path} is not valid JSON ({e}); if {path.parent} is a gpufeed cache, delete it "
+            f"(gpufeed cache clear {path.parent}) and build it again"
+        ) from None
 
 
 def _get(raw: Any, key: str) -> Any:
     return raw.get(key) if isinstance(raw, dict) else None
+
+
+def is_gpufeed_entry(directory: Path) -> bool:
+    """Whether ``directory`` holds a manifest that parses and names gpufeed's format (valid or damaged).
+
+    Such a directory was made by gpufeed, so gpufeed may replace or delete it; no other is ever touched.
+    """
+    try:
+        raw = json.loads((directory / MANIFEST).read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    return isinstance(raw, dict) and raw.get("format") == FORMAT

@@ -2,48 +2,135 @@
 
 The kernel releases an ``flock`` when its holder exits, however it exits, so a builder that dies
 never blocks the others: the next waiter takes the lock, finds no valid entry, and builds it.
-Waiting is bounded (``timeout_s``) and the error names the lock file and its last holder.
+The holder writes who it is (pid, host, since when, what it builds) into the lock file; a waiter
+says so on stderr within ``announce_s`` seconds, shows the wait as a progress bar, and gives up
+after ``timeout`` seconds with a :class:`~gpufeed.errors.CacheError` that names the holder.
+
+Only building takes the lock: reading a valid entry needs none (entries appear by one rename),
+so a cache in a read-only location is usable.
 """
 
 from __future__ import annotations
 
 import fcntl
+import json
 import os
+import socket
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import datetime
 from pathlib import Path
 
-from ..errors import CacheError
+from ..errors import CacheError, CacheWriteError, ConfigError
 
-__all__ = ["build_lock"]
+__all__ = ["DEFAULT_LOCK_TIMEOUT_S", "LOCK_TIMEOUT_ENV", "build_lock", "lock_timeout"]
+
+LOCK_TIMEOUT_ENV = "GPUFEED_LOCK_TIMEOUT"
+DEFAULT_LOCK_TIMEOUT_S = 3600.0  # a large ImageFolder can take many minutes to build
+
+
+def lock_timeout(value: float | None) -> float:
+    """Seconds to wait for another process's build: ``value``, else ``$GPUFEED_LOCK_TIMEOUT``, else an hour."""
+    source = "lock_timeout"
+    if value is None:
+        env = os.environ.get(LOCK_TIMEOUT_ENV)
+        if not env:
+            return DEFAULT_LOCK_TIMEOUT_S
+        source, value = LOCK_TIMEOUT_ENV, env  # type: ignore[assignment]
+    try:
+        seconds = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        seconds = float("nan")
+    if isinstance(value, bool) or not seconds >= 0:
+        raise ConfigError(f"{source}={value!r} must be a number of seconds >= 0 (0: do not wait)")
+    return seconds
+
+
+def _holder(f: object) -> str:
+    f.seek(0)  # type: ignore[attr-defined]
+    text = f.read().strip()  # type: ignore[attr-defined]
+    try:
+        h = json.loads(text)
+        since = datetime.fromtimestamp(h["since"]).isoformat(sep=" ", timespec="seconds")
+        ago = time.time() - h["since"]
+        return f"pid {h['pid']} on {h['host']} since {since} ({ago:.0f} s ago)"
+    except (ValueError, KeyError, TypeError):
+        return f"pid {text}" if text.isdigit() else "an unknown process"
 
 
 @contextmanager
-def build_lock(target: Path, timeout_s: float = 3600.0, poll_s: float = 0.1) -> Iterator[None]:
-    """Hold the build lock of the entry ``target`` (created next to it) for the ``with`` block."""
-    target.parent.mkdir(parents=True, exist_ok=True)
+def build_lock(
+    target: Path,
+    timeout: float | None = None,
+    *,
+    progress: bool = True,
+    announce_s: float = 2.0,
+    poll_s: float = 0.1,
+) -> Iterator[None]:
+    """Hold the build lock of the entry ``target`` (a file ``.<name>.lock`` beside it) for the ``with`` block.
+
+    Raises CacheWriteError if the lock file cannot be created (a read-only location), CacheError
+    when ``timeout`` seconds pass while another process holds it.
+    """
+    timeout_s = lock_timeout(timeout)
     path = target.parent / f".{target.name}.lock"
-    deadline = time.monotonic() + timeout_s
-    with open(path, "a+") as f:
-        while True:
-            try:
-                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    f.seek(0)
-                    holder = f.read().strip() or "unknown"
-                    raise CacheError(
-                        f"waited {timeout_s:.0f} s for {path} (held by pid {holder}) to build {target}; if no build is "
-                        "running, delete the lock file"
-                    ) from None
-                time.sleep(poll_s)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        f = open(path, "a+")
+    except OSError as e:
+        raise CacheWriteError(
+            f"cannot create the build lock {path} ({e.strerror or e}): the cache location is not writable, so "
+            f"{target} cannot be built there; choose a writable location (cache root: GPUFEED_CACHE_DIR / "
+            "--cache-dir / accelerate(..., cache=ROOT)), or accelerate(..., cache=False)"
+        ) from None
+    with f:
+        _acquire(f, path, target, timeout_s, progress, announce_s, poll_s)
         f.seek(0)
         f.truncate()
-        f.write(str(os.getpid()))
+        record = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.time(), "target": str(target)}
+        f.write(json.dumps(record))
         f.flush()
         try:
             yield
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _acquire(f, path: Path, target: Path, timeout_s: float, progress: bool, announce_s: float, poll_s: float) -> None:  # type: ignore[no-untyped-def]
+    start = time.monotonic()
+    bar = None
+    try:
+        while True:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                pass
+            waited = time.monotonic() - start
+            if waited >= timeout_s:
+                raise CacheError(
+                    f"gave up after {timeout_s:.0f} s waiting for {path}: {_holder(f)} is building {target}. The lock "
+                    "is released when its holder exits, so that process is still running: wait longer "
+                    f"(lock_timeout= or {LOCK_TIMEOUT_ENV}=SECONDS), or stop it"
+                )
+            if bar is None and waited >= min(announce_s, timeout_s):
+                print(
+                    f"gpufeed: waiting for {_holder(f)} to finish building {target} (lock {path}); "
+                    f"giving up after {timeout_s:.0f} s",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                from tqdm.auto import tqdm
+
+                bar = tqdm(
+                    total=round(timeout_s), desc="gpufeed: waiting for the cache build", unit="s", disable=not progress
+                )
+            if bar is not None and min(bar.total, round(waited)) != bar.n:
+                bar.n = min(bar.total, round(waited))
+                bar.refresh()
+            time.sleep(poll_s)
+    finally:
+        if bar is not None:
+            bar.close()

@@ -48,14 +48,18 @@ def _map(path: Path, name: str, manifest: Manifest, verify: bool) -> np.ndarray:
     size = file.stat().st_size
     if size != spec.nbytes:
         raise CacheError(f"{file} is {size} bytes but the manifest says {spec.nbytes} (truncated?); {_remedy(path)}")
-    # Copy-on-write: writable for torch (no warning), and nothing is ever written back to the file.
-    array = (
-        np.memmap(file, dtype=np.dtype(spec.dtype), mode="c", shape=spec.shape)
-        if spec.nbytes
-        else (np.zeros(spec.shape, dtype=np.dtype(spec.dtype)))
-    )
+    try:
+        # Copy-on-write: writable for torch (no warning), and nothing is ever written back to the file.
+        array = (
+            np.memmap(file, dtype=np.dtype(spec.dtype), mode="c", shape=spec.shape)
+            if spec.nbytes
+            else (np.zeros(spec.shape, dtype=np.dtype(spec.dtype)))
+        )
+        hashes = block_hashes(array) if verify else ()
+    except OSError as e:
+        raise CacheError(f"{file} cannot be read ({e.strerror or e}); check its permissions") from None
     if verify:
-        for i, (got, want) in enumerate(zip(block_hashes(array), spec.hashes, strict=True)):
+        for i, (got, want) in enumerate(zip(hashes, spec.hashes, strict=True)):
             if got != want:
                 start = i * BLOCK_BYTES
                 raise CacheError(

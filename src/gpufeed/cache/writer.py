@@ -1,16 +1,22 @@
 """Write a cache atomically: a temporary directory, flushed, manifest last, then one rename.
 
 NOTE [ Cache write order ]
+0. The target must be absent or gpufeed's own entry (:func:`check_target`); anything else at that
+   path is an error and is never touched. Leftovers of dead builds beside it are removed.
 1. Arrays are written into ``.<name>.building-<pid>-<rand>`` next to the target and fsynced.
 2. The manifest is written last (to a temporary name, fsynced, renamed), so a directory with a
    manifest has complete arrays.
-3. The temporary directory is renamed onto the target in one step (an old entry is moved aside
-   first and removed after). A build killed at any point leaves only a ``.building`` directory,
-   which no reader opens and the next build removes.
+3. An old entry is moved aside to ``.<name>.old-<pid>-<rand>``, the new one renamed onto the
+   target, and the old one removed. A build killed at any point leaves only ``.building`` /
+   ``.old`` directories, which no reader opens and the next build removes (their pid is dead).
+
+A failure to write (disk full, no permission, read-only file system) removes what this build
+wrote and raises :class:`~gpufeed.errors.CacheWriteError` with the path, the bytes and the remedy.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import uuid
@@ -19,13 +25,35 @@ from typing import Any
 
 import torch
 
-from .format import MANIFEST, ArraySpec, Manifest, block_hashes
+from ..errors import CacheError, CacheWriteError
+from .format import MANIFEST, ArraySpec, Manifest, block_hashes, dtype_code, is_gpufeed_entry
+from .manage import leftovers
 
-__all__ = ["write_cache"]
+__all__ = ["check_target", "write_cache"]
+
+_MANIFEST_ALLOWANCE = 1 << 20  # bytes kept free beyond the arrays, for the manifest and directory entries
 
 
 def _checkpoint(phase: str) -> None:
     """A seam between the phases of a write; the fault-injection tests end the process here."""
+
+
+def check_target(target: Path) -> None:
+    """Refuse a target path gpufeed did not create: it may be absent or a gpufeed entry, nothing else."""
+    if not (target.exists() or target.is_symlink()):
+        return
+    if target.is_symlink() or not target.is_dir():
+        raise CacheError(
+            f"{target} exists and is not a directory gpufeed created; gpufeed never replaces it: choose a path that "
+            "does not exist yet for the cache"
+        )
+    if not is_gpufeed_entry(target):
+        contents = "is empty" if not any(target.iterdir()) else "holds files gpufeed did not write"
+        raise CacheError(
+            f"{target} exists, {contents} and has no gpufeed manifest, so it is not a gpufeed cache; gpufeed never "
+            "replaces or deletes a directory it did not create: choose a path that does not exist yet (the entry is "
+            "created there), or for a gpufeed entry run `gpufeed cache clear PATH` first"
+        )
 
 
 def _fsync_dir(path: Path) -> None:
@@ -36,59 +64,94 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _remove_stale_builds(target: Path) -> None:
-    for stale in target.parent.glob(f".{target.name}.building-*"):
-        pid = stale.name.rsplit("-", 2)[-2]
-        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
-            shutil.rmtree(stale, ignore_errors=True)
+def _free_bytes(path: Path) -> int | None:
+    for p in (path, *path.parents):
+        if p.exists():
+            try:
+                return shutil.disk_usage(p).free
+            except OSError:
+                return None
+    return None
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+def _write_error(target: Path, needed: int, e: OSError | None) -> CacheWriteError:
+    free = _free_bytes(target.parent)
+    have = f", {free:,} are free there" if free is not None else ""
+    remedy = (
+        "choose a writable location (build_cache(dataset, path), accelerate(..., cache=ROOT), --cache-dir, or "
+        "GPUFEED_CACHE_DIR), or keep the data in memory with accelerate(..., cache=False)"
+    )
+    if e is None or e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        cause = "not enough disk space" if e is None else f"{e.strerror or e}"
+        remedy = "free disk space, or " + remedy
+    else:
+        unwritable = e.errno in (errno.EACCES, errno.EPERM, errno.EROFS)
+        cause = f"{e.strerror or e}" + (" (the location is not writable)" if unwritable else "")
+    return CacheWriteError(
+        f"cannot write the cache {target}: {cause}; it needs {needed:,} bytes{have}; nothing partial was left. {remedy}"
+    )
 
 
 def write_cache(target: Path, key: str, arrays: dict[str, torch.Tensor], meta: dict[str, Any]) -> Manifest:
-    """Write ``arrays`` (CPU tensors) and their manifest to the directory ``target``, atomically."""
+    """Write ``arrays`` (CPU tensors) and their manifest to the directory ``target``, atomically.
+
+    Raises CacheError if ``target`` exists and is not a gpufeed entry, CacheWriteError if the disk
+    is full or the location not writable (nothing is left behind then).
+    """
     target = Path(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    _remove_stale_builds(target)
+    check_target(target)
+    views = {name: t.detach().cpu().contiguous().numpy() for name, t in arrays.items()}
+    needed = sum(a.nbytes for a in views.values()) + _MANIFEST_ALLOWANCE
+    free = _free_bytes(target.parent)
+    if free is not None and free < needed:
+        raise _write_error(target, needed, None)
     tmp = target.parent / f".{target.name}.building-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
     try:
-        specs = {}
-        for name, tensor in arrays.items():
-            array = tensor.detach().cpu().contiguous().numpy()
-            file = f"{name}.bin"
-            with open(tmp / file, "wb") as f:
-                f.write(memoryview(array).cast("B"))
-                f.flush()
-                os.fsync(f.fileno())
-            specs[name] = ArraySpec(file, array.dtype.name, tuple(array.shape), array.nbytes, block_hashes(array))
-            _checkpoint(f"wrote {file}")
-        manifest = Manifest(key, specs, meta)
-        staged = tmp / f"{MANIFEST}.tmp"
-        with open(staged, "w") as f:
-            f.write(manifest.to_json())
+        target.parent.mkdir(parents=True, exist_ok=True)
+        for stale in leftovers(target):
+            shutil.rmtree(stale, ignore_errors=True)
+        tmp.mkdir()
+        manifest = _write_arrays(tmp, key, views, meta)
+        _checkpoint("wrote manifest")
+        _swap_in(tmp, target)
+        return manifest
+    except OSError as e:
+        raise _write_error(target, needed, e) from e
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # gone after a rename; else what this build wrote
+
+
+def _write_arrays(tmp: Path, key: str, views: dict[str, Any], meta: dict[str, Any]) -> Manifest:
+    specs = {}
+    for name, array in views.items():
+        array = array.astype(array.dtype.newbyteorder("<"), copy=False)  # the format is little-endian
+        file = f"{name}.bin"
+        with open(tmp / file, "wb") as f:
+            f.write(memoryview(array).cast("B"))
             f.flush()
             os.fsync(f.fileno())
-        os.replace(staged, tmp / MANIFEST)
-        _fsync_dir(tmp)
-        _checkpoint("wrote manifest")
-        old = None
-        if target.exists():
-            old = target.parent / f".{target.name}.old-{uuid.uuid4().hex[:8]}"
-            os.replace(target, old)
-        os.replace(tmp, target)
-        _fsync_dir(target.parent)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-        return manifest
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        specs[name] = ArraySpec(file, dtype_code(array.dtype), tuple(array.shape), array.nbytes, block_hashes(array))
+        _checkpoint(f"wrote {file}")
+    manifest = Manifest(key, specs, meta)
+    staged = tmp / f"{MANIFEST}.tmp"
+    with open(staged, "w") as f:
+        f.write(manifest.to_json())
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(staged, tmp / MANIFEST)
+    _fsync_dir(tmp)
+    return manifest
+
+
+def _swap_in(tmp: Path, target: Path) -> None:
+    """Rename ``tmp`` onto ``target``; an old entry there (checked to be gpufeed's) is moved aside, then removed."""
+    old = None
+    if target.exists():
+        check_target(target)  # again: it may have appeared while the arrays were written
+        old = target.parent / f".{target.name}.old-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        os.replace(target, old)
+        _checkpoint("moved the old entry aside")
+    os.replace(tmp, target)
+    _fsync_dir(target.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)

@@ -1,8 +1,9 @@
-"""Options shared by the subcommands: which data to use."""
+"""Options shared by the subcommands: which data to use, and the line that names it."""
 
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import Any
 
@@ -14,14 +15,41 @@ def add_data_arguments(p: argparse.ArgumentParser) -> None:
         default="synthetic",
         help="embedded synthetic CIFAR-10 (default) or torchvision's real one",
     )
-    p.add_argument("--data-dir", type=Path, default=None, help="where the data lives (required for cifar10)")
-    p.add_argument("--download", action="store_true", help="let torchvision download the real CIFAR-10")
+    p.add_argument(
+        "--data-dir",
+        type=Path,
+        default=None,
+        help="where the data lives; read only (required for cifar10; synthetic: default gpufeed's cache directory)",
+    )
+    p.add_argument(
+        "--download", action="store_true", help="allow writing into --data-dir: download CIFAR-10 / generate synthetic"
+    )
     p.add_argument("--data-seed", type=int, default=0, help="seed of the synthetic data")
 
 
-def load_data(args: argparse.Namespace, train: bool = True, transform: Any = None) -> Any:
-    from ..data import cifar10
+def load_data(args: argparse.Namespace, train: bool = True, transform: Any = None, announce: bool = True) -> Any:
+    """The dataset the options name; ``announce`` prints the line that says which (rank 0 only)."""
+    from ..data import cifar10, describe
 
-    return cifar10(
+    ds = cifar10(
         args.data, args.data_dir, train=train, transform=transform, download=args.download, seed=args.data_seed
     )
+    if announce and int(os.environ.get("RANK", "0")) == 0:
+        print(f"data: {describe(ds)}", flush=True)
+    return ds
+
+
+def load_train_test(args: argparse.Namespace, train_transform: Any, test_transform: Any, used: str = "") -> Any:
+    """``(train, test)`` datasets; prints one line naming them, with ``used`` (e.g. a subset) appended."""
+    from ..data import describe
+
+    train = load_data(args, True, train_transform, announce=False)
+    test = load_data(args, False, test_transform, announce=False)
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(f"data: {describe(train)}, {len(test):,} test samples{used}", flush=True)
+    return train, test
+
+
+def subset_note(train_size: int | None, test_size: int | None) -> str:
+    parts = [f"the first {n:,} {what}" for n, what in ((train_size, "training"), (test_size, "test")) if n]
+    return f" (using {' and '.join(parts)})" if parts else ""

@@ -110,10 +110,13 @@ def run(args: argparse.Namespace) -> int:
 
     from ..report import format_table
     from ..train import train
+    from ..train.loaders import eval_transform, train_transform
+    from .common import load_train_test, subset_note
 
     if args.nproc_per_node and "LOCAL_RANK" not in os.environ:
         return _launch(args)
-    records = train(config_from(args, epochs=args.epochs, progress=not args.no_progress), out=args.out)
+    datasets = load_train_test(args, train_transform(), eval_transform(), subset_note(args.train_size, args.test_size))
+    records = train(config_from(args, epochs=args.epochs, progress=not args.no_progress), args.out, datasets)
     if int(os.environ.get("RANK", "0")) != 0:
         return 0  # rank 0 reports for everyone
     columns = [

@@ -1,0 +1,195 @@
+"""Bad input a person hands gpufeed: a typed error naming the argument or sample and the fix, or a warning
+where the input is legal but suspicious."""
+
+import numpy as np
+import pytest
+import torch
+import torchvision.transforms as T
+from torch.utils.data import Dataset, IterableDataset, TensorDataset
+
+import gpufeed as gf
+from gpufeed import ConfigError, DataError, DeviceLoader, StateError
+
+from conftest import indexed_images
+from fakes import cifar_like
+
+
+def _loader(n=20, **kw):
+    kw.setdefault("batch_size", 4)
+    return DeviceLoader(indexed_images(n), torch.arange(n), device="cpu", **kw)
+
+
+def test_float_images_outside_zero_one_warn_with_the_range_found():
+    images = torch.rand(6, 3, 4, 4) * 255
+    images[2, 0, 0, 0], images[4, 1, 2, 3] = 255.0, 0.0
+    with pytest.warns(UserWarning, match=r"float images hold values in \[0, 255\].*Divide by 255"):
+        DeviceLoader(images, torch.arange(6), batch_size=2, device="cpu")
+    with pytest.warns(UserWarning, match=r"\[-2, 1\]"):
+        DeviceLoader(torch.tensor([-2.0, 1.0]).view(2, 1, 1, 1), torch.arange(2), batch_size=2, device="cpu")
+
+
+def test_float_images_inside_zero_one_do_not_warn(recwarn):
+    DeviceLoader(torch.rand(6, 3, 4, 4), torch.arange(6), batch_size=2, device="cpu")
+    assert not [w for w in recwarn if "float images" in str(w.message)]
+
+
+@pytest.mark.parametrize("n, batch_size", [(10, 11), (3, 256)])
+def test_an_epoch_of_zero_batches_is_an_error_everywhere(n, batch_size):
+    match = rf"batch_size={batch_size} with drop_last=True gives an epoch of zero batches: {n} samples"
+    with pytest.raises(ConfigError, match=match):
+        _loader(n, batch_size=batch_size, drop_last=True)
+    ds = cifar_like(n, transform=T.ToTensor())
+    with pytest.raises(ConfigError, match=match):
+        gf.accelerate(ds, batch_size=batch_size, drop_last=True, device="cpu", progress=False)
+    rotate = cifar_like(n, transform=T.Compose([T.RandomRotation(5), T.ToTensor()]))  # the per-sample fallback
+    with pytest.raises(ConfigError, match=match):  # refused before the per-sample fallback is built
+        gf.accelerate(rotate, batch_size=batch_size, drop_last=True, device="cpu", fallback="prefetch")
+    assert len(_loader(n, batch_size=batch_size, drop_last=False)) == 1  # a ragged batch is an epoch
+
+
+def test_an_empty_rank_share_names_the_ranks():
+    with pytest.raises(ConfigError, match=r"2 samples per rank \(8 across 4 ranks\)"):
+        _loader(8, batch_size=4, drop_last=True, rank=0, world_size=4)
+
+
+@pytest.mark.parametrize("name", ["shuffle", "drop_last", "channels_last", "even"])
+@pytest.mark.parametrize("value", ["no", "False", 1, None])
+def test_flags_must_be_bools(name, value):
+    with pytest.raises(ConfigError, match=rf"{name}={value!r} must be True or False"):
+        _loader(**{name: value})
+    with pytest.raises(ConfigError, match=rf"{name}={value!r} must be True or False"):
+        gf.accelerate(cifar_like(8, transform=T.ToTensor()), batch_size=4, device="cpu", **{name: value})
+
+
+def test_numpy_integers_are_accepted_for_batch_size_seed_and_epoch():
+    plain = _loader(batch_size=4, seed=7)
+    plain.set_epoch(2)
+    numpy = _loader(batch_size=np.int64(4), seed=np.int32(7))
+    numpy.set_epoch(np.int64(2))
+    assert [y.tolist() for _, y in numpy] == [y.tolist() for _, y in plain]
+    assert numpy.state_dict() == plain.state_dict() and type(numpy.state_dict()["seed"]) is int
+    loader = gf.accelerate(
+        cifar_like(8, transform=T.ToTensor()), batch_size=np.int16(4), seed=np.uint8(1), device="cpu"
+    )
+    assert len(loader) == 2
+
+
+@pytest.mark.parametrize("value, match", [(4.0, "must be an int"), ("4", "must be an int"), (True, "must be an int")])
+def test_batch_size_of_another_type_is_an_error(value, match):
+    with pytest.raises(ConfigError, match=rf"batch_size={value!r} {match}"):
+        _loader(batch_size=value)
+
+
+@pytest.mark.parametrize(
+    "state, match",
+    [
+        (None, "state is a NoneType, not the dict"),
+        ([("epoch", 1)], "state is a list, not the dict"),
+        ({"epoch": True}, r"epoch=True"),
+        ({"seed": 123.0}, r"seed=123.0 but this loader has seed=123"),
+        ({"shuffle": 1}, r"shuffle=1 but this loader has shuffle=True"),
+        ({"batch": "3"}, r"batch='3'"),
+    ],
+)
+def test_a_malformed_state_dict_is_a_state_error(state, match):
+    loader = _loader(seed=123)
+    if isinstance(state, dict):
+        state = {**loader.state_dict(), **state}
+    with pytest.raises(StateError, match=match):
+        loader.load_state_dict(state)
+
+
+# -- datasets and their samples ------------------------------------------------------------------------------------
+
+
+class _Samples(Dataset):
+    """``(image, label)`` pairs from lists; ``fail_at`` raises there; ``claimed`` overstates ``len``."""
+
+    def __init__(self, labels, claimed=None, fail_at=None):
+        self.labels, self.claimed, self.fail_at = labels, claimed, fail_at
+        self.images = [torch.full((3, 4, 4), i, dtype=torch.uint8) for i in range(len(labels))]
+
+    def __len__(self):
+        return self.claimed or len(self.labels)
+
+    def __getitem__(self, i):
+        if i == self.fail_at:
+            raise ValueError(f"corrupt file for sample {i}")
+        return self.images[i], self.labels[i]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize(
+    "labels, match",
+    [
+        ([0, 1, None, 3] * 3, r"_Samples\[2\] has label None \(NoneType\); labels must be class indices"),
+        (["cat", "dog"] * 6, r"_Samples\[0\] has label 'cat' \(str\)"),
+    ],
+)
+def test_labels_that_are_none_or_strings_name_the_sample(labels, match, workers):
+    with pytest.raises(DataError, match=match):
+        gf.accelerate(_Samples(labels), batch_size=4, device="cpu", num_workers=workers, progress=False)
+
+
+def test_array_labels_that_are_none_name_the_sample_and_the_attribute():
+    ds = cifar_like(10, transform=T.ToTensor())
+    ds.targets[7] = None
+    with pytest.raises(DataError, match=r"CIFAR10.targets\[7\] has label None"):
+        gf.accelerate(ds, batch_size=4, device="cpu", progress=False)
+    with pytest.raises(DataError, match=r"labels\[1\] has label 'b'"):
+        DeviceLoader(indexed_images(3), [0, "b", 2], batch_size=2, device="cpu")
+
+
+@pytest.mark.parametrize("dataset", [(x for x in range(3)), iter([1, 2]), "images/", None], ids=str)
+def test_something_that_is_not_a_map_style_dataset_is_named(dataset):
+    with pytest.raises(DataError, match="not a map-style dataset with len\\(\\) and \\[i\\].*gpufeed.prefetch"):
+        gf.accelerate(dataset, batch_size=4, device="cpu")
+
+
+def test_an_iterable_dataset_is_not_a_map_style_dataset():
+    class Stream(IterableDataset):
+        def __iter__(self):
+            yield torch.zeros(3, 4, 4), 0
+
+    with pytest.raises(DataError, match="Stream, not a map-style dataset"):
+        gf.accelerate(Stream(), batch_size=4, device="cpu")
+    with pytest.raises(DataError, match="Stream, not a map-style dataset"):
+        gf.build_cache(Stream())
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_len_larger_than_the_samples_names_the_first_missing_index(workers):
+    ds = _Samples(list(range(10)), claimed=12)
+    match = r"_Samples\[10\] raised IndexError: .*len\(\) says 12 samples: does __len__ count samples"
+    with pytest.raises(DataError, match=match):
+        gf.accelerate(ds, batch_size=4, device="cpu", num_workers=workers, progress=False)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_getitem_that_raises_names_the_sample_and_the_dataset_class(workers):
+    ds = _Samples(list(range(12)), fail_at=7)
+    with pytest.raises(DataError, match=r"_Samples\[7\] raised ValueError: corrupt file for sample 7; fix or drop"):
+        gf.accelerate(ds, batch_size=4, device="cpu", num_workers=workers, progress=False)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_the_fallback_names_a_sample_that_raises(workers):
+    class Rotated(_Samples):
+        transform = None
+
+        def __getitem__(self, i):
+            image, label = super().__getitem__(i)
+            return (self.transform(image) if self.transform else image), label
+
+    ds = Rotated(list(range(12)), fail_at=5)
+    ds.transform = T.RandomRotation(5)
+    with pytest.warns(UserWarning, match="falls back"):
+        loader = gf.accelerate(ds, batch_size=4, device="cpu", fallback="prefetch", num_workers=workers, shuffle=False)
+    with pytest.raises(DataError, match=r"Rotated\[5\] raised ValueError: corrupt file for sample 5"):
+        list(loader)
+
+
+def test_tensor_dataset_labels_keep_working():
+    ds = TensorDataset(indexed_images(6), torch.arange(6, dtype=torch.int32))
+    loader = gf.accelerate(ds, batch_size=3, device="cpu", shuffle=False, dtype=None, progress=False)
+    assert [y.tolist() for _, y in loader] == [[0, 1, 2], [3, 4, 5]]

@@ -158,14 +158,20 @@ def test_lambda_is_cached_when_asked():
 
 
 def test_resized_crop_and_color_jitter_convert_with_their_parameters():
-    tf = T.Compose([T.RandomResizedCrop(24, scale=(0.5, 1.0)), T.ColorJitter(0.4, 0.3, 0.2, 0.1), T.ToTensor()])
+    tf = T.Compose(
+        [T.RandomResizedCrop(24, scale=(0.5, 1.0), antialias=False), T.ColorJitter(0.4, 0.3, 0.2, 0.1), T.ToTensor()]
+    )
     split = split_transform(tf)
-    batched = build_batched(split.device, torch.uint8, (32, 32))
-    rrc, jitter, to_float = batched.transforms
-    assert rrc == A.RandomResizedCrop((24, 24), (0.5, 1.0), (3 / 4, 4 / 3), True)
+    notes = []
+    rrc, jitter, to_float = build_batched(split.device, torch.uint8, (32, 32), pil=False, notes=notes).transforms
+    assert rrc == A.RandomResizedCrop((24, 24), (0.5, 1.0), (3 / 4, 4 / 3), antialias=False)
     assert jitter.brightness == (0.6, 1.4) and jitter.contrast == (0.7, 1.3) and jitter.hue == (-0.1, 0.1)
-    assert isinstance(to_float, A.ConvertDtype)
-    assert any("PIL's" in note for note in split.notes)  # they ran on PIL images in the original
+    assert isinstance(to_float, A.ConvertDtype) and notes == []
+    # On PIL images torchvision runs PIL's kernels: the resize antialiases whatever the flag says, and the
+    # jitter's rounding differs; the plan states by how much.
+    rrc, jitter, _ = build_batched(split.device, torch.uint8, (32, 32), pil=True, notes=notes).transforms
+    assert rrc.antialias is True
+    assert len(notes) == 1 and "up to contrast 3, saturation 2, hue 18 intensity levels" in notes[0]
 
 
 def test_resized_crop_with_another_interpolation_is_refused():

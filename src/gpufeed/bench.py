@@ -17,9 +17,10 @@ from typing import Any
 
 import torch
 
-from .device import resolve_device, usable_cores
+from .device import resolve_device
 from .report import bar_chart, format_table
 from .train.loop import TrainConfig, train
+from .workers import default_workers
 
 __all__ = ["Rung", "Row", "ladder", "run_bench"]
 
@@ -132,7 +133,7 @@ def run_bench(
         cifar10("synthetic", train=False, transform=eval_transform()),
     )
     rows: list[Row] = []
-    for rung in ladder(min(16, usable_cores())):
+    for rung in ladder(default_workers()):
         if only and rung.name not in only:
             continue
         if rung.gpu_only and dev.type != "cuda":

@@ -1,27 +1,40 @@
 """The slow path, taken only when asked: the original per-sample pipeline in DataLoader workers.
 
 ``accelerate(..., fallback="prefetch")`` returns a :class:`FallbackLoader` when the transform has
-a random op gpufeed cannot batch. It keeps gpufeed's epoch order (a pure function of seed and
-epoch), never forks workers from a process with CUDA state, and overlaps the copies with
-:func:`gpufeed.prefetch`.
+an op gpufeed cannot batch, or the images differ in size. It runs the user's dataset and
+transform unchanged (no ingestion), and keeps gpufeed's contract:
+
+- the order is :func:`gpufeed.sampling.epoch_order` of (seed, epoch), shared out to ranks by
+  :func:`gpufeed.sampling.rank_indices` exactly as :class:`gpufeed.DeviceLoader` does (even or
+  exactly-once), so the same ranks see the same samples under either loader;
+- each sample's random transform runs with torch's, Python's and numpy's global generators seeded
+  from (seed, epoch, index), and restored afterwards: a batch depends on nothing but those, not on
+  the worker count or which worker ran it, so a state saved mid-epoch resumes bit for bit;
+- workers are never forked from a process with CUDA state, and copies overlap compute through
+  :func:`gpufeed.prefetch`.
 """
 
 from __future__ import annotations
 
+import random
+import weakref
 from collections.abc import Iterator
+from dataclasses import asdict
 from typing import Any
 
+import numpy as np
 import torch
-from torch.utils.data import DataLoader, Sampler, default_collate
+from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
 
 from .augment.functional import convert_dtype
-from .device import usable_cores
 from .errors import StateError
 from .ingest import _with_transform
+from .loader import STATE_VERSION, _Config, distributed_rank, resume_position
 from .plan import Plan
 from .prefetch import prefetch
-from .sampling import derive_seed, epoch_order
-from .validate import Guarded, SampleFailure, as_int, check_epoch
+from .sampling import derive_seed, epoch_order, rank_indices
+from .validate import Guarded, SampleFailure, as_flag, as_int, check_epoch
+from .workers import default_workers, loader_kwargs
 
 __all__ = ["FallbackLoader"]
 
@@ -32,19 +45,63 @@ def _collate(items: list[Any]) -> Any:
     return failed if failed is not None else default_collate(items)
 
 
-class _EpochSampler(Sampler[int]):
-    def __init__(self, n: int, seed: int, shuffle: bool) -> None:
-        self.n, self.seed, self.shuffle, self.epoch = n, seed, shuffle, 0
+class _Seeded(Dataset):
+    """``dataset[i]`` for keys ``(epoch, i)``, with the global generators seeded from (seed, epoch, i).
 
-    def __iter__(self) -> Iterator[int]:
-        return iter(epoch_order(self.seed, self.epoch, self.n, self.shuffle).tolist())
+    The caller's generator states are restored after each sample, so a fallback running in the
+    main process (``num_workers=0``) leaves the user's global randomness as it found it.
+    """
+
+    def __init__(self, dataset: Dataset, seed: int) -> None:
+        self.dataset, self.seed = dataset, seed
 
     def __len__(self) -> int:
-        return self.n
+        return len(self.dataset)  # type: ignore[arg-type]
+
+    def __getitem__(self, key: tuple[int, int]) -> Any:
+        epoch, i = key
+        s = derive_seed(self.seed, epoch, i)
+        cpu = torch.random.default_generator  # the CPU generator only: CUDA's is not torchvision's, nor ours
+        saved = cpu.get_state(), random.getstate(), np.random.get_state()
+        try:
+            cpu.manual_seed(s)
+            random.seed(s)
+            np.random.seed(s % 2**32)
+            return self.dataset[i]
+        finally:
+            cpu.set_state(saved[0])
+            random.setstate(saved[1])
+            np.random.set_state(saved[2])
+
+
+class _Batches(Sampler[list[tuple[int, int]]]):
+    """This rank's batches of one epoch, from batch ``start`` on, as lists of ``(epoch, index)`` keys."""
+
+    def __init__(self, config: _Config) -> None:
+        self.config, self.epoch, self.start = config, 0, 0
+        self.count = -(-self._indices(0).shape[0] // config.batch_size)
+
+    def _indices(self, epoch: int) -> torch.Tensor:
+        c = self.config
+        order = epoch_order(c.seed, epoch, c.n, c.shuffle)
+        return rank_indices(order, c.batch_size, c.rank, c.world_size, c.drop_last, c.even)
+
+    def __iter__(self) -> Iterator[list[tuple[int, int]]]:
+        # Computed now, not lazily: the DataLoader may read it later, after epoch and start moved on.
+        epoch, bs = self.epoch, self.config.batch_size
+        idx = self._indices(epoch).tolist()
+        return iter([[(epoch, i) for i in idx[b * bs : (b + 1) * bs]] for b in range(self.start, self.count)])
+
+    def __len__(self) -> int:
+        return self.count
 
 
 class FallbackLoader:
-    """Per-sample torchvision transforms in DataLoader workers, batches copied ahead to ``device``."""
+    """Per-sample torchvision transforms in DataLoader workers, batches copied ahead to ``device``.
+
+    Iterating again starts the next epoch; :meth:`set_epoch`, :meth:`state_dict` (mid-epoch too) and
+    :meth:`load_state_dict` behave as :class:`gpufeed.DeviceLoader`'s.
+    """
 
     def __init__(
         self,
@@ -60,32 +117,30 @@ class FallbackLoader:
         channels_last: bool,
         num_workers: int | None,
         reason: str,
+        rank: int | None = None,
+        world_size: int | None = None,
+        even: bool = True,
     ) -> None:
         ds = Guarded(_with_transform(dataset, transform), type(dataset).__name__)
-        check_epoch(len(ds) // batch_size if drop_last else 1, batch_size, len(ds))
-        cores = usable_cores()
-        workers = min(8, cores) if num_workers is None else num_workers
-        kwargs: dict[str, Any] = {}
-        if workers > 0:
-            # Persistent: worker start-up (seconds with forkserver) is paid once, not every epoch.
-            kwargs.update(persistent_workers=True, prefetch_factor=4)
-            if torch.cuda.is_initialized():
-                kwargs["multiprocessing_context"] = "forkserver"  # forked workers + live CUDA state crash
-        self.sampler = _EpochSampler(len(ds), seed, shuffle)
+        batch_size, seed = as_int(batch_size, "batch_size", 1), as_int(seed, "seed")
+        rank, world_size = distributed_rank(rank, world_size)
+        n = len(ds)
+        shuffle, drop_last, even = as_flag(shuffle, "shuffle"), as_flag(drop_last, "drop_last"), as_flag(even, "even")
+        self.config = _Config(n, batch_size, shuffle, drop_last, seed, 1, rank, world_size, even)
+        self._batches = _Batches(self.config)
+        share = f" per rank ({n} across {world_size} ranks)" if world_size > 1 else ""
+        check_epoch(len(self._batches), batch_size, n // world_size, share)
+        workers = default_workers() if num_workers is None else num_workers
         self.loader = DataLoader(
-            ds,
-            batch_size=batch_size,
-            sampler=self.sampler,
-            drop_last=drop_last,
-            num_workers=workers,
+            _Seeded(ds, seed),
+            batch_sampler=self._batches,
             pin_memory=device.type == "cuda",
             collate_fn=_collate,
-            generator=torch.Generator().manual_seed(derive_seed(seed, 1)),
-            **kwargs,
+            **loader_kwargs(workers, persistent=True, prefetch_factor=4 if workers else None),
         )
         self.device, self.dtype, self.channels_last = device, dtype, channels_last
-        self._epoch = 0
-        self._in_epoch = False
+        self._epoch, self._offset = 0, 0
+        self._live: weakref.ref[_Epoch] | None = None
         self.plan = Plan(
             cached=(),
             batched=(),
@@ -98,40 +153,72 @@ class FallbackLoader:
         )
 
     def __len__(self) -> int:
-        return len(self.loader)
+        return len(self._batches)
 
     @property
     def epoch(self) -> int:
-        return self._epoch
+        """The epoch the next iteration will serve (or the one in progress)."""
+        it = self._live_iterator()
+        return it.epoch if it is not None else self._epoch
 
     def set_epoch(self, epoch: int) -> None:
-        self._epoch = as_int(epoch, "epoch", 0)
+        """Serve ``epoch`` on the next iteration (as ``DistributedSampler.set_epoch``)."""
+        self._epoch, self._offset = as_int(epoch, "epoch", 0), 0
 
     def __iter__(self) -> Iterator[tuple[Any, Any]]:
-        self.sampler.epoch, self._epoch = self._epoch, self._epoch + 1
-        self._in_epoch = True
-        try:
-            for batch in prefetch(self.loader, self.device):
-                if isinstance(batch, SampleFailure):
-                    raise batch.exception()
-                x, y = batch
-                if isinstance(x, torch.Tensor) and self.dtype is not None:
-                    x = convert_dtype(x, self.dtype)
-                if isinstance(x, torch.Tensor) and self.channels_last and x.dim() == 4:
-                    x = x.contiguous(memory_format=torch.channels_last)
-                yield x, y
-        finally:
-            self._in_epoch = False
+        it = _Epoch(self, self._epoch, self._offset)
+        self._epoch, self._offset = self._epoch + 1, 0
+        self._live = weakref.ref(it)
+        return it
+
+    def _live_iterator(self) -> _Epoch | None:
+        it = self._live() if self._live is not None else None
+        return it if it is not None and not it.done else None
 
     def state_dict(self) -> dict[str, Any]:
-        if self._in_epoch:
-            raise StateError("the per-sample fallback can be saved between epochs only; call state_dict() after one")
-        return {"version": 1, "fallback": True, "epoch": self._epoch}
+        """Where the loader stands: the epoch and the next batch within it, plus what fixes them."""
+        it = self._live_iterator()
+        epoch, batch = (it.epoch, it.next_batch) if it is not None else (self._epoch, self._offset)
+        return {"version": STATE_VERSION, "loader": "fallback", "epoch": epoch, "batch": batch, **asdict(self.config)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if not isinstance(state, dict) or state.get("fallback") is not True:
-            raise StateError("this state was not saved by a fallback loader; rebuild the loader the same way")
-        epoch = state.get("epoch")
-        if type(epoch) is not int or epoch < 0:
-            raise StateError(f"state has epoch={epoch!r}; expected an int >= 0")
-        self._epoch = epoch
+        """Continue from ``state``: the next iteration yields exactly the batches the saved run had left."""
+        if self._live_iterator() is not None:
+            raise StateError("load_state_dict() was called while an epoch is being iterated; load it before iterating")
+        self._epoch, self._offset = resume_position(state, "fallback", asdict(self.config), len(self))
+
+    def _finish(self, batch: Any) -> tuple[Any, Any]:
+        if isinstance(batch, SampleFailure):
+            raise batch.exception()
+        x, y = batch
+        if isinstance(x, torch.Tensor) and self.dtype is not None:
+            x = convert_dtype(x, self.dtype)
+        if isinstance(x, torch.Tensor) and self.channels_last and x.dim() == 4:
+            x = x.contiguous(memory_format=torch.channels_last)
+        return x, y
+
+
+class _Epoch:
+    """One epoch of a FallbackLoader; records its position so the loader can save it."""
+
+    def __init__(self, loader: FallbackLoader, epoch: int, start: int) -> None:
+        self.loader, self.epoch, self.next_batch = loader, epoch, start
+        self.done = start >= len(loader)
+        self._source: Iterator[Any] | None = None
+
+    def __iter__(self) -> _Epoch:
+        return self
+
+    def __next__(self) -> tuple[Any, Any]:
+        if self.done:
+            raise StopIteration
+        if self._source is None:  # lazily: building an iterator starts no workers
+            self.loader._batches.epoch, self.loader._batches.start = self.epoch, self.next_batch
+            self._source = iter(prefetch(self.loader.loader, self.loader.device))
+        batch = next(self._source, None)
+        if batch is None:
+            self.done = True
+            raise StopIteration
+        self.next_batch += 1
+        self.done = self.next_batch >= len(self.loader)
+        return self.loader._finish(batch)

@@ -20,13 +20,70 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
-from .device import usable_cores
 from .errors import DataError
 from .validate import Guarded, SampleFailure, check_dataset, label_tensor
+from .workers import default_workers, loader_kwargs
 
-__all__ = ["Ingested", "exposes_arrays", "ingest", "to_chw"]
+__all__ = ["Ingested", "Probe", "RaggedError", "exposes_arrays", "ingest", "probe", "to_chw"]
 
 _CHW_DATASETS = ("SVHN", "STL10")  # store .data as (N, C, H, W); the others as (N, H, W[, C])
+
+
+class RaggedError(DataError):
+    """Images of different sizes leave the cached part: they cannot be stacked into one store."""
+
+
+def _ragged(source: str, i: int, shape: tuple[int, ...], dtype: Any, first: tuple[int, ...], first_dtype: Any) -> str:
+    return (
+        f"{source}[{i}] has shape {shape} ({dtype}) but sample 0 has {first} ({first_dtype}); every image must "
+        "leave the cached part with one shape: add a Resize and CenterCrop (or RandomCrop with pad_if_needed) "
+        "first, or pass fallback='prefetch' to run the per-sample pipeline in DataLoader workers"
+    )
+
+
+@dataclass(frozen=True)
+class Probe:
+    """What a few samples say before the whole dataset is read."""
+
+    dtype: torch.dtype  # of an image after the cached part
+    size: tuple[int, int]  # (height, width) after the cached part
+    pil: bool  # the dataset yields PIL images (so the user's pipeline starts on PIL kernels)
+    ragged: str | None  # why the images cannot share one store (differing sizes), or None
+
+
+def probe(dataset: Any, cached: Callable[[Any], Any] | None) -> Probe:
+    """Read samples 0, n/2 and n-1 through ``cached``: their dtype and size, PIL or not, sizes that differ.
+
+    Example:
+        >>> p = probe(TensorDataset(torch.zeros(4, 3, 5, 6, dtype=torch.uint8), torch.arange(4)), None)
+        >>> p.dtype, p.size, p.pil, p.ragged
+        (torch.uint8, (5, 6), False, None)
+    """
+    from PIL import Image
+
+    check_dataset(dataset)
+    n, source = len(dataset), type(dataset).__name__
+    if n == 0:
+        raise DataError(f"the dataset ({source}) is empty (len 0); nothing to load")
+    raw = Guarded(_with_transform(dataset, None), source)
+    shapes, pil = [], False
+    for i in sorted({0, n // 2, n - 1}):
+        item = raw[i]
+        if isinstance(item, SampleFailure):
+            raise item.exception()
+        image = _pair(item)[0]
+        pil = pil or (i == 0 and isinstance(image, Image.Image))
+        try:
+            stored = to_chw(cached(image) if cached is not None else image)
+        except Exception as e:  # the user's cached ops on the user's image: name the sample
+            raise DataError(f"{source}[{i}]: the cached ops raised {type(e).__name__}: {e}") from e
+        shapes.append((i, tuple(stored.shape), stored.dtype))
+    (_, first, dtype), ragged = shapes[0], None
+    for i, shape, d in shapes[1:]:
+        if shape != first or d != dtype:
+            ragged = _ragged(source, i, shape, d, first, dtype)
+            break
+    return Probe(dtype, (first[1], first[2]), pil, ragged)
 
 
 @dataclass(frozen=True)
@@ -133,21 +190,13 @@ def _collate(items: list[Any]) -> list[Any]:
     return items
 
 
-def _default_workers(n: int) -> int:
-    cores = usable_cores()
-    return 0 if n < 2048 or cores < 2 else min(8, cores)
-
-
 def _per_sample(
     dataset: Any, source: str, num_workers: int | None, progress: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
     dataset = Guarded(dataset, source, _decode)
     n = len(dataset)
-    workers = _default_workers(n) if num_workers is None else num_workers
-    kwargs: dict[str, Any] = {}
-    if workers > 0 and torch.cuda.is_initialized():
-        kwargs["multiprocessing_context"] = "forkserver"  # never fork a process that holds CUDA state
-    loader = DataLoader(dataset, batch_size=64, shuffle=False, num_workers=workers, collate_fn=_collate, **kwargs)
+    workers = default_workers(n) if num_workers is None else num_workers
+    loader = DataLoader(dataset, batch_size=64, shuffle=False, collate_fn=_collate, **loader_kwargs(workers))
     from tqdm.auto import tqdm
 
     images: torch.Tensor | None = None
@@ -162,11 +211,8 @@ def _per_sample(
                 if images is None:
                     images = torch.empty((n, *image.shape), dtype=image.dtype)
                 elif image.shape != images.shape[1:] or image.dtype != images.dtype:
-                    raise DataError(
-                        f"{source}[{i}] has shape {tuple(image.shape)} ({image.dtype}) but sample 0 has "
-                        f"{tuple(images.shape[1:])} ({images.dtype}); every image must leave the cached part with "
-                        "one shape: add a Resize and CenterCrop (or RandomCrop with pad_if_needed) first"
-                    )
+                    first = tuple(images.shape[1:])
+                    raise RaggedError(_ragged(source, i, tuple(image.shape), image.dtype, first, images.dtype))
                 images[i] = image
                 labels.append(label)
                 i += 1

@@ -43,7 +43,7 @@ from .validate import (
     label_tensor,
 )
 
-__all__ = ["SHARD_MODES", "STORAGE_TIERS", "DeviceLoader", "distributed_rank"]
+__all__ = ["SHARD_MODES", "STORAGE_TIERS", "DeviceLoader", "distributed_rank", "resume_position"]
 
 STORAGE_TIERS = ("device", "pinned", "mmap")
 SHARD_MODES = ("full", "local")
@@ -263,7 +263,7 @@ class DeviceLoader:
         """Where the loader stands: the epoch and the next batch within it, plus what fixes them."""
         it = self._live_iterator()
         epoch, batch = (it.epoch, it.next_batch) if it is not None else (self._epoch, self._offset)
-        return {"version": STATE_VERSION, "epoch": epoch, "batch": batch, **asdict(self.config)}
+        return {"version": STATE_VERSION, "loader": "device", "epoch": epoch, "batch": batch, **asdict(self.config)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state``: the next iteration yields exactly the batches the saved run had left."""
@@ -272,31 +272,7 @@ class DeviceLoader:
                 "load_state_dict() was called while an epoch is being iterated; "
                 "load the state before iterating (e.g. right after building the loader)"
             )
-        if not isinstance(state, dict):
-            raise StateError(
-                f"state is a {type(state).__name__}, not the dict loader.state_dict() returned; pass that dict "
-                "(e.g. torch.load(...)['loader'])"
-            )
-        if state.get("version") != STATE_VERSION:
-            raise StateError(f"state version={state.get('version')!r} is not {STATE_VERSION}; it is not a loader state")
-        if state.get("world_size", 1) != self.config.world_size:
-            raise StateError(
-                f"state was saved with world_size={state.get('world_size')} but this run has "
-                f"world_size={self.config.world_size}: per-rank positions do not map onto another world size; "
-                f"continue from the next epoch instead with loader.set_epoch({state.get('epoch', 0) + 1})"
-            )
-        for key, current in asdict(self.config).items():
-            if type(state.get(key)) is not type(current) or state.get(key) != current:  # 123.0 is not the seed 123
-                raise StateError(
-                    f"state has {key}={state.get(key)!r} but this loader has {key}={current!r}; "
-                    "resume needs the same data and configuration"
-                )
-        epoch, batch = state.get("epoch"), state.get("batch")
-        if type(epoch) is not int or epoch < 0 or type(batch) is not int or not 0 <= batch <= len(self):
-            raise StateError(
-                f"state has epoch={epoch!r}, batch={batch!r}; expected epoch >= 0 and 0 <= batch <= {len(self)}"
-            )
-        self._epoch, self._offset = (epoch + 1, 0) if batch == len(self) else (epoch, batch)
+        self._epoch, self._offset = resume_position(state, "device", asdict(self.config), len(self))
 
     def _chunks(self, epoch: int, first: int) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
         """Yield ``(chunk index, images, labels)`` from chunk ``first`` on, transformed, on the device."""
@@ -335,6 +311,43 @@ class DeviceLoader:
         if self.channels_last and x.dim() == 4:
             x = x.contiguous(memory_format=torch.channels_last)
         return x
+
+
+def resume_position(state: Any, loader: str, config: dict[str, Any], batches: int) -> tuple[int, int]:
+    """``(epoch, batch)`` to continue from a saved ``state``; a StateError if it cannot be resumed here.
+
+    ``loader`` ("device" or "fallback") and ``config`` (what fixes the sequence) must match what the
+    state was saved with, type for type (``seed=123.0`` is not the seed 123); ``batches`` is the
+    number of batches in an epoch of this rank.
+    """
+    if not isinstance(state, dict):
+        raise StateError(
+            f"state is a {type(state).__name__}, not the dict loader.state_dict() returned; pass that dict "
+            "(e.g. torch.load(...)['loader'])"
+        )
+    if state.get("version") != STATE_VERSION:
+        raise StateError(f"state version={state.get('version')!r} is not {STATE_VERSION}; it is not a loader state")
+    if state.get("loader", "device") != loader:
+        raise StateError(
+            f"state was saved by a {state.get('loader')} loader but this is a {loader} loader (the batched path and "
+            "the per-sample fallback augment differently); rebuild the loader the way it was saved"
+        )
+    if state.get("world_size", 1) != config["world_size"]:
+        raise StateError(
+            f"state was saved with world_size={state.get('world_size')} but this run has "
+            f"world_size={config['world_size']}: per-rank positions do not map onto another world size; "
+            f"continue from the next epoch instead with loader.set_epoch({state.get('epoch', 0) + 1})"
+        )
+    for key, current in config.items():
+        if type(state.get(key)) is not type(current) or state.get(key) != current:  # 123.0 is not the seed 123
+            raise StateError(
+                f"state has {key}={state.get(key)!r} but this loader has {key}={current!r}; "
+                "resume needs the same data and configuration"
+            )
+    epoch, batch = state.get("epoch"), state.get("batch")
+    if type(epoch) is not int or epoch < 0 or type(batch) is not int or not 0 <= batch <= batches:
+        raise StateError(f"state has epoch={epoch!r}, batch={batch!r}; expected epoch >= 0 and 0 <= batch <= {batches}")
+    return (epoch + 1, 0) if batch == batches else (epoch, batch)
 
 
 def _pinned(t: torch.Tensor) -> torch.Tensor:

@@ -31,6 +31,7 @@ from torch.utils.data import DataLoader
 from .device import resolve_device, usable_cores
 from .errors import ConfigError
 from .validate import as_int, check_dataset
+from .workers import start_method
 
 __all__ = ["LoaderConfig", "Trial", "tune_dataloader"]
 
@@ -189,7 +190,7 @@ def tune_dataloader(
         )
     dev = resolve_device(device)
     cores = usable_cores() if max_workers is None else max_workers
-    ctx = "forkserver" if torch.cuda.is_initialized() else None  # never fork a process holding CUDA state
+    ctx = start_method()
     clock = _Clock(time_budget_s)
     state = (random.getstate(), np.random.get_state())
     with torch.random.fork_rng(devices=[]), warnings.catch_warnings():

@@ -103,6 +103,9 @@ class RandomResizedCrop(BatchTransform):
             "width": torch.where(any_fit, w, fw),
         }
 
+    def output_size(self, height: int, width: int) -> tuple[int, int]:
+        return self.size  # type: ignore[return-value]
+
     def apply(self, x: torch.Tensor, params: Params) -> torch.Tensor:
         p = params
         return resized_crop(x, p["top"], p["left"], p["height"], p["width"], self.size, self.antialias)  # type: ignore[arg-type]

@@ -75,6 +75,10 @@ class BatchTransform:
         """Apply the transform with given per-sample parameters (deterministic)."""
         raise NotImplementedError
 
+    def output_size(self, height: int, width: int) -> tuple[int, int]:
+        """The (height, width) of the output for inputs of this size (crops and resizes change it)."""
+        return height, width
+
     def __call__(self, x: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
         F.check_batch(x)
         if not self.random:
@@ -92,9 +96,6 @@ class GeometricTransform(BatchTransform):
     def index_map(self, params: Params, height: int, width: int) -> G.IndexMap:
         """Where each output pixel reads from, for inputs of size ``(height, width)``."""
         raise NotImplementedError
-
-    def output_size(self, height: int, width: int) -> tuple[int, int]:
-        return height, width
 
     def sample(self, x: torch.Tensor, generator: torch.Generator) -> Params:
         return self.draw(x.shape[0], x.shape[2], x.shape[3], x.device, generator)
@@ -131,7 +132,9 @@ class RandomCrop(GeometricTransform):
             pad = (pad,) * 4
         else:
             pad = tuple(pad)
-            if len(pad) == 2:  # torchvision: (left/right, top/bottom)
+            if len(pad) == 1:  # torchvision accepts [p] for p on every side
+                pad = pad * 4
+            elif len(pad) == 2:  # torchvision: (left/right, top/bottom)
                 pad = (pad[0], pad[1], pad[0], pad[1])
         if len(pad) != 4 or not all(isinstance(p, int) for p in pad):
             raise ConfigError(f"padding={self.padding!r} must be an int or 2 or 4 ints (left, top, right, bottom)")
@@ -346,7 +349,8 @@ class Compose(BatchTransform):
     """Apply transforms in order, all drawing from the one generator passed in.
 
     Consecutive crops and flips are fused: their index maps are composed and the batch is read
-    once, which gives the same pixels as applying them one by one.
+    once, which gives the same pixels as applying them one by one. A nested ``Compose`` is
+    flattened into its transforms (the same draws, in the same order).
 
     Example:
         >>> aug = Compose([RandomCrop(32, padding=4), RandomHorizontalFlip(), Normalize([0.5] * 3, [0.25] * 3)])
@@ -362,8 +366,13 @@ class Compose(BatchTransform):
                     f"transforms[{i}]={t!r} is not a gpufeed.augment transform; "
                     "batched ops take (N, C, H, W) tensors and a generator"
                 )
-        self.transforms = transforms
-        self.random = any(t.random for t in transforms)
+        self.transforms = [op for t in transforms for op in (t.transforms if isinstance(t, Compose) else [t])]
+        self.random = any(t.random for t in self.transforms)
+
+    def output_size(self, height: int, width: int) -> tuple[int, int]:
+        for t in self.transforms:
+            height, width = t.output_size(height, width)
+        return height, width
 
     def __call__(self, x: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
         F.check_batch(x)
@@ -383,6 +392,7 @@ class Compose(BatchTransform):
             if pending is not None:
                 x, pending = F.remap(x, pending), None
             x = t.apply(x, t.sample(x, generator) if t.random else {})  # type: ignore[arg-type]
+            h, w = x.shape[-2:]  # a resize changes the size the next crop or flip draws for
         return F.remap(x, pending) if pending is not None else x
 
     def __repr__(self) -> str:

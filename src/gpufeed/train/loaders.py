@@ -21,9 +21,9 @@ import torchvision.transforms as T
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from ..accelerate import accelerate
-from ..device import usable_cores
 from ..errors import ConfigError
 from ..sampling import derive_seed
+from ..workers import default_workers, loader_kwargs
 
 __all__ = ["LOADER_KINDS", "MEAN", "STD", "eval_transform", "make_train_loader", "subset", "train_transform"]
 
@@ -94,15 +94,6 @@ class _Fixed:
             yield self.batch
 
 
-def _workers_kwargs(workers: int) -> dict[str, Any]:
-    if workers == 0:
-        return {}
-    kw: dict[str, Any] = {"persistent_workers": True, "prefetch_factor": 4}
-    if torch.cuda.is_initialized():
-        kw["multiprocessing_context"] = "forkserver"  # fork after CUDA init crashed workers in a measured run
-    return kw
-
-
 def _pretransformed(dataset: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """ToTensor + Normalize once per sample, as a user would cache the deterministic part by hand."""
     det = eval_transform()
@@ -125,7 +116,7 @@ def make_train_loader(
     channels_last: bool = False,
 ) -> Any:
     """A loader of ``kind`` over ``dataset`` (whose transform is the training transform), yielding device batches."""
-    workers = min(16, usable_cores()) if num_workers is None else num_workers
+    workers = default_workers() if num_workers is None else num_workers
     random_part = T.Compose([T.RandomCrop(32, padding=4), T.RandomHorizontalFlip()])
 
     def dataloader(ds: Dataset, workers: int) -> _ToDevice:
@@ -139,10 +130,9 @@ def make_train_loader(
             shuffle=sampler is None,
             sampler=sampler,
             drop_last=drop_last,
-            num_workers=workers,
             pin_memory=device.type == "cuda" and workers > 0,
             generator=g,
-            **_workers_kwargs(workers),
+            **loader_kwargs(workers, persistent=True, prefetch_factor=4 if workers else None),
         )
         return _ToDevice(dl, device, channels_last)
 

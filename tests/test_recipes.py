@@ -1,0 +1,234 @@
+"""A zoo of real pipelines: each accepted one matches torchvision per sample given the same parameters
+(exactly, or within the stated bound); each refused one runs through the fallback unchanged."""
+
+import random
+
+import numpy as np
+import pytest
+import torch
+import torchvision.transforms as T
+import torchvision.transforms.v2 as v2
+from PIL import Image
+from torch.utils.data import DataLoader, TensorDataset, default_collate
+from torchvision.transforms import InterpolationMode
+from torchvision.transforms._presets import ImageClassification
+
+import gpufeed as gf
+from gpufeed.sampling import derive_seed, epoch_order
+from pinned import run_both
+
+from fakes import cifar_like, image_folder
+
+IMAGENET = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+CIFAR = ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616))
+
+
+def reference_train(crop, use_v2=False, backend="pil", erase=0.0, hflip=0.5):
+    """torchvision's references/classification ClassificationPresetTrain (no auto-augment policy)."""
+    M = v2 if use_v2 else T
+    ops = [M.PILToTensor()] if backend == "tensor" else []
+    ops.append(M.RandomResizedCrop(crop, interpolation=InterpolationMode.BILINEAR, antialias=True))
+    if hflip > 0:
+        ops.append(M.RandomHorizontalFlip(hflip))
+    if backend == "pil":
+        ops.append(M.PILToTensor())
+    ops += [v2.ToDtype(torch.float, scale=True) if use_v2 else T.ConvertImageDtype(torch.float), M.Normalize(*IMAGENET)]
+    if erase > 0:
+        ops.append(M.RandomErasing(p=erase))
+    if use_v2:
+        ops.append(v2.ToPureTensor())
+    return M.Compose(ops)
+
+
+def reference_eval(crop, resize, use_v2=False, backend="pil"):
+    """torchvision's references/classification ClassificationPresetEval."""
+    M = v2 if use_v2 else T
+    ops = [M.PILToTensor()] if backend == "tensor" else []
+    ops += [M.Resize(resize, interpolation=InterpolationMode.BILINEAR, antialias=True), M.CenterCrop(crop)]
+    if backend == "pil":
+        ops.append(M.PILToTensor())
+    ops += [v2.ToDtype(torch.float, scale=True) if use_v2 else T.ConvertImageDtype(torch.float), M.Normalize(*IMAGENET)]
+    if use_v2:
+        ops.append(v2.ToPureTensor())
+    return M.Compose(ops)
+
+
+# uint8 levels of difference allowed before conversion; RandomResizedCrop on uint8 rounds its float
+# result where torchvision's uint8 kernels (fixed point, or PIL's) round their own way: one level.
+EXACT, ONE_LEVEL = 0, 1
+ACCEPTED = {
+    "cifar v1": (
+        T.Compose([T.RandomCrop(32, padding=4), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(*CIFAR)]),
+        EXACT,
+    ),
+    "cifar v2, ToPureTensor": (
+        v2.Compose(
+            [
+                v2.ToImage(),
+                v2.RandomCrop(32, padding=[4]),
+                v2.RandomHorizontalFlip(),
+                v2.ToDtype(torch.float32, scale=True),
+                v2.Normalize(*CIFAR),
+                v2.ToPureTensor(),
+            ]
+        ),
+        EXACT,
+    ),
+    "cifar v1, padding=[4]": (T.Compose([T.RandomCrop(32, padding=[4]), T.ToTensor()]), EXACT),
+    "reference train v1 pil": (reference_train(24), ONE_LEVEL),
+    "reference train v1 pil, erasing": (reference_train(40, erase=1.0), ONE_LEVEL),
+    "reference train v2 pil": (reference_train(24, use_v2=True), ONE_LEVEL),
+    "reference train v2 tensor, erasing": (reference_train(20, use_v2=True, backend="tensor", erase=0.5), ONE_LEVEL),
+    "reference train v1 tensor": (reference_train(48, backend="tensor"), ONE_LEVEL),
+    "reference eval v1 pil": (reference_eval(28, 36), EXACT),
+    "reference eval v2 tensor": (reference_eval(24, 30, use_v2=True, backend="tensor"), EXACT),
+    "weights preset (ImageClassification)": (ImageClassification(crop_size=28, resize_size=36), EXACT),
+    "RandomResizedCrop up, then flip, crop, erase": (
+        T.Compose(
+            [
+                T.RandomResizedCrop(64),
+                T.RandomHorizontalFlip(),
+                T.RandomCrop(56, padding=2),
+                T.ToTensor(),
+                T.RandomErasing(p=1.0),
+            ]
+        ),
+        ONE_LEVEL,
+    ),
+    "RandomResizedCrop down, then flip, crop, erase": (
+        T.Compose(
+            [
+                T.PILToTensor(),
+                T.RandomResizedCrop(20, antialias=False),
+                T.RandomVerticalFlip(),
+                T.RandomCrop(16),
+                T.RandomErasing(p=1.0, value=9),
+            ]
+        ),
+        ONE_LEVEL,
+    ),
+    "v2 ends in uint8": (v2.Compose([v2.ToImage(), v2.RandomCrop(32, padding=4), v2.RandomHorizontalFlip()]), EXACT),
+}
+
+
+def _images(n=6, h=32, w=40, seed=0):
+    rng = np.random.default_rng(seed)
+    return [Image.fromarray(a) for a in rng.integers(0, 256, (n, h, w, 3), dtype=np.uint8)]
+
+
+@pytest.mark.parametrize("name", list(ACCEPTED))
+def test_an_accepted_recipe_matches_torchvision_per_sample(name):
+    transform, levels = ACCEPTED[name]
+    batched, reference, composed = run_both(transform, _images(), pil=True)
+    assert batched.dtype == reference.dtype and batched.shape == reference.shape, name
+    assert torch.equal(composed, batched)  # the fused Compose draws and computes what op-by-op does
+    if levels == EXACT:
+        assert torch.equal(batched, reference), name
+    else:  # one uint8 level, carried through ConvertImageDtype and Normalize
+        scale = 1.0 if batched.dtype == torch.uint8 else 1 / 255 / min(IMAGENET[1] + CIFAR[1])
+        assert (batched.double() - reference.double()).abs().max() <= levels * scale + 1e-5, name
+
+
+def test_random_resized_crop_then_geometric_ops_keep_the_output_size():
+    # 32x32 up to 64 and 72x96 down to 64, each followed by a flip and erasing (the ImageNet recipe).
+    for h, w in ((32, 32), (72, 96)):
+        ds = TensorDataset(torch.randint(0, 256, (8, 3, h, w), dtype=torch.uint8), torch.arange(8))
+        tf = v2.Compose([v2.RandomResizedCrop(64), v2.RandomHorizontalFlip(), v2.RandomErasing(p=1.0)])
+        loader = gf.accelerate(ds, batch_size=4, device="cpu", transform=tf, progress=False)
+        assert [tuple(x.shape) for x, _ in loader] == [(4, 3, 64, 64)] * 2
+
+
+def test_the_default_output_is_what_the_pipeline_returns():
+    ds = TensorDataset(torch.randint(0, 256, (8, 3, 16, 16), dtype=torch.uint8), torch.arange(8))
+    uint8 = v2.Compose([v2.ToImage(), v2.RandomCrop(16, padding=2), v2.RandomHorizontalFlip()])
+    x, _ = next(iter(gf.accelerate(ds, batch_size=4, device="cpu", transform=uint8, progress=False)))
+    ref, _ = next(iter(DataLoader(TensorDataset(*ds.tensors), batch_size=4)))
+    assert x.dtype == torch.uint8 == ref.dtype and int(x.max()) > 1
+    asked = gf.accelerate(ds, batch_size=4, device="cpu", transform=uint8, dtype=torch.float32, progress=False)
+    assert next(iter(asked))[0].dtype == torch.float32  # converted only when asked
+    floats = v2.Compose([v2.ToImage(), v2.ToDtype(torch.float16, scale=True)])
+    assert next(iter(gf.accelerate(ds, batch_size=4, device="cpu", transform=floats)))[0].dtype == torch.float16
+
+
+def test_look_alike_classes_are_not_converted_by_name():
+    class ToTensor:  # what timm's ToTensor does: to a tensor, without the division by 255
+        def __call__(self, pil):
+            return torch.from_numpy(np.array(pil)).permute(2, 0, 1).float()
+
+    class Normalize(T.Normalize):  # a subclass may change the computation too
+        def forward(self, x):
+            return super().forward(x) * 2
+
+    for op in (ToTensor(), Normalize(*CIFAR)):
+        with pytest.raises(gf.UnsupportedTransformError, match="gpufeed converts torchvision's own"):
+            gf.plan.split_transform(T.Compose([T.RandomHorizontalFlip(), op]))
+    ds = cifar_like(8, transform=T.Compose([T.RandomHorizontalFlip(), ToTensor(), T.Normalize(*CIFAR)]))
+    with pytest.warns(UserWarning, match="falls back"):
+        loader = gf.accelerate(ds, batch_size=4, device="cpu", fallback="prefetch", num_workers=0)
+    x, _ = next(iter(loader))
+    assert float(x.max()) > 100  # timm's range, not ToTensor's [0, 1]
+
+
+# -- refused pipelines run unchanged through the fallback -----------------------------------------------------------
+
+
+def _expected(dataset, loader_seed, epoch, batch_size, n):
+    """What the fallback must yield: the dataset's own pipeline per sample, seeded from (seed, epoch, index)."""
+    order = epoch_order(loader_seed, epoch, n, True).tolist()
+    batches = []
+    for b in range(0, n, batch_size):
+        items = []
+        for i in order[b : b + batch_size]:
+            s = derive_seed(loader_seed, epoch, i)
+            with torch.random.fork_rng():
+                torch.manual_seed(s)
+                random.seed(s)
+                np.random.seed(s % 2**32)
+                items.append(dataset[i])
+        batches.append(default_collate(items))
+    return batches
+
+
+REFUSED = {
+    "auto-augment (TrivialAugmentWide)": T.Compose([T.TrivialAugmentWide(), T.ToTensor()]),
+    "bicubic RandomResizedCrop": T.Compose(
+        [T.RandomResizedCrop(24, interpolation=InterpolationMode.BICUBIC), T.ToTensor()]
+    ),
+    "ToDtype(scale=False)": v2.Compose(
+        [v2.ToImage(), v2.RandomHorizontalFlip(), v2.ToDtype(torch.float32, scale=False)]
+    ),
+    "RandomRotation": T.Compose([T.RandomRotation(15), T.ToTensor()]),
+}
+
+
+@pytest.mark.parametrize("name", list(REFUSED))
+def test_a_refused_recipe_runs_unchanged_through_the_fallback(name):
+    ds = cifar_like(10, transform=REFUSED[name])
+    with pytest.raises(gf.UnsupportedTransformError):
+        gf.accelerate(ds, batch_size=4, device="cpu")
+    with pytest.warns(UserWarning, match="falls back to per-sample"):
+        loader = gf.accelerate(ds, batch_size=4, device="cpu", seed=5, fallback="prefetch", num_workers=0)
+    got = list(loader)
+    for (x, y), (ex, ey) in zip(got, _expected(ds, 5, 0, 4, 10), strict=True):
+        assert torch.equal(x, ex) and torch.equal(y, ey)
+
+
+def test_variable_size_images_take_the_fallback_without_an_ingest(tmp_path):
+    sizes = [(40, 30), (33, 50), (64, 48), (30, 30), (50, 41), (45, 45)]
+    tf = T.Compose([T.RandomResizedCrop(24), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(*IMAGENET)])
+    ds = image_folder(tmp_path, sizes, transform=tf)
+    with pytest.raises(gf.DataError, match=r"ImageFolder\[\d\] has shape .*fallback='prefetch'"):
+        gf.accelerate(ds, batch_size=3, device="cpu")
+    with pytest.warns(UserWarning, match="falls back"):
+        loader = gf.accelerate(ds, batch_size=3, device="cpu", seed=1, fallback="prefetch", num_workers=2)
+    assert loader.plan.ingest == "none"
+    for (x, y), (ex, ey) in zip(loader, _expected(ds, 1, 0, 3, 6), strict=True):
+        assert x.shape == (3, 3, 24, 24) and torch.equal(x, ex) and torch.equal(y, ey)
+
+
+def test_a_deterministic_refused_pipeline_equals_the_dataloader():
+    ds = cifar_like(12, transform=v2.Compose([v2.ToImage(), v2.ToDtype(torch.float32, scale=False)]))
+    with pytest.warns(UserWarning, match="falls back"):
+        loader = gf.accelerate(ds, batch_size=5, shuffle=False, device="cpu", fallback="prefetch", num_workers=2)
+    for (x, y), (ex, ey) in zip(loader, DataLoader(ds, batch_size=5), strict=True):
+        assert torch.equal(x, ex) and torch.equal(y, ey)

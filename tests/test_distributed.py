@@ -117,8 +117,11 @@ def test_local_shards_hold_a_fraction_and_shuffle_within_it():
     assert [lo.images.shape[0] for lo in loaders] == [35, 34, 34]
     shares = [sorted(sum(_seen(lo), [])) for lo in loaders]
     assert shares == [list(range(r, 103, 3)) for r in range(3)]  # samples never change rank
-    trained = _ranks(shard="local")
-    assert len({len(lo) for lo in trained}) == 1
+    # Batches of 17: 35 local samples make 3 batches, 34 make 2 full ones; even mode pads those to 3.
+    trained = _ranks(shard="local", batch_size=17)
+    assert [len(lo) for lo in trained] == [3, 3, 3] == [len(list(lo)) for lo in trained]
+    uneven = _ranks(shard="local", batch_size=17, even=False)
+    assert [len(list(lo)) for lo in uneven] == [3, 2, 2]
 
 
 def test_rank_and_world_size_go_together():

@@ -107,6 +107,10 @@ ACCEPTED = {
         ),
         ONE_LEVEL,
     ),
+    "RandomResizedCrop antialias=False on PIL (PIL always antialiases)": (
+        T.Compose([T.RandomResizedCrop(12, scale=(0.5, 1.0), antialias=False), T.PILToTensor()]),
+        ONE_LEVEL,
+    ),
     "v2 ends in uint8": (v2.Compose([v2.ToImage(), v2.RandomCrop(32, padding=4), v2.RandomHorizontalFlip()]), EXACT),
 }
 
@@ -232,3 +236,20 @@ def test_a_deterministic_refused_pipeline_equals_the_dataloader():
         loader = gf.accelerate(ds, batch_size=5, shuffle=False, device="cpu", fallback="prefetch", num_workers=2)
     for (x, y), (ex, ey) in zip(loader, DataLoader(ds, batch_size=5), strict=True):
         assert torch.equal(x, ex) and torch.equal(y, ey)
+
+
+def test_dataloader_workers_follow_one_rule_everywhere(monkeypatch):
+    from gpufeed.train.loaders import make_train_loader
+    from gpufeed.workers import default_workers
+
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)  # a process that holds CUDA state
+    ds = cifar_like(8, transform=T.Compose([T.RandomRotation(5), T.ToTensor()]))
+    with pytest.warns(UserWarning, match="falls back"):
+        fallback = gf.accelerate(ds, batch_size=4, device="cpu", fallback="prefetch", num_workers=2)
+    baseline = make_train_loader("torch", ds, 4, torch.device("cpu"), 0, num_workers=2)
+    for dl in (fallback.loader, baseline.loader):
+        assert dl.num_workers == 2 and dl.multiprocessing_context.get_start_method() == "forkserver"
+        assert dl.persistent_workers
+    for cores, expected in ((1, 0), (4, 4), (64, 16)):
+        monkeypatch.setattr("gpufeed.workers.usable_cores", lambda cores=cores: cores)
+        assert default_workers() == expected and default_workers(samples=100) == 0

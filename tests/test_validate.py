@@ -47,9 +47,14 @@ def test_an_epoch_of_zero_batches_is_an_error_everywhere(n, batch_size):
     assert len(_loader(n, batch_size=batch_size, drop_last=False)) == 1  # a ragged batch is an epoch
 
 
-def test_an_empty_rank_share_names_the_ranks():
-    with pytest.raises(ConfigError, match=r"2 samples per rank \(8 across 4 ranks\)"):
+def test_an_epoch_empty_on_every_rank_names_the_ranks_but_evaluation_shares_may_be_empty():
+    with pytest.raises(ConfigError, match=r"8 samples across 4 ranks \(each rank needs a full batch\)"):
         _loader(8, batch_size=4, drop_last=True, rank=0, world_size=4)
+    with pytest.raises(ConfigError, match=r"6 samples across 2 ranks.*batch_size <= 3"):
+        _loader(6, batch_size=4, drop_last=True, rank=1, world_size=2, shard="local")
+    # Evaluation (exactly once): 10 samples in batches of 8 on 3 ranks leave ranks 1 and 2 without a batch.
+    shares = [len(_loader(10, batch_size=8, even=False, rank=r, world_size=3)) for r in range(3)]
+    assert shares == [1, 1, 0]
 
 
 @pytest.mark.parametrize("name", ["shuffle", "drop_last", "channels_last", "even"])
@@ -168,7 +173,9 @@ def test_a_len_larger_than_the_samples_names_a_missing_index(workers):
 @pytest.mark.parametrize("workers", [0, 2])
 def test_a_getitem_that_raises_names_the_sample_and_the_dataset_class(workers):
     ds = _Samples(list(range(12)), fail_at=7)
-    with pytest.raises(DataError, match=r"_Samples\[7\] raised ValueError: corrupt file for sample 7; fix or drop"):
+    with pytest.raises(
+        DataError, match=r"_Samples\[7\] raised ValueError: corrupt file for sample 7; the error comes from reading"
+    ):
         gf.accelerate(ds, batch_size=4, device="cpu", num_workers=workers, progress=False)
 
 

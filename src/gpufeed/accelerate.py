@@ -148,7 +148,7 @@ def accelerate(
     batch_size, seed = as_int(batch_size, "batch_size", 1), as_int(seed, "seed")
     shuffle, drop_last = as_flag(shuffle, "shuffle"), as_flag(drop_last, "drop_last")
     channels_last, even = as_flag(channels_last, "channels_last"), as_flag(even, "even")
-    check_epoch(len(dataset) // batch_size if drop_last else 1, batch_size, len(dataset))
+    check_epoch(len(dataset), batch_size, drop_last)  # the rank-aware check follows in the loader
     transform = getattr(dataset, "transform", None) if transform is _DATASET else transform
     dev = resolve_device(device)
 

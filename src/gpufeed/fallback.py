@@ -128,8 +128,7 @@ class FallbackLoader:
         shuffle, drop_last, even = as_flag(shuffle, "shuffle"), as_flag(drop_last, "drop_last"), as_flag(even, "even")
         self.config = _Config(n, batch_size, shuffle, drop_last, seed, 1, rank, world_size, even)
         self._batches = _Batches(self.config)
-        share = f" per rank ({n} across {world_size} ranks)" if world_size > 1 else ""
-        check_epoch(len(self._batches), batch_size, n // world_size, share)
+        check_epoch(n, batch_size, drop_last, world_size, even)
         workers = default_workers() if num_workers is None else num_workers
         self.loader = DataLoader(
             _Seeded(ds, seed),

@@ -209,8 +209,7 @@ class DeviceLoader:
         self._live: weakref.ref[_EpochIterator] | None = None
         self._length: int | None = None
         self.plan: Any = None  # set by gpufeed.accelerate(): what was cached, the tier, and why
-        share = f" per rank ({n} across {world_size} ranks)" if world_size > 1 else ""
-        check_epoch(len(self), batch_size, n // world_size, share)
+        check_epoch(n, batch_size, drop_last, world_size, even, local=shard == "local")
         self._probe()
 
     def _probe(self) -> None:

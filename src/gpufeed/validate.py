@@ -51,12 +51,26 @@ def as_int(value: Any, name: str, minimum: int | None = None) -> int:
     return number
 
 
-def check_epoch(batches: int, batch_size: int, samples: int, share: str = "") -> None:
-    """An epoch of zero batches (``drop_last`` with ``batch_size`` over the samples) is an error, not a silent no-op."""
+def check_epoch(
+    n: int, batch_size: int, drop_last: bool, world_size: int = 1, even: bool = True, local: bool = False
+) -> None:
+    """An epoch of zero batches (``drop_last`` with ``batch_size`` over the samples) is an error, not a silent no-op.
+
+    Under ``even=False`` (evaluation) a rank may have no batch while others do; only an epoch with
+    no batch on any rank is refused.
+    """
+    if not drop_last:
+        return
+    if not even:
+        batches = n // batch_size
+    else:  # every rank the same number of full batches
+        batches = (n // world_size) // batch_size if local else (n // batch_size) // world_size
     if batches == 0:
+        across = f" across {world_size} ranks (each rank needs a full batch)" if world_size > 1 and even else ""
+        largest = n // world_size if world_size > 1 and even else n
         raise ConfigError(
-            f"batch_size={batch_size} with drop_last=True gives an epoch of zero batches: {samples} samples{share}; "
-            f"use batch_size <= {samples} or drop_last=False"
+            f"batch_size={batch_size} with drop_last=True gives an epoch of zero batches: {n} samples{across}; "
+            f"use batch_size <= {largest} or drop_last=False"
         )
 
 
@@ -91,7 +105,7 @@ def label_tensor(labels: Sequence[Any] | np.ndarray | torch.Tensor, source: str)
                     )
             raise DataError(f"the labels of {source} have different shapes; every label must have one shape")
         t = torch.from_numpy(np.ascontiguousarray(array))
-    return t.long() if not (t.is_floating_point() or t.dtype == torch.bool) else t
+    return t if t.is_floating_point() else t.long()  # bool class labels too, as before
 
 
 def _is_number(label: Any) -> bool:
@@ -116,7 +130,10 @@ class SampleFailure:
             if self.index_error
             else ""
         )
-        return DataError(f"{self.source}[{self.index}] raised {self.error}{hint}; fix or drop that sample")
+        return DataError(
+            f"{self.source}[{self.index}] raised {self.error}{hint}; the error comes from reading that sample or "
+            "from its transform: fix the one or the other"
+        )
 
 
 class Guarded(Dataset):

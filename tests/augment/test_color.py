@@ -50,3 +50,38 @@ def test_ranges_follow_torchvision_conventions():
         ColorJitter(hue=0.7)
     with pytest.raises(ConfigError, match="brightness=-1"):
         ColorJitter(brightness=-1)
+
+
+def _pil_kernel_differences(trials=2, n=256, seed=0):
+    """The largest |gpufeed - torchvision on PIL| per adjustment, over noise, smooth and dark images."""
+    import numpy as np
+    from PIL import Image
+
+    from gpufeed.augment import color as C
+
+    rng, worst = np.random.default_rng(seed), dict.fromkeys(("brightness", "contrast", "saturation", "hue"), 0)
+    for trial in range(trials):
+        noise = rng.integers(0, 256, (n, 32, 32, 3), dtype=np.uint8)
+        coarse = torch.from_numpy(rng.integers(0, 256, (n, 3, 4, 4)).astype(np.float32))
+        smooth = torch.nn.functional.interpolate(coarse, size=(32, 32), mode="bicubic").round().clamp(0, 255)
+        for data in (noise, smooth.to(torch.uint8).permute(0, 2, 3, 1).numpy(), noise // 8):
+            x = torch.from_numpy(np.ascontiguousarray(data)).permute(0, 3, 1, 2).contiguous()
+            pils = [Image.fromarray(a) for a in data]
+            for name, ours, tv, (lo, hi) in zip(
+                worst, C._ADJUST, _TV, [(0, 3), (0, 3), (0, 3), (-0.5, 0.5)], strict=True
+            ):
+                f = torch.empty(n).uniform_(lo, hi, generator=_gen(trial))
+                ref = torch.stack(
+                    [torch.from_numpy(np.array(tv(p, float(v)))).permute(2, 0, 1) for p, v in zip(pils, f, strict=True)]
+                )
+                worst[name] = max(worst[name], int((ours(x, f).int() - ref.int()).abs().max()))
+    return worst
+
+
+@pytest.mark.slow
+def test_the_stated_pil_bounds_hold_and_are_the_measured_ones():
+    from gpufeed.plan import PIL_BOUNDS
+
+    measured = _pil_kernel_differences()
+    assert all(measured[k] <= PIL_BOUNDS[k] for k in PIL_BOUNDS), measured  # never understated
+    assert all(measured[k] >= PIL_BOUNDS[k] - 1 for k in PIL_BOUNDS), measured  # nor much overstated

@@ -188,3 +188,16 @@ def test_compose_fuses_crops_and_flips_into_the_same_pixels_as_one_by_one(device
     for op in ops:
         y = op.apply(y, op.sample(y, g))
     assert torch.equal(fused, y)
+
+
+def test_a_nested_compose_draws_and_computes_what_the_flat_one_does(device):
+    from gpufeed.augment import RandomResizedCrop
+
+    x = torch.randint(0, 256, (16, 3, 16, 16), dtype=torch.uint8, generator=_gen(4)).to(device)
+    inner = Compose([RandomCrop(16, padding=2), Compose([RandomHorizontalFlip()])])
+    nested = Compose([inner, RandomResizedCrop(24), RandomVerticalFlip(), Normalize([0.5] * 3, [0.2] * 3)])
+    flat = Compose([RandomCrop(16, padding=2), RandomHorizontalFlip(), RandomResizedCrop(24), RandomVerticalFlip(),
+                    Normalize([0.5] * 3, [0.2] * 3)])  # fmt: skip
+    out = nested(x, generator=_gen(5, device))
+    assert out.shape == (16, 3, 24, 24) and nested.output_size(16, 16) == (24, 24)
+    assert torch.equal(out, flat(x, generator=_gen(5, device)))

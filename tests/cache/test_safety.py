@@ -111,17 +111,79 @@ def test_a_build_killed_between_moving_the_old_entry_aside_and_renaming_the_new_
     assert torch.equal(again.images, open_cache(target).images)
 
 
-def test_leftovers_of_a_running_build_are_kept(tmp_path):
+def _leftover(path, files):
+    path.mkdir()
+    for name, data in files.items():
+        (path / name).write_text(data) if isinstance(data, str) else (path / name).write_bytes(data)
+    return path
+
+
+def test_leftovers_are_recognised_by_what_they_hold_not_by_their_names(tmp_path):
     from gpufeed.cache.manage import leftovers
 
-    running = tmp_path / f".entry.building-{os.getpid()}-0123abcd"
-    dead = tmp_path / ".entry.building-999999999-0123abcd"
-    legacy = tmp_path / ".entry.old-89abcdef"  # gpufeed 0.1 named these without a pid
-    other = tmp_path / ".entry2.old-999999999-0123abcd"
-    lookalike = tmp_path / ".entry.building-notes"
-    for p in (running, dead, legacy, other, lookalike):
-        p.mkdir()
-    assert leftovers(tmp_path / "entry") == [dead, legacy]
+    manifest = (build_cache(_dataset(), tmp_path / "model", progress=False).path / MANIFEST).read_text()
+    ours = [
+        _leftover(tmp_path / ".entry.building-4242-0123abcd", {"images.bin": b"\0" * 10}),
+        _leftover(tmp_path / ".entry.building-4343-89abcdef", {}),  # killed right after mkdir
+        _leftover(tmp_path / ".entry.old-4242-0123abcd", {MANIFEST: manifest, "labels.bin": b"1"}),
+        _leftover(tmp_path / ".entry.old-89abcdef", {MANIFEST: manifest}),  # gpufeed 0.1's name
+    ]
+    theirs = [
+        _leftover(tmp_path / ".entry.building-4242-aaaabbbb", {"images.bin": b"", "notes.txt": "mine"}),
+        _leftover(tmp_path / ".entry.old-20240101", {"vimrc": "set nu"}),  # a name that matches, not ours
+        _leftover(tmp_path / ".entry.old-4242-ccccdddd", {}),  # an .old holds a gpufeed manifest, or is not ours
+        _leftover(tmp_path / ".entry.building-notes", {}),
+        _leftover(tmp_path / ".entry2.old-4242-0123abcd", {MANIFEST: manifest}),  # another entry's
+    ]
+    found = leftovers(tmp_path / "entry")
+    assert found == sorted(ours) and not set(found) & set(theirs)
+
+
+def test_cache_clear_removes_entries_and_leftovers_and_nothing_else(tmp_path, capsys):
+    from gpufeed.cli.main import main
+
+    root = tmp_path / "cache"
+    entry = build_cache(_dataset(), root / "entry", progress=False).path
+    _leftover(root / ".entry.building-4242-0123abcd", {"images.bin": b"\0"})
+    user_folder(root)  # a user's folder inside the cache root...
+    _leftover(root / ".vim.old-20240101", {"vimrc": "set nu"})  # ...and a hidden one with a leftover's name
+    (root / "notes.txt").write_text("mine")
+    keep = {k: v for k, v in snapshot(root).items() if not k.startswith(("entry", ".entry"))}
+    assert main(["cache", "--cache-dir", str(root), "clear"]) == 0
+    assert not entry.exists() and not list(root.glob(".entry.building-*"))
+    after = snapshot(root)
+    assert {k: v for k, v in after.items() if k != ".entry.lock"} == keep
+
+
+def test_a_running_build_keeps_its_entry_and_leftovers(tmp_path):
+    from gpufeed.cache import remove_entry
+
+    entry = build_cache(_dataset(), tmp_path / "entry", progress=False).path
+    leftover = _leftover(tmp_path / ".entry.building-4242-0123abcd", {"images.bin": b"\0"})
+    with build_lock(entry):
+        for path in (entry, leftover):
+            with pytest.raises(CacheError, match=rf"{path} is kept: .* is building"):
+                remove_entry(path)
+    remove_entry(leftover)
+    remove_entry(entry)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".entry.lock"]
+
+
+def test_a_swap_that_fails_puts_the_old_entry_back(tmp_path, monkeypatch):
+    import gpufeed.cache.writer as writer
+
+    old = build_cache(_dataset(seed=0), tmp_path / "entry", progress=False)
+    expected = old.images.clone()
+
+    def fail(phase):
+        if phase == "moved the old entry aside":
+            raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(writer, "_checkpoint", fail)
+    with pytest.raises(CacheWriteError, match="Input/output error"), pytest.warns(UserWarning, match="replacing"):
+        build_cache(_dataset(seed=1), tmp_path / "entry", progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".entry.lock", "entry"]
+    assert torch.equal(open_cache(tmp_path / "entry").images, expected)
 
 
 # -- a read-only shared cache, used by another (unprivileged) user ------------------------------------------------
@@ -392,11 +454,58 @@ def test_a_cache_inside_the_datasets_own_directory_is_refused(tmp_path):
     folder = user_folder(tmp_path)
     ds = ImageFolder(str(folder), transform=T.Compose([T.Resize((8, 8)), T.RandomHorizontalFlip(), T.ToTensor()]))
     before = snapshot(tmp_path)
-    with pytest.raises(CacheError, match="gpufeed never writes into a dataset's directory"):
+    with pytest.raises(CacheWriteError, match="gpufeed never writes into a dataset's directory"):
         build_cache(ds, folder / "cache", progress=False)
-    with pytest.raises(CacheError, match=rf"inside {folder}, the directory of the dataset \(ImageFolder\)"):
-        gf.accelerate(ds, batch_size=2, device="cpu", cache=folder, progress=False)
+    with pytest.warns(UserWarning, match=rf"stays in memory.*inside {folder}, the directory of the dataset"):
+        loader = gf.accelerate(ds, batch_size=2, device="cpu", cache=folder, progress=False)
+    assert loader.plan.cache_path is None and len(list(loader)) == 2
     assert snapshot(tmp_path) == before
     assert ImageFolder(str(folder)).classes == ["class0", "class1"]
     loader = gf.accelerate(ds, batch_size=2, device="cpu", cache=tmp_path / "elsewhere", progress=False)
     assert loader.plan.cache_path.startswith(str(tmp_path / "elsewhere"))
+
+
+def test_a_dataset_rooted_at_the_working_directory_does_not_block_the_default_cache(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # e.g. MNIST(".") run from $HOME, with the cache under ~/.cache/gpufeed
+    ds = cifar_like(20, root=".", transform=T.Compose([T.Resize(16), T.ToTensor()]))
+    ds.base_folder = None  # a dataset whose data is not in root/base_folder (MNIST, a custom one)
+    cache = build_cache(ds, tmp_path / ".cache" / "gpufeed" / "entry", progress=False)
+    assert cache.images.shape == (20, 3, 16, 16)
+
+
+_NO_ACCESS = textwrap.dedent("""
+    import json, sys, warnings
+    sys.path.insert(0, {tests!r})
+    import torchvision.transforms as T
+    import gpufeed as gf
+    from fakes import cifar_like
+
+    ds = cifar_like(40, transform=T.Compose([T.Resize(16), T.RandomCrop(16, padding=2), T.ToTensor()]))
+    out = {{}}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loader = gf.accelerate(ds, batch_size=8, device="cpu", cache={root!r}, progress=False)
+    out["warnings"] = [str(w.message) for w in caught]
+    out["batches"] = len(list(loader))
+    try:
+        gf.build_cache(ds, root={root!r}, progress=False)
+    except gf.CacheError as e:
+        out["error"] = [type(e).__name__, str(e)]
+    print(json.dumps(out))
+""")
+
+
+def test_a_cache_location_that_cannot_even_be_read_keeps_the_data_in_memory():
+    locked = Path(tempfile.mkdtemp(prefix="gpufeed-locked-"))
+    try:
+        gf.accelerate(_dataset(), batch_size=8, device="cpu", cache=locked, progress=False)  # an entry in there
+        locked.chmod(0o000)
+        script = _NO_ACCESS.format(tests=TESTS, root=str(locked))
+        run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, preexec_fn=_unprivileged)
+        assert run.returncode == 0, run.stderr
+        out = json.loads(run.stdout.strip().splitlines()[-1])
+        assert out["batches"] == 5 and sum("stays in memory" in w for w in out["warnings"]) == 1
+        assert out["error"][0] == "CacheWriteError" and "Permission denied" in out["error"][1]
+    finally:
+        locked.chmod(0o755)
+        shutil.rmtree(locked)

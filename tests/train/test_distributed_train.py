@@ -30,8 +30,9 @@ def test_train_under_torch_distributed_run_with_two_cpu_processes(tmp_path, monk
     saved = json.loads((tmp_path / "out" / "train.json").read_text())
     assert saved["environment"]["world_size"] == 2
     # 1024 images = 2 ranks x 2 batches of 256 per epoch; the test set is split, then summed exactly
-    assert [e["images"] for e in saved["epochs"]] == [1024, 1024]
-    assert all(0.0 <= e["test_acc"] <= 1.0 for e in saved["epochs"])
+    assert [e["images"] for e in saved["epochs"]] == [1024, 1024]  # summed over the ranks, not rank 0 x 2
+    assert [e["test_images"] for e in saved["epochs"]] == [256, 256]
+    assert all(abs(e["test_acc"] * 256 - round(e["test_acc"] * 256)) < 1e-9 for e in saved["epochs"])
 
 
 @pytest.mark.slow
@@ -60,4 +61,6 @@ def test_uneven_test_shares_do_not_hang_distributed_evaluation(tmp_path, monkeyp
     )
     assert code == 0
     saved = json.loads((tmp_path / "out" / "train.json").read_text())
-    assert saved["environment"]["world_size"] == 3 and 0 <= saved["epochs"][0]["test_acc"] <= 1
+    epoch = saved["epochs"][0]
+    assert saved["environment"]["world_size"] == 3 and epoch["test_images"] == 2100  # each test image once
+    assert epoch["images"] == 768 and abs(epoch["test_acc"] * 2100 - round(epoch["test_acc"] * 2100)) < 1e-9

@@ -12,7 +12,9 @@ from typing import Any
 
 from ..errors import CacheError, CacheWriteError, ConfigError
 from .fingerprint import cache_key, default_cache_dir
+from .format import Manifest, is_gpufeed_entry
 from .lock import build_lock
+from .lock import lock_timeout as resolve_lock_timeout
 from .manage import list_entries, remove_entry
 from .reader import Cache, open_cache, verify_cache
 from .writer import check_target, write_cache
@@ -89,22 +91,24 @@ def build_cache(
 
 
 def _current(target: Path, key: str, announce: bool) -> Cache | None:
-    """The valid entry at ``target`` if it has ``key``; ``announce``: warn about what will be rebuilt."""
+    """The valid entry at ``target`` if it has ``key``; ``announce``: warn about what will be rebuilt.
+
+    The key is read from the manifest first, so an entry of other data is not hashed just to be
+    replaced.
+    """
     try:
-        existing = open_cache(target, verify=True)
+        if Manifest.read(target).key != key:
+            if announce:
+                warnings.warn(
+                    f"replacing the cache at {target}: it holds another dataset or another transform",
+                    stacklevel=4,
+                )
+            return None
+        return open_cache(target, verify=True)
     except CacheError as e:
-        if announce and target.exists():
+        if announce and is_gpufeed_entry(target):
             warnings.warn(f"rebuilding the cache: {e}", stacklevel=4)
         return None
-    if existing.key == key:
-        return existing
-    if announce:
-        warnings.warn(
-            f"replacing the cache at {target}: it holds another dataset or another transform (key {existing.key[:12]}, "
-            f"wanted {key[:12]})",
-            stacklevel=4,
-        )
-    return None
 
 
 def load_or_ingest(
@@ -129,48 +133,61 @@ def load_or_ingest(
     """
     from ..ingest import ingest
 
+    lock_timeout = resolve_lock_timeout(lock_timeout)  # a bad value is an error even on a hit
     hit = _current(target, key, announce=False)  # entries appear by one rename: no lock needed to read
     if hit is not None:
         return hit, None
-    check_target(target)  # before the lock file is created beside it
-    _check_outside_dataset(dataset, target)
+
+    def read() -> Any:
+        return ingest(dataset, split.cached_transform(), num_workers=num_workers, progress=progress)
+
     with ExitStack() as stack:
-        unwritable: CacheWriteError | None = None
         try:
+            check_target(target)  # before the lock file is created beside it
+            _check_outside_dataset(dataset, target)
             stack.enter_context(build_lock(target, lock_timeout, progress=progress))
         except CacheWriteError as e:
             if strict:
                 raise
-            unwritable = e
-        if unwritable is None:
-            hit = _current(target, key, announce=True)  # built by another process while we waited?
-            if hit is not None:
-                return hit, None
-        data = ingest(dataset, split.cached_transform(), num_workers=num_workers, progress=progress)
+            data = read()
+            if persist(data):
+                _in_memory(e)
+            return None, data
+        hit = _current(target, key, announce=True)  # built by another process while we waited?
+        if hit is not None:
+            return hit, None
+        data = read()
         if not persist(data):
             return None, data
         try:
-            if unwritable is not None:
-                raise unwritable
             # Verified when asked for a cache; accelerate skips the re-read: the bytes were hashed as they
             # were written, and reading them back would hold a second copy of the images in memory.
             return store(target, key, split, data, verify=strict), data
         except CacheWriteError as e:
             if strict:
                 raise
-            warnings.warn(f"gpufeed: the data stays in memory, not cached on disk: {e}", stacklevel=3)
+            _in_memory(e)
             return None, data
 
 
+def _in_memory(e: CacheWriteError) -> None:
+    warnings.warn(f"gpufeed: the data stays in memory, not cached on disk: {e}", stacklevel=4)
+
+
 def _check_outside_dataset(dataset: Any, target: Path) -> None:
-    """A cache inside the dataset's own directory would change the dataset (an ImageFolder would see a new class)."""
-    root = getattr(dataset, "root", None)
-    if not isinstance(root, (str, os.PathLike)):
+    """A cache inside an image folder's directory would change the dataset (a new "class" appears).
+
+    Checked for the datasets whose directory *is* their data (``ImageFolder`` and the other
+    ``DatasetFolder``s) and those that keep it in ``root/base_folder`` (CIFAR, SVHN, STL10, ...).
+    """
+    from torchvision.datasets import DatasetFolder
+
+    root, base = getattr(dataset, "root", None), getattr(dataset, "base_folder", None)
+    if not isinstance(root, (str, os.PathLike)) or not (isinstance(dataset, DatasetFolder) or isinstance(base, str)):
         return
-    base = getattr(dataset, "base_folder", None)  # CIFAR, SVHN, ...: the data sits in root/base_folder
     data_dir = (Path(root) / base if isinstance(base, str) else Path(root)).resolve()
     if target.resolve().is_relative_to(data_dir):
-        raise CacheError(
+        raise CacheWriteError(
             f"the cache {target} would be inside {data_dir}, the directory of the dataset "
             f"({type(dataset).__name__}); gpufeed never writes into a dataset's directory: choose a cache location "
             "outside it (build_cache(dataset, path), accelerate(..., cache=ROOT), --cache-dir or GPUFEED_CACHE_DIR)"

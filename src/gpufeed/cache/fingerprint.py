@@ -12,14 +12,13 @@ import json
 import os
 import re
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from .format import VERSION
+from .format import VERSION, hashes
 
 __all__ = ["cache_key", "dataset_identity", "default_cache_dir", "transform_identity"]
 
@@ -42,14 +41,9 @@ def _content(array: Any) -> list[str]:
     a = array.detach().cpu().numpy() if isinstance(array, torch.Tensor) else np.asarray(array)
     a = a.reshape(1) if a.ndim == 0 else a
     rows = max(1, _ROWS_BYTES // max(1, a[0].nbytes)) if len(a) else 1
-
-    def digest(start: int) -> str:
-        # CIFAR's .data is a transposed view: ascontiguousarray copies one slice, not the dataset.
-        block = np.ascontiguousarray(a[start : start + rows])
-        return hashlib.blake2b(memoryview(block).cast("B"), digest_size=16).hexdigest()
-
-    with ThreadPoolExecutor(max_workers=4) as pool:  # hashlib releases the GIL
-        return [str(a.dtype), str(a.shape), *pool.map(digest, range(0, len(a), rows))]
+    # CIFAR's .data is a transposed view: ascontiguousarray copies one slice, not the dataset.
+    slices = ((lambda i=i: np.ascontiguousarray(a[i : i + rows])) for i in range(0, len(a), rows))
+    return [str(a.dtype), str(a.shape), *hashes(slices)]
 
 
 def dataset_identity(dataset: Any) -> dict[str, Any] | None:

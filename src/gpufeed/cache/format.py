@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -41,6 +41,7 @@ __all__ = [
     "Manifest",
     "block_hashes",
     "dtype_code",
+    "hashes",
     "is_gpufeed_entry",
 ]
 
@@ -58,12 +59,20 @@ def _hash(block: memoryview | bytes) -> str:
     return hashlib.blake2b(block, digest_size=16).hexdigest()
 
 
-def block_hashes(buffer: np.ndarray | memoryview, threads: int = 4) -> tuple[str, ...]:
-    """blake2b of each ``BLOCK_BYTES`` block; threads help because hashlib releases the GIL."""
-    view = memoryview(buffer).cast("B")
-    blocks: Iterable[memoryview] = (view[i : i + BLOCK_BYTES] for i in range(0, len(view), BLOCK_BYTES))
+def hashes(blocks: Iterable[Callable[[], Any]], threads: int = 4) -> tuple[str, ...]:
+    """blake2b of each block, ``blocks`` giving a function that makes it (a buffer), in ``threads`` threads.
+
+    A block is made inside its thread, so at most ``threads`` copies exist at once when making one
+    copies (a slice of a strided array); hashlib releases the GIL, so the threads run in parallel.
+    """
     with ThreadPoolExecutor(max_workers=threads) as pool:
-        return tuple(pool.map(_hash, blocks))
+        return tuple(pool.map(lambda make: _hash(memoryview(make()).cast("B")), blocks))
+
+
+def block_hashes(buffer: np.ndarray | memoryview, threads: int = 4) -> tuple[str, ...]:
+    """blake2b of each ``BLOCK_BYTES`` block of a contiguous buffer."""
+    view = memoryview(buffer).cast("B")
+    return hashes(((lambda i=i: view[i : i + BLOCK_BYTES]) for i in range(0, len(view), BLOCK_BYTES)), threads)
 
 
 def dtype_code(dtype: np.dtype) -> str:
@@ -122,7 +131,11 @@ class Manifest:
         """Parse and validate ``directory/manifest.json``, or raise a CacheError that says what to do."""
         path = directory / MANIFEST
         remedy = f"delete it (gpufeed cache clear {directory}) and build it again"
-        if not path.is_file():
+        try:
+            present = path.is_file()
+        except OSError as e:  # e.g. a directory this process may not enter
+            raise CacheError(f"cannot read {path} ({e.strerror or e}); check the permissions of {directory}") from None
+        if not present:
             raise CacheError(
                 f"{path} is missing: {directory} is an incomplete build or not a gpufeed cache; if it is a gpufeed "
                 f"entry, {remedy}"

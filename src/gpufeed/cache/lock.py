@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import math
 import os
 import socket
 import sys
@@ -22,6 +23,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
+from typing import IO
 
 from ..errors import CacheError, CacheWriteError, ConfigError
 
@@ -44,13 +46,13 @@ def lock_timeout(value: float | None) -> float:
     except (TypeError, ValueError):
         seconds = float("nan")
     if isinstance(value, bool) or not seconds >= 0:
-        raise ConfigError(f"{source}={value!r} must be a number of seconds >= 0 (0: do not wait)")
+        raise ConfigError(f"{source}={value!r} must be a number of seconds >= 0 (0: do not wait, inf: no limit)")
     return seconds
 
 
-def _holder(f: object) -> str:
-    f.seek(0)  # type: ignore[attr-defined]
-    text = f.read().strip()  # type: ignore[attr-defined]
+def _holder(f: IO[str]) -> str:
+    f.seek(0)
+    text = f.read().strip()
     try:
         h = json.loads(text)
         since = datetime.fromtimestamp(h["since"]).isoformat(sep=" ", timespec="seconds")
@@ -98,7 +100,9 @@ def build_lock(
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def _acquire(f, path: Path, target: Path, timeout_s: float, progress: bool, announce_s: float, poll_s: float) -> None:  # type: ignore[no-untyped-def]
+def _acquire(
+    f: IO[str], path: Path, target: Path, timeout_s: float, progress: bool, announce_s: float, poll_s: float
+) -> None:
     start = time.monotonic()
     bar = None
     try:
@@ -116,19 +120,18 @@ def _acquire(f, path: Path, target: Path, timeout_s: float, progress: bool, anno
                     f"(lock_timeout= or {LOCK_TIMEOUT_ENV}=SECONDS), or stop it"
                 )
             if bar is None and waited >= min(announce_s, timeout_s):
+                limit = f"giving up after {timeout_s:.0f} s" if math.isfinite(timeout_s) else "no time limit"
                 print(
-                    f"gpufeed: waiting for {_holder(f)} to finish building {target} (lock {path}); "
-                    f"giving up after {timeout_s:.0f} s",
+                    f"gpufeed: waiting for {_holder(f)} to finish building {target} (lock {path}); {limit}",
                     file=sys.stderr,
                     flush=True,
                 )
                 from tqdm.auto import tqdm
 
-                bar = tqdm(
-                    total=round(timeout_s), desc="gpufeed: waiting for the cache build", unit="s", disable=not progress
-                )
-            if bar is not None and min(bar.total, round(waited)) != bar.n:
-                bar.n = min(bar.total, round(waited))
+                total = round(timeout_s) if math.isfinite(timeout_s) else None
+                bar = tqdm(total=total, desc="gpufeed: waiting for the cache build", unit="s", disable=not progress)
+            if bar is not None and round(waited) != bar.n:
+                bar.n = round(waited) if bar.total is None else min(bar.total, round(waited))
                 bar.refresh()
             time.sleep(poll_s)
     finally:

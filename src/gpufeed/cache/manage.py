@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import glob
-import os
 import re
 import shutil
 from pathlib import Path
@@ -11,37 +10,44 @@ from pathlib import Path
 from ..errors import CacheError
 from .format import MANIFEST, is_gpufeed_entry
 
-__all__ = ["is_leftover", "leftovers", "list_entries", "remove_entry"]
+__all__ = ["BUILD_FILES", "is_leftover", "leftover_target", "leftovers", "list_entries", "remove_entry"]
 
-# What the writer names its temporary siblings (NOTE [ Cache write order ]); gpufeed 0.1 wrote
+# How the writer names its temporary siblings (NOTE [ Cache write order ]); gpufeed 0.1 wrote
 # ``.old-<rand>`` without a pid.
-_LEFTOVER = re.compile(r"^\.(?P<name>.+)\.(?:building|old)-(?:(?P<pid>\d+)-)?[0-9a-f]{8}$")
+_LEFTOVER = re.compile(r"^\.(?P<name>.+)\.(?P<kind>building|old)-(?:(?P<pid>\d+)-)?[0-9a-f]{8}$")
+BUILD_FILES = frozenset({"images.bin", "labels.bin", MANIFEST, f"{MANIFEST}.tmp"})
 
 
-def _running(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # alive, another user's
-        return True
-    return True
+def is_leftover(path: Path, files: frozenset[str] = BUILD_FILES) -> bool:
+    """Whether ``path`` is a temporary sibling gpufeed made: named as the writer names them and holding
+    nothing but the files it writes there (``files``); an ``.old-*`` must hold a gpufeed manifest.
 
-
-def is_leftover(path: Path) -> bool:
-    """A ``.building-*`` / ``.old-*`` directory of a build that is no longer running (never a valid cache)."""
+    The name alone proves nothing (``.vim.old-20240101`` matches it), so the contents decide. Whether
+    its build still runs is not decided here: that is what the entry's build lock says.
+    """
     m = _LEFTOVER.match(path.name)
-    if m is None or path.is_symlink() or not path.is_dir():
+    if m is None or path.is_symlink() or not path.is_dir() or (m["kind"] == "building" and m["pid"] is None):
         return False
-    return m["pid"] is None or not _running(int(m["pid"]))
+    try:
+        children = list(path.iterdir())
+    except OSError:
+        return False
+    if any(c.is_symlink() or not c.is_file() or c.name not in files for c in children):
+        return False
+    return m["kind"] == "building" or is_gpufeed_entry(path)
 
 
-def leftovers(target: Path) -> list[Path]:
-    """The leftovers of dead builds of the entry ``target`` (its siblings; safe to delete)."""
+def leftover_target(path: Path) -> Path:
+    """The entry a leftover belongs to (whose build lock guards it)."""
+    m = _LEFTOVER.match(path.name)
+    assert m is not None, path
+    return path.parent / m["name"]
+
+
+def leftovers(target: Path, files: frozenset[str] = BUILD_FILES) -> list[Path]:
+    """The leftovers of builds of ``target``. Call it holding ``target``'s build lock: then none is running."""
     siblings = target.parent.glob(f".{glob.escape(target.name)}.*")
-    return sorted(p for p in siblings if is_leftover(p) and _LEFTOVER.match(p.name)["name"] == target.name)  # type: ignore[index]
+    return sorted(p for p in siblings if is_leftover(p, files) and leftover_target(p) == target)
 
 
 def list_entries(root: Path) -> list[Path]:
@@ -52,12 +58,20 @@ def list_entries(root: Path) -> list[Path]:
 
 
 def remove_entry(path: Path) -> None:
-    """Delete a cache entry or a build leftover; refuse any other directory."""
-    if not path.exists():
+    """Delete a cache entry or a build leftover; refuse any other directory, and one whose build is running."""
+    from .lock import build_lock
+
+    if not (path.exists() or path.is_symlink()):
         raise CacheError(f"{path} does not exist")
-    if path.is_symlink() or not (is_gpufeed_entry(path) or is_leftover(path)):
+    entry = not path.is_symlink() and is_gpufeed_entry(path)
+    if not (entry or is_leftover(path)):
         raise CacheError(
             f"{path} is not a gpufeed cache entry (no gpufeed manifest.json in it); gpufeed deletes only what it "
             "created, so it is left as it is"
         )
-    shutil.rmtree(path)
+    target = path if entry else leftover_target(path)
+    try:
+        with build_lock(target, 0, progress=False):  # 0: a running build is reported, not waited for
+            shutil.rmtree(path)
+    except CacheError as e:
+        raise CacheError(f"{path} is kept: {e}") from None

@@ -2,13 +2,15 @@
 
 NOTE [ Cache write order ]
 0. The target must be absent or gpufeed's own entry (:func:`check_target`); anything else at that
-   path is an error and is never touched. Leftovers of dead builds beside it are removed.
+   path is an error and is never touched. The caller holds the entry's build lock (or writes into a
+   private directory), so no other build of it runs: its leftovers beside it are removed.
 1. Arrays are written into ``.<name>.building-<pid>-<rand>`` next to the target and fsynced.
 2. The manifest is written last (to a temporary name, fsynced, renamed), so a directory with a
    manifest has complete arrays.
 3. An old entry is moved aside to ``.<name>.old-<pid>-<rand>``, the new one renamed onto the
-   target, and the old one removed. A build killed at any point leaves only ``.building`` /
-   ``.old`` directories, which no reader opens and the next build removes (their pid is dead).
+   target, and the old one removed; if the second rename fails, the old entry is put back. A build
+   killed at any point leaves only ``.building`` / ``.old`` directories, which no reader opens and
+   the next build removes (:func:`gpufeed.cache.manage.is_leftover` checks what they hold).
 
 A failure to write (disk full, no permission, read-only file system) removes what this build
 wrote and raises :class:`~gpufeed.errors.CacheWriteError` with the path, the bytes and the remedy.
@@ -40,7 +42,15 @@ def _checkpoint(phase: str) -> None:
 
 def check_target(target: Path) -> None:
     """Refuse a target path gpufeed did not create: it may be absent or a gpufeed entry, nothing else."""
-    if not (target.exists() or target.is_symlink()):
+    try:
+        present = target.exists() or target.is_symlink()
+        empty = present and target.is_dir() and not target.is_symlink() and not any(target.iterdir())
+    except OSError as e:  # a location this process may not even look into
+        raise CacheWriteError(
+            f"cannot look at {target} ({e.strerror or e}): the cache location is not accessible; choose another "
+            "(GPUFEED_CACHE_DIR / --cache-dir / accelerate(..., cache=ROOT)), or accelerate(..., cache=False)"
+        ) from None
+    if not present:
         return
     if target.is_symlink() or not target.is_dir():
         raise CacheError(
@@ -48,7 +58,7 @@ def check_target(target: Path) -> None:
             "does not exist yet for the cache"
         )
     if not is_gpufeed_entry(target):
-        contents = "is empty" if not any(target.iterdir()) else "holds files gpufeed did not write"
+        contents = "is empty" if empty else "holds files gpufeed did not write"
         raise CacheError(
             f"{target} exists, {contents} and has no gpufeed manifest, so it is not a gpufeed cache; gpufeed never "
             "replaces or deletes a directory it did not create: choose a path that does not exist yet (the entry is "
@@ -66,11 +76,12 @@ def _fsync_dir(path: Path) -> None:
 
 def _free_bytes(path: Path) -> int | None:
     for p in (path, *path.parents):
-        if p.exists():
-            try:
-                return shutil.disk_usage(p).free
-            except OSError:
-                return None
+        try:
+            return shutil.disk_usage(p).free
+        except FileNotFoundError:
+            continue
+        except OSError:
+            return None
     return None
 
 
@@ -108,7 +119,7 @@ def write_cache(target: Path, key: str, arrays: dict[str, torch.Tensor], meta: d
     tmp = target.parent / f".{target.name}.building-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        for stale in leftovers(target):
+        for stale in leftovers(target):  # the caller holds the build lock: their builds are dead
             shutil.rmtree(stale, ignore_errors=True)
         tmp.mkdir()
         manifest = _write_arrays(tmp, key, views, meta)
@@ -150,8 +161,13 @@ def _swap_in(tmp: Path, target: Path) -> None:
         check_target(target)  # again: it may have appeared while the arrays were written
         old = target.parent / f".{target.name}.old-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         os.replace(target, old)
+    try:
         _checkpoint("moved the old entry aside")
-    os.replace(tmp, target)
+        os.replace(tmp, target)
+    except BaseException:
+        if old is not None:  # put the old entry back: a failed rebuild must not lose what was there
+            os.replace(old, target)
+        raise
     _fsync_dir(target.parent)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .common import add_data_arguments, load_train_test, subset_note
+from .common import add_data_arguments, load_train_test, positive, subset_note
 
 HELP = "the CIFAR-10 ladder: DataLoader -> cached -> GPU-resident -> gpufeed -> AMP -> CUDA graphs, vs the model alone"
 
@@ -14,8 +14,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_data_arguments(p)
     p.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda if available)")
     p.add_argument("--model", default=None, help="default: vgg16 on a GPU, small on a CPU")
-    p.add_argument("--train-size", type=int, default=None, help="default: all 50,000 on a GPU, 5,000 on a CPU")
-    p.add_argument("--test-size", type=int, default=None)
+    p.add_argument("--train-size", type=positive, default=None, help="default: all 50,000 on a GPU, 5,000 on a CPU")
+    p.add_argument("--test-size", type=positive, default=None)
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=Path("bench-out"), help="folder for bench.json and bench.png")

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from .common import add_data_arguments, load_data
+from .common import add_data_arguments, load_data, positive
 
 HELP = "build, inspect, verify or clear persistent caches of a dataset's deterministic transform"
 MEAN, STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
@@ -17,7 +17,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
     b = sub.add_parser("build", help="cache the training set's deterministic transform")
     add_data_arguments(b)
-    b.add_argument("--resize", type=int, default=None, help="add a deterministic Resize(N) + CenterCrop(32) first")
+    b.add_argument("--resize", type=positive, default=None, help="add a deterministic Resize(N) + CenterCrop(32) first")
     b.add_argument("--path", type=Path, default=None, help="the entry's directory (default: under the cache root)")
     for name, text in [
         ("info", "describe entries"),

@@ -8,6 +8,22 @@ from pathlib import Path
 from typing import Any
 
 
+def positive(text: str) -> int:
+    """An argparse type: an int >= 1 (a count of images, a size)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be >= 1")
+    return value
+
+
+def lead() -> bool:
+    """Whether this process reports for the run: rank 0 under torch.distributed.run, or a plain process."""
+    return int(os.environ.get("RANK", "0")) == 0
+
+
 def add_data_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--data",
@@ -34,7 +50,7 @@ def load_data(args: argparse.Namespace, train: bool = True, transform: Any = Non
     ds = cifar10(
         args.data, args.data_dir, train=train, transform=transform, download=args.download, seed=args.data_seed
     )
-    if announce and int(os.environ.get("RANK", "0")) == 0:
+    if announce and lead():
         print(f"data: {describe(ds)}", flush=True)
     return ds
 
@@ -45,7 +61,7 @@ def load_train_test(args: argparse.Namespace, train_transform: Any, test_transfo
 
     train = load_data(args, True, train_transform, announce=False)
     test = load_data(args, False, test_transform, announce=False)
-    if int(os.environ.get("RANK", "0")) == 0:
+    if lead():
         print(f"data: {describe(train)}, {len(test):,} test samples{used}", flush=True)
     return train, test
 

@@ -7,7 +7,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from .common import add_data_arguments
+from .common import add_data_arguments, positive
 
 HELP = "train a CIFAR model with a chosen loader, precision and CUDA graphs; per-epoch records to DIR/train.json"
 
@@ -75,8 +75,8 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda if available)")
-    p.add_argument("--train-size", type=int, default=None, help="train on the first N images")
-    p.add_argument("--test-size", type=int, default=None, help="test on the first N images")
+    p.add_argument("--train-size", type=positive, default=None, help="train on the first N images")
+    p.add_argument("--test-size", type=positive, default=None, help="test on the first N images")
 
 
 def config_from(args: argparse.Namespace, **overrides: object) -> Any:
@@ -111,13 +111,13 @@ def run(args: argparse.Namespace) -> int:
     from ..report import format_table
     from ..train import train
     from ..train.loaders import eval_transform, train_transform
-    from .common import load_train_test, subset_note
+    from .common import lead, load_train_test, subset_note
 
     if args.nproc_per_node and "LOCAL_RANK" not in os.environ:
         return _launch(args)
     datasets = load_train_test(args, train_transform(), eval_transform(), subset_note(args.train_size, args.test_size))
     records = train(config_from(args, epochs=args.epochs, progress=not args.no_progress), args.out, datasets)
-    if int(os.environ.get("RANK", "0")) != 0:
+    if not lead():
         return 0  # rank 0 reports for everyone
     columns = [
         ("epoch", "epoch", "d"),

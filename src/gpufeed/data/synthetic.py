@@ -29,6 +29,7 @@ from torchvision.datasets import CIFAR10
 from ..augment import Compose, RandomCrop, RandomHorizontalFlip
 from ..cache.fingerprint import default_cache_dir
 from ..cache.lock import build_lock
+from ..cache.manage import leftovers
 from ..errors import ConfigError, DataError
 
 __all__ = ["SyntheticCIFAR10", "cifar10", "default_root", "describe", "write_synthetic_cifar10"]
@@ -37,6 +38,7 @@ GENERATOR_VERSION = 1
 SIDECAR = "gpufeed-synthetic.json"
 CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
 _BASE = "cifar-10-batches-py"
+_FILES = frozenset({*(f"data_batch_{b}" for b in range(1, 6)), "test_batch", "batches.meta", SIDECAR})
 
 
 def _prototypes(seed: int) -> torch.Tensor:
@@ -85,6 +87,8 @@ def write_synthetic_cifar10(
     with build_lock(root / _BASE):  # several ranks may ask at once: one generates, the others wait
         if not (root / _BASE / SIDECAR).is_file():
             _refuse_foreign(root)
+            for stale in leftovers(root / _BASE, _FILES):  # of generations killed midway (we hold the lock)
+                shutil.rmtree(stale, ignore_errors=True)
             _generate(root, seed, train, test)
     return root
 
@@ -170,14 +174,19 @@ class SyntheticCIFAR10(CIFAR10):
                 "its own cache directory unless asked: drop the data directory to use that one, or generate it here "
                 "with download=True (--download)"
             )
-        info = json.loads(sidecar.read_text())
-        if (info["seed"], info["train"], info["test"]) != (seed, *sizes):
+        try:
+            info = json.loads(sidecar.read_text())
+            recorded, md5 = (info["seed"], info["train"], info["test"]), dict(info["md5"])
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise DataError(
+                f"{sidecar} is damaged ({type(e).__name__}: {e}); delete {sidecar.parent} and generate it again"
+            ) from None
+        if recorded != (seed, *sizes):
             raise DataError(
                 f"{sidecar.parent} holds synthetic data of seed {info['seed']} and sizes ({info['train']}, "
                 f"{info['test']}), not seed {seed} and sizes {sizes}; generate it in another directory"
             )
         self.seed = seed
-        md5 = info["md5"]
         # Instance attributes shadow the class's real-CIFAR checksums; torchvision's check still runs.
         self.train_list = [[f"data_batch_{b}", md5[f"data_batch_{b}"]] for b in range(1, 6)]
         self.test_list = [["test_batch", md5["test_batch"]]]
@@ -220,8 +229,10 @@ def cifar10(
             f"no usable {'synthetic ' if data == 'synthetic' else ''}CIFAR-10 in {where}: torchvision found files "
             f"missing or corrupted (their MD5 differs); {fix}, or point --data-dir at the folder that holds {_BASE}"
         ) from None
-    except OSError as e:  # a failed download
-        raise DataError(f"could not download CIFAR-10 into {root}: {e}") from None
+    except OSError as e:  # a failed download, or no room or permission to generate
+        what = "generate the synthetic CIFAR-10" if data == "synthetic" else "download CIFAR-10"
+        where = root if root is not None else default_root(seed, sizes)
+        raise DataError(f"could not {what} in {where}: {e}") from None
 
 
 def describe(dataset: Any) -> str:

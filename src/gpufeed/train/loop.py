@@ -81,6 +81,7 @@ class EpochRecord:
     data_wait_fraction: float
     train_loss: float
     test_acc: float | None
+    test_images: int | None = None  # images scored for test_acc (all ranks together)
     gpu_util: float | None = None
     peak_memory_bytes: int | None = None
     lr: float = 0.0
@@ -101,8 +102,9 @@ def _sync(device: torch.device) -> None:
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, loader: Any, amp: torch.dtype | None, device: torch.device) -> float:
-    """Accuracy over ``loader``; under DDP each rank scores its share and the counts are summed."""
+def evaluate(model: nn.Module, loader: Any, amp: torch.dtype | None, device: torch.device) -> tuple[float, int]:
+    """Accuracy over ``loader`` and the number of images scored; under DDP each rank scores its share and
+    the counts are summed."""
     # The bare module: DDP's forward broadcasts buffers, a collective that would hang when ranks hold
     # different numbers of test batches (evaluation shares differ by up to one batch).
     model = getattr(model, "_orig_mod", model)  # torch.compile's wrapper
@@ -118,7 +120,8 @@ def evaluate(model: nn.Module, loader: Any, amp: torch.dtype | None, device: tor
     counts = torch.stack([correct, torch.tensor(total, device=device)])
     if dist.is_initialized():  # every rank scored its share of the test set: sum them
         dist.all_reduce(counts)
-    return counts[0].item() / max(1, counts[1].item())
+    correct_all, total_all = counts.tolist()
+    return correct_all / max(1, total_all), int(total_all)
 
 
 @dataclass
@@ -170,8 +173,16 @@ def prepare(cfg: TrainConfig, datasets: tuple[Any, Any] | None = None) -> Prepar
         num_workers=cfg.num_workers,
         channels_last=cfg.channels_last,
     )
+    # even=False: every test image scored exactly once across ranks (even=True would pad with repeats).
     test_loader = accelerate(
-        test_set, 1024, shuffle=False, device=device, channels_last=cfg.channels_last, cache=False, progress=False
+        test_set,
+        1024,
+        shuffle=False,
+        device=device,
+        channels_last=cfg.channels_last,
+        cache=False,
+        progress=False,
+        even=False,
     )
     lr = torch.tensor(cfg.lr, device=device)
     opt = SGD(list(model.parameters()), lr, cfg.momentum, cfg.weight_decay)
@@ -230,7 +241,7 @@ def _train(cfg: TrainConfig, out: str | Path | None, datasets: tuple[Any, Any] |
             total_steps,
             run.world_size,
         )
-        record.test_acc = evaluate(run.model, run.test_loader, run.amp, run.device)
+        record.test_acc, record.test_images = evaluate(run.model, run.test_loader, run.amp, run.device)
         records.append(record)
         if out is not None and lead:
             _save(Path(out), cfg, run.device, records, run.world_size)
@@ -266,10 +277,10 @@ def _epoch(epoch, loader, step, lr, cfg, device, done, total, world=1):  # type:
         _sync(device)
         seconds = time.perf_counter() - t0
         bar.close()
-    if world > 1:  # the loss over all ranks; images counted for all of them
-        dist.all_reduce(loss_sum)
-        loss_sum /= world
-        images *= world
+    if world > 1:  # the mean loss over the ranks, and the images every rank trained on
+        totals = torch.stack([loss_sum.double(), torch.tensor(float(images), device=device, dtype=torch.float64)])
+        dist.all_reduce(totals)
+        loss_sum, images = totals[0] / world, int(totals[1].item())
     record = EpochRecord(
         epoch=epoch,
         epoch_s=seconds,

@@ -1,0 +1,108 @@
+"""One contract for both loaders accelerate returns -- the batched DeviceLoader and the per-sample
+FallbackLoader: order, exactly once, sharding across ranks, set_epoch, resume mid-epoch bit for bit."""
+
+from contextlib import nullcontext
+
+import numpy as np
+import pytest
+import torch
+import torchvision.transforms as T
+from PIL import Image
+from torch.utils.data import Dataset
+
+import gpufeed as gf
+
+BATCHED = T.Compose([T.RandomCrop(8, padding=2), T.RandomHorizontalFlip(), T.ToTensor()])
+PER_SAMPLE = T.Compose([T.RandomRotation(30), T.ToTensor()])  # not batched: the fallback runs it
+
+
+class Numbered(Dataset):
+    """PIL images whose label is their index, so every batch can be traced to its samples."""
+
+    def __init__(self, n, transform):
+        rng = np.random.default_rng(0)
+        self.images = [Image.fromarray(a) for a in rng.integers(0, 256, (n, 8, 8, 3), dtype=np.uint8)]
+        self.transform = transform
+
+    def __len__(self):
+        return len(self.images)
+
+    def __getitem__(self, i):
+        image = self.images[i]
+        return (self.transform(image) if self.transform is not None else image), i
+
+
+LOADERS = {
+    "device": dict(transform=BATCHED),
+    "fallback": dict(transform=PER_SAMPLE, fallback="prefetch", num_workers=0),
+    "fallback, 2 workers": dict(transform=PER_SAMPLE, fallback="prefetch", num_workers=2),
+}
+
+
+def make(kind, n=23, **kw):
+    options = dict(LOADERS[kind])
+    ds = Numbered(n, options.pop("transform"))
+    kw = {"batch_size": 4, "device": "cpu", "seed": 3, "cache": False, "progress": False, **options, **kw}
+    with pytest.warns(UserWarning, match="falls back") if "fallback" in options else nullcontext():
+        loader = gf.accelerate(ds, **kw)
+    assert isinstance(loader, gf.FallbackLoader) == ("fallback" in options)
+    return loader
+
+
+def labels(batches):
+    return [i for _, y in batches for i in y.tolist()]
+
+
+@pytest.mark.parametrize("kind", list(LOADERS))
+def test_every_sample_once_per_epoch_in_the_shared_order(kind):
+    loader = make(kind)
+    first, second = list(loader), list(loader)
+    assert sorted(labels(first)) == list(range(23)) == sorted(labels(second))
+    assert labels(first) != labels(second)  # each pass is the next epoch, reshuffled
+    assert labels(first) == gf.sampling.epoch_order(3, 0, 23).tolist()  # the same order for both loaders
+    assert [x.shape[0] for x, _ in first] == [4, 4, 4, 4, 4, 3]
+
+
+@pytest.mark.parametrize("kind", list(LOADERS))
+@pytest.mark.parametrize("even", [True, False])
+def test_ranks_take_disjoint_shares_that_cover_the_epoch(kind, even):
+    batches = [list(make(kind, rank=r, world_size=3, even=even)) for r in range(3)]
+    shares = [labels(b) for b in batches]
+    every = [i for share in shares for i in share]
+    if even:  # the same number of batches on every rank, padded with repeats
+        assert len({len(b) for b in batches}) == 1 and set(every) == set(range(23))
+        assert 0 <= len(every) - 23 < 3 * 4
+    else:  # each sample exactly once
+        assert sorted(every) == list(range(23))
+
+
+@pytest.mark.parametrize("kind", list(LOADERS))
+def test_set_epoch_replays_an_epoch_exactly(kind):
+    loader = make(kind)
+    loader.set_epoch(2)
+    a = list(loader)
+    loader.set_epoch(2)
+    b = list(loader)
+    assert all(torch.equal(x, u) and torch.equal(y, v) for (x, y), (u, v) in zip(a, b, strict=True))
+
+
+@pytest.mark.parametrize("kind", list(LOADERS))
+def test_a_state_saved_mid_epoch_resumes_bit_for_bit_in_a_fresh_loader(kind):
+    run = make(kind)
+    list(run)  # epoch 0
+    it = iter(run)
+    seen = [next(it) for _ in range(2)]
+    state = run.state_dict()
+    rest = list(it)
+    assert (state["epoch"], state["batch"]) == (1, 2)
+    fresh = make(kind)
+    fresh.load_state_dict(state)
+    resumed = list(fresh)
+    assert len(resumed) == len(rest) == 4 and len(seen) == 2
+    for (x, y), (u, v) in zip(resumed, rest, strict=True):
+        assert torch.equal(x, u) and torch.equal(y, v)  # augmentation included
+    after, expected = list(fresh), list(run)  # and both go on with epoch 2 alike
+    assert all(torch.equal(x, u) and torch.equal(y, v) for (x, y), (u, v) in zip(after, expected, strict=True))
+    other = "fallback" if kind == "device" else "device"
+    with pytest.raises(gf.StateError, match="saved by a"):
+        make(other).load_state_dict(state)

@@ -9,7 +9,7 @@ import torch
 import torchvision.transforms as T
 from PIL import Image
 
-from gpufeed import DataError, DeviceLoader, FallbackLoader, UnsupportedTransformError, accelerate
+from gpufeed import ConfigError, DataError, DeviceLoader, FallbackLoader, UnsupportedTransformError, accelerate
 from gpufeed.plan import build_batched, split_transform
 from gpufeed.sampling import epoch_order
 
@@ -141,3 +141,66 @@ def test_ingest_holds_at_most_one_copy_of_the_images_beyond_the_dataset(tmp_path
     extra, images, ingest = json.loads(run.stdout.strip().splitlines()[-1])
     assert ingest.startswith("arrays read of 20000 samples")
     assert extra <= 1.25 * images, f"peak {extra / images:.2f} x the images beyond the dataset"
+
+
+@pytest.mark.parametrize(
+    "cache, match",
+    [("no", "reads as a flag"), ("", "reads as a flag"), ("False", "reads as a flag"), (3, "must be True, False")],
+)
+def test_a_cache_option_that_is_not_a_directory_is_an_error(cache, match):
+    with pytest.raises(ConfigError, match=match):
+        accelerate(cifar_like(8, transform=CIFAR_TF), batch_size=4, device="cpu", cache=cache)
+
+
+def test_a_cache_root_with_a_tilde_is_under_home_and_a_file_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    ds = cifar_like(8, transform=T.Compose([T.Resize(16), T.ToTensor()]))
+    loader = accelerate(ds, batch_size=4, device="cpu", cache="~/gfcache", progress=False)
+    assert loader.plan.cache_path.startswith(str(tmp_path / "gfcache"))
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(ConfigError, match="is a file; pass a directory"):
+        accelerate(ds, batch_size=4, device="cpu", cache=tmp_path / "notes.txt")
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"dtype": "float32"}, "dtype='float32' must be a torch.dtype"),
+        ({"memory_budget": "1GB"}, r"memory_budget \(bytes\)='1GB' must be an int"),
+        ({"num_workers": "2"}, "num_workers='2' must be an int"),
+    ],
+)
+def test_arguments_of_the_wrong_type_are_named(kwargs, match):
+    with pytest.raises(ConfigError, match=match):
+        accelerate(cifar_like(8, transform=CIFAR_TF), batch_size=4, device="cpu", **kwargs)
+
+
+def test_a_spill_left_by_a_killed_process_is_removed_by_the_next(tmp_path, monkeypatch):
+    import tempfile
+
+    from gpufeed.spill import remove_dead_spills, spill
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    dead = subprocess.run(  # a process that spills, then is killed before it can clean up
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(f"""
+            import os, tempfile, torch
+            tempfile.tempdir = {str(tmp_path)!r}
+            from gpufeed.spill import spill
+            images, labels = spill(torch.zeros(4, 3, 8, 8, dtype=torch.uint8), torch.arange(4))
+            os._exit(0)
+        """),
+        ],
+        check=True,
+    )
+    assert dead.returncode == 0
+    left = list(tmp_path.glob("gpufeed-mmap-*"))
+    assert len(left) == 1 and (left[0] / "entry" / "images.bin").is_file()
+    mine = tmp_path / "gpufeed-mmap-999999999-notours"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("not a spill")  # a name that matches, contents that do not
+    images, _ = spill(torch.ones(2, 1, 4, 4, dtype=torch.uint8), torch.arange(2))
+    assert not left[0].exists() and mine.exists()
+    assert remove_dead_spills(tmp_path) == [] and int(images.sum()) == 32

@@ -2,6 +2,7 @@ import numpy as np
 import pytest
 import torch
 import torchvision.transforms as T
+from PIL import ImageOps
 from torch.utils.data import TensorDataset
 from torchvision.transforms.functional import pil_to_tensor
 
@@ -60,14 +61,14 @@ def test_images_of_different_sizes_name_the_first_odd_sample_and_the_fix(tmp_pat
 
 
 def test_empty_dataset_is_an_error():
-    with pytest.raises(DataError, match="empty"):
+    with pytest.raises(DataError, match=r"the dataset \(TensorDataset\) is empty \(len 0\)"):
         ingest(TensorDataset(torch.zeros(0, 3, 4, 4), torch.zeros(0)), progress=False)
 
 
 def test_to_chw_layouts():
     assert to_chw(np.zeros((4, 5, 3), dtype=np.uint8)).shape == (3, 4, 5)
     assert to_chw(torch.zeros(4, 5)).shape == (1, 4, 5)
-    with pytest.raises(DataError, match="str"):
+    with pytest.raises(DataError, match="a sample's image is a str; expected a PIL image, numpy array or tensor"):
         to_chw("image.png")
 
 
@@ -88,3 +89,57 @@ def test_samples_that_are_not_image_label_pairs_are_named():
 
     with pytest.raises(DataError, match=r"returned a dict; gpufeed reads \(image, label\) pairs"):
         ingest(Dicts(), num_workers=0, progress=False)
+
+
+def test_a_subclass_with_its_own_getitem_is_read_through_it_not_through_its_arrays():
+
+    class Binary(type(cifar_like(1))):  # a CIFAR10 subclass that changes labels and flips some images
+        def __getitem__(self, i):
+            image, label = super().__getitem__(i)
+            return (ImageOps.mirror(image) if i % 10 == 5 else image), int(label >= 5)  # PIL: no transform set
+
+    ds = cifar_like(20)
+    ds.__class__ = Binary
+    out = ingest(ds, progress=False)
+    assert out.path == "per-sample"
+    assert out.labels.tolist() == [int(i % 10 >= 5) for i in range(20)]
+    assert torch.equal(out.images[5], torch.from_numpy(ds.data[5]).permute(2, 0, 1).flip(-1))
+
+
+def test_float_targets_keep_their_values_through_a_target_transform():
+
+    ds = cifar_like(6)
+    ds.targets = [0.0, 0.25, 0.5, 0.75, 1.0, 1.25]
+    ds.target_transform = lambda t: t * 2
+    assert ingest(ds, progress=False).labels.tolist() == [0.0, 0.5, 1.0, 1.5, 2.0, 2.5]
+
+
+def test_channel_first_numpy_images_are_kept_as_they_are():
+    chw = np.arange(3 * 8 * 6, dtype=np.float32).reshape(3, 8, 6)
+    assert torch.equal(to_chw(chw), torch.from_numpy(chw))
+    hwc = np.zeros((8, 6, 3), dtype=np.uint8)
+    assert to_chw(hwc).shape == (3, 8, 6)
+
+
+def test_images_with_different_channel_counts_say_how_to_convert_them():
+    ds = TensorDataset(torch.zeros(2, 3, 4, 4, dtype=torch.uint8), torch.arange(2))
+
+    class Mixed(torch.utils.data.Dataset):
+        def __len__(self):
+            return 3
+
+        def __getitem__(self, i):
+            return torch.zeros(1 if i == 1 else 3, 4, 4, dtype=torch.uint8), i
+
+    assert ingest(ds, progress=False).images.shape == (2, 3, 4, 4)
+    with pytest.raises(DataError, match=r"Mixed\[1\] has shape \(1, 4, 4\).*convert every image to one mode"):
+        ingest(Mixed(), num_workers=0, progress=False)
+
+
+def test_a_file_that_fails_to_load_is_named_with_its_path(tmp_path):
+    ds = image_folder(tmp_path, [(8, 8)] * 4, transform=T.ToTensor())
+    broken = ds.samples[2][0]
+    with open(broken, "r+b") as f:
+        f.truncate(20)
+    with pytest.raises(DataError, match=rf"ImageFolder\[2\] \({broken}\) raised"):
+        ingest(ds, cached=T.Resize(4), num_workers=0, progress=False)

@@ -253,3 +253,27 @@ def test_dataloader_workers_follow_one_rule_everywhere(monkeypatch):
     for cores, expected in ((1, 0), (4, 4), (64, 16)):
         monkeypatch.setattr("gpufeed.workers.usable_cores", lambda cores=cores: cores)
         assert default_workers() == expected and default_workers(samples=100) == 0
+
+
+def test_samples_a_dataloader_collates_but_gpufeed_cannot_store_take_the_fallback():
+    class Named(torch.utils.data.Dataset):  # string labels; and a variant returning dicts
+        def __init__(self, as_dict):
+            self.as_dict, self.transform = as_dict, T.Compose([T.RandomHorizontalFlip(), T.ToTensor()])
+
+        def __len__(self):
+            return 6
+
+        def __getitem__(self, i):
+            image = self.transform(Image.fromarray(np.full((4, 4, 3), i, dtype=np.uint8)))
+            return {"image": image, "name": f"img{i}"} if self.as_dict else (image, f"img{i}")
+
+    for as_dict in (False, True):
+        with pytest.raises(gf.DataError, match="returned a dict" if as_dict else "has label 'img0'"):
+            gf.accelerate(Named(as_dict), batch_size=3, device="cpu", shuffle=False, cache=False)
+        with pytest.warns(UserWarning, match="falls back"):
+            loader = gf.accelerate(Named(as_dict), batch_size=3, shuffle=False, device="cpu", fallback="prefetch")
+        got, expected = list(loader), list(DataLoader(Named(as_dict), batch_size=3))  # flips of flat images
+        assert len(got) == len(expected) == 2
+        for a, b in zip(got, expected, strict=True):
+            a, b = (a, b) if as_dict else ({"image": a[0], "name": a[1]}, {"image": b[0], "name": b[1]})
+            assert a["name"] == b["name"] and torch.equal(a["image"], b["image"])

@@ -127,7 +127,7 @@ class _Samples(Dataset):
 @pytest.mark.parametrize(
     "labels, match",
     [
-        ([0, 1, None, 3] * 3, r"_Samples\[2\] has label None \(NoneType\); labels must be class indices"),
+        ([0, 1, None, 3] * 3, r"_Samples\[6\] has label None \(NoneType\); labels must be class indices"),
         (["cat", "dog"] * 6, r"_Samples\[0\] has label 'cat' \(str\)"),
     ],
 )

@@ -11,25 +11,22 @@
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 import warnings
-import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from .cache import entry_path, load_or_ingest, open_cache
+from .cache import entry_path, load_or_ingest
 from .cache.fingerprint import cache_key
-from .cache.writer import write_cache
 from .device import resolve_device
 from .errors import CacheWriteError, ConfigError, UnsupportedTransformError
 from .fallback import FallbackLoader
-from .ingest import RaggedError, exposes_arrays, ingest, probe
+from .ingest import RaggedError, UnbatchableError, exposes_arrays, ingest, probe
 from .loader import DeviceLoader
 from .plan import Plan, Split, build_batched, split_transform
+from .spill import spill
 from .validate import as_flag, as_int, check_dataset, check_epoch
 
 __all__ = ["DEVICE_BUDGET_FRACTION", "HOST_BUDGET_FRACTION", "accelerate"]
@@ -116,6 +113,7 @@ def accelerate(
             for a pipeline that ends in uint8, float for one that ends in ToTensor/ToDtype/Normalize).
         channels_last: return images in ``torch.channels_last`` memory format.
         memory_budget: bytes the stored data may take on the device (default: half the free memory).
+        cache: also the root directory of the cache (``~`` expanded): entries are created inside it.
         cache: ``"auto"`` stores the computed prefix on disk when it was expensive to compute (per-sample
             path) or when the data must be memory-mapped; ``True`` always, ``False`` never; a path is
             the cache root to use (default ``$XDG_CACHE_HOME/gpufeed``).
@@ -149,6 +147,11 @@ def accelerate(
     shuffle, drop_last = as_flag(shuffle, "shuffle"), as_flag(drop_last, "drop_last")
     channels_last, even = as_flag(channels_last, "channels_last"), as_flag(even, "even")
     check_epoch(len(dataset), batch_size, drop_last)  # the rank-aware check follows in the loader
+    cache = _cache_option(cache)
+    if dtype is not None and not isinstance(dtype, torch.dtype):
+        raise ConfigError(f"dtype={dtype!r} must be a torch.dtype (e.g. torch.float32) or None")
+    memory_budget = None if memory_budget is None else as_int(memory_budget, "memory_budget (bytes)", 0)
+    num_workers = None if num_workers is None else as_int(num_workers, "num_workers", 0)
     transform = getattr(dataset, "transform", None) if transform is _DATASET else transform
     dev = resolve_device(device)
 
@@ -181,32 +184,23 @@ def accelerate(
         split = split_transform(transform, cache_lambda)
         probed = probe(dataset, split.cached_transform())
         build_batched(split.device, probed.dtype, probed.size, probed.pil)
-    except UnsupportedTransformError as e:
-        return slow_path(e)
-    if probed.ragged is not None:
-        return slow_path(RaggedError(probed.ragged))
-    try:
+        if probed.ragged is not None:
+            raise RaggedError(probed.ragged)
         src = _load(dataset, split, cache, num_workers, progress, lock_timeout)
-    except RaggedError as e:  # a size the probe's few samples did not show
+    except (UnsupportedTransformError, UnbatchableError) as e:  # after the probe: what its samples did not show
         return slow_path(e)
     images, labels = src.images, src.labels
     nbytes = images.nbytes + labels.nbytes
     tier, why = _choose_tier(nbytes, dev, memory_budget)
     if tier != "device":
         warnings.warn(f"gpufeed.accelerate: {why}; batches are the same, each chunk is copied in", stacklevel=2)
-    spill = None
     if tier == "mmap" and not src.mapped:
-        spill = Path(tempfile.mkdtemp(prefix="gpufeed-mmap-"))
         try:
-            write_cache(spill / "entry", "temporary", {"images": images, "labels": labels}, {"temporary": True})
+            images, labels = spill(images, labels)
         except CacheWriteError as e:
-            shutil.rmtree(spill, ignore_errors=True)
-            spill, tier = None, "pinned" if dev.type == "cuda" else "device"
+            tier = "pinned" if dev.type == "cuda" else "device"
             why = f"{why}, but the memory map could not be written, so the data stays in host memory"
             warnings.warn(f"gpufeed.accelerate: {e}; the data stays in host memory", stacklevel=2)
-        else:
-            mapped = open_cache(spill / "entry", verify=False)
-            images, labels = mapped.images, mapped.labels
     notes: list[str] = []
     batched = build_batched(split.device, images.dtype, (images.shape[2], images.shape[3]), probed.pil, notes)
     classes = getattr(dataset, "classes", None)  # torchvision datasets: labels must index it
@@ -228,8 +222,6 @@ def accelerate(
         even=even,
         shard=shard,
     )
-    if spill is not None:
-        weakref.finalize(loader, shutil.rmtree, spill, True)
     loader.plan = Plan(
         cached=tuple(repr(op) for op in split.cached),
         batched=tuple(repr(op) for op in (batched.transforms if batched else [])),
@@ -252,6 +244,23 @@ class _Source:
     cache_path: Path | None = None
     mapped: bool = False  # memory-mapped from a cache file
     notes: list[str] = field(default_factory=list)
+
+
+_FLAG_WORDS = {"", "no", "false", "off", "none", "0", "yes", "true", "on", "1"}
+
+
+def _cache_option(cache: Any) -> bool | str | Path:
+    """``True``, ``False``, ``"auto"``, or a cache root directory (``~`` expanded); anything else is an error."""
+    if isinstance(cache, bool) or cache == "auto":
+        return cache
+    if not isinstance(cache, (str, os.PathLike)):
+        raise ConfigError(f"cache={cache!r} must be True, False, 'auto' or a directory (the cache root)")
+    if str(cache).strip().lower() in _FLAG_WORDS:
+        raise ConfigError(f"cache={cache!r} reads as a flag, not a directory: pass cache=True, False or 'auto'")
+    root = Path(cache).expanduser()
+    if root.exists() and not root.is_dir():
+        raise ConfigError(f"cache={str(cache)!r} is a file; pass a directory, the root gpufeed's entries go under")
+    return root
 
 
 def _load(
@@ -277,7 +286,7 @@ def _load(
             stacklevel=3,
         )
         notes.append("not persisted: the source or the cached ops cannot be fingerprinted")
-    root = Path(cache) if isinstance(cache, (str, Path)) and cache != "auto" else None
+    root = cache if isinstance(cache, Path) else None
     path = entry_path(dataset, key, root) if key is not None else None
     if path is None:
         data = ingest(dataset, split.cached_transform(), num_workers=num_workers, progress=progress)

@@ -186,15 +186,18 @@ class FallbackLoader:
             raise StateError("load_state_dict() was called while an epoch is being iterated; load it before iterating")
         self._epoch, self._offset = resume_position(state, "fallback", asdict(self.config), len(self))
 
-    def _finish(self, batch: Any) -> tuple[Any, Any]:
+    def _finish(self, batch: Any) -> Any:
+        """The batch as the DataLoader collated it; an ``(images, labels)`` pair gets ``dtype``/``channels_last``."""
         if isinstance(batch, SampleFailure):
             raise batch.exception()
+        if not (isinstance(batch, (tuple, list)) and len(batch) == 2 and isinstance(batch[0], torch.Tensor)):
+            return batch  # a dict, a triple, ...: exactly what the DataLoader yields
         x, y = batch
-        if isinstance(x, torch.Tensor) and self.dtype is not None:
+        if self.dtype is not None:
             x = convert_dtype(x, self.dtype)
-        if isinstance(x, torch.Tensor) and self.channels_last and x.dim() == 4:
+        if self.channels_last and x.dim() == 4:
             x = x.contiguous(memory_format=torch.channels_last)
-        return x, y
+        return type(batch)((x, y)) if isinstance(batch, tuple) else [x, y]
 
 
 class _Epoch:
@@ -208,7 +211,7 @@ class _Epoch:
     def __iter__(self) -> _Epoch:
         return self
 
-    def __next__(self) -> tuple[Any, Any]:
+    def __next__(self) -> Any:
         if self.done:
             raise StopIteration
         if self._source is None:  # lazily: building an iterator starts no workers

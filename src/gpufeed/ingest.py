@@ -20,24 +20,29 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
+from .cache.fingerprint import standard_getitem
 from .errors import DataError
-from .validate import Guarded, SampleFailure, check_dataset, label_tensor
+from .validate import Guarded, SampleFailure, UnbatchableError, check_dataset, check_label, label_tensor
 from .workers import default_workers, loader_kwargs
 
-__all__ = ["Ingested", "Probe", "RaggedError", "exposes_arrays", "ingest", "probe", "to_chw"]
-
-_CHW_DATASETS = ("SVHN", "STL10")  # store .data as (N, C, H, W); the others as (N, H, W[, C])
+__all__ = ["Ingested", "Probe", "RaggedError", "UnbatchableError", "exposes_arrays", "ingest", "probe", "to_chw"]
 
 
-class RaggedError(DataError):
+class RaggedError(UnbatchableError):
     """Images of different sizes leave the cached part: they cannot be stacked into one store."""
 
 
 def _ragged(source: str, i: int, shape: tuple[int, ...], dtype: Any, first: tuple[int, ...], first_dtype: Any) -> str:
+    if shape[0] != first[0]:
+        fix = "convert every image to one mode first (e.g. PIL's image.convert('RGB'), or Grayscale(3))"
+    elif dtype != first_dtype:
+        fix = "give every image one dtype"
+    else:
+        fix = "add a Resize and CenterCrop (or RandomCrop with pad_if_needed) first"
     return (
         f"{source}[{i}] has shape {shape} ({dtype}) but sample 0 has {first} ({first_dtype}); every image must "
-        "leave the cached part with one shape: add a Resize and CenterCrop (or RandomCrop with pad_if_needed) "
-        "first, or pass fallback='prefetch' to run the per-sample pipeline in DataLoader workers"
+        f"leave the cached part with one shape: {fix}, or pass fallback='prefetch' to run the per-sample pipeline "
+        "in DataLoader workers"
     )
 
 
@@ -71,12 +76,14 @@ def probe(dataset: Any, cached: Callable[[Any], Any] | None) -> Probe:
         item = raw[i]
         if isinstance(item, SampleFailure):
             raise item.exception()
-        image = _pair(item)[0]
+        image, label = _pair(item)
+        check_label(label, source, i)
         pil = pil or (i == 0 and isinstance(image, Image.Image))
         try:
-            stored = to_chw(cached(image) if cached is not None else image)
+            stored = cached(image) if cached is not None else image
         except Exception as e:  # the user's cached ops on the user's image: name the sample
             raise DataError(f"{source}[{i}]: the cached ops raised {type(e).__name__}: {e}") from e
+        stored = to_chw(stored)
         shapes.append((i, tuple(stored.shape), stored.dtype))
     (_, first, dtype), ragged = shapes[0], None
     for i, shape, d in shapes[1:]:
@@ -95,18 +102,26 @@ class Ingested:
 
 
 def to_chw(image: Any) -> torch.Tensor:
-    """A PIL image, HWC numpy array or CHW/HW tensor as a ``(C, H, W)`` tensor (uint8 stays uint8)."""
+    """A PIL image, numpy array or CHW/HW tensor as a ``(C, H, W)`` tensor (uint8 stays uint8).
+
+    A numpy image is HWC (as PIL, OpenCV and ``ToTensor`` have it), unless its first axis holds the
+    channels (1, 3 or 4) and its last does not: then it is already CHW, kept as it is (a
+    ``DataLoader`` would stack it that way too).
+    """
     if isinstance(image, torch.Tensor):
         return image.unsqueeze(0) if image.dim() == 2 else image
     if isinstance(image, np.ndarray):
         t = torch.from_numpy(np.ascontiguousarray(image))
-        return t.unsqueeze(0) if t.dim() == 2 else t.permute(2, 0, 1)
+        if t.dim() == 2:
+            return t.unsqueeze(0)
+        chw = t.dim() == 3 and t.shape[0] in (1, 3, 4) and t.shape[-1] not in (1, 3, 4)
+        return t if chw else t.permute(2, 0, 1)
     from PIL import Image
     from torchvision.transforms.functional import pil_to_tensor
 
     if isinstance(image, Image.Image):
         return pil_to_tensor(image)
-    raise DataError(f"a sample's image is a {type(image).__name__}; expected a PIL image, numpy array or tensor")
+    raise UnbatchableError(f"a sample's image is a {type(image).__name__}; expected a PIL image, numpy array or tensor")
 
 
 def _arrays(dataset: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -116,20 +131,24 @@ def _arrays(dataset: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
     if isinstance(dataset, TensorDataset):
         images, labels = dataset.tensors
         return (images.unsqueeze(1) if images.dim() == 3 else images), label_tensor(labels, "TensorDataset labels")
+    from torchvision.datasets import STL10, SVHN
+
     name = "targets" if hasattr(dataset, "targets") else "labels"
     labels = getattr(dataset, name)
     images = torch.as_tensor(dataset.data)
+    chw = isinstance(dataset, (SVHN, STL10))  # they store .data as (N, C, H, W); the others (N, H, W[, C])
     if images.dim() == 3:
         images = images.unsqueeze(1)
-    elif images.dim() == 4 and type(dataset).__name__ not in _CHW_DATASETS and images.shape[-1] in (1, 3, 4):
+    elif images.dim() == 4 and not chw and images.shape[-1] in (1, 3, 4):
         images = images.permute(0, 3, 1, 2)
     elif images.dim() != 4 or images.shape[1] not in (1, 3, 4):
         return None
-    labels = label_tensor(labels, f"{type(dataset).__name__}.{name}")
     target_transform = getattr(dataset, "target_transform", None)
-    if target_transform is not None:
-        mapped = [target_transform(int(v)) for v in labels.tolist()]
-        labels = label_tensor(mapped, f"{type(dataset).__name__}.target_transform({name})")
+    if target_transform is not None:  # on each target as the dataset stores it (a float stays a float)
+        raw = labels.tolist() if isinstance(labels, (np.ndarray, torch.Tensor)) else list(labels)
+        labels = label_tensor([target_transform(v) for v in raw], f"{type(dataset).__name__}.target_transform({name})")
+    else:
+        labels = label_tensor(labels, f"{type(dataset).__name__}.{name}")
     return images.contiguous(), labels
 
 
@@ -148,12 +167,19 @@ class _Mapped(Dataset):
 
 
 def exposes_arrays(dataset: Any) -> bool:
-    """Whether ``dataset`` holds its samples as arrays gpufeed can read in one step (checks attributes only)."""
+    """Whether ``dataset`` holds its samples as arrays gpufeed can read in one step: torchvision's or torch's
+    own ``__getitem__`` reads them (a user's ``__getitem__`` may change what they hold), uint8 images."""
+    if not standard_getitem(dataset):
+        return False
     if isinstance(dataset, TensorDataset):
         return len(dataset.tensors) == 2
     data = getattr(dataset, "data", None)
     labels = getattr(dataset, "targets", getattr(dataset, "labels", None))
     return isinstance(data, (np.ndarray, torch.Tensor)) and labels is not None and data.dtype in (np.uint8, torch.uint8)
+
+
+def _identity(image: Any) -> Any:
+    return image
 
 
 def _with_transform(dataset: Any, transform: Callable[[Any], Any] | None) -> Any:
@@ -165,18 +191,22 @@ def _with_transform(dataset: Any, transform: Callable[[Any], Any] | None) -> Any
     if not hasattr(dataset, "transform"):
         return dataset if transform is None else _Mapped(dataset, transform)
     ds = copy.copy(dataset)
-    ds.transform = transform
+    # No transform is the identity, not None: a custom dataset may call self.transform unconditionally.
+    ds.transform = transform if transform is not None else _identity
     if hasattr(ds, "transforms") and type(ds.transforms).__name__ == "StandardTransform":
         from torchvision.datasets.vision import StandardTransform
 
-        ds.transforms = StandardTransform(transform, getattr(ds, "target_transform", None))
+        ds.transforms = StandardTransform(ds.transform, getattr(ds, "target_transform", None))
     return ds
 
 
 def _pair(item: Any) -> tuple[Any, Any]:
     if not isinstance(item, (tuple, list)) or len(item) != 2:
         got = f"a {type(item).__name__}" + (f" of {len(item)}" if isinstance(item, (tuple, list)) else "")
-        raise DataError(f"dataset[i] returned {got}; gpufeed reads (image, label) pairs, as torchvision datasets give")
+        raise UnbatchableError(
+            f"dataset[i] returned {got}; gpufeed reads (image, label) pairs, as torchvision datasets give "
+            "(fallback='prefetch' collates anything a DataLoader can)"
+        )
     return item[0], item[1]
 
 

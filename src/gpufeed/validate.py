@@ -19,16 +19,23 @@ from .errors import ConfigError, DataError
 __all__ = [
     "Guarded",
     "SampleFailure",
+    "UnbatchableError",
     "as_flag",
     "as_int",
     "as_tensor",
     "check_dataset",
     "check_epoch",
     "check_images",
+    "check_label",
     "check_labels",
     "check_transform",
     "label_tensor",
 ]
+
+
+class UnbatchableError(DataError):
+    """Samples a DataLoader could still collate but gpufeed cannot store as one tensor (their sizes, the
+    type of their labels or images, their structure); ``fallback="prefetch"`` runs them per sample."""
 
 
 def as_flag(value: Any, name: str) -> bool:
@@ -98,14 +105,20 @@ def label_tensor(labels: Sequence[Any] | np.ndarray | torch.Tensor, source: str)
             pass
         if array is None or array.dtype.kind not in "biuf":
             for i, label in enumerate(labels):
-                if not _is_number(label):
-                    raise DataError(
-                        f"{source}[{i}] has label {label!r} ({type(label).__name__}); labels must be class indices "
-                        "(int) or numeric targets of one shape: map names to indices (e.g. with a target_transform)"
-                    )
-            raise DataError(f"the labels of {source} have different shapes; every label must have one shape")
+                check_label(label, source, i)
+            raise UnbatchableError(f"the labels of {source} have different shapes; every label must have one shape")
         t = torch.from_numpy(np.ascontiguousarray(array))
     return t if t.is_floating_point() else t.long()  # bool class labels too, as before
+
+
+def check_label(label: Any, source: str, i: int) -> None:
+    """A label gpufeed can hold in a tensor: a number or a numeric array, else an error naming the sample."""
+    if not _is_number(label):
+        raise UnbatchableError(
+            f"{source}[{i}] has label {label!r} ({type(label).__name__}); labels must be class indices (int) or "
+            "numeric targets of one shape: map names to indices (e.g. with a target_transform), or pass "
+            "fallback='prefetch' to collate them as a DataLoader does"
+        )
 
 
 def _is_number(label: Any) -> bool:
@@ -123,6 +136,7 @@ class SampleFailure:
     error: str
     length: int
     index_error: bool
+    file: str | None = None  # the file the sample comes from, when the dataset lists them
 
     def exception(self) -> DataError:
         hint = (
@@ -131,7 +145,8 @@ class SampleFailure:
             else ""
         )
         return DataError(
-            f"{self.source}[{self.index}] raised {self.error}{hint}; the error comes from reading that sample or "
+            f"{self.source}[{self.index}]{f' ({self.file})' if self.file else ''} raised {self.error}{hint}; the error "
+            "comes from reading that sample or "
             "from its transform: fix the one or the other"
         )
 
@@ -152,8 +167,12 @@ class Guarded(Dataset):
         try:
             item = self.dataset[i]
             return item if self.convert is None else self.convert(item)
-        except Exception as e:  # any failure of the user's code is reported with its sample
-            return SampleFailure(i, self.source, f"{type(e).__name__}: {e}", self.length, isinstance(e, IndexError))
+        except Exception as e:  # any failure of the user's code is reported with its sample (and file)
+            samples = getattr(self.dataset, "samples", None)  # ImageFolder and friends: the file it read
+            known = isinstance(samples, list) and 0 <= i < len(samples) and isinstance(samples[i], (tuple, list))
+            file = str(samples[i][0]) if known else None  # type: ignore[index]
+            error = f"{type(e).__name__}: {e}"
+            return SampleFailure(i, self.source, error, self.length, isinstance(e, IndexError), file)
 
 
 def as_tensor(value: Any, name: str) -> torch.Tensor:

@@ -141,9 +141,16 @@ def test_erase_equals_torchvision_erase_with_the_same_box(device):
         assert torch.equal(out[i].cpu(), ref), i
 
 
-@pytest.mark.parametrize("bad", [torch.zeros(3, 4, 4), torch.zeros(2, 3, 4, 4, dtype=torch.int32), [1, 2]])
-def test_check_batch_names_the_problem(bad):
-    with pytest.raises(DataError, match="batch"):
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        (torch.zeros(3, 4, 4), r"got shape \(3, 4, 4\) \(add the channel axis: x.unsqueeze\(1\)\)"),
+        (torch.zeros(2, 3, 4, 4, dtype=torch.int32), r"must be uint8 or floating, got dtype=torch.int32"),
+        ([1, 2], r"must be a torch.Tensor of shape \(N, C, H, W\), got list"),
+    ],
+)
+def test_check_batch_names_the_problem(bad, match):
+    with pytest.raises(DataError, match=match):
         F.check_batch(bad)
 
 

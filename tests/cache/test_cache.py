@@ -230,3 +230,33 @@ def test_a_builder_that_dies_does_not_block_the_next(tmp_path):
     alive = _builder(tmp_path)
     assert alive.communicate(timeout=120)[0].strip() == "40" and alive.returncode == 0
     assert len((tmp_path / "builds.log").read_text().split()) == 2
+
+
+def test_datasets_read_by_their_own_code_or_loader_have_no_key(tmp_path):
+    from torchvision.datasets import ImageFolder
+
+    from fakes import image_folder
+
+    folder = image_folder(tmp_path / "images", [(8, 8)] * 4)
+    assert cache_key(folder, [T.Resize(4)]) is not None  # torchvision's own reading: files identify it
+    gray = ImageFolder(str(tmp_path / "images"), loader=lambda p: __import__("PIL").Image.open(p).convert("L"))
+    assert cache_key(gray, [T.Resize(4)]) is None  # another loader: the files no longer say what it yields
+
+    class Mine(ImageFolder):
+        def __getitem__(self, i):
+            image, label = super().__getitem__(i)
+            return image, int(label == 0)
+
+    assert dataset_identity(Mine(str(tmp_path / "images"))) is None
+
+    class Listed(torch.utils.data.Dataset):  # a custom dataset with a samples list, as many users write
+        def __init__(self):
+            self.samples = folder.samples
+
+        def __len__(self):
+            return len(self.samples)
+
+        def __getitem__(self, i):
+            return folder[i]
+
+    assert dataset_identity(Listed()) is None

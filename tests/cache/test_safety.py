@@ -61,7 +61,7 @@ KINDS = ["image folder", "empty directory", "file", "symlink to a folder", "fore
 def test_build_cache_refuses_a_path_it_did_not_create_and_changes_nothing(tmp_path, kind):
     target = _make_target(tmp_path, kind)
     before = snapshot(tmp_path)
-    with pytest.raises(CacheError, match="choose a path that does not exist yet") as e:
+    with pytest.raises(CacheError, match="choose (a path that does not exist yet|another path)") as e:
         build_cache(_dataset(), target, num_workers=0, progress=False)
     assert str(target) in str(e.value)
     assert snapshot(tmp_path) == before  # no lock file, no .building directory, nothing inside
@@ -509,3 +509,20 @@ def test_a_cache_location_that_cannot_even_be_read_keeps_the_data_in_memory():
     finally:
         locked.chmod(0o755)
         shutil.rmtree(locked)
+
+
+def test_an_entry_whose_manifest_is_garbled_is_not_deleted_but_does_not_block_training(tmp_path, capsys):
+    from gpufeed.cli.main import main
+
+    loader = gf.accelerate(_dataset(), batch_size=8, device="cpu", cache=tmp_path, progress=False)
+    entry = Path(loader.plan.cache_path)
+    raw = bytearray((entry / MANIFEST).read_bytes())
+    raw[30] = 0  # one byte: the manifest no longer parses, so nothing proves gpufeed wrote this directory
+    (entry / MANIFEST).write_bytes(bytes(raw))
+    before = snapshot(tmp_path)
+    with pytest.warns(UserWarning, match=rf"stays in memory.*{entry} holds only files named as a gpufeed cache's"):
+        again = gf.accelerate(_dataset(), batch_size=8, device="cpu", cache=tmp_path, progress=False)
+    assert _first_batch(again) == _first_batch(loader)
+    assert main(["cache", "clear", str(entry)]) == 1
+    assert f"delete it yourself (rm -r {entry})" in capsys.readouterr().err
+    assert snapshot(tmp_path) == before

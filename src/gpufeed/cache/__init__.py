@@ -38,7 +38,7 @@ _DATASET = object()  # sentinel: use the dataset's own transform
 
 def entry_path(dataset: Any, key: str, root: str | Path | None = None) -> Path:
     """Where the entry for ``key`` lives under ``root`` (default: :func:`default_cache_dir`)."""
-    return Path(root or default_cache_dir()) / f"{type(dataset).__name__.lower()}-{key[:20]}"
+    return Path(root or default_cache_dir()).expanduser() / f"{type(dataset).__name__.lower()}-{key[:20]}"
 
 
 def build_cache(
@@ -84,7 +84,7 @@ def build_cache(
             "or an opaque transform such as a Lambda), so a cache on disk could later be matched to other data; "
             "use gpufeed.accelerate(..., cache=False) to keep it in memory instead"
         )
-    target = Path(path) if path is not None else entry_path(dataset, key, root)
+    target = Path(path).expanduser() if path is not None else entry_path(dataset, key, root)
     cache, _ = load_or_ingest(dataset, split, target, key, lambda data: True, num_workers, progress, lock_timeout)
     assert cache is not None
     return cache

@@ -20,7 +20,7 @@ import torch
 
 from .format import VERSION, hashes
 
-__all__ = ["cache_key", "dataset_identity", "default_cache_dir", "transform_identity"]
+__all__ = ["cache_key", "dataset_identity", "default_cache_dir", "standard_getitem", "transform_identity"]
 
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
@@ -28,9 +28,9 @@ _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 def default_cache_dir() -> Path:
     """``$GPUFEED_CACHE_DIR``, else ``$XDG_CACHE_HOME/gpufeed``, else ``~/.cache/gpufeed`` (read at call time)."""
     if os.environ.get("GPUFEED_CACHE_DIR"):
-        return Path(os.environ["GPUFEED_CACHE_DIR"])
+        return Path(os.environ["GPUFEED_CACHE_DIR"]).expanduser()
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "gpufeed"
+    return Path(base).expanduser() / "gpufeed"
 
 
 _ROWS_BYTES = 16 << 20  # hashed per slice of rows: a strided array is copied a slice at a time, never whole
@@ -46,12 +46,30 @@ def _content(array: Any) -> list[str]:
     return [str(a.dtype), str(a.shape), *hashes(slices)]
 
 
+def standard_getitem(dataset: Any) -> bool:
+    """Whether ``dataset[i]`` runs torchvision's or torch's own code (a subclass may add attributes, not
+    override ``__getitem__``), so its arrays or file list say what it yields. Code a user wrote cannot
+    be fingerprinted: a change to it would leave a cache or an array read serving the old samples.
+    """
+    getitem = getattr(type(dataset), "__getitem__", None)
+    return (getattr(getitem, "__module__", None) or "").startswith(("torchvision.", "torch.utils.data"))
+
+
+def _standard_loader(dataset: Any) -> bool:
+    loader = getattr(dataset, "loader", None)  # DatasetFolder: how a file becomes an image
+    return loader is None or (getattr(loader, "__module__", None) or "").startswith("torchvision.")
+
+
 def dataset_identity(dataset: Any) -> dict[str, Any] | None:
     """What identifies the samples of ``dataset``; ``None`` when gpufeed cannot tell.
 
-    Array datasets are identified by a hash of their content; file datasets (``ImageFolder``
-    and friends, anything with ``.samples`` or ``.imgs``) by each file's path, size and mtime.
+    Only datasets that read samples with torchvision's or torch's own code qualify
+    (:func:`standard_getitem`, and a torchvision file loader). Array datasets are identified by a
+    hash of their content; file datasets (``ImageFolder`` and friends, anything with ``.samples``)
+    by each file's path, size and mtime.
     """
+    if not (standard_getitem(dataset) and _standard_loader(dataset)):
+        return None
     ident: dict[str, Any] = {"class": f"{type(dataset).__module__}.{type(dataset).__qualname__}", "len": len(dataset)}
     for attr in ("train", "split", "classes"):
         if isinstance(getattr(dataset, attr, None), (bool, str, list)):

@@ -65,6 +65,11 @@ def remove_entry(path: Path) -> None:
         raise CacheError(f"{path} does not exist")
     entry = not path.is_symlink() and is_gpufeed_entry(path)
     if not (entry or is_leftover(path)):
+        from .writer import unproven
+
+        names = {p.name for p in path.iterdir()} if path.is_dir() and not path.is_symlink() else set()
+        if names and names <= BUILD_FILES:
+            raise CacheError(f"{path} is kept: it {unproven(path, names)}")
         raise CacheError(
             f"{path} is not a gpufeed cache entry (no gpufeed manifest.json in it); gpufeed deletes only what it "
             "created, so it is left as it is"

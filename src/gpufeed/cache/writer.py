@@ -27,11 +27,11 @@ from typing import Any
 
 import torch
 
-from ..errors import CacheError, CacheWriteError
+from ..errors import CacheWriteError
 from .format import MANIFEST, ArraySpec, Manifest, block_hashes, dtype_code, is_gpufeed_entry
-from .manage import leftovers
+from .manage import BUILD_FILES, leftovers
 
-__all__ = ["check_target", "write_cache"]
+__all__ = ["check_target", "unproven", "write_cache"]
 
 _MANIFEST_ALLOWANCE = 1 << 20  # bytes kept free beyond the arrays, for the manifest and directory entries
 
@@ -41,29 +41,43 @@ def _checkpoint(phase: str) -> None:
 
 
 def check_target(target: Path) -> None:
-    """Refuse a target path gpufeed did not create: it may be absent or a gpufeed entry, nothing else."""
+    """Refuse a target path gpufeed did not create: it may be absent or a gpufeed entry, nothing else.
+
+    A refusal is a CacheWriteError (the cache cannot be written there): ``build_cache`` raises it,
+    ``accelerate`` keeps the data in memory and warns.
+    """
     try:
         present = target.exists() or target.is_symlink()
-        empty = present and target.is_dir() and not target.is_symlink() and not any(target.iterdir())
+        names = {p.name for p in target.iterdir()} if present and target.is_dir() and not target.is_symlink() else None
     except OSError as e:  # a location this process may not even look into
         raise CacheWriteError(
             f"cannot look at {target} ({e.strerror or e}): the cache location is not accessible; choose another "
             "(GPUFEED_CACHE_DIR / --cache-dir / accelerate(..., cache=ROOT)), or accelerate(..., cache=False)"
         ) from None
-    if not present:
+    if not present or is_gpufeed_entry(target):
         return
-    if target.is_symlink() or not target.is_dir():
-        raise CacheError(
+    if names is None:
+        raise CacheWriteError(
             f"{target} exists and is not a directory gpufeed created; gpufeed never replaces it: choose a path that "
             "does not exist yet for the cache"
         )
-    if not is_gpufeed_entry(target):
-        contents = "is empty" if empty else "holds files gpufeed did not write"
-        raise CacheError(
-            f"{target} exists, {contents} and has no gpufeed manifest, so it is not a gpufeed cache; gpufeed never "
-            "replaces or deletes a directory it did not create: choose a path that does not exist yet (the entry is "
-            "created there), or for a gpufeed entry run `gpufeed cache clear PATH` first"
+    raise CacheWriteError(f"{target} {unproven(target, names)}")
+
+
+def unproven(target: Path, names: set[str]) -> str:
+    """Why ``target`` (a directory holding ``names``) is not gpufeed's to replace, and what to do."""
+    if names and names <= BUILD_FILES:
+        return (
+            f"holds only files named as a gpufeed cache's ({', '.join(sorted(names))}) but no manifest that parses "
+            "as gpufeed's, so gpufeed cannot prove it made it and will not delete it. If it is a damaged gpufeed "
+            f"entry, delete it yourself (rm -r {target}); else choose another path"
         )
+    contents = "is empty" if not names else "holds files gpufeed did not write"
+    return (
+        f"exists, {contents} and has no gpufeed manifest, so it is not a gpufeed cache; gpufeed never replaces or "
+        "deletes a directory it did not create: choose a path that does not exist yet (the entry is created there), "
+        "or for a gpufeed entry run `gpufeed cache clear PATH` first"
+    )
 
 
 def _fsync_dir(path: Path) -> None:

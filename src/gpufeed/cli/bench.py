@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .common import add_data_arguments, load_train_test, positive, subset_note
+from .common import add_data_arguments, load_train_test, output_dir, positive, subset_note
 
 HELP = "the CIFAR-10 ladder: DataLoader -> cached -> GPU-resident -> gpufeed -> AMP -> CUDA graphs, vs the model alone"
 
@@ -18,7 +18,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--test-size", type=positive, default=None)
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", type=Path, default=Path("bench-out"), help="folder for bench.json and bench.png")
+    p.add_argument("--out", type=output_dir, default=Path("bench-out"), help="folder for bench.json and bench.png")
 
 
 def run(args: argparse.Namespace) -> int:

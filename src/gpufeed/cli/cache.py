@@ -13,7 +13,8 @@ MEAN, STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--cache-dir", type=Path, default=None, help="cache root (default: $XDG_CACHE_HOME/gpufeed)")
+    root_help = "cache root (default: $GPUFEED_CACHE_DIR or $XDG_CACHE_HOME/gpufeed)"
+    p.add_argument("--cache-dir", type=lambda t: Path(t).expanduser(), default=None, help=root_help)
     sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
     b = sub.add_parser("build", help="cache the training set's deterministic transform")
     add_data_arguments(b)
@@ -26,6 +27,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     ]:
         q = sub.add_parser(name, help=text)
         q.add_argument("paths", nargs="*", type=Path, help="entries (default: all under the cache root)")
+    for q in sub.choices.values():  # also after the action; SUPPRESS keeps a value given before it
+        q.add_argument("--cache-dir", type=lambda t: Path(t).expanduser(), default=argparse.SUPPRESS, help=root_help)
 
 
 def _root(args: argparse.Namespace) -> Path:
@@ -66,7 +69,7 @@ def _info(args: argparse.Namespace) -> int:
     from ..cache.format import Manifest
     from ..errors import CacheError
 
-    entries = _entries(args)
+    entries, invalid = _entries(args), 0
     if not entries:
         print(f"no cache entries under {_root(args)}")
     for path in entries:
@@ -74,6 +77,7 @@ def _info(args: argparse.Namespace) -> int:
             m = Manifest.read(path)
         except CacheError as e:
             print(f"{path}\n  INVALID: {e}")
+            invalid += 1
             continue
         images = m.arrays.get("images")
         size = sum(a.nbytes for a in m.arrays.values()) / 2**20
@@ -81,7 +85,7 @@ def _info(args: argparse.Namespace) -> int:
         if images is not None:
             print(f"  images {images.dtype} {tuple(images.shape)}  ingest: {m.meta.get('ingest', '?')}")
         print(f"  cached: {', '.join(m.meta.get('cached', [])) or 'nothing (stored as read)'}")
-    return 0
+    return 1 if invalid else 0
 
 
 def _verify(args: argparse.Namespace) -> int:

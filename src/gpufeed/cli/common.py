@@ -19,6 +19,25 @@ def positive(text: str) -> int:
     return value
 
 
+def count(text: str) -> int:
+    """An argparse type: an int >= 0 (a number of workers)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} must be >= 0")
+    return value
+
+
+def output_dir(text: str) -> Path:
+    """An argparse type: a folder for results (created if missing); an existing file is refused up front."""
+    path = Path(text).expanduser()
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a file, not a folder for the results")
+    return path
+
+
 def lead() -> bool:
     """Whether this process reports for the run: rank 0 under torch.distributed.run, or a plain process."""
     return int(os.environ.get("RANK", "0")) == 0
@@ -33,7 +52,7 @@ def add_data_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--data-dir",
-        type=Path,
+        type=lambda text: Path(text).expanduser(),
         default=None,
         help="where the data lives; read only (required for cifar10; synthetic: default gpufeed's cache directory)",
     )
@@ -66,6 +85,8 @@ def load_train_test(args: argparse.Namespace, train_transform: Any, test_transfo
     return train, test
 
 
-def subset_note(train_size: int | None, test_size: int | None) -> str:
-    parts = [f"the first {n:,} {what}" for n, what in ((train_size, "training"), (test_size, "test")) if n]
+def subset_note(train_size: int | None, test_size: int | None, sizes: tuple[int, int] = (50_000, 10_000)) -> str:
+    """What part of the data a run uses, for the data line (``sizes``: what the data holds)."""
+    wanted = ((train_size, sizes[0], "training"), (test_size, sizes[1], "test"))
+    parts = [f"the first {n:,} {what}" for n, total, what in wanted if n and n < total]
     return f" (using {' and '.join(parts)})" if parts else ""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from .common import output_dir
 from .train import add_run_arguments, config_from
 
 HELP = "is the GPU waiting on data? run a configuration for some steps and print the verdict and the fixes"
@@ -13,7 +14,9 @@ HELP = "is the GPU waiting on data? run a configuration for some steps and print
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_run_arguments(p)
     p.add_argument("--steps", type=int, default=50, help="training steps to measure")
-    p.add_argument("--out", type=Path, default=Path("diagnose-out"), help="folder for report.md/json, timeline.png")
+    p.add_argument(
+        "--out", type=output_dir, default=Path("diagnose-out"), help="folder for report.md/json, timeline.png"
+    )
 
 
 def run(args: argparse.Namespace) -> int:

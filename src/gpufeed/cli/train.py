@@ -7,7 +7,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from .common import add_data_arguments, positive
+from .common import add_data_arguments, count, output_dir, positive
 
 HELP = "train a CIFAR model with a chosen loader, precision and CUDA graphs; per-epoch records to DIR/train.json"
 
@@ -18,7 +18,7 @@ _LAUNCHER = ("--nproc-per-node", "--nnodes", "--node-rank", "--master-addr", "--
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_run_arguments(p)
     p.add_argument("--epochs", type=int, default=3)
-    p.add_argument("--out", type=Path, default=Path("train-out"), help="folder for train.json")
+    p.add_argument("--out", type=output_dir, default=Path("train-out"), help="folder for train.json")
     p.add_argument("--no-progress", action="store_true")
     g = p.add_argument_group("distributed (DDP through torch.distributed.run; NCCL on GPUs, gloo on CPUs)")
     g.add_argument("--nproc-per-node", type=int, default=None, help="processes on this node (one per GPU)")
@@ -66,7 +66,9 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     add_data_arguments(p)
     p.add_argument("--model", choices=sorted(MODELS), default="small")
     p.add_argument("--loader", choices=[k for k in LOADER_KINDS if k != "fixed"], default="gpufeed")
-    p.add_argument("--num-workers", type=int, default=None, help="DataLoader workers (torch and pretransform loaders)")
+    p.add_argument(
+        "--num-workers", type=count, default=None, help="DataLoader workers (torch and pretransform loaders)"
+    )
     p.add_argument("--amp", choices=["off", "fp16", "bf16"], default="off")
     p.add_argument("--channels-last", action="store_true")
     p.add_argument("--cuda-graphs", action="store_true", help="capture forward, backward and step in a CUDA graph")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from .common import add_data_arguments
+from .common import add_data_arguments, positive
 
 HELP = "measure num_workers, prefetch_factor, pin_memory for the DataLoader of a dataset and print the best"
 
@@ -14,7 +14,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--time-budget", type=float, default=60, help="seconds the search may take")
     p.add_argument("--device", default="cpu", help="where batches go (cuda: the copy is timed, pinning tried)")
-    p.add_argument("--max-workers", type=int, default=None, help="largest worker count tried (default: usable cores)")
+    p.add_argument(
+        "--max-workers", type=positive, default=None, help="largest worker count tried (default: usable cores)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -49,9 +49,13 @@ def run_both(transform, images, pil: bool, seed: int = 0):
     through ``gpufeed.augment.Compose`` with the same generator seed (crops and flips fused);
     ``per_sample``: torchvision's pipeline on each image, random ops pinned to gpufeed's draws.
     """
+    from PIL import Image
+
     split = split_transform(transform)
     cached = split.cached_transform()
-    stored = torch.stack([to_chw(cached(img) if cached else img) for img in images])
+    outs = [cached(img) if cached else img for img in images]
+    stored = torch.stack([to_chw(out) for out in outs])
+    pil = pil and isinstance(outs[0], Image.Image)  # what the cached part hands on, as accelerate's probe sees it
     ops = build_batched(split.device, stored.dtype, tuple(stored.shape[2:]), pil=pil)
     g = torch.Generator().manual_seed(seed)
     x, drawn = stored, []

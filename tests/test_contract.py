@@ -106,3 +106,71 @@ def test_a_state_saved_mid_epoch_resumes_bit_for_bit_in_a_fresh_loader(kind):
     other = "fallback" if kind == "device" else "device"
     with pytest.raises(gf.StateError, match="saved by a"):
         make(other).load_state_dict(state)
+
+
+@pytest.mark.parametrize("kind", list(LOADERS))
+def test_an_iterator_thrown_away_unused_costs_no_epoch(kind):
+    loader = make(kind)
+    it = iter(loader)  # what Lightning does to check a loader
+    del it
+    assert labels(list(loader)) == gf.sampling.epoch_order(3, 0, 23).tolist()
+    assert loader.state_dict()["epoch"] == 1
+
+
+@pytest.mark.parametrize("kind", list(LOADERS))
+def test_a_new_iteration_ends_an_abandoned_epoch(kind):
+    loader = make(kind)
+    it = iter(loader)
+    next(it), next(it)  # a loop that breaks early (limit_train_batches)
+    assert (loader.state_dict()["epoch"], loader.state_dict()["batch"]) == (0, 2)
+    again = iter(loader)
+    assert (loader.state_dict()["epoch"], loader.state_dict()["batch"]) == (1, 0)
+    assert labels(list(again)) == gf.sampling.epoch_order(3, 1, 23).tolist() and next(it, None) is None
+
+
+@pytest.mark.parametrize("kind", list(LOADERS))
+def test_set_epoch_keeps_a_position_loaded_for_that_epoch_and_can_start_further_in(kind):
+    reference = make(kind)
+    reference.set_epoch(1)
+    epoch1 = list(reference)
+    state = {**reference.state_dict(), "epoch": 1, "batch": 2}
+    loader = make(kind)
+    loader.load_state_dict(state)
+    loader.sampler.set_epoch(1)  # what Lightning calls at the start of every epoch, resumed ones too
+    assert labels(list(loader)) == labels(epoch1[2:])
+    loader.load_state_dict(state)
+    loader.set_epoch(2)  # the trainer moved on: the loaded position is not for this epoch
+    assert loader.state_dict()["batch"] == 0
+    loader.set_epoch(1, batch=4)  # what accelerator.skip_first_batches(loader, 4) does for a DataLoader
+    assert labels(list(loader)) == labels(epoch1[4:])
+    with pytest.raises(gf.ConfigError, match="past the end of an epoch of 6 batches"):
+        loader.set_epoch(1, batch=7)
+
+
+@pytest.mark.parametrize("kind", list(LOADERS))
+def test_a_state_saved_on_one_rank_resumes_another(kind):
+    ranks = [make(kind, rank=r, world_size=2) for r in range(2)]
+    for loader in ranks:
+        it = iter(loader)
+        next(it), next(it)
+    state = ranks[0].state_dict()  # what Lightning and Accelerate save: rank 0's
+    expected = list(it)  # rank 1's remaining batches
+    fresh = make(kind, rank=1, world_size=2)
+    fresh.load_state_dict(state)
+    got = list(fresh)
+    assert len(got) == len(expected) == 1
+    assert all(torch.equal(x, u) and torch.equal(y, v) for (x, y), (u, v) in zip(got, expected, strict=True))
+
+
+@pytest.mark.parametrize("kind", list(LOADERS))
+def test_a_loader_for_one_process_is_refused_in_a_group_of_several(kind, monkeypatch):
+    import torch.distributed as dist
+
+    loader = make(kind)  # built before the process group
+    given = make(kind, rank=0, world_size=1)  # every rank gets everything, on purpose
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 4)
+    monkeypatch.setattr(dist, "get_rank", lambda group=None: 0)  # DataLoader asks too
+    with pytest.raises(gf.ConfigError, match="group of 4 processes: every rank would train on every sample"):
+        next(iter(loader))
+    assert len(list(given)) == 6

@@ -10,6 +10,7 @@ import torchvision.transforms as T
 import torchvision.transforms.v2 as v2
 from PIL import Image
 from torch.utils.data import DataLoader, TensorDataset, default_collate
+from torchvision import tv_tensors
 from torchvision.transforms import InterpolationMode
 from torchvision.transforms._presets import ImageClassification
 
@@ -111,6 +112,24 @@ ACCEPTED = {
         T.Compose([T.RandomResizedCrop(12, scale=(0.5, 1.0), antialias=False), T.PILToTensor()]),
         ONE_LEVEL,
     ),
+    "tensors made in the cached part, then RandomResizedCrop antialias=False (the tensor kernel)": (
+        T.Compose([T.PILToTensor(), T.CenterCrop(30), T.RandomResizedCrop(12, antialias=False)]),
+        ONE_LEVEL,
+    ),
+    "v2 float16, Normalize in half precision": (
+        v2.Compose(
+            [v2.ToImage(), v2.RandomCrop(32, padding=2), v2.ToDtype(torch.float16, scale=True), v2.Normalize(*CIFAR)]
+        ),
+        EXACT,
+    ),
+    "v2 fill dict (PIL images use 'others')": (
+        v2.Compose([v2.RandomCrop(36, padding=4, fill={tv_tensors.Image: 9, "others": 41}), v2.PILToTensor()]),
+        EXACT,
+    ),
+    "v2 fill dict after ToImage (tv_tensors.Image)": (
+        v2.Compose([v2.ToImage(), v2.RandomCrop(36, padding=4, fill={tv_tensors.Image: 9, "others": 41})]),
+        EXACT,
+    ),
     "v2 ends in uint8": (v2.Compose([v2.ToImage(), v2.RandomCrop(32, padding=4), v2.RandomHorizontalFlip()]), EXACT),
 }
 
@@ -202,6 +221,13 @@ REFUSED = {
         [v2.ToImage(), v2.RandomHorizontalFlip(), v2.ToDtype(torch.float32, scale=False)]
     ),
     "RandomRotation": T.Compose([T.RandomRotation(15), T.ToTensor()]),
+    "ToDtype(uint8, scale=False)": v2.Compose(
+        [v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.RandomHorizontalFlip(), v2.ToDtype(torch.uint8)]
+    ),
+    "RandomErasing of a value a uint8 image cannot hold": v2.Compose(
+        [v2.PILToTensor(), v2.RandomErasing(1.0, value=0.5)]
+    ),
+    "RandomCrop fill out of the uint8 range": T.Compose([T.RandomCrop(36, padding=2, fill=300), T.PILToTensor()]),
 }
 
 
@@ -277,3 +303,70 @@ def test_samples_a_dataloader_collates_but_gpufeed_cannot_store_take_the_fallbac
         for a, b in zip(got, expected, strict=True):
             a, b = (a, b) if as_dict else ({"image": a[0], "name": a[1]}, {"image": b[0], "name": b[1]})
             assert a["name"] == b["name"] and torch.equal(a["image"], b["image"])
+
+
+def test_the_fill_dicts_image_type_and_the_pil_state_follow_the_pipeline():
+    from gpufeed.plan import build_batched, split_transform
+
+    crop_after_tensor = T.Compose([T.PILToTensor(), T.CenterCrop(30), T.RandomResizedCrop(12, antialias=False)])
+    probed = gf.ingest.probe(
+        cifar_like(4, transform=crop_after_tensor), split_transform(crop_after_tensor).cached_transform()
+    )
+    assert probed.pil is False  # the cached part made tensors: the tensor kernel runs, without antialiasing
+    (rrc,) = build_batched(split_transform(crop_after_tensor).device, torch.uint8, (30, 30), probed.pil).transforms
+    assert rrc.antialias is False
+
+
+def test_a_dataset_that_draws_random_numbers_in_getitem_is_not_frozen():
+    class Jittered(torch.utils.data.Dataset):  # augments in __getitem__ through its own attribute
+        def __init__(self):
+            self.aug, self.transform = T.RandomHorizontalFlip(), None
+
+        def __len__(self):
+            return 8
+
+        def __getitem__(self, i):
+            image = torch.arange(3 * 4 * 4, dtype=torch.uint8).view(3, 4, 4) + i
+            return self.aug(image), i
+
+    with pytest.raises(gf.DataError, match=r"Jittered\[0\] differs between two reads: its __getitem__ draws random"):
+        gf.accelerate(Jittered(), batch_size=4, device="cpu", cache=False)
+    with pytest.warns(UserWarning, match="falls back"):
+        loader = gf.accelerate(Jittered(), batch_size=8, device="cpu", fallback="prefetch", num_workers=0)
+    first, second = next(iter(loader))[0], next(iter(loader))[0]
+    assert not torch.equal(first, second)  # each epoch draws again, as the DataLoader's would
+
+
+def test_images_gpufeed_cannot_store_take_the_fallback(tmp_path):
+    for i in range(4):
+        Image.fromarray(np.full((6, 6), 255 * (i % 2), dtype=np.uint8)).convert("1").save(tmp_path / f"{i}.png")
+
+    class Bits(torch.utils.data.Dataset):
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, i):
+            return torch.from_numpy(np.array(Image.open(tmp_path / f"{i}.png"))).unsqueeze(0), i  # bool pixels
+
+    with pytest.raises(gf.DataError, match=r"Bits\[0\] gives images of dtype torch.bool"):
+        gf.accelerate(Bits(), batch_size=2, device="cpu", cache=False)
+    with pytest.warns(UserWarning, match="falls back"):
+        loader = gf.accelerate(Bits(), batch_size=2, shuffle=False, device="cpu", fallback="prefetch", num_workers=0)
+    assert [x.dtype for x, _ in loader] == [torch.bool, torch.bool]
+
+
+def test_float64_arrays_through_to_tensor_stay_float64_as_torchvision_leaves_them():
+    ds = TensorDataset(torch.rand(6, 5, 5, 3, dtype=torch.float64), torch.arange(6))
+
+    class Arrays(torch.utils.data.Dataset):
+        transform = T.ToTensor()
+
+        def __len__(self):
+            return 6
+
+        def __getitem__(self, i):
+            return self.transform(ds.tensors[0][i].numpy()), i
+
+    x, _ = next(iter(gf.accelerate(Arrays(), batch_size=6, shuffle=False, device="cpu", cache=False)))
+    ref, _ = next(iter(DataLoader(Arrays(), batch_size=6)))
+    assert x.dtype == ref.dtype == torch.float64 and torch.equal(x, ref)

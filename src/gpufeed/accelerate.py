@@ -21,7 +21,7 @@ import torch
 from .cache import entry_path, load_or_ingest
 from .cache.fingerprint import cache_key
 from .device import resolve_device
-from .errors import CacheWriteError, ConfigError, UnsupportedTransformError
+from .errors import CacheWriteError, ConfigError, DataError, UnsupportedTransformError
 from .fallback import FallbackLoader
 from .ingest import RaggedError, UnbatchableError, exposes_arrays, ingest, probe
 from .loader import DeviceLoader
@@ -183,9 +183,9 @@ def accelerate(
     try:
         split = split_transform(transform, cache_lambda)
         probed = probe(dataset, split.cached_transform())
-        build_batched(split.device, probed.dtype, probed.size, probed.pil)
         if probed.ragged is not None:
             raise RaggedError(probed.ragged)
+        _dry_run(build_batched(split.device, probed.dtype, probed.size, probed.pil), probed.samples)
         src = _load(dataset, split, cache, num_workers, progress, lock_timeout)
     except (UnsupportedTransformError, UnbatchableError) as e:  # after the probe: what its samples did not show
         return slow_path(e)
@@ -244,6 +244,17 @@ class _Source:
     cache_path: Path | None = None
     mapped: bool = False  # memory-mapped from a cache file
     notes: list[str] = field(default_factory=list)
+
+
+def _dry_run(batched: Any, samples: torch.Tensor | None) -> None:
+    """Run the batched ops on the probed samples: what they refuse (an erase value a uint8 image cannot
+    hold, a fill out of range) is found before the dataset is read, and can take the fallback."""
+    if batched is None or samples is None:
+        return
+    try:
+        batched(samples, generator=torch.Generator().manual_seed(0))
+    except (ConfigError, DataError) as e:
+        raise UnsupportedTransformError(f"the batched ops cannot run this pipeline: {e}") from e
 
 
 _FLAG_WORDS = {"", "no", "false", "off", "none", "0", "yes", "true", "on", "1"}

@@ -16,23 +16,19 @@ transform unchanged (no ingestion), and keeps gpufeed's contract:
 
 from __future__ import annotations
 
-import random
-import weakref
 from collections.abc import Iterator
-from dataclasses import asdict
 from typing import Any
 
-import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
 
 from .augment.functional import convert_dtype
-from .errors import StateError
+from .epochs import EpochLoader
 from .ingest import _with_transform
-from .loader import STATE_VERSION, _Config, distributed_rank, resume_position
+from .loader import _Config, distributed_rank
 from .plan import Plan
 from .prefetch import prefetch
-from .sampling import derive_seed, epoch_order, rank_indices
+from .sampling import derive_seed, epoch_order, global_seed, rank_indices
 from .validate import Guarded, SampleFailure, as_flag, as_int, check_epoch
 from .workers import default_workers, loader_kwargs
 
@@ -60,18 +56,8 @@ class _Seeded(Dataset):
 
     def __getitem__(self, key: tuple[int, int]) -> Any:
         epoch, i = key
-        s = derive_seed(self.seed, epoch, i)
-        cpu = torch.random.default_generator  # the CPU generator only: CUDA's is not torchvision's, nor ours
-        saved = cpu.get_state(), random.getstate(), np.random.get_state()
-        try:
-            cpu.manual_seed(s)
-            random.seed(s)
-            np.random.seed(s % 2**32)
+        with global_seed(derive_seed(self.seed, epoch, i)):
             return self.dataset[i]
-        finally:
-            cpu.set_state(saved[0])
-            random.setstate(saved[1])
-            np.random.set_state(saved[2])
 
 
 class _Batches(Sampler[list[tuple[int, int]]]):
@@ -96,7 +82,7 @@ class _Batches(Sampler[list[tuple[int, int]]]):
         return self.count
 
 
-class FallbackLoader:
+class FallbackLoader(EpochLoader):
     """Per-sample torchvision transforms in DataLoader workers, batches copied ahead to ``device``.
 
     Iterating again starts the next epoch; :meth:`set_epoch`, :meth:`state_dict` (mid-epoch too) and
@@ -123,23 +109,24 @@ class FallbackLoader:
     ) -> None:
         ds = Guarded(_with_transform(dataset, transform), type(dataset).__name__)
         batch_size, seed = as_int(batch_size, "batch_size", 1), as_int(seed, "seed")
+        explicit_world = rank is not None and world_size is not None
         rank, world_size = distributed_rank(rank, world_size)
         n = len(ds)
         shuffle, drop_last, even = as_flag(shuffle, "shuffle"), as_flag(drop_last, "drop_last"), as_flag(even, "even")
         self.config = _Config(n, batch_size, shuffle, drop_last, seed, 1, rank, world_size, even)
-        self._batches = _Batches(self.config)
+        self._sampler = _Batches(self.config)
         check_epoch(n, batch_size, drop_last, world_size, even)
         workers = default_workers() if num_workers is None else num_workers
         self.loader = DataLoader(
             _Seeded(ds, seed),
-            batch_sampler=self._batches,
+            batch_sampler=self._sampler,
             pin_memory=device.type == "cuda",
             collate_fn=_collate,
             **loader_kwargs(workers, persistent=True, prefetch_factor=4 if workers else None),
         )
         self.device, self.dtype, self.channels_last = device, dtype, channels_last
-        self._epoch, self._offset = 0, 0
-        self._live: weakref.ref[_Epoch] | None = None
+        self._explicit_world = explicit_world
+        self._start_epochs()
         self.plan = Plan(
             cached=(),
             batched=(),
@@ -151,40 +138,14 @@ class FallbackLoader:
             notes=(reason,),
         )
 
+    kind = "fallback"
+
     def __len__(self) -> int:
-        return len(self._batches)
+        return len(self._sampler)
 
-    @property
-    def epoch(self) -> int:
-        """The epoch the next iteration will serve (or the one in progress)."""
-        it = self._live_iterator()
-        return it.epoch if it is not None else self._epoch
-
-    def set_epoch(self, epoch: int) -> None:
-        """Serve ``epoch`` on the next iteration (as ``DistributedSampler.set_epoch``)."""
-        self._epoch, self._offset = as_int(epoch, "epoch", 0), 0
-
-    def __iter__(self) -> Iterator[tuple[Any, Any]]:
-        it = _Epoch(self, self._epoch, self._offset)
-        self._epoch, self._offset = self._epoch + 1, 0
-        self._live = weakref.ref(it)
-        return it
-
-    def _live_iterator(self) -> _Epoch | None:
-        it = self._live() if self._live is not None else None
-        return it if it is not None and not it.done else None
-
-    def state_dict(self) -> dict[str, Any]:
-        """Where the loader stands: the epoch and the next batch within it, plus what fixes them."""
-        it = self._live_iterator()
-        epoch, batch = (it.epoch, it.next_batch) if it is not None else (self._epoch, self._offset)
-        return {"version": STATE_VERSION, "loader": "fallback", "epoch": epoch, "batch": batch, **asdict(self.config)}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from ``state``: the next iteration yields exactly the batches the saved run had left."""
-        if self._live_iterator() is not None:
-            raise StateError("load_state_dict() was called while an epoch is being iterated; load it before iterating")
-        self._epoch, self._offset = resume_position(state, "fallback", asdict(self.config), len(self))
+    def _batches(self, epoch: int, start: int) -> Iterator[Any]:
+        self._sampler.epoch, self._sampler.start = epoch, start
+        return (self._finish(batch) for batch in prefetch(self.loader, self.device))
 
     def _finish(self, batch: Any) -> Any:
         """The batch as the DataLoader collated it; an ``(images, labels)`` pair gets ``dtype``/``channels_last``."""
@@ -198,29 +159,3 @@ class FallbackLoader:
         if self.channels_last and x.dim() == 4:
             x = x.contiguous(memory_format=torch.channels_last)
         return type(batch)((x, y)) if isinstance(batch, tuple) else [x, y]
-
-
-class _Epoch:
-    """One epoch of a FallbackLoader; records its position so the loader can save it."""
-
-    def __init__(self, loader: FallbackLoader, epoch: int, start: int) -> None:
-        self.loader, self.epoch, self.next_batch = loader, epoch, start
-        self.done = start >= len(loader)
-        self._source: Iterator[Any] | None = None
-
-    def __iter__(self) -> _Epoch:
-        return self
-
-    def __next__(self) -> Any:
-        if self.done:
-            raise StopIteration
-        if self._source is None:  # lazily: building an iterator starts no workers
-            self.loader._batches.epoch, self.loader._batches.start = self.epoch, self.next_batch
-            self._source = iter(prefetch(self.loader.loader, self.loader.device))
-        batch = next(self._source, None)
-        if batch is None:
-            self.done = True
-            raise StopIteration
-        self.next_batch += 1
-        self.done = self.next_batch >= len(self.loader)
-        return self.loader._finish(batch)

@@ -22,6 +22,7 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from .cache.fingerprint import standard_getitem
 from .errors import DataError
+from .sampling import global_seed
 from .validate import Guarded, SampleFailure, UnbatchableError, check_dataset, check_label, label_tensor
 from .workers import default_workers, loader_kwargs
 
@@ -52,12 +53,27 @@ class Probe:
 
     dtype: torch.dtype  # of an image after the cached part
     size: tuple[int, int]  # (height, width) after the cached part
-    pil: bool  # the dataset yields PIL images (so the user's pipeline starts on PIL kernels)
+    pil: bool  # the cached part hands PIL images on (so the user's pipeline continues on PIL kernels)
     ragged: str | None  # why the images cannot share one store (differing sizes), or None
+    samples: torch.Tensor | None = None  # the probed images after the cached part, stacked (None if ragged)
+
+
+def _varies(read: Callable[[], tuple[torch.Tensor, Any]], image: torch.Tensor, label: Any, reads: int = 8) -> bool:
+    """Whether reading a sample again, under ``reads`` different global seeds, gives anything else
+    (a coin-flip augmentation is missed with probability 2**-reads; the seeds make the answer repeatable)."""
+    for seed in range(reads):
+        with global_seed(seed):
+            again, label_again = read()
+        if not (torch.equal(image, again) and torch.equal(torch.as_tensor(label), torch.as_tensor(label_again))):
+            return True
+    return False
 
 
 def probe(dataset: Any, cached: Callable[[Any], Any] | None) -> Probe:
     """Read samples 0, n/2 and n-1 through ``cached``: their dtype and size, PIL or not, sizes that differ.
+
+    A dataset whose own ``__getitem__`` draws random numbers (outside its transform) would be read
+    once and its randomness frozen; sample 0 is read under two seeds to catch that (UnbatchableError).
 
     Example:
         >>> p = probe(TensorDataset(torch.zeros(4, 3, 5, 6, dtype=torch.uint8), torch.arange(4)), None)
@@ -71,26 +87,41 @@ def probe(dataset: Any, cached: Callable[[Any], Any] | None) -> Probe:
     if n == 0:
         raise DataError(f"the dataset ({source}) is empty (len 0); nothing to load")
     raw = Guarded(_with_transform(dataset, None), source)
-    shapes, pil = [], False
-    for i in sorted({0, n // 2, n - 1}):
+
+    def read(i: int) -> tuple[Any, torch.Tensor, Any]:
         item = raw[i]
         if isinstance(item, SampleFailure):
             raise item.exception()
         image, label = _pair(item)
         check_label(label, source, i)
-        pil = pil or (i == 0 and isinstance(image, Image.Image))
         try:
-            stored = cached(image) if cached is not None else image
+            out = cached(image) if cached is not None else image
         except Exception as e:  # the user's cached ops on the user's image: name the sample
             raise DataError(f"{source}[{i}]: the cached ops raised {type(e).__name__}: {e}") from e
-        stored = to_chw(stored)
-        shapes.append((i, tuple(stored.shape), stored.dtype))
-    (_, first, dtype), ragged = shapes[0], None
-    for i, shape, d in shapes[1:]:
-        if shape != first or d != dtype:
-            ragged = _ragged(source, i, shape, d, first, dtype)
+        return out, to_chw(out), label
+
+    first_out, first, label = read(0)
+    if not standard_getitem(dataset) and _varies(lambda: read(0)[1:], first, label):
+        raise UnbatchableError(
+            f"{source}[0] differs between two reads: its __getitem__ draws random numbers outside its transform, "
+            "and gpufeed, which reads each sample once, would freeze that randomness. Move the random ops into "
+            "the transform, or pass fallback='prefetch' to run the dataset as a DataLoader does"
+        )
+    if first.dtype != torch.uint8 and not first.dtype.is_floating_point:
+        raise UnbatchableError(
+            f"{source}[0] gives images of dtype {first.dtype} (e.g. a 1-bit or 16-bit PIL image); gpufeed stores uint8 "
+            "or float images: convert them (image.convert('RGB'), or a ToDtype first), or pass fallback='prefetch'"
+        )
+    stored, ragged = [first], None
+    for i in sorted({n // 2, n - 1} - {0}):
+        _, image, _ = read(i)
+        if image.shape != first.shape or image.dtype != first.dtype:
+            ragged = _ragged(source, i, tuple(image.shape), image.dtype, tuple(first.shape), first.dtype)
             break
-    return Probe(dtype, (first[1], first[2]), pil, ragged)
+        stored.append(image)
+    pil = isinstance(first_out, Image.Image)
+    size = (first.shape[1], first.shape[2])
+    return Probe(first.dtype, size, pil, ragged, None if ragged else torch.stack(stored))
 
 
 @dataclass(frozen=True)

@@ -19,9 +19,8 @@ alone; that is what makes mid-epoch resume exact.
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -29,7 +28,8 @@ import torch
 
 from .augment.functional import convert_dtype
 from .device import resolve_device
-from .errors import ConfigError, DataError, StateError
+from .epochs import EpochLoader
+from .errors import ConfigError, DataError
 from .prefetch import prefetch
 from .sampling import derive_seed, epoch_order, local_indices, rank_indices
 from .validate import (
@@ -43,12 +43,11 @@ from .validate import (
     label_tensor,
 )
 
-__all__ = ["SHARD_MODES", "STORAGE_TIERS", "DeviceLoader", "distributed_rank", "resume_position"]
+__all__ = ["SHARD_MODES", "STORAGE_TIERS", "DeviceLoader", "distributed_rank"]
 
 STORAGE_TIERS = ("device", "pinned", "mmap")
 SHARD_MODES = ("full", "local")
 
-STATE_VERSION = 1
 # Stored bytes gathered per chunk. On a GPU the cost of a batch is kernel launches, so chunks are
 # large; on a CPU the cost is memory traffic, and a chunk that stays in cache is 2-4x faster.
 _CHUNK_BYTES = {"cuda": 32 << 20, "cpu": 1 << 20}
@@ -104,7 +103,7 @@ class _Config:
             raise ConfigError(f"chunk_batches={self.chunk_batches!r} must be an int >= 1")
 
 
-class DeviceLoader:
+class DeviceLoader(EpochLoader):
     """Yield ``(images, labels)`` batches from tensors held on ``device``, augmented there.
 
     Args:
@@ -135,7 +134,9 @@ class DeviceLoader:
             same global order each epoch. ``"local"``: each rank holds only samples ``rank::world_size``
             (a 1/world_size of the memory) and shuffles within them, so samples never change rank.
 
-    Iterating again starts the next epoch; :meth:`set_epoch` picks one explicitly.
+    Each pass is the next epoch, claimed when its first batch is taken; :meth:`set_epoch` picks one
+    explicitly, :meth:`state_dict` / :meth:`load_state_dict` resume mid-epoch (a state saved on any
+    rank resumes every rank). See NOTE [ When an epoch is claimed ] in :mod:`gpufeed.epochs`.
 
     Example:
         >>> import torch
@@ -186,6 +187,7 @@ class DeviceLoader:
             batch_bytes = batch_size * images[0].numel() * images.element_size()
             budget = _CHUNK_BYTES.get(self.device.type, _CHUNK_BYTES["cuda"])
             chunk_batches = max(1, min(_MAX_CHUNK_BATCHES, budget // batch_bytes))
+        explicit_world = rank is not None and world_size is not None
         rank, world_size = distributed_rank(rank, world_size)
         self.config = _Config(
             n, batch_size, shuffle, drop_last, seed, chunk_batches or 1, rank, world_size, even, shard
@@ -204,9 +206,8 @@ class DeviceLoader:
             self.images, self.labels = _pinned(images), _pinned(labels)
         else:
             self.images, self.labels = images, labels
-        self._epoch = 0  # the epoch the next __iter__ serves
-        self._offset = 0  # the batch it starts at (non-zero only after load_state_dict)
-        self._live: weakref.ref[_EpochIterator] | None = None
+        self._explicit_world = explicit_world
+        self._start_epochs()
         self._length: int | None = None
         self.plan: Any = None  # set by gpufeed.accelerate(): what was cached, the tier, and why
         check_epoch(n, batch_size, drop_last, world_size, even, local=shard == "local")
@@ -237,41 +238,16 @@ class DeviceLoader:
         order = epoch_order(c.seed, epoch, c.n, shuffle)
         return rank_indices(order, c.batch_size, c.rank, c.world_size, c.drop_last, c.even)
 
-    @property
-    def epoch(self) -> int:
-        """The epoch the next iteration will serve (or the one in progress)."""
-        it = self._live_iterator()
-        return it.epoch if it is not None else self._epoch
+    kind = "device"
 
-    def set_epoch(self, epoch: int) -> None:
-        """Serve ``epoch`` on the next iteration (as ``DistributedSampler.set_epoch``)."""
-        self._epoch, self._offset = as_int(epoch, "epoch", 0), 0
-
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        it = _EpochIterator(self, self._epoch, self._offset)
-        # Iterating again advances the epoch, so forgetting set_epoch() never repeats one.
-        self._epoch, self._offset = self._epoch + 1, 0
-        self._live = weakref.ref(it)
-        return it
-
-    def _live_iterator(self) -> _EpochIterator | None:
-        it = self._live() if self._live is not None else None
-        return it if it is not None and not it.done else None
-
-    def state_dict(self) -> dict[str, Any]:
-        """Where the loader stands: the epoch and the next batch within it, plus what fixes them."""
-        it = self._live_iterator()
-        epoch, batch = (it.epoch, it.next_batch) if it is not None else (self._epoch, self._offset)
-        return {"version": STATE_VERSION, "loader": "device", "epoch": epoch, "batch": batch, **asdict(self.config)}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from ``state``: the next iteration yields exactly the batches the saved run had left."""
-        if self._live_iterator() is not None:
-            raise StateError(
-                "load_state_dict() was called while an epoch is being iterated; "
-                "load the state before iterating (e.g. right after building the loader)"
-            )
-        self._epoch, self._offset = resume_position(state, "device", asdict(self.config), len(self))
+    def _batches(self, epoch: int, start: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """The batches of ``epoch`` from batch ``start`` on: slices of transformed chunks."""
+        k, bs = self.config.chunk_batches, self.config.batch_size
+        skip = start % k  # batches of the first chunk already served before a resume
+        for _, x, y in self._chunks(epoch, start // k):
+            for j in range(skip * bs, x.shape[0], bs):
+                yield x[j : j + bs], y[j : j + bs]
+            skip = 0
 
     def _chunks(self, epoch: int, first: int) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
         """Yield ``(chunk index, images, labels)`` from chunk ``first`` on, transformed, on the device."""
@@ -312,43 +288,6 @@ class DeviceLoader:
         return x
 
 
-def resume_position(state: Any, loader: str, config: dict[str, Any], batches: int) -> tuple[int, int]:
-    """``(epoch, batch)`` to continue from a saved ``state``; a StateError if it cannot be resumed here.
-
-    ``loader`` ("device" or "fallback") and ``config`` (what fixes the sequence) must match what the
-    state was saved with, type for type (``seed=123.0`` is not the seed 123); ``batches`` is the
-    number of batches in an epoch of this rank.
-    """
-    if not isinstance(state, dict):
-        raise StateError(
-            f"state is a {type(state).__name__}, not the dict loader.state_dict() returned; pass that dict "
-            "(e.g. torch.load(...)['loader'])"
-        )
-    if state.get("version") != STATE_VERSION:
-        raise StateError(f"state version={state.get('version')!r} is not {STATE_VERSION}; it is not a loader state")
-    if state.get("loader", "device") != loader:
-        raise StateError(
-            f"state was saved by a {state.get('loader')} loader but this is a {loader} loader (the batched path and "
-            "the per-sample fallback augment differently); rebuild the loader the way it was saved"
-        )
-    if state.get("world_size", 1) != config["world_size"]:
-        raise StateError(
-            f"state was saved with world_size={state.get('world_size')} but this run has "
-            f"world_size={config['world_size']}: per-rank positions do not map onto another world size; "
-            f"continue from the next epoch instead with loader.set_epoch({state.get('epoch', 0) + 1})"
-        )
-    for key, current in config.items():
-        if type(state.get(key)) is not type(current) or state.get(key) != current:  # 123.0 is not the seed 123
-            raise StateError(
-                f"state has {key}={state.get(key)!r} but this loader has {key}={current!r}; "
-                "resume needs the same data and configuration"
-            )
-    epoch, batch = state.get("epoch"), state.get("batch")
-    if type(epoch) is not int or epoch < 0 or type(batch) is not int or not 0 <= batch <= batches:
-        raise StateError(f"state has epoch={epoch!r}, batch={batch!r}; expected epoch >= 0 and 0 <= batch <= {batches}")
-    return (epoch + 1, 0) if batch == batches else (epoch, batch)
-
-
 def _pinned(t: torch.Tensor) -> torch.Tensor:
     return t if t.is_pinned() else t.pin_memory()
 
@@ -356,32 +295,3 @@ def _pinned(t: torch.Tensor) -> torch.Tensor:
 def _index_pinned(source: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     out = torch.empty((idx.shape[0], *source.shape[1:]), dtype=source.dtype, pin_memory=True)
     return torch.index_select(source, 0, idx, out=out)
-
-
-class _EpochIterator:
-    """One epoch of a DeviceLoader; records its position so the loader can save it."""
-
-    def __init__(self, loader: DeviceLoader, epoch: int, start: int) -> None:
-        self.loader, self.epoch, self.next_batch = loader, epoch, start
-        self.total = len(loader)
-        self.done = start >= self.total
-        self._chunks: Iterator[tuple[int, torch.Tensor, torch.Tensor]] | None = None
-        self._chunk: tuple[int, torch.Tensor, torch.Tensor] | None = None
-
-    def __iter__(self) -> _EpochIterator:
-        return self
-
-    def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.done:
-            raise StopIteration
-        b, k, bs = self.next_batch, self.loader.config.chunk_batches, self.loader.config.batch_size
-        if self._chunks is None:  # lazily, so building an iterator costs nothing
-            self._chunks = self.loader._chunks(self.epoch, b // k)
-        if self._chunk is None or self._chunk[0] != b // k:
-            self._chunk = next(self._chunks)
-        _, x, y = self._chunk
-        j = (b % k) * bs
-        self.next_batch = b + 1
-        if self.next_batch >= self.total:
-            self.done, self._chunk, self._chunks = True, None, None
-        return x[j : j + bs], y[j : j + bs]

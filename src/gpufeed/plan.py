@@ -56,6 +56,7 @@ class _State:
     dtype: torch.dtype  # dtype of the data at this point (uint8 pixels or floating)
     size: tuple[int, int]  # (height, width) at this point
     pil: bool = False  # the user's pipeline has PIL images at this point
+    tv_image: bool = False  # ... or a v2 tv_tensors.Image (after ToImage), which v2's fill dicts key on
     notes: list[str] = field(default_factory=list)
 
 
@@ -63,11 +64,12 @@ def _is_v2(op: Any) -> bool:
     return type(op).__module__.startswith("torchvision.transforms.v2")
 
 
-def _fill(fill: Any) -> float | tuple[float, ...]:
-    if isinstance(fill, dict):  # v2: per input type; images use tv_tensors.Image or the default
+def _fill(fill: Any, s: _State) -> float | tuple[float, ...]:
+    if isinstance(fill, dict):  # v2: by the type of the image at this point, else "others"
         from torchvision import tv_tensors
 
-        fill = fill.get(tv_tensors.Image, fill.get(torch.Tensor, fill.get("others", 0)))
+        key = tv_tensors.Image if s.tv_image else None if s.pil else torch.Tensor
+        fill = fill.get(key, fill.get("others", 0)) if key is not None else fill.get("others", 0)
     if fill is None:
         return 0.0
     return float(fill) if isinstance(fill, (int, float)) else tuple(float(v) for v in fill)
@@ -82,9 +84,9 @@ def _random_crop(op: Any, s: _State) -> A.BatchTransform:
             dh = max(0, h - (s.size[0] + top + bottom))
             dw = max(0, w - (s.size[1] + left + right))
             top, bottom, left, right = top + dh, bottom + dh, left + dw, right + dw
-        crop = A.RandomCrop((h, w), (left, top, right, bottom), False, _fill(op.fill), op.padding_mode)
+        crop = A.RandomCrop((h, w), (left, top, right, bottom), False, _fill(op.fill, s), op.padding_mode)
     else:
-        crop = A.RandomCrop((h, w), op.padding, op.pad_if_needed, _fill(op.fill), op.padding_mode)
+        crop = A.RandomCrop((h, w), op.padding, op.pad_if_needed, _fill(op.fill, s), op.padding_mode)
     return crop
 
 
@@ -111,6 +113,17 @@ def _resized_crop(op: Any, s: _State) -> A.BatchTransform:
 
 def _color_jitter(op: Any, s: _State) -> A.BatchTransform:
     jitter = A.ColorJitter(op.brightness, op.contrast, op.saturation, op.hue)
+    if not s.pil and _is_v2(op) and any(getattr(jitter, k) is not None for k in ("contrast", "saturation", "hue")):
+        s.notes.append(
+            "v2's ColorJitter rounds its grayscale and HSV steps differently from v1's kernels, which gpufeed "
+            "batches: within 1 intensity level per adjustment (measured; contrast, saturation and hue can add up "
+            "to 2)"
+        )
+    if s.dtype in (torch.float16, torch.bfloat16):
+        s.notes.append(
+            f"ColorJitter on {s.dtype} images: torchvision computes in that dtype, gpufeed in float32 (up to 3 "
+            "levels apart, the half-precision rounding); put the conversion after ColorJitter to match exactly"
+        )
     if s.pil:
         enabled = {k: v for k, v in PIL_BOUNDS.items() if getattr(jitter, k) is not None and v > 1}
         if enabled:
@@ -147,6 +160,11 @@ def _to_dtype(op: Any, s: _State) -> A.BatchTransform | None:
     if dtype is None or dtype == s.dtype:
         return None
     if dtype == torch.uint8:
+        if not getattr(op, "scale", True):
+            raise UnsupportedTransformError(
+                f"{op!r}: a cast to uint8 without scaling (scale=False) is not batched; use scale=True or "
+                "fallback='prefetch'"
+            )
         s.dtype = torch.uint8
         return A.ConvertDtype(torch.uint8)
     # v1 ConvertImageDtype divides by 255; v2 ToDtype multiplies by 1/255 (last-bit differences).
@@ -170,7 +188,7 @@ CONVERTERS: dict[str, Callable[[Any, _State], A.BatchTransform | None]] = {
     "RandomErasing": _erasing,
     "RandomResizedCrop": _resized_crop,
     "ColorJitter": _color_jitter,
-    "ToTensor": lambda op, s: _to_float(s),
+    "ToTensor": lambda op, s: None if s.dtype.is_floating_point else _to_float(s),  # float arrays stay as they are
     "PILToTensor": lambda op, s: None,
     "ToImage": lambda op, s: None,
     "ConvertImageDtype": _to_dtype,
@@ -327,12 +345,20 @@ def build_batched(
         before = state.dtype
         converted = CONVERTERS[kind(op)](op, state)  # type: ignore[index]
         state.pil = state.pil and kind(op) not in _TO_TENSOR
+        if kind(op) in _TO_TENSOR or kind(op) == "ToPureTensor":
+            state.tv_image = kind(op) == "ToImage" and _is_v2(op)
         if converted is None:
             continue
         state.size = converted.output_size(*state.size)
         prev = out[-1] if out else None
-        if isinstance(converted, A.Normalize) and isinstance(prev, A.ConvertDtype) and inputs[-1] == torch.uint8:
-            # uint8 -> float then Normalize is exactly gpufeed's Normalize on uint8 (it scales first).
+        if (
+            isinstance(converted, A.Normalize)
+            and isinstance(prev, A.ConvertDtype)
+            and inputs[-1] == torch.uint8
+            and converted.dtype == torch.float32
+        ):
+            # uint8 -> float32 then Normalize is exactly gpufeed's Normalize on uint8 (it scales first, in
+            # float32); to another float dtype the two stay apart, so Normalize computes in that dtype.
             out[-1] = A.Normalize(converted.mean, converted.std, converted.dtype, prev.reciprocal)
             continue
         out.append(converted)

@@ -6,11 +6,16 @@ Everything here is a function of its integer arguments only, computed on the CPU
 
 from __future__ import annotations
 
+import random
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import numpy as np
 import torch
 
 from .errors import ConfigError
 
-__all__ = ["derive_seed", "epoch_order", "local_indices", "rank_indices", "shard_batches"]
+__all__ = ["derive_seed", "epoch_order", "global_seed", "local_indices", "rank_indices", "shard_batches"]
 
 _MASK64 = (1 << 64) - 1
 
@@ -36,6 +41,27 @@ def derive_seed(*parts: int) -> int:
     for p in parts:
         h = _splitmix64(h ^ (int(p) & _MASK64))
     return h >> 1  # torch.Generator.manual_seed accepts any 64-bit value; 63 bits stays portable
+
+
+@contextmanager
+def global_seed(seed: int) -> Iterator[None]:
+    """Seed torch's CPU generator, ``random`` and numpy's global state for the block, then restore them.
+
+    What a per-sample transform draws (torchvision uses torch's generator, some code ``random`` or
+    numpy) becomes a function of ``seed``, and the caller's global randomness is left as it was.
+    CUDA's generators are not touched: torchvision's per-sample ops do not use them.
+    """
+    cpu = torch.random.default_generator
+    saved = cpu.get_state(), random.getstate(), np.random.get_state()
+    try:
+        cpu.manual_seed(seed)
+        random.seed(seed)
+        np.random.seed(seed % 2**32)
+        yield
+    finally:
+        cpu.set_state(saved[0])
+        random.setstate(saved[1])
+        np.random.set_state(saved[2])
 
 
 def epoch_order(seed: int, epoch: int, n: int, shuffle: bool = True) -> torch.Tensor:

@@ -128,10 +128,11 @@ def normalize(
 
     ``reciprocal``: scale uint8 by ``* (1/255)`` as ``transforms.v2.ToDtype`` does (see :func:`convert_dtype`).
 
-    The arithmetic runs in float32 (or float64 for float64 input) in torchvision's order, so the
-    result equals ``F.normalize(F.to_tensor(img), mean, std)`` bit for bit before the final cast.
+    The arithmetic runs in torchvision's order: in the input's dtype for float input (as
+    torchvision's Normalize does, half precision included), in float32 for uint8, so the result
+    equals ``F.normalize(F.to_tensor(img), mean, std)`` bit for bit before the final cast.
     """
-    work = torch.float64 if x.dtype == torch.float64 else torch.float32
+    work = x.dtype if x.dtype.is_floating_point else torch.float32
     x = convert_dtype(x, work, reciprocal)
     m, s = constant(tuple(mean), x, "mean"), constant(tuple(std), x, "std")
     return x.sub(m).div_(s).to(dtype)

@@ -1,0 +1,100 @@
+"""A Lightning run over a gpufeed loader whose labels are the sample indices, tracing every batch.
+
+Usage: python lightning_run.py OUT_DIR MODE [--devices N] [--ckpt PATH] [--limit K] [--epochs E]
+  [--every K] [--outside] [--explicit] [--fallback]
+
+Writes OUT_DIR/trace-<rank>.json: one [epoch, batch_idx, labels, pixel sum] per training step, and
+the checkpoints ModelCheckpoint saved (every --every steps, or at epoch ends).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import warnings
+from pathlib import Path
+
+import lightning as L
+import torch
+import torchvision.transforms.v2 as v2
+from lightning.pytorch.callbacks import ModelCheckpoint
+from torch.utils.data import TensorDataset
+
+import gpufeed as gf
+
+N, BATCH = 40, 4
+
+
+def make_loader(args: argparse.Namespace, explicit_world: int | None = None) -> object:
+    images = torch.arange(N * 3 * 8 * 8, dtype=torch.int64).remainder(251).to(torch.uint8).view(N, 3, 8, 8)
+    ds = TensorDataset(images, torch.arange(N))
+    ops = [v2.RandomCrop(8, padding=2), v2.RandomHorizontalFlip(), v2.ToDtype(torch.float32, scale=True)]
+    if args.fallback:
+        ops.insert(0, v2.RandomRotation(10))  # not batched: the per-sample fallback runs it
+    kwargs: dict = {"batch_size": BATCH, "device": "cpu", "seed": 7, "cache": False, "progress": False}
+    if explicit_world is not None:
+        kwargs.update(rank=int(os.environ.get("LOCAL_RANK", "0")), world_size=explicit_world)
+    if args.fallback:
+        kwargs.update(fallback="prefetch", num_workers=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return gf.accelerate(ds, transform=v2.Compose(ops), **kwargs)
+
+
+class Traced(L.LightningModule):
+    def __init__(self, args: argparse.Namespace, loader: object | None) -> None:
+        super().__init__()
+        self.args, self.outside_loader, self.trace = args, loader, []
+        self.layer = torch.nn.Linear(3 * 8 * 8, 1)
+
+    def train_dataloader(self):  # type: ignore[no-untyped-def]
+        return self.outside_loader if self.outside_loader is not None else make_loader(self.args)
+
+    def training_step(self, batch, batch_idx):  # type: ignore[no-untyped-def]
+        x, y = batch
+        self.trace.append([self.current_epoch, batch_idx, y.tolist(), round(float(x.double().sum()), 6)])
+        return self.layer(x.flatten(1)).pow(2).mean()
+
+    def configure_optimizers(self):  # type: ignore[no-untyped-def]
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    def on_train_end(self) -> None:
+        out = Path(self.args.out) / f"trace-{self.global_rank}.json"
+        out.write_text(json.dumps(self.trace))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("out")
+    p.add_argument("--devices", type=int, default=1)
+    p.add_argument("--ckpt", default=None)
+    p.add_argument("--limit", type=int, default=None)
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--every", type=int, default=None)
+    p.add_argument("--outside", action="store_true", help="build the loader before Trainer.fit")
+    p.add_argument("--explicit", action="store_true", help="outside, with rank= and world_size= given")
+    p.add_argument("--fallback", action="store_true")
+    args = p.parse_args()
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    loader = make_loader(args, args.devices if args.explicit else None) if args.outside else None
+    every = {"every_n_train_steps": args.every, "save_on_train_epoch_end": False} if args.every else {}
+    checkpoints = ModelCheckpoint(dirpath=Path(args.out) / "ckpt", save_top_k=-1, **every)
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=args.devices,
+        strategy="ddp" if args.devices > 1 else "auto",
+        max_epochs=args.epochs,
+        limit_train_batches=args.limit,
+        callbacks=[checkpoints],
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+    )
+    torch.manual_seed(0)
+    trainer.fit(Traced(args, loader), ckpt_path=args.ckpt)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,71 @@
+"""gpufeed loaders under Hugging Face Accelerate and a plain DDP loop, both on 2 CPU processes over gloo
+(``torch.distributed.run``): state saved by one rank resumes every rank; shares are disjoint and cover
+the dataset; Accelerate's gradient accumulation syncs at the end of each epoch."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+N = 40
+
+
+def _launch(script, out, *args):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    run = subprocess.run([*cmd, str(Path(__file__).with_name(script)), str(out), *args], capture_output=True, text=True)
+    return run
+
+
+def _traces(out):
+    return [json.loads((out / f"trace-{r}.json").read_text()) for r in range(2)]
+
+
+def _check_resume(full, resumed, skip):
+    for r in range(2):
+        assert resumed[r] == full[r][skip:], r  # labels and pixel sums: augmentation included
+    for epoch in (0, 1):
+        every = [label for trace in full for e, labels, *_ in trace if e == epoch for label in labels]
+        assert sorted(every) == list(range(N))  # disjoint shares that cover the dataset, each epoch
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fallback", [False, True], ids=["batched", "fallback"])
+def test_accelerate_save_state_on_one_rank_resumes_both_and_accumulation_syncs_at_epoch_end(tmp_path, fallback):
+    pytest.importorskip("accelerate")
+    extra = ["--fallback"] if fallback else []
+    first = _launch("accelerate_run.py", tmp_path / "first", "--save-at", "3", *extra)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert sorted(p.name for p in (tmp_path / "first" / "state").glob("custom_checkpoint_*")) == [
+        "custom_checkpoint_0.pkl"
+    ]  # Accelerate saves the main process's loader state only
+    second = _launch("accelerate_run.py", tmp_path / "second", "--load", str(tmp_path / "first" / "state"), *extra)
+    assert second.returncode == 0, second.stderr[-3000:]
+    full, resumed = _traces(tmp_path / "first"), _traces(tmp_path / "second")
+    _check_resume([[t[:3] for t in tr] for tr in full], [[t[:3] for t in tr] for tr in resumed], 3)
+    # 5 steps an epoch, accumulation over 2: sync at steps 2 and 4, and at the epoch's last batch.
+    for trace in full:
+        assert [t[3:] for t in trace] == [
+            [False, False],
+            [True, False],
+            [False, False],
+            [True, False],
+            [True, True],
+        ] * 2
+
+
+@pytest.mark.slow
+def test_plain_ddp_resumes_every_rank_from_rank_zeros_state(tmp_path):
+    first = _launch("torchrun_run.py", tmp_path / "first", "--save-at", "2")
+    assert first.returncode == 0, first.stderr[-3000:]
+    second = _launch("torchrun_run.py", tmp_path / "second", "--load", str(tmp_path / "first" / "loader.pt"))
+    assert second.returncode == 0, second.stderr[-3000:]
+    _check_resume(_traces(tmp_path / "first"), _traces(tmp_path / "second"), 2)
+
+
+@pytest.mark.slow
+def test_a_loader_built_before_the_process_group_is_refused_when_iterated(tmp_path):
+    run = _launch("torchrun_run.py", tmp_path / "out", "--before-init")
+    assert run.returncode != 0
+    assert "built before torch.distributed was initialised" in run.stderr and "pass rank= and world_size=" in run.stderr

@@ -7,10 +7,7 @@ separately, since start-up costs (worker processes, cuDNN tuning, caches) hide t
 
 from __future__ import annotations
 
-import datetime as _dt
 import json
-import os
-import platform
 import statistics
 import time
 from collections.abc import Callable, Iterable
@@ -19,6 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from gpufeed.device import environment as _environment
+from gpufeed.device import sync
 
 __all__ = ["Timing", "environment", "print_table", "save_json", "time_epochs"]
 
@@ -44,11 +44,6 @@ class Timing:
         return d
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _batch_size(batch: Any) -> int:
     x = batch[0] if isinstance(batch, (tuple, list)) else batch
     return int(x.shape[0])
@@ -67,7 +62,7 @@ def time_epochs(
     ``make_epoch()`` returns the iterable of one epoch; ``consume(batch)`` stands for the work a
     training step would do with it (e.g. the host-to-device copy of a CPU loader).
     """
-    _sync(device)
+    sync(device)
     t0 = time.perf_counter()
     first_batch = None
     images = 0
@@ -75,45 +70,26 @@ def time_epochs(
         if consume is not None:
             consume(batch)
         if first_batch is None:
-            _sync(device)
+            sync(device)
             first_batch = time.perf_counter() - t0
         images += _batch_size(batch)
-    _sync(device)
+    sync(device)
     first_epoch = time.perf_counter() - t0
     epochs = []
     for _ in range(repeats):
-        _sync(device)
+        sync(device)
         t = time.perf_counter()
         for batch in make_epoch():
             if consume is not None:
                 consume(batch)
-        _sync(device)
+        sync(device)
         epochs.append(time.perf_counter() - t)
     return Timing(name, images, first_batch or 0.0, first_epoch, statistics.median(epochs), epochs, note)
 
 
 def environment(device: torch.device, **sizes: Any) -> dict[str, Any]:
-    """Date, hardware and versions, recorded beside every figure."""
-    env: dict[str, Any] = {
-        "date": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "host_cpu": platform.processor() or platform.machine(),
-        "cpu_cores": os.cpu_count(),
-        "usable_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "torchvision": __import__("torchvision").__version__,
-        "device": str(device),
-    }
-    try:
-        with open("/proc/cpuinfo") as f:
-            env["host_cpu"] = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    if device.type == "cuda":
-        env["gpu"] = torch.cuda.get_device_name(device)
-        env["cuda"] = torch.version.cuda
-    env.update(sizes)
-    return env
+    """Date, hardware and versions, recorded beside every figure (gpufeed's own, so all agree)."""
+    return dict(_environment(device, **sizes))
 
 
 def print_table(rows: list[Timing], baseline: Timing | None = None) -> None:

@@ -31,7 +31,7 @@ def test_cifar_runs_from_uint8_on_the_device_tier_with_the_planned_ops(tmp_path)
     assert plan.cached == () and plan.ingest.startswith("arrays read of 100 samples")
     assert [b.split("(")[0] for b in plan.batched] == ["RandomCrop", "RandomHorizontalFlip", "Normalize"]
     assert plan.cache_path is not None  # cache=<root> persists
-    assert "storage:  device" in str(plan) and "batched:  RandomCrop" in str(plan)
+    assert "storage:  in memory (the CPU is the device)" in str(plan) and "batched:  RandomCrop" in str(plan)
     # The same stored data through a hand-built DeviceLoader with the planned ops gives the same batches.
     stored = torch.from_numpy(ds.data).permute(0, 3, 1, 2)
     manual = DeviceLoader(

@@ -2,6 +2,7 @@
 
 import json
 import os
+import statistics
 import time
 
 import pytest
@@ -136,7 +137,69 @@ def test_too_few_steps_or_batches_is_an_error():
     with pytest.raises(ConfigError, match="steps=1"):
         diagnose(SlowLoader(0.0), lambda b: None, steps=1)
     with pytest.raises(ConfigError, match="yielded 1 batch"):
-        diagnose(SlowLoader(0.0, n=1), lambda b: None, steps=5, device="cpu")
+        diagnose(iter(SlowLoader(0.0, n=1)), lambda b: None, steps=5, device="cpu")  # one-shot, one batch
+
+
+def test_a_tiny_epoch_is_measured_into_the_next_epochs_and_the_report_says_so():
+    report = diagnose(SlowLoader(0.0, n=3), _sleep_step(0.001), steps=8, device="cpu")
+    assert report.steps == 8 and report.epochs == 3
+    assert "measured 8 of 8 steps over 3 epochs of 3 batches" in report.notes
+    one_shot = diagnose(iter(SlowLoader(0.0, n=4)), _sleep_step(0.001), steps=10, device="cpu")
+    assert one_shot.steps == 4 and one_shot.epochs == 1
+    assert one_shot.notes[0] == "measured 4 of 10 steps in one epoch: the loader yields no more (a one-shot iterable?)"
+
+
+class BusyDataset(torch.utils.data.Dataset):
+    """Each sample burns CPU in Python for ``seconds``: DataLoader workers that compete for the cores."""
+
+    def __init__(self, n, seconds):
+        self.n, self.seconds = n, seconds
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        end = time.perf_counter() + self.seconds
+        while time.perf_counter() < end:
+            pass
+        return torch.zeros(3, 8, 8), 0
+
+
+def _matmul_step(size=384, repeats=4):
+    a = torch.randn(size, size)
+
+    def step(batch):
+        for _ in range(repeats):
+            a @ a
+
+    return step
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) > 4, reason="built for a machine with a few cores (as CI's 2)")
+def test_workers_competing_for_the_cores_are_found_as_contention():
+    torch.set_num_threads(len(os.sched_getaffinity(0)))
+    step = _matmul_step(768)
+    t0 = time.perf_counter()
+    for _ in range(5):
+        step(None)
+    step_s = (time.perf_counter() - t0) / 5
+    # Workers that keep up with the step (little waiting) but burn every core while they do.
+    loader = DataLoader(BusyDataset(4000, step_s / 16), batch_size=8, num_workers=2, persistent_workers=False)
+    report = diagnose(loader, step, steps=60, device="cpu")
+    assert report.verdict == "data-bound (CPU contention)", str(report)
+    assert report.data_wait_fraction < 0.25 and report.contention_fraction >= 0.25
+    assert statistics.median(report.step_s) > 1.3 * report.idle_step_s
+    finding = next(f for f in report.findings if f.kind == "cpu-contention")
+    assert "compete with the training step" in finding.message and "its 2 workers" in finding.message
+
+
+def test_a_batchable_pipeline_is_suggested_whatever_the_verdict():
+    tf = T.Compose([T.RandomCrop(32, padding=4), T.ToTensor()])
+    loader = DataLoader(cifar_like(256, transform=tf), batch_size=32, num_workers=0)
+    report = diagnose(loader, _sleep_step(0.05), steps=6, device="cpu")  # a slow step: compute-bound
+    assert report.verdict == "compute-bound"
+    finding = next(f for f in report.findings if f.kind == "per-sample-transforms")
+    assert "gpufeed.accelerate" in finding.fix and "little to gain here" in finding.expected_gain
 
 
 @pytest.mark.cuda

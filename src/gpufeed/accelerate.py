@@ -224,7 +224,7 @@ def accelerate(
     )
     loader.plan = Plan(
         cached=tuple(repr(op) for op in split.cached),
-        batched=tuple(repr(op) for op in (batched.transforms if batched else [])),
+        batched=tuple(op.describe() for op in (batched.transforms if batched else [])),
         storage=tier,
         stored_shape=tuple(images.shape),
         stored_dtype=str(images.dtype).replace("torch.", ""),
@@ -232,6 +232,7 @@ def accelerate(
         ingest=src.description,
         cache_path=str(src.cache_path) if src.cache_path else None,
         notes=(why, *src.notes, *split.notes, *notes),
+        device=str(dev),
     )
     return loader
 

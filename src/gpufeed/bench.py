@@ -9,7 +9,7 @@ floor each pipeline is measured against, one per precision set-up.
 from __future__ import annotations
 
 import json
-import os
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from .device import resolve_device
+from .device import environment, resolve_device
 from .report import bar_chart, format_table
 from .train.loop import TrainConfig, train
 from .workers import default_workers
@@ -133,12 +133,11 @@ def run_bench(
         cifar10("synthetic", train=False, transform=eval_transform()),
     )
     rows: list[Row] = []
-    for rung in ladder(default_workers()):
-        if only and rung.name not in only:
-            continue
+    rungs = [r for r in ladder(default_workers()) if not only or r.name in only]
+    for k, rung in enumerate(rungs, 1):
         if rung.gpu_only and dev.type != "cuda":
             rows.append(Row(rung.name, skipped="needs a CUDA device"))
-            log(f"  skipped  {rung.name}: needs a CUDA device")
+            log(f"  [{k}/{len(rungs)}] skipped  {rung.name}: needs a CUDA device")
             continue
         cfg = replace(
             base,
@@ -148,6 +147,7 @@ def run_bench(
             cuda_graphs=rung.cuda_graphs,
             num_workers=rung.num_workers,
         )
+        started = time.perf_counter()
         records = train(cfg, datasets=datasets)
         first, last = records[0], records[-1]
         rows.append(
@@ -164,9 +164,10 @@ def run_bench(
                 rung.floor,
             )
         )
-        log(f"  {last.epoch_s:8.3f} s  {rung.name}")
+        log(f"  [{k}/{len(rungs)}] {last.epoch_s:8.3f} s  {rung.name}  ({time.perf_counter() - started:.0f} s)")
     _relate(rows)
     log(format_table([asdict(r) for r in rows], _COLUMNS))
+    log(summary(rows, dev))
     if out is not None:
         _write(Path(out), rows, dev, sizing, log)
     return rows
@@ -197,28 +198,40 @@ def _relate(rows: list[Row]) -> None:
         r.floor_ratio = r.epoch_s / floor.epoch_s if floor and floor.epoch_s else None
 
 
-def _write(out: Path, rows: list[Row], device: torch.device, sizing: str, log: Callable[[str], None]) -> None:
-    import datetime as dt
-    import platform
+def summary(rows: list[Row], device: torch.device) -> str:
+    """One sentence: what the ladder shows on this machine (data-bound or model-bound, the loader's share)."""
+    by_name = {r.name: r for r in rows if r.epoch_s is not None}
+    base, ours, floor = (by_name.get(n) for n in (rows[0].name if rows else "", "gpufeed", FP32))
+    if base is None or ours is None or floor is None:
+        return "(too few rungs ran to say what limits training here)"
+    bound = "data-bound" if (base.data_wait_fraction or 0) >= 0.25 else "model-bound"
+    return (
+        f"On this {device.type.upper()}, the plain DataLoader epoch is {bound}: it waits for data "
+        f"{base.data_wait_fraction or 0:.0%} of its {base.epoch_s:.2f} s, where the model alone takes "
+        f"{floor.epoch_s:.2f} s; gpufeed waits {ours.data_wait_fraction or 0:.1%} and runs at "
+        f"{ours.epoch_s / floor.epoch_s:.2f}x the model alone ({base.epoch_s / ours.epoch_s:.1f}x the DataLoader)"
+        + (": the model, not the data, is the cost here" if bound == "model-bound" else "")
+        + "."
+    )
 
+
+def _write(out: Path, rows: list[Row], device: torch.device, sizing: str, log: Callable[[str], None]) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    env: dict[str, Any] = {
-        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "device": str(device),
-        "cpu_cores": os.cpu_count(),
-        "sizing": sizing,
-        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
-        "cuda": torch.version.cuda if device.type == "cuda" else None,
-    }
+    env = environment(device, sizing=sizing)
     (out / "bench.json").write_text(json.dumps({"environment": env, "rows": [asdict(r) for r in rows]}, indent=2))
     done = [r for r in rows if r.epoch_s is not None]
-    why = bar_chart(
+    waits = [r.epoch_s * (r.data_wait_fraction or 0) for r in done]  # type: ignore[operator]
+    floor = next((r for r in done if r.name == FP32), None)
+    bar_chart(
         out / "bench.png",
         [r.name for r in done],
-        [r.epoch_s for r in done],  # type: ignore[misc]
-        f"gpufeed bench: one training epoch ({sizing})",
-        "seconds per epoch (log scale)",
+        [
+            ("waiting for data", waits, "#C44E52"),
+            ("training step", [r.epoch_s - w for r, w in zip(done, waits, strict=True)], "#4C72B0"),  # type: ignore[operator]
+        ],
+        f"gpufeed bench: one training epoch ({sizing}). {summary(rows, device)}",
+        "seconds per epoch (linear)",
+        marks=[f"({r.floor_ratio:.2f}x its floor)" if r.floor_ratio else "" for r in done],
+        lines=[(floor.epoch_s, f"model alone, fp32: {floor.epoch_s:.3g} s")] if floor and floor.epoch_s else [],
     )
-    log(f"wrote {out / 'bench.json'}" + (f"; bench.png not written: {why}" if why else f" and {out / 'bench.png'}"))
+    log(f"wrote {out / 'bench.json'} and {out / 'bench.png'}")

@@ -8,9 +8,16 @@ float32 convolutions and matmuls; on a GPU, five more on one batch run under tor
 measure how much of a step's wall time kernels actually run. The verdict:
 
 - ``"data-bound"``: at least 25% of the wall time is spent waiting for batches;
+- ``"data-bound (CPU contention)"``: little waiting, but the steps themselves run slower while the
+  loader works: a few steps on one cached batch with the loader idle (after the measured loop)
+  are timed against the steps in the loop, and the slowdown costs at least 25% of the wall time
+  (DataLoader workers competing with the training step for the cores);
 - ``"launch-bound"``: little waiting, yet the GPU is busy less than 60% of the time (kernels too
   small to hide the host's launch overhead: larger batches, CUDA graphs, torch.compile);
 - ``"compute-bound"``: otherwise -- the data pipeline is not the problem.
+
+A loader that ends before ``steps`` is iterated again (the next epoch), and the report says how
+many steps were measured over how many epochs.
 
 Three lines for your own loop::
 
@@ -21,6 +28,7 @@ Three lines for your own loop::
 
 from __future__ import annotations
 
+import gc
 import json
 import statistics
 import time
@@ -32,7 +40,7 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
-from .device import resolve_device
+from .device import resolve_device, sync
 from .errors import ConfigError
 from .findings import CHECKS, Evidence, Finding, unwrap_dataloader
 from .prefetch import map_tensors
@@ -41,6 +49,8 @@ __all__ = ["DATA_BOUND_FRACTION", "LAUNCH_BOUND_BUSY", "Report", "diagnose"]
 
 DATA_BOUND_FRACTION = 0.25
 LAUNCH_BOUND_BUSY = 0.60
+CONTENTION_SLOWDOWN = 1.3  # a step this much slower in the loop than with the loader idle is contended
+_IDLE_STEPS = 5
 
 
 @dataclass
@@ -60,6 +70,9 @@ class Report:
     device: str
     findings: list[Finding] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    idle_step_s: float | None = None  # median step on one cached batch with the loader idle
+    contention_fraction: float = 0.0  # wall time lost to steps slowed while the loader ran
+    epochs: int = 1  # epochs of the loader the measured steps spanned
 
     def __str__(self) -> str:
         med = statistics.median
@@ -68,6 +81,12 @@ class Report:
             f"  waiting for data: {self.data_wait_fraction:.1%} of wall time "
             f"(median {med(self.wait_s) * 1e3:.2f} ms per batch; step median {med(self.step_s) * 1e3:.2f} ms)",
         ]
+        if self.idle_step_s is not None:
+            loop = med(self.step_s)
+            lines.append(
+                f"  step with the loader idle: {self.idle_step_s * 1e3:.2f} ms; in the loop: {loop * 1e3:.2f} ms "
+                f"({loop / max(self.idle_step_s, 1e-9):.1f}x), contention {self.contention_fraction:.1%} of wall time"
+            )
         if self.gpu_busy_fraction is not None:
             lines.append(f"  GPU busy: {self.gpu_busy_fraction:.0%}")
         if self.cpu_percent is not None:
@@ -121,11 +140,6 @@ class _PrecisionProbe(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _batch_facts(batch: Any) -> tuple[bool | None, bool | None, int]:
     tensors: list[torch.Tensor] = []
     map_tensors(batch, lambda t: tensors.append(t) or t)  # type: ignore[func-returns-value]
@@ -144,11 +158,11 @@ def _copy_times(batch: Any, device: torch.device) -> dict[str, float]:
     for name, source in [("pageable", [t.clone() for t in tensors]), ("pinned", [t.pin_memory() for t in tensors])]:
         times = []
         for _ in range(3):
-            _sync(device)
+            sync(device)
             t0 = time.perf_counter()
             for t in source:
                 t.to(device, non_blocking=name == "pinned")
-            _sync(device)
+            sync(device)
             times.append(time.perf_counter() - t0)
         out[name] = statistics.median(times)
     return out
@@ -182,16 +196,21 @@ def diagnose(
     step_s: list[float] = []
     events: list[tuple[Any, Any]] = []
     first_batch: Any = None
-    it = iter(loader)
-    _sync(dev)
+    it, epochs, per_epoch = iter(loader), 1, None
+    sync(dev)
     with UtilisationMonitor(dev, interval_s=0.02) as monitor:
         t_start = time.perf_counter()
         for _ in range(steps):
             t0 = time.perf_counter()
-            batch = next(it, None)
+            batch = next(it, _END)
+            if batch is _END:  # the epoch ended first: go on into the next one, as training would
+                per_epoch = per_epoch or len(step_s)
+                it = iter(loader)
+                batch = next(it, _END)
+                if batch is _END:  # a one-shot iterable, or an empty loader
+                    break
+                epochs += 1
             t1 = time.perf_counter()
-            if batch is None:
-                break
             if first_batch is None:
                 first_batch = batch
             if dev.type == "cuda":
@@ -203,18 +222,23 @@ def diagnose(
                 events.append((start, end))
             wait_s.append(t1 - t0)
             step_s.append(time.perf_counter() - t1)
-        _sync(dev)
+        sync(dev)
         wall = time.perf_counter() - t_start
     cpu_percent = cpu()  # the measured steps only, not the probes below
     if len(step_s) < 2:
-        raise ConfigError(f"the loader yielded {len(step_s)} batch(es); diagnose needs at least 2")
+        raise ConfigError(f"the loader yielded {len(step_s)} batch(es) in all; diagnose needs at least 2")
+    notes: list[str] = []
+    if len(step_s) < steps or epochs > 1:
+        span = f"over {epochs} epochs of {per_epoch} batches" if epochs > 1 else "in one epoch"
+        why = "" if len(step_s) == steps else ": the loader yields no more (a one-shot iterable?)"
+        notes.append(f"measured {len(step_s)} of {steps} steps {span}{why}")
+    it = None  # the loader idles from here (non-persistent DataLoader workers shut down)
+    probe_batch = first_batch
     probe = _PrecisionProbe(dev.type)
-    probe_batch = next(it, None)
-    probe_batch = first_batch if probe_batch is None else probe_batch
     with probe:
         step_fn(probe_batch)
-    _sync(dev)
-    notes: list[str] = []
+    sync(dev)
+    idle = _idle_step_s(step_fn, probe_batch, dev)
     device_step = [s.elapsed_time(e) / 1e3 for s, e in events] if events else None
     busy = None
     if dev.type == "cuda":
@@ -227,11 +251,14 @@ def diagnose(
                 "told apart from compute-bound"
             )
     fraction = sum(wait_s) / wall
-    verdict = (
-        "data-bound"
-        if fraction >= DATA_BOUND_FRACTION
-        else ("launch-bound" if busy is not None and busy < LAUNCH_BOUND_BUSY else "compute-bound")
-    )
+    contended = statistics.median(step_s) > CONTENTION_SLOWDOWN * idle
+    contention = sum(max(0.0, s - idle) for s in step_s) / wall if contended else 0.0
+    if fraction >= DATA_BOUND_FRACTION:
+        verdict = "data-bound"
+    elif contention >= DATA_BOUND_FRACTION:
+        verdict = "data-bound (CPU contention)"
+    else:
+        verdict = "launch-bound" if busy is not None and busy < LAUNCH_BOUND_BUSY else "compute-bound"
     on_host, pinned, nbytes = _batch_facts(first_batch)
     ev = Evidence(
         dev,
@@ -246,6 +273,8 @@ def diagnose(
         _copy_times(first_batch, dev) if dev.type == "cuda" and on_host else {},
         probe.fp32,
         probe.low,
+        idle,
+        contention,
     )
     dl = unwrap_dataloader(loader)
     findings = [f for check in CHECKS if (f := check(dl, ev)) is not None]
@@ -264,7 +293,26 @@ def diagnose(
         str(dev),
         findings,
         notes,
+        idle,
+        contention,
+        epochs,
     )
+
+
+_END = object()
+
+
+def _idle_step_s(step_fn: Callable[[Any], Any], batch: Any, device: torch.device) -> float:
+    """The median step on one cached batch once the loader is idle (its workers done or shut down)."""
+    gc.collect()  # the released iterator's workers go now, not at some later collection
+    time.sleep(0.2)  # persistent workers finish the batches they were asked for
+    times = []
+    for _ in range(_IDLE_STEPS):
+        t0 = time.perf_counter()
+        step_fn(batch)
+        sync(device)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
 
 
 def _step_duty_cycle(
@@ -279,11 +327,11 @@ def _step_duty_cycle(
         from torch.profiler import ProfilerActivity, profile
 
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            _sync(device)
+            sync(device)
             t0 = time.perf_counter()
             for _ in range(steps):
                 step_fn(batch)
-            _sync(device)
+            sync(device)
             wall = time.perf_counter() - t0
         kernel_us = sum(
             getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0)) for e in prof.key_averages()

@@ -130,12 +130,14 @@ class FallbackLoader(EpochLoader):
         self.plan = Plan(
             cached=(),
             batched=(),
-            storage=f"none: per-sample in {workers} DataLoader workers, then prefetch",
+            storage="fallback",
             stored_shape=(),
             stored_dtype="-",
             bytes=0,
             ingest="none",
             notes=(reason,),
+            device=str(device),
+            workers=workers,
         )
 
     kind = "fallback"

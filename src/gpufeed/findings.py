@@ -18,7 +18,9 @@ from torch.utils.data import DataLoader
 
 from .device import usable_cores
 
-__all__ = ["CHECKS", "Evidence", "Finding", "unwrap_dataloader"]
+__all__ = ["CHECKS", "DATA_COST_WORTH", "Evidence", "Finding", "unwrap_dataloader"]
+
+DATA_COST_WORTH = 0.05  # below this share of the loop, faster loading cannot buy much
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,13 @@ class Evidence:
     copy_s: dict[str, float] = field(default_factory=dict)  # one batch's host-to-device copy: pageable / pinned
     fp32_ops: int = 0  # conv/linear/matmul calls seen in fp32 with autocast off, in one probe step
     low_precision_ops: int = 0
+    idle_step_s: float | None = None  # median step on one batch with the loader idle
+    contention_fraction: float = 0.0  # wall time lost to steps slowed by the loader's work
+
+    @property
+    def data_cost_fraction(self) -> float:
+        """What the loader costs the loop: waiting for batches, plus steps it slowed down."""
+        return self.data_wait_fraction + self.contention_fraction
 
 
 def unwrap_dataloader(loader: Any) -> DataLoader | None:
@@ -55,7 +64,8 @@ def unwrap_dataloader(loader: Any) -> DataLoader | None:
 
 
 def _cacheable(dl: DataLoader | None, ev: Evidence) -> Finding | None:
-    if dl is None or getattr(dl.dataset, "transform", None) is None or ev.verdict != "data-bound":
+    """Whatever the verdict: a pipeline gpufeed can run batched is worth knowing about."""
+    if dl is None or getattr(dl.dataset, "transform", None) is None:
         return None
     from .plan import split_transform
 
@@ -63,12 +73,33 @@ def _cacheable(dl: DataLoader | None, ev: Evidence) -> Finding | None:
         split_transform(dl.dataset.transform)
     except Exception:  # not batchable: tuning the DataLoader is the remaining fix
         return None
+    cost = ev.data_cost_fraction
+    parts = f"waiting {ev.data_wait_fraction:.0%}" + (
+        f", steps slowed by its workers {ev.contention_fraction:.0%}" if ev.contention_fraction else ""
+    )
     return Finding(
         "per-sample-transforms",
-        f"{type(dl.dataset).__name__} runs its transform per sample in Python; gpufeed can cache its "
-        "deterministic part once and run the random part batched on the device",
+        f"{type(dl.dataset).__name__} runs its transform per sample in Python; gpufeed.accelerate can cache its "
+        "deterministic part once and run the random part batched on the device (the planner accepts it)",
         "loader = gpufeed.accelerate(dataset, batch_size=..., shuffle=True, device=...)",
-        f"removes most of the {ev.data_wait_fraction:.0%} of wall time spent waiting for data",
+        f"the loader costs {cost:.0%} of this loop's wall time ({parts}); batched on the device that falls to "
+        "a few kernels per batch"
+        + ("" if cost >= DATA_COST_WORTH else ": little to gain here, the loop is bound elsewhere"),
+    )
+
+
+def _contention(dl: DataLoader | None, ev: Evidence) -> Finding | None:
+    if ev.contention_fraction == 0.0 or ev.idle_step_s is None:
+        return None
+    loop = statistics.median(ev.step_s)
+    workers = f"its {dl.num_workers} workers" if dl is not None and dl.num_workers else "the loader's work"
+    return Finding(
+        "cpu-contention",
+        f"a step takes {loop * 1e3:.1f} ms while the loader runs and {ev.idle_step_s * 1e3:.1f} ms with it idle: "
+        f"{workers} compete with the training step for the {usable_cores()} usable cores",
+        "take the per-sample work off the CPU (gpufeed.accelerate(dataset, ...)), or give the loader fewer "
+        "workers: gpufeed.tune_dataloader(dataset, batch_size, step_s=...)",
+        f"up to {ev.contention_fraction:.0%} of wall time ({loop / ev.idle_step_s:.1f}x slower steps)",
     )
 
 
@@ -113,7 +144,7 @@ def _workers(dl: DataLoader | None, ev: Evidence) -> Finding | None:
             f"num_workers <= {cores}; measure with gpufeed.tune_dataloader(dataset, batch_size)",
             "less contention; memory per worker saved",
         )
-    if ev.verdict == "data-bound" and dl.num_workers < cores:
+    if ev.verdict == "data-bound" and dl.num_workers < cores:  # (contention: more workers make it worse)
         return Finding(
             "too-few-workers",
             f"the loop is data-bound with num_workers={dl.num_workers} while {cores} cores are usable",
@@ -190,6 +221,7 @@ def _fp32(dl: DataLoader | None, ev: Evidence) -> Finding | None:
 
 CHECKS: tuple[Callable[[DataLoader | None, Evidence], Finding | None], ...] = (
     _cacheable,
+    _contention,
     _fits_on_device,
     _unpinned,
     _workers,

@@ -374,19 +374,36 @@ class Plan:
 
     cached: tuple[str, ...]
     batched: tuple[str, ...]
-    storage: str
+    storage: str  # "device", "pinned", "mmap", or "fallback"
     stored_shape: tuple[int, ...]
     stored_dtype: str
     bytes: int
     ingest: str
     cache_path: str | None = None
     notes: tuple[str, ...] = field(default_factory=tuple)
+    device: str = ""  # where batches are made
+    workers: int = 0  # the fallback's DataLoader workers
 
-    def __str__(self) -> str:
+    def _where(self) -> str:
+        if self.storage == "fallback":
+            return (
+                f"not stored: your pipeline runs per sample, unchanged, in {self.workers} DataLoader worker(s), "
+                f"batches copied ahead to {self.device or 'the device'}"
+            )
         gib = self.bytes / 2**30
         size = f"{gib:.2f} GiB" if gib >= 0.1 else f"{self.bytes / 2**20:.1f} MiB"
+        what = f"{size}, {self.stored_dtype} {tuple(self.stored_shape)}"
+        if self.storage == "device":
+            where = "in memory (the CPU is the device)" if self.device.startswith("cpu") else f"on {self.device}"
+        elif self.storage == "pinned":
+            where = f"in pinned host memory, each chunk copied to {self.device} ahead of use"
+        else:
+            where = f"in a memory-mapped file, each chunk read and copied to {self.device or 'the device'} ahead of use"
+        return f"{where} ({what})"
+
+    def __str__(self) -> str:
         lines = [
-            f"storage:  {self.storage} ({size}, {self.stored_dtype} {tuple(self.stored_shape)})",
+            f"storage:  {self._where()}",
             f"ingest:   {self.ingest}",
             f"cached:   {', '.join(self.cached) or 'nothing (stored as read)'}",
             f"batched:  {', '.join(self.batched) or 'nothing'}",

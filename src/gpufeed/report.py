@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["bar_chart", "format_table"]
+__all__ = ["bar_chart", "format_table", "table_rows"]
 
 
 def format_table(rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, str, str]]) -> str:
@@ -23,29 +23,63 @@ def format_table(rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, st
     return "\n".join(lines)
 
 
-def bar_chart(path: Path, labels: Sequence[str], values: Sequence[float], title: str, xlabel: str) -> str | None:
-    """Save a horizontal bar chart; returns why it was not written (matplotlib missing), else ``None``."""
-    try:
-        import matplotlib
+def table_rows(columns: Sequence[tuple[str, str, str]], width: int = 11) -> tuple[str, Callable[[dict[str, Any]], str]]:
+    """A header, and a function that formats one row, for a table printed as its rows arrive."""
 
-        matplotlib.use("Agg")  # files only; never opens a window
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return "matplotlib is not installed (pip install 'gpufeed[plot]')"
+    def cell(i: int, text: str) -> str:
+        return text.ljust(width) if i == 0 else text.rjust(width)
+
+    header = "  ".join(cell(i, h) for i, (_, h, _) in enumerate(columns))
+
+    def row(r: dict[str, Any]) -> str:
+        values = ["-" if r.get(k) is None else format(r[k], spec) for k, _, spec in columns]
+        return "  ".join(cell(i, v) for i, v in enumerate(values))
+
+    return f"{header}\n{'-' * len(header)}", row
+
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only; never opens a window
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def bar_chart(
+    path: Path,
+    labels: Sequence[str],
+    parts: Sequence[tuple[str, Sequence[float], str]],
+    title: str,
+    xlabel: str,
+    marks: Sequence[str] = (),
+    lines: Sequence[tuple[float, str]] = (),
+) -> None:
+    """Save a horizontal stacked bar chart on a linear axis.
+
+    ``parts``: (legend label, one value per bar, colour) segments, stacked left to right; ``marks``:
+    a note printed after each bar; ``lines``: (x, label) dashed vertical reference lines.
+    """
     import textwrap
 
-    fig, ax = plt.subplots(figsize=(9, 0.45 * len(labels) + 1.8))
-    ax.barh(range(len(labels)), values, color="#4C72B0")
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(10, 0.45 * len(labels) + 2.2))
+    left = [0.0] * len(labels)
+    for name, values, colour in parts:
+        ax.barh(range(len(labels)), values, left=left, color=colour, label=name)
+        left = [a + b for a, b in zip(left, values, strict=True)]
+    for x, name in lines:
+        ax.axvline(x, color="#333333", linestyle="--", linewidth=1)
+        ax.text(x, -0.7, f" {name}", fontsize=8, va="bottom")
+    for i, (total, mark) in enumerate(zip(left, marks or [""] * len(labels), strict=True)):
+        ax.text(total, i, f" {total:.3g} s {mark}", va="center", fontsize=8)
     ax.set_yticks(range(len(labels)), labels=labels, fontsize=8)
     ax.invert_yaxis()
-    if values and max(values) / max(min(values), 1e-12) > 20:  # a ladder spanning decades reads best on a log axis
-        ax.set_xscale("log")
-        xlabel += " (log scale)"
     ax.set_xlabel(xlabel)
-    fig.suptitle("\n".join(textwrap.wrap(title, 100)), fontsize=10)
-    for i, v in enumerate(values):
-        ax.text(v, i, f" {v:.3g}", va="center", fontsize=8)
+    ax.set_xlim(0, max(left) * 1.35 if left else 1)
+    ax.legend(loc="lower right", fontsize=8)
+    fig.suptitle("\n".join(textwrap.wrap(title, 110)), fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
-    return None

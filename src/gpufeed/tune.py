@@ -21,17 +21,19 @@ import random
 import statistics
 import time
 import warnings
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader
+from tqdm.auto import tqdm
 
 from .device import resolve_device, usable_cores
 from .errors import ConfigError
 from .validate import as_int, check_dataset
-from .workers import start_method
+from .workers import loader_kwargs, start_method
 
 __all__ = ["LoaderConfig", "Trial", "tune_dataloader"]
 
@@ -43,6 +45,7 @@ class Trial:
     prefetch_factor: int | None
     images_per_s: float
     startup_s: float  # from iter() to the first batch
+    spread: float = 0.0  # (fastest - slowest) / median of the three timed slices: the measurement's noise
 
 
 @dataclass(frozen=True)
@@ -91,6 +94,17 @@ def _count(batch: Any) -> int:
     return int(x.shape[0]) if isinstance(x, torch.Tensor) else 1
 
 
+def _stream(loader: DataLoader) -> Iterator[Any]:
+    """The loader's batches, pass after pass (a small dataset is measured over several epochs)."""
+    while True:
+        empty = True
+        for batch in loader:
+            empty = False
+            yield batch
+        if empty:
+            return
+
+
 def _trial(
     dataset: Any,
     batch_size: int,
@@ -98,18 +112,14 @@ def _trial(
     pin: bool,
     prefetch: int | None,
     device: torch.device,
-    ctx: str | None,
     batches: int,
     collate_fn: Any,
 ) -> Trial:
-    kw: dict[str, Any] = {}
-    if workers > 0:
-        kw.update(prefetch_factor=prefetch, multiprocessing_context=ctx)
+    kw = loader_kwargs(workers, persistent=True, prefetch_factor=prefetch if workers else None)
     loader = DataLoader(
         dataset,
         batch_size,
         shuffle=True,
-        num_workers=workers,
         pin_memory=pin,
         collate_fn=collate_fn,
         generator=torch.Generator().manual_seed(0),
@@ -117,12 +127,11 @@ def _trial(
     )
     move = device.type == "cuda"
     warm = max(2, workers * (prefetch or 2))  # the first prefetch wave arrives at once: not steady state
-    batches = max(1, min(batches, (len(loader) - 1 - warm) // 3))  # all slices inside one epoch
     t0 = time.perf_counter()
-    it = iter(loader)
+    it = _stream(loader)
     next(it)
     startup = time.perf_counter() - t0
-    for _ in range(min(warm, len(loader) - 1 - 3 * batches)):
+    for _ in range(warm):
         next(it)
     rates = []
     for _ in range(3):
@@ -136,8 +145,9 @@ def _trial(
         if move:
             torch.cuda.synchronize(device)
         rates.append(n / (time.perf_counter() - t))
-    del it
-    return Trial(workers, pin, prefetch if workers > 0 else None, statistics.median(rates), startup)
+    del it, loader  # persistent workers end with their loader
+    median = statistics.median(rates)
+    return Trial(workers, pin, prefetch if workers > 0 else None, median, startup, (max(rates) - min(rates)) / median)
 
 
 def _memory_notes(dataset: Any) -> list[str]:
@@ -162,6 +172,8 @@ def tune_dataloader(
     max_workers: int | None = None,
     collate_fn: Any = None,
     step_s: float | None = None,
+    progress: bool = True,
+    on_trial: Callable[[Trial], None] | None = None,
 ) -> LoaderConfig:
     """Measure DataLoader settings for ``dataset`` and return the fastest as a :class:`LoaderConfig`.
 
@@ -172,6 +184,11 @@ def tune_dataloader(
         device: where batches go; with ``"cuda"`` the copy is timed and ``pin_memory`` is tried.
         max_workers: the largest worker count tried; default the usable cores.
         step_s: seconds per training step, if known: says whether the loader is the bottleneck.
+        progress: show the search's progress (a bar over the time budget).
+        on_trial: called with each :class:`Trial` as soon as it is measured (the CLI prints it).
+
+    A dataset of any size can be tuned: the timed slices run over several passes when an epoch is
+    short, and the notes state the measurement's noise.
 
     Example:
         >>> from torch.utils.data import TensorDataset
@@ -183,11 +200,6 @@ def tune_dataloader(
     batch_size = as_int(batch_size, "batch_size", 1)
     if time_budget_s <= 0:
         raise ConfigError(f"time_budget_s={time_budget_s} must be > 0")
-    if len(dataset) < 8 * batch_size:
-        raise ConfigError(
-            f"the dataset has {len(dataset)} samples, fewer than 8 batches of {batch_size}: too few to measure; "
-            "tune on a larger dataset or a smaller batch_size"
-        )
     dev = resolve_device(device)
     cores = usable_cores() if max_workers is None else max_workers
     ctx = start_method()
@@ -201,36 +213,56 @@ def tune_dataloader(
         t = time.perf_counter()
         next(iter(probe))
         per_batch = max(time.perf_counter() - t, 1e-4)
-        batches = int(max(2, min(len(dataset) // batch_size or 1, time_budget_s / 12 / 4 / per_batch)))
-        run = lambda w, pin=False, pf=2: _trial(dataset, batch_size, w, pin, pf, dev, ctx, batches, collate_fn)  # noqa: E731
-        table = [run(0)]
+        batches = int(max(2, time_budget_s / 12 / 4 / per_batch))  # over several passes of a small dataset
+        table: list[Trial] = []
+        bar = tqdm(total=round(time_budget_s), desc="gpufeed: tuning the DataLoader", unit="s", disable=not progress)
+
+        def run(w: int, pin: bool = False, pf: int = 2) -> Trial:
+            bar.set_postfix_str(f"num_workers={w}" + (f", prefetch {pf}" if w else "") + (", pinned" if pin else ""))
+            trial = _trial(dataset, batch_size, w, pin, pf, dev, batches, collate_fn)
+            table.append(trial)
+            bar.n = min(bar.total, round(time_budget_s - clock.left))
+            bar.refresh()
+            if on_trial is not None:
+                on_trial(trial)
+            return trial
+
+        run(0)
         best = table[0]
         flat = 0
         w = 1
         while w <= cores and clock.left > 0 and flat < 2:
-            table.append(run(w))
+            run(w)
             flat = flat + 1 if table[-1].images_per_s < 1.05 * best.images_per_s else 0
             best = max(best, table[-1], key=lambda r: r.images_per_s)
             w *= 2
         tried = {r.num_workers for r in table}
         for mid in (best.num_workers * 3 // 2, best.num_workers * 3 // 4):
             if 0 < mid <= cores and mid not in tried and clock.left > 0:
-                table.append(run(mid))
+                run(mid)
                 best = max(best, table[-1], key=lambda r: r.images_per_s)
         if best.num_workers > 0:
             for pf in (4, 8):
                 if clock.left > 0:
-                    table.append(run(best.num_workers, False, pf))
+                    run(best.num_workers, False, pf)
                     best = max(best, table[-1], key=lambda r: r.images_per_s)
         if dev.type == "cuda" and clock.left > 0:
-            table.append(run(best.num_workers, True, best.prefetch_factor or 2))
+            run(best.num_workers, True, best.prefetch_factor or 2)
             best = max(best, table[-1], key=lambda r: r.images_per_s)
+        bar.close()
     random.setstate(state[0])
     np.random.set_state(state[1])
     memory = _memory_notes(dataset)
     for note in memory:
         warnings.warn(note, stacklevel=2)
     notes = list(memory)
+    noise = max(t.spread for t in table)
+    passes = (3 * batches + 2) * batch_size > len(dataset)  # the warm-up and timed slices outran one epoch
+    notes.append(
+        f"measurement noise: the three timed slices of a trial differed by up to {noise:.0%}; differences between "
+        "trials smaller than that are not real"
+        + (f" (its {len(dataset)} samples were measured over several passes)" if passes else "")
+    )
     if best.num_workers > 0:
         why = "forkserver, since CUDA is initialised here" if ctx else "the platform's default start method"
         notes.append(

@@ -79,6 +79,10 @@ class BatchTransform:
         """The (height, width) of the output for inputs of this size (crops and resizes change it)."""
         return height, width
 
+    def describe(self) -> str:
+        """How a person reads this op in a plan (its repr, unless that shows internals)."""
+        return repr(self)
+
     def __call__(self, x: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
         F.check_batch(x)
         if not self.random:
@@ -244,6 +248,10 @@ class Normalize(BatchTransform):
     def apply(self, x: torch.Tensor, params: Params) -> torch.Tensor:
         return F.normalize(x, self.mean, self.std, self.dtype, self.reciprocal)  # type: ignore[arg-type]
 
+    def describe(self) -> str:
+        scale = "x * (1/255)" if self.reciprocal else "x / 255"
+        return f"Normalize(mean={self.mean}, std={self.std}; uint8 scaled by {scale} first, as your ToTensor/ToDtype)"
+
 
 @dataclass(frozen=True)
 class ConvertDtype(BatchTransform):
@@ -255,6 +263,11 @@ class ConvertDtype(BatchTransform):
 
     def apply(self, x: torch.Tensor, params: Params) -> torch.Tensor:
         return F.convert_dtype(x, self.dtype, self.reciprocal)
+
+    def describe(self) -> str:
+        name = str(self.dtype).replace("torch.", "")
+        scale = " (uint8 scaled by x * (1/255), as ToDtype)" if self.reciprocal else " (uint8 scaled by x / 255)"
+        return f"to {name}" + (scale if self.dtype.is_floating_point else "")
 
 
 def _erase_value(value: float | Sequence[float] | str, x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:

@@ -22,21 +22,30 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
-    from ..report import format_table
+    from ..report import table_rows
     from ..train.loaders import train_transform
     from ..tune import tune_dataloader
     from .common import load_data
 
     dataset = load_data(args, train=True, transform=train_transform())
-    cfg = tune_dataloader(dataset, args.batch_size, args.time_budget, device=args.device, max_workers=args.max_workers)
     columns = [
         ("num_workers", "workers", "d"),
         ("prefetch_factor", "prefetch", "d"),
         ("pin_memory", "pinned", ""),
         ("images_per_s", "img/s", ",.0f"),
+        ("spread", "noise", ".0%"),
         ("startup_s", "start-up s", ".2f"),
     ]
-    print(format_table([asdict(t) for t in cfg.table], columns))
+    header, row = table_rows(columns)
+    print(header, flush=True)
+    cfg = tune_dataloader(
+        dataset,
+        args.batch_size,
+        args.time_budget,
+        device=args.device,
+        max_workers=args.max_workers,
+        on_trial=lambda trial: print(row(asdict(trial)), flush=True),  # each trial as it is measured
+    )
     print(f"\nbest: DataLoader(dataset, **{cfg.kwargs})  -> {cfg.speedup:.2f}x the default settings")
     for note in cfg.notes:
         print(f"note: {note}")

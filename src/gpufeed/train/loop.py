@@ -22,7 +22,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from ..accelerate import accelerate
-from ..device import resolve_device
+from ..device import environment, resolve_device, sync
 from ..errors import ConfigError
 from .loaders import LOADER_KINDS, eval_transform, make_train_loader, subset, train_transform
 from .models import MODELS, build_model
@@ -94,11 +94,6 @@ def _lr_at(step: int, total: int, peak: float) -> float:
     if step < warm:
         return peak * (0.1 + 0.9 * step / warm)
     return peak * max(0.0, (total - step) / max(1, total - warm))
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 @torch.no_grad()
@@ -257,7 +252,7 @@ def _epoch(epoch, loader, step, lr, cfg, device, done, total, world=1):  # type:
         torch.cuda.reset_peak_memory_stats(device)
     loss_sum = torch.zeros((), device=device)
     images, wait = 0, 0.0
-    _sync(device)
+    sync(device)
     with UtilisationMonitor(device) as monitor:
         t0 = time.perf_counter()
         it = iter(loader)
@@ -274,7 +269,7 @@ def _epoch(epoch, loader, step, lr, cfg, device, done, total, world=1):  # type:
             images += y.shape[0]
             done += 1
             bar.update(1)
-        _sync(device)
+        sync(device)
         seconds = time.perf_counter() - t0
         bar.close()
     if world > 1:  # the mean loss over the ranks, and the images every rank trained on
@@ -299,12 +294,7 @@ def _epoch(epoch, loader, step, lr, cfg, device, done, total, world=1):  # type:
 
 def _save(out: Path, cfg: TrainConfig, device: torch.device, records: list[EpochRecord], world: int = 1) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    env = {
-        "torch": torch.__version__,
-        "device": str(device),
-        "world_size": world,
-        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
-    }
+    env = environment(device, world_size=world)
     payload = {"config": asdict(cfg), "environment": env, "epochs": [asdict(r) for r in records]}
     tmp = out / "train.json.tmp"
     tmp.write_text(json.dumps(payload, indent=2))

@@ -28,6 +28,8 @@ from torch.utils.data import DataLoader
 sys.path.insert(0, str(Path(__file__).parent))
 import gpufeed as gf
 from gpufeed.data import cifar10
+from gpufeed.train.loaders import subset
+from gpufeed.workers import loader_kwargs
 
 from harness import environment, print_table, save_json, time_epochs
 
@@ -67,9 +69,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--torch-repeats", type=int, default=1)
     p.add_argument("--out", type=Path, default=Path("bench-out"))
+    p.add_argument("--n", type=int, default=None, help="the first N training images (default: all 50,000)")
     args = p.parse_args(argv)
     device = gf.device.resolve_device(args.device)
-    ds = cifar10("synthetic", train=True, transform=TRAIN_TF)
+    ds = subset(cifar10("synthetic", train=True, transform=TRAIN_TF), args.n)
 
     ing = ingestion(ds)
     print(
@@ -80,10 +83,9 @@ def main(argv: list[str] | None = None) -> int:
 
     rows = []
     for w in args.workers:
-        kw = dict(num_workers=w, persistent_workers=w > 0, pin_memory=device.type == "cuda")
-        if w > 0 and torch.cuda.is_initialized():
-            kw["multiprocessing_context"] = "forkserver"
-        dl = DataLoader(ds, batch_size=256, shuffle=True, **kw)
+        dl = DataLoader(
+            ds, batch_size=256, shuffle=True, pin_memory=device.type == "cuda", **loader_kwargs(w, persistent=True)
+        )
         consume = (lambda b: b[0].to(device, non_blocking=True)) if device.type == "cuda" else None
         rows.append(
             time_epochs(

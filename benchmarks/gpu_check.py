@@ -1,20 +1,26 @@
-"""Every GPU check of gpufeed in one run, a few minutes on one GPU; writes OUT/gpu_check.json.
+"""Every GPU check of gpufeed in one run of at most 8 minutes on one GPU; writes OUT/gpu_check.json.
 
-    PYTHONPATH=src python benchmarks/gpu_check.py --out "$OUT"
+    pip wheel --no-deps airbench==0.1.8 -w .whl                    # here, once (.whl/ travels with carry)
+    PYTHONPATH=src python benchmarks/gpu_check.py --out "$OUT"     # on the GPU machine
 
-1. the CUDA-marked tests (pytest -m cuda);
-2. loader throughput, side by side: gpufeed DeviceLoader, torchvision DataLoader, and airbench's
-   CifarLoader (from a wheel in .whl/, built with `pip wheel --no-deps airbench==0.1.8 -w .whl`);
-3. the prefetcher race check: a slow consumer (device sleep), per-batch checksums, >= 1,000 batches;
-4. no host-device synchronisation in steady state (torch.cuda.set_sync_debug_mode("error")) for
-   DeviceLoader and prefetch;
-5. accelerate(): the tier fallback under torch.cuda.set_per_process_memory_fraction (same batches),
-   and each tier against torchvision's DataLoader (benchmarks/accelerate_tiers.py);
-6. the ``gpufeed bench`` ladder: VGG16 on 50,000 images (about 2 minutes on an H200);
-7. one GPU under torchrun --nproc-per-node 1 (NCCL, DDP) against the plain run;
-8. tune_dataloader() against the rule of thumb (num_workers = cores) on 16 cores.
-Parts run in this order and the JSON is rewritten after each, so a run cut short keeps what it did.
-Each part records its own error instead of stopping the others.
+Parts, most valuable first (``--parts`` runs a chosen few, in the order given):
+
+1. ``prefetch_race``: a consumer far slower than the copies, per-batch checksums over 1,000
+   batches; the same check on a prefetcher with ``record_stream`` disabled must find corruption
+   (so the check can fail);
+2. ``sync_free``: no host-device synchronisation in steady state (``set_sync_debug_mode("error")``);
+3. ``loader_throughput``: gpufeed and airbench's ``CifarLoader`` first, then torchvision's
+   ``DataLoader`` (slow) -- one row at a time;
+4. ``bench_ladder``: VGG16 on 50,000 images, the gpufeed rungs and the model-alone floors first,
+   the slow ``DataLoader`` rungs last -- one rung at a time;
+5. ``cuda_tests``: the CUDA-marked tests; 6. ``tier_fallback``: the memory-cap fallback to pinned
+   memory (same batches); 7. ``ddp_overhead``: one GPU under ``torchrun``; 8. ``accelerate_tiers``;
+   9. ``tune``: ``tune_dataloader`` against the rule of thumb on 16 cores.
+
+Each part has its own time limit (and all of them one budget, ``--budget``); the JSON is rewritten
+after every part, every loader row and every ladder rung, so a run cut short keeps what it did, and
+an exception in a part or a row is recorded and the next one runs. ``--cpu-rehearsal`` runs every
+part that can run on a CPU, at small sizes, in under 3 minutes (CI runs it: tests/test_gpu_check.py).
 """
 
 from __future__ import annotations
@@ -22,12 +28,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -42,93 +51,61 @@ from gpufeed import augment as A  # noqa: E402
 
 from harness import environment  # noqa: E402
 
-# --cpu-rehearsal runs every part that can run without a GPU on the CPU, at small sizes, so the
-# script's own code is exercised before a GPU session spends minutes on it.
-DEV = "cuda"
-SMALL = False
+# Seconds each part may take at most (the budget's remainder, if smaller).
+LIMITS = {
+    "prefetch_race": 60,
+    "sync_free": 45,
+    "loader_throughput": 150,
+    "bench_ladder": 240,
+    "cuda_tests": 150,
+    "tier_fallback": 90,
+    "ddp_overhead": 120,
+    "accelerate_tiers": 120,
+    "tune": 100,
+}
+GPU_ONLY = ("sync_free", "cuda_tests", "tier_fallback")
 
 
-def run_cuda_tests(out: Path) -> dict:
-    t = time.perf_counter()
-    r = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-m", "cuda", "-p", "no:cacheprovider", str(ROOT / "tests")],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        env=os.environ,
-    )
-    (out / "pytest_cuda.txt").write_text(r.stdout + r.stderr)
-    return {
-        "returncode": r.returncode,
-        "summary": (r.stdout.strip().splitlines() or [""])[-1],
-        "seconds": round(time.perf_counter() - t, 1),
-    }
+class Check:
+    """The run's state: where it writes, how small it runs, and the summary written after each step."""
+
+    def __init__(self, out: Path, rehearsal: bool, n: int) -> None:
+        self.out, self.small, self.n = out, rehearsal, n
+        self.device = "cpu" if rehearsal else "cuda"
+        self.summary: dict = {}
+
+    def save(self) -> None:
+        (self.out / "gpu_check.json").write_text(json.dumps(self.summary, indent=2, default=str))
 
 
-def add_airbench_wheel() -> str | None:
-    wheels = sorted((ROOT / ".whl").glob("airbench-*.whl"))
-    if not wheels:
-        return None
-    target = Path(tempfile.mkdtemp(prefix="airbench-"))
-    zipfile.ZipFile(wheels[-1]).extractall(target)
-    sys.path.insert(0, str(target))
-    return wheels[-1].name
+class PartTimeout(Exception):
+    pass
 
 
-def loader_throughput(out: Path, n: int) -> dict:
-    import loader_throughput as lt
-
-    workers = "0,2" if SMALL else "0,16"
-    lt.main(
-        [
-            "--n",
-            str(n),
-            "--device",
-            DEV,
-            "--workers",
-            workers,
-            "--repeats",
-            "1" if SMALL else "5",
-            "--torch-repeats",
-            "1",
-            "--out",
-            str(out),
-        ]
-    )
-    return json.loads((out / "loader_throughput.json").read_text())
+def _alarm(signum: int, frame: object) -> None:
+    raise PartTimeout
 
 
-def prefetch_race_check(batches: int = 1200, depth: int = 3) -> dict:
-    """A consumer slower than the copies; any missing wait or record_stream corrupts a checksum."""
-    shape = (256, 3, 32, 32)
-    source = ((torch.full(shape, float(i % 997)), torch.tensor([i])) for i in range(batches))
-    sums = torch.zeros(batches, dtype=torch.float64, device=DEV)
-    labels = torch.zeros(batches, dtype=torch.int64, device=DEV)
-    for i, (x, y) in enumerate(gf.prefetch(source, device=DEV, depth=depth)):
-        if DEV == "cuda":
-            torch.cuda._sleep(1_000_000)  # ~0.5 ms of device time before reading the batch
-        sums[i] = x.double().sum()
-        labels[i] = y[0]
-        del x, y  # hand the memory back at once: the allocator must still not reuse it early
-    if DEV == "cuda":
-        torch.cuda.synchronize()
-    expected = torch.tensor([float(i % 997) * 256 * 3 * 32 * 32 for i in range(batches)], dtype=torch.float64)
-    bad = (sums.cpu() != expected) | (labels.cpu() != torch.arange(batches))
-    return {"batches": batches, "depth": depth, "corrupted": int(bad.sum()), "ok": not bool(bad.any())}
+# -- the parts ---------------------------------------------------------------------------------------------------
 
 
-def sync_free_check() -> dict:
+def prefetch_race(c: Check) -> dict:
+    from race import race_check
+
+    batches = 200 if c.small else 1000
+    good = race_check(c.device, batches=batches)
+    if c.device != "cuda":  # on the CPU prefetch passes batches through: nothing to race
+        return {"correct": good, "ok": good["ok"]}
+    broken = race_check(c.device, batches=300, broken=True)
+    return {"correct": good, "broken": broken, "ok": good["ok"] and broken["corrupted"] > 0}
+
+
+def sync_free(c: Check) -> dict:
     res = {}
     aug = A.Compose([A.RandomCrop(32, padding=4), A.RandomHorizontalFlip(), A.Normalize([0.5] * 3, [0.25] * 3)])
     images = torch.randint(0, 256, (20_000, 3, 32, 32), dtype=torch.uint8)
     loader = gf.DeviceLoader(
-        images,
-        torch.randint(0, 10, (20_000,)),
-        batch_size=256,
-        transform=aug,
-        device="cuda",
-        dtype=torch.bfloat16,
-        channels_last=True,
+        images, torch.randint(0, 10, (20_000,)), 256, transform=aug, device="cuda", dtype=torch.bfloat16
     )
     list(loader)  # warm-up: constants cached on the device
     source = [(torch.rand(256, 3, 32, 32), torch.arange(256)) for _ in range(20)]
@@ -137,8 +114,7 @@ def sync_free_check() -> dict:
         torch.cuda.synchronize()
         torch.cuda.set_sync_debug_mode("error")
         try:
-            count = sum(1 for _ in make())
-            res[name] = {"ok": True, "batches": count}
+            res[name] = {"ok": True, "batches": sum(1 for _ in make())}
         except RuntimeError as e:
             res[name] = {"ok": False, "error": str(e)[:500]}
         finally:
@@ -146,34 +122,133 @@ def sync_free_check() -> dict:
     return res
 
 
+def loader_throughput(c: Check) -> dict:
+    import loader_throughput as lt
+
+    args = lt.parse(
+        ["--n", str(c.n), "--workers", "0,2" if c.small else "0,16", "--repeats", "1" if c.small else "5"]
+        + ["--torch-repeats", "1", "--device", c.device]
+    )
+    plans = lt.plans(args, torch.device(c.device))
+    dataloader_rows = [p for p in plans if p[0].startswith("torchvision")]
+    result: dict = {"environment": lt.env_of(args, torch.device(c.device)), "rows": []}
+    c.summary["loader_throughput"] = result
+    for name, measure in [p for p in plans if p not in dataloader_rows] + dataloader_rows:  # slow rows last
+        t = time.perf_counter()
+        try:
+            row = measure()
+            result["rows"].append(row.row(None) if row is not None else {"name": name, "skipped": "not importable"})
+        except PartTimeout:
+            raise
+        except Exception:
+            result["rows"].append({"name": name, "error": traceback.format_exc()[-1500:]})
+        print(f"  {name}: {time.perf_counter() - t:.1f} s", flush=True)
+        c.save()
+    base = next(
+        (r for r in result["rows"] if r.get("name", "").startswith("torchvision DataLoader, num_workers=0")), None
+    )
+    for r in result["rows"]:
+        if base and "epoch_s" in r and "epoch_s" in base:
+            r["speedup"] = round(base["epoch_s"] / r["epoch_s"], 2)
+    return result
+
+
+def bench_ladder(c: Check) -> dict:
+    from dataclasses import asdict
+
+    from gpufeed.bench import BASELINE, ladder, run_bench
+    from gpufeed.workers import default_workers
+
+    names = [r.name for r in ladder(default_workers())]
+    slow = [n for n in names if n.startswith(("torchvision", "deterministic", "dataset on the GPU"))]
+    order = [n for n in names if n not in slow] + slow  # gpufeed rungs and floors first, slow ones last
+    result: dict = {"order": order, "rows": []}
+    c.summary["bench_ladder"] = result
+
+    def on_row(row: object) -> None:
+        result["rows"].append(asdict(row))  # type: ignore[call-overload]
+        c.save()
+
+    run_bench(
+        c.device,
+        out=c.out / "bench",
+        log=lambda line: print(line, flush=True),
+        train_size=512 if c.small else None,
+        test_size=256 if c.small else None,
+        only=order,
+        on_row=on_row,
+        keep_going=True,
+    )
+    result["baseline"] = BASELINE
+    return json.loads((c.out / "bench" / "bench.json").read_text()) | {"order": order}
+
+
+def cuda_tests(c: Check) -> dict:
+    t = time.perf_counter()
+    r = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-m", "cuda", "-p", "no:cacheprovider", str(ROOT / "tests")],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=os.environ,
+        timeout=LIMITS["cuda_tests"] - 5,
+    )
+    (c.out / "pytest_cuda.txt").write_text(r.stdout + r.stderr)
+    return {
+        "returncode": r.returncode,
+        "summary": (r.stdout.strip().splitlines() or [""])[-1],
+        "seconds": round(time.perf_counter() - t, 1),
+    }
+
+
 _TIER_SCRIPT = """
 import json, sys, warnings, torch
 import torchvision.transforms.v2 as v2
 from torch.utils.data import TensorDataset
 import gpufeed as gf
-g = torch.Generator().manual_seed(0)
-# 600 MB of uint8 images: over the capped budget (0.006 x 141 GB / 2 = 420 MB), while the cap still
-# leaves room for a chunk's working memory (about 300 MB).
-ds = TensorDataset(torch.randint(0, 256, (200_000, 3, 32, 32), dtype=torch.uint8, generator=g),
-                   torch.randint(0, 10, (200_000,), generator=g))
+images, labels = torch.load(sys.argv[2], mmap=True)  # generated once, while the first parts ran
 tf = v2.Compose([v2.RandomCrop(32, padding=4), v2.RandomHorizontalFlip(), v2.ToDtype(torch.float32, scale=True),
                  v2.Normalize([0.5] * 3, [0.25] * 3)])
 if sys.argv[1] != "none":
     torch.cuda.set_per_process_memory_fraction(float(sys.argv[1]))
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
-    loader = gf.accelerate(ds, device="cuda", seed=1, cache=False, progress=False, transform=tf)
+    loader = gf.accelerate(TensorDataset(images, labels), device="cuda", seed=1, cache=False, progress=False,
+                           transform=tf)
 it = iter(loader)
 sums = [float(next(it)[0].double().sum()) for _ in range(20)]
 print(json.dumps({"storage": loader.plan.storage, "warnings": [str(w.message) for w in caught], "sums": sums}))
 """
 
 
-def tier_fallback_check() -> dict:
+class _TierData:
+    """600 MB of uint8 images for the memory-cap check, generated in the background from the start."""
+
+    def __init__(self) -> None:
+        self.path = Path(tempfile.gettempdir()) / f"gpufeed-gpu-check-tiers-{os.getpid()}.pt"
+        self.thread = threading.Thread(target=self._make, daemon=True)
+        self.thread.start()
+
+    def _make(self) -> None:
+        # Over the capped budget (0.006 x 141 GB / 2 = 420 MB), while the cap still leaves room for a
+        # chunk's working memory (about 300 MB).
+        g = torch.Generator().manual_seed(0)
+        images = torch.randint(0, 256, (200_000, 3, 32, 32), dtype=torch.uint8, generator=g)
+        torch.save((images, torch.randint(0, 10, (200_000,), generator=g)), self.path)
+
+    def ready(self) -> Path:
+        self.thread.join()
+        return self.path
+
+
+def tier_fallback(c: Check, data: _TierData) -> dict:
     """Under a small per-process memory cap the data goes to pinned host memory: same batches, one warning."""
     runs = {}
+    path = data.ready()
     for cap in ("none", "0.006"):
-        r = subprocess.run([sys.executable, "-c", _TIER_SCRIPT, cap], capture_output=True, text=True, env=os.environ)
+        r = subprocess.run(
+            [sys.executable, "-c", _TIER_SCRIPT, cap, str(path)], capture_output=True, text=True, env=os.environ
+        )
         if r.returncode:
             return {"error": r.stderr[-2000:]}
         runs[cap] = json.loads(r.stdout.strip().splitlines()[-1])
@@ -187,117 +262,128 @@ def tier_fallback_check() -> dict:
     }
 
 
-def accelerate_tiers(out: Path) -> dict:
+def accelerate_tiers(c: Check) -> dict:
     import accelerate_tiers as at
 
     at.main(
-        ["--device", DEV, "--workers", "2" if SMALL else "16", "--repeats", "1" if SMALL else "5", "--out", str(out)]
+        ["--device", c.device, "--workers", "2" if c.small else "16", "--repeats", "1" if c.small else "5"]
+        + ["--out", str(c.out)]
+        + (["--n", "2000"] if c.small else [])
     )
-    return json.loads((out / "accelerate_tiers.json").read_text())
+    return json.loads((c.out / "accelerate_tiers.json").read_text())
 
 
-def bench_ladder(out: Path) -> dict:
-    from gpufeed.bench import run_bench
-
-    rows = run_bench(
-        DEV,
-        out=out / "bench",
-        log=lambda line: print(line, flush=True),
-        train_size=512 if SMALL else None,
-        test_size=256 if SMALL else None,
-    )
-    return json.loads((out / "bench" / "bench.json").read_text()) if rows else {}
-
-
-def tune_vs_rule_of_thumb(out: Path) -> dict:
+def tune(c: Check) -> dict:
     import tune_throughput as tt
 
     tt.main(
-        [
-            "--device",
-            DEV,
-            "--budget",
-            "5" if SMALL else "45",
-            "--n",
-            "4000" if SMALL else "20000",
-            "--repeats",
-            "1" if SMALL else "2",
-            "--out",
-            str(out),
-        ]
+        ["--device", c.device, "--budget", "5" if c.small else "45", "--n", "4000" if c.small else "20000"]
+        + ["--repeats", "1" if c.small else "2", "--out", str(c.out)]
     )
-    return json.loads((out / "tune_throughput.json").read_text())
+    return json.loads((c.out / "tune_throughput.json").read_text())
 
 
-def ddp_overhead(out: Path) -> dict:
+def ddp_overhead(c: Check) -> dict:
     """One GPU: the same run plain and under torchrun --nproc-per-node 1 (NCCL, DDP); last-epoch times."""
-    model = "small" if SMALL else "resnet9"
-    base = [
-        sys.executable,
-        "-m",
-        "gpufeed",
-        "train",
-        "--model",
-        model,
-        "--epochs",
-        "3",
-        "--amp",
-        "bf16",
-        "--channels-last",
-        "--no-progress",
-        "--device",
-        DEV,
-    ]
-    if SMALL:
+    base = [sys.executable, "-m", "gpufeed", "train", "--model", "small" if c.small else "resnet9", "--epochs", "3"]
+    base += ["--amp", "bf16", "--channels-last", "--no-progress", "--device", c.device]
+    if c.small:
         base += ["--train-size", "1024", "--test-size", "256"]
     res = {}
     for name, extra in [("plain", []), ("torchrun_1", ["--nproc-per-node", "1"])]:
         r = subprocess.run(
-            [*base, *extra, "--out", str(out / f"ddp_{name}")], capture_output=True, text=True, env=os.environ, cwd=ROOT
+            [*base, *extra, "--out", str(c.out / f"ddp_{name}")], capture_output=True, text=True, env=os.environ
         )
         if r.returncode:
             return {"error": f"{name}: {r.stderr[-2000:]}"}
-        epochs = json.loads((out / f"ddp_{name}" / "train.json").read_text())["epochs"]
+        epochs = json.loads((c.out / f"ddp_{name}" / "train.json").read_text())["epochs"]
         res[name] = {"epoch_s": [e["epoch_s"] for e in epochs], "test_acc": epochs[-1]["test_acc"]}
     res["overhead"] = res["torchrun_1"]["epoch_s"][-1] / res["plain"]["epoch_s"][-1] - 1
     return res
 
 
-def main() -> int:
+# -- the run -----------------------------------------------------------------------------------------------------
+
+
+def _airbench() -> str | None:
+    wheels = sorted((ROOT / ".whl").glob("airbench-*.whl"))
+    if not wheels:
+        return None
+    target = Path(tempfile.mkdtemp(prefix="airbench-"))
+    zipfile.ZipFile(wheels[-1]).extractall(target)
+    sys.path.insert(0, str(target))
+    return wheels[-1].name
+
+
+def _shm() -> str:
+    r = subprocess.run(["df", "-h", "/dev/shm"], capture_output=True, text=True)
+    return (r.stdout or r.stderr).strip()
+
+
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--n", type=int, default=50_000)
-    p.add_argument("--parts", nargs="*", default=None, help="run only these parts (default: all, in order)")
+    p.add_argument("--parts", nargs="*", default=None, help="run these parts, in this order (default: all)")
+    p.add_argument("--budget", type=float, default=480, help="seconds for all parts together")
     p.add_argument("--cpu-rehearsal", action="store_true", help="the CPU-capable parts on the CPU, small")
-    args = p.parse_args()
-    global DEV, SMALL
-    if args.cpu_rehearsal:
-        DEV, SMALL, args.n = "cpu", True, 2000
+    args = p.parse_args(argv)
+    c = Check(args.out, args.cpu_rehearsal, 2000 if args.cpu_rehearsal else args.n)
     args.out.mkdir(parents=True, exist_ok=True)
-    summary: dict = {"environment": environment(torch.device(DEV), images=args.n), "airbench": add_airbench_wheel()}
-    parts = [
-        ("cuda_tests", lambda: run_cuda_tests(args.out)),
-        ("prefetch_race", prefetch_race_check),
-        ("sync_free", sync_free_check),
-        ("tier_fallback", tier_fallback_check),
-        ("loader_throughput", lambda: loader_throughput(args.out, args.n)),
-        ("accelerate_tiers", lambda: accelerate_tiers(args.out)),
-        ("bench_ladder", lambda: bench_ladder(args.out)),
-        ("ddp_overhead", lambda: ddp_overhead(args.out)),
-        ("tune", lambda: tune_vs_rule_of_thumb(args.out)),
-    ]
-    if args.parts:
-        parts = [(name, fn) for name, fn in parts if name in args.parts]
-    if SMALL:  # these need a GPU by nature
-        parts = [(name, fn) for name, fn in parts if name not in ("cuda_tests", "sync_free", "tier_fallback")]
-    for name, fn in parts:
+    t_start = time.perf_counter()
+    c.summary["environment"] = environment(torch.device(c.device), images=c.n, shm=_shm())
+    c.summary["warnings"] = []
+    c.summary["airbench"] = _airbench()
+    if c.summary["airbench"] is None and not c.small:
+        c.summary["warnings"].append(
+            "airbench wheel missing (.whl/airbench-*.whl): its row is skipped; build it with "
+            "`pip wheel --no-deps airbench==0.1.8 -w .whl` and carry .whl"
+        )
+    print(json.dumps(c.summary, indent=1), flush=True)  # versions and /dev/shm first
+    c.save()
+    tier_data = _TierData() if not c.small and (args.parts is None or "tier_fallback" in args.parts) else None
+    parts: dict[str, Callable[[Check], dict]] = {
+        "prefetch_race": prefetch_race,
+        "sync_free": sync_free,
+        "loader_throughput": loader_throughput,
+        "bench_ladder": bench_ladder,
+        "cuda_tests": cuda_tests,
+        "tier_fallback": lambda c: tier_fallback(c, tier_data),  # type: ignore[arg-type]
+        "ddp_overhead": ddp_overhead,
+        "accelerate_tiers": accelerate_tiers,
+        "tune": tune,
+    }
+    unknown = [n for n in args.parts or [] if n not in parts]
+    if unknown:
+        p.error(f"unknown parts {unknown}; the parts are {list(parts)}")
+    order = args.parts or list(parts)
+    if c.small:  # these need a GPU by nature
+        order = [n for n in order if n not in GPU_ONLY]
+    signal.signal(signal.SIGALRM, _alarm)
+    for name in order:
+        left = args.budget - (time.perf_counter() - t_start)
+        if left < 10:
+            c.summary[name] = {"skipped": f"out of the {args.budget:.0f} s budget"}
+            continue
+        limit = int(min(LIMITS[name], left))
         t = time.perf_counter()
+        signal.alarm(limit)
         try:
-            summary[name] = fn()
+            c.summary[name] = parts[name](c)
+        except PartTimeout:
+            partial = c.summary.get(name) if isinstance(c.summary.get(name), dict) else {}
+            c.summary[name] = {**partial, "error": f"timed out after {limit} s"}
         except Exception:
-            summary[name] = {"error": traceback.format_exc()[-3000:]}
-        print(f"[{name}] {time.perf_counter() - t:.1f}s: {json.dumps(summary[name])[:600]}", flush=True)
-        (args.out / "gpu_check.json").write_text(json.dumps(summary, indent=2))
+            c.summary[name] = {**(c.summary.get(name) or {}), "error": traceback.format_exc()[-3000:]}
+        finally:
+            signal.alarm(0)
+        c.summary[name]["part_seconds"] = round(time.perf_counter() - t, 1)
+        print(f"[{name}] {time.perf_counter() - t:.1f}s: {json.dumps(c.summary[name], default=str)[:600]}", flush=True)
+        c.save()
+    if tier_data is not None:
+        tier_data.path.unlink(missing_ok=True)
+    c.summary["total_seconds"] = round(time.perf_counter() - t_start, 1)
+    c.save()
     return 0
 
 

@@ -27,3 +27,17 @@ def test_import_initialises_no_cuda_and_changes_no_torch_global():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["False", "True"]
+
+
+def test_the_code_passes_the_linter_the_formatter_and_the_type_checker():
+    """What `make lint` runs, here too, so CI catches a lapse."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    for cmd in (
+        ["-m", "ruff", "check", "src", "tests", "benchmarks"],
+        ["-m", "ruff", "format", "--check", "src", "tests", "benchmarks"],
+        ["-m", "mypy"],
+    ):
+        run = subprocess.run([sys.executable, *cmd], capture_output=True, text=True, cwd=root)
+        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]

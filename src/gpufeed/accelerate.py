@@ -299,10 +299,10 @@ def _load(
         )
         notes.append("not persisted: the source or the cached ops cannot be fingerprinted")
     root = cache if isinstance(cache, Path) else None
-    path = entry_path(dataset, key, root) if key is not None else None
-    if path is None:
+    if key is None:
         data = ingest(dataset, split.cached_transform(), num_workers=num_workers, progress=progress)
         return _Source(data.images, data.labels, _describe(data), None, False, notes)
+    path = entry_path(dataset, key, root)
     persist = cache is True or root is not None  # "auto": only what was expensive to compute
     hit, data = load_or_ingest(
         dataset,
@@ -316,6 +316,7 @@ def _load(
         strict=False,  # a cache that cannot be written is not a reason to fail: the data stays in memory
     )
     if data is None:
+        assert hit is not None  # load_or_ingest returns one or the other
         return _Source(hit.images, hit.labels, f"cache hit, verified ({len(hit.labels)} samples)", path, True, notes)
     if hit is not None:
         return _Source(hit.images, hit.labels, _describe(data) + ", written to the cache", path, True, notes)

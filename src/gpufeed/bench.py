@@ -22,7 +22,7 @@ from .report import bar_chart, format_table
 from .train.loop import TrainConfig, train
 from .workers import default_workers
 
-__all__ = ["Rung", "Row", "ladder", "run_bench"]
+__all__ = ["BASELINE", "Rung", "Row", "ladder", "run_bench", "summary"]
 
 
 @dataclass(frozen=True)
@@ -53,13 +53,14 @@ class Row:
     skipped: str | None = None
 
 
+BASELINE = "torchvision DataLoader, num_workers=0"  # what every speed-up is quoted against
 FP32, BF16, GRAPHED = "model alone, fp32", "model alone, bf16 + channels_last", "model alone, bf16 + CL + CUDA graph"
 
 
 def ladder(workers: int) -> list[Rung]:
     """The rungs, in order; ``workers`` is the tuned DataLoader's worker count."""
     return [
-        Rung("torchvision DataLoader, num_workers=0", "torch", num_workers=0, floor=FP32),
+        Rung(BASELINE, "torch", num_workers=0, floor=FP32),
         Rung(f"torchvision DataLoader, num_workers={workers}, persistent", "torch", num_workers=workers, floor=FP32),
         Rung(
             "deterministic part cached, random part per sample", "pretransform", num_workers=min(8, workers), floor=FP32
@@ -116,11 +117,15 @@ def run_bench(
     log: Callable[[str], None] = print,
     only: list[str] | None = None,
     datasets: tuple[Any, Any] | None = None,
+    on_row: Callable[[Row], None] | None = None,
+    keep_going: bool = False,
 ) -> list[Row]:
     """Run the ladder; print a table; write ``out/bench.json`` and ``out/bench.png``.
 
-    ``datasets``: ``(train, test)`` CIFAR-10-style datasets (default: the synthetic CIFAR-10 in
-    gpufeed's cache directory).
+    ``only``: these rungs, in this order. ``datasets``: ``(train, test)`` CIFAR-10-style datasets
+    (default: the synthetic CIFAR-10 in gpufeed's cache directory). ``on_row``: called with each
+    rung's row as soon as it is measured. ``keep_going``: a rung that fails is recorded (in
+    ``skipped``) and the next one runs.
     """
     from .data import cifar10
     from .train.loaders import eval_transform, train_transform
@@ -133,11 +138,14 @@ def run_bench(
         cifar10("synthetic", train=False, transform=eval_transform()),
     )
     rows: list[Row] = []
-    rungs = [r for r in ladder(default_workers()) if not only or r.name in only]
+    by_name = {r.name: r for r in ladder(default_workers())}
+    rungs = [by_name[n] for n in only if n in by_name] if only else list(by_name.values())
     for k, rung in enumerate(rungs, 1):
         if rung.gpu_only and dev.type != "cuda":
             rows.append(Row(rung.name, skipped="needs a CUDA device"))
             log(f"  [{k}/{len(rungs)}] skipped  {rung.name}: needs a CUDA device")
+            if on_row is not None:
+                on_row(rows[-1])
             continue
         cfg = replace(
             base,
@@ -148,7 +156,16 @@ def run_bench(
             num_workers=rung.num_workers,
         )
         started = time.perf_counter()
-        records = train(cfg, datasets=datasets)
+        try:
+            records = train(cfg, datasets=datasets)
+        except Exception as e:
+            if not keep_going:
+                raise
+            rows.append(Row(rung.name, skipped=f"error: {type(e).__name__}: {e}"[:400]))
+            log(f"  [{k}/{len(rungs)}] FAILED   {rung.name}: {rows[-1].skipped}")
+            if on_row is not None:
+                on_row(rows[-1])
+            continue
         first, last = records[0], records[-1]
         rows.append(
             Row(
@@ -165,6 +182,8 @@ def run_bench(
             )
         )
         log(f"  [{k}/{len(rungs)}] {last.epoch_s:8.3f} s  {rung.name}  ({time.perf_counter() - started:.0f} s)")
+        if on_row is not None:
+            on_row(rows[-1])
     _relate(rows)
     log(format_table([asdict(r) for r in rows], _COLUMNS))
     log(summary(rows, dev))
@@ -187,9 +206,15 @@ _COLUMNS = [
 ]
 
 
+def _baseline(rows: list[Row]) -> Row | None:
+    """The plain DataLoader rung (whatever order the rungs ran in), else the first."""
+    return next((r for r in rows if r.name == BASELINE), rows[0] if rows else None)
+
+
 def _relate(rows: list[Row]) -> None:
     by_name = {r.name: r for r in rows}
-    base = rows[0].epoch_s if rows and rows[0].epoch_s else None
+    first = _baseline(rows)
+    base = first.epoch_s if first is not None and first.epoch_s else None
     for r in rows:
         if r.epoch_s is None:
             continue
@@ -201,8 +226,9 @@ def _relate(rows: list[Row]) -> None:
 def summary(rows: list[Row], device: torch.device) -> str:
     """One sentence: what the ladder shows on this machine (data-bound or model-bound, the loader's share)."""
     by_name = {r.name: r for r in rows if r.epoch_s is not None}
-    base, ours, floor = (by_name.get(n) for n in (rows[0].name if rows else "", "gpufeed", FP32))
-    if base is None or ours is None or floor is None:
+    first = _baseline(rows)
+    base, ours, floor = (by_name.get(n) for n in (first.name if first else "", "gpufeed", FP32))
+    if base is None or ours is None or floor is None or not (base.epoch_s and ours.epoch_s and floor.epoch_s):
         return "(too few rungs ran to say what limits training here)"
     bound = "data-bound" if (base.data_wait_fraction or 0) >= 0.25 else "model-bound"
     return (

@@ -32,7 +32,7 @@ import gc
 import json
 import statistics
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -75,41 +75,22 @@ class Report:
     epochs: int = 1  # epochs of the loader the measured steps spanned
 
     def __str__(self) -> str:
-        med = statistics.median
-        lines = [
-            f"verdict: {self.verdict}  ({self.steps} steps, {self.wall_s:.2f} s on {self.device})",
-            f"  waiting for data: {self.data_wait_fraction:.1%} of wall time "
-            f"(median {med(self.wait_s) * 1e3:.2f} ms per batch; step median {med(self.step_s) * 1e3:.2f} ms)",
-        ]
-        if self.idle_step_s is not None:
-            loop = med(self.step_s)
-            lines.append(
-                f"  step with the loader idle: {self.idle_step_s * 1e3:.2f} ms; in the loop: {loop * 1e3:.2f} ms "
-                f"({loop / max(self.idle_step_s, 1e-9):.1f}x), contention {self.contention_fraction:.1%} of wall time"
-            )
-        if self.gpu_busy_fraction is not None:
-            lines.append(f"  GPU busy: {self.gpu_busy_fraction:.0%}")
-        if self.cpu_percent is not None:
-            lines.append(f"  CPU (this process and its workers): {self.cpu_percent:.0f}% of one core")
-        for f in self.findings:
-            lines += [f"- {f.kind}: {f.message}", f"    fix:  {f.fix}", f"    gain: {f.expected_gain}"]
-        if not self.findings:
-            lines.append("- no findings: nothing in the data pipeline to fix")
-        lines += [f"note: {n}" for n in self.notes]
-        return "\n".join(lines)
+        from .report import diagnosis_text
+
+        return diagnosis_text(self)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     def save(self, directory: str | Path) -> Path:
-        """Write ``report.md``, ``report.json`` and ``timeline.png`` (if matplotlib is installed) to ``directory``."""
+        """Write ``report.md``, ``report.json`` and ``timeline.png`` to ``directory``."""
+        from .report import timeline_plot
+
         out = Path(directory)
         out.mkdir(parents=True, exist_ok=True)
         (out / "report.json").write_text(json.dumps(self.to_dict(), indent=2))
         (out / "report.md").write_text(f"# gpufeed diagnosis\n\n```\n{self}\n```\n\n![timeline](timeline.png)\n")
-        why = _timeline(self, out / "timeline.png")
-        if why:
-            (out / "report.md").write_text(f"# gpufeed diagnosis\n\n```\n{self}\n```\n\n(timeline.png: {why})\n")
+        timeline_plot(self, out / "timeline.png")
         return out
 
 
@@ -131,7 +112,7 @@ class _PrecisionProbe(TorchFunctionMode):
         super().__init__()
         self.device_type, self.fp32, self.low = device_type, 0, 0
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         if func in self._OPS and args and isinstance(args[0], torch.Tensor):
             if args[0].dtype == torch.float32 and not torch.is_autocast_enabled(self.device_type):
                 self.fp32 += 1
@@ -196,13 +177,14 @@ def diagnose(
     step_s: list[float] = []
     events: list[tuple[Any, Any]] = []
     first_batch: Any = None
-    it, epochs, per_epoch = iter(loader), 1, None
+    it: Iterator[Any] | None = iter(loader)
+    epochs, per_epoch = 1, None
     sync(dev)
     with UtilisationMonitor(dev, interval_s=0.02) as monitor:
         t_start = time.perf_counter()
         for _ in range(steps):
             t0 = time.perf_counter()
-            batch = next(it, _END)
+            batch = next(it, _END)  # type: ignore[arg-type]  # it is set until the loop ends
             if batch is _END:  # the epoch ended first: go on into the next one, as training would
                 per_epoch = per_epoch or len(step_s)
                 it = iter(loader)
@@ -364,37 +346,3 @@ def _cpu_meter() -> Callable[[], float | None]:
 
     t0, c0 = time.perf_counter(), total()
     return lambda: 100 * (total() - c0) / max(1e-9, time.perf_counter() - t0)
-
-
-def _timeline(report: Report, path: Path) -> str | None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return "matplotlib is not installed (pip install 'gpufeed[plot]')"
-    fig, ax = plt.subplots(figsize=(10, 4))
-    x = range(report.steps)
-    wait_ms = [w * 1e3 for w in report.wait_s]
-    step_ms = [s * 1e3 for s in report.step_s]
-    ax.bar(x, wait_ms, color="#C44E52", label="waiting for data")
-    ax.bar(x, step_ms, bottom=wait_ms, color="#4C72B0", label="in the step")
-    ax.set_xlabel("step")
-    ax.set_ylabel("milliseconds")
-    ax.set_title(f"gpufeed diagnose: {report.verdict}, {report.data_wait_fraction:.0%} of time waiting for data")
-    if report.gpu_timeline:
-        twin = ax.twinx()
-        elapsed = [t for t, _, _ in report.gpu_timeline]
-        scale = report.steps / max(elapsed[-1], 1e-9)
-        twin.plot(
-            [t * scale for t in elapsed], [u for _, u, _ in report.gpu_timeline], color="#55A868", label="GPU busy %"
-        )
-        twin.set_ylim(0, 105)
-        twin.set_ylabel("GPU busy %")
-        twin.legend(loc="upper right")
-    ax.legend(loc="upper left")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return None

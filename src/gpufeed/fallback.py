@@ -160,4 +160,4 @@ class FallbackLoader(EpochLoader):
             x = convert_dtype(x, self.dtype)
         if self.channels_last and x.dim() == 4:
             x = x.contiguous(memory_format=torch.channels_last)
-        return type(batch)((x, y)) if isinstance(batch, tuple) else [x, y]
+        return (x, y) if isinstance(batch, tuple) else [x, y]

@@ -65,12 +65,13 @@ def unwrap_dataloader(loader: Any) -> DataLoader | None:
 
 def _cacheable(dl: DataLoader | None, ev: Evidence) -> Finding | None:
     """Whatever the verdict: a pipeline gpufeed can run batched is worth knowing about."""
-    if dl is None or getattr(dl.dataset, "transform", None) is None:
+    transform = getattr(dl.dataset, "transform", None) if dl is not None else None
+    if dl is None or transform is None:
         return None
     from .plan import split_transform
 
     try:
-        split_transform(dl.dataset.transform)
+        split_transform(transform)
     except Exception:  # not batchable: tuning the DataLoader is the remaining fix
         return None
     cost = ev.data_cost_fraction
@@ -105,7 +106,7 @@ def _contention(dl: DataLoader | None, ev: Evidence) -> Finding | None:
 
 def _fits_on_device(dl: DataLoader | None, ev: Evidence) -> Finding | None:
     data = getattr(dl.dataset, "data", None) if dl is not None else None
-    if ev.device.type != "cuda" or not hasattr(data, "nbytes"):
+    if ev.device.type != "cuda" or data is None or not hasattr(data, "nbytes"):
         return None
     free, _ = torch.cuda.mem_get_info(ev.device)
     if data.nbytes > 0.5 * free:

@@ -19,7 +19,7 @@ alone; that is what makes mid-epoch resume exact.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -256,6 +256,7 @@ class DeviceLoader(EpochLoader):
         span = c.chunk_batches * c.batch_size
         chunks = range(first, -(-order.shape[0] // span))
         on_host = self.images.device.type == "cpu" and self.device.type != "cpu"
+        raw: Iterable[tuple[int, torch.Tensor, torch.Tensor]]
         if on_host:
             # Gathered on the CPU straight into pinned memory, copied ahead on a side stream.
             raw = prefetch(((k, *self._gather(order[k * span : (k + 1) * span])) for k in chunks), self.device)

@@ -1,4 +1,4 @@
-"""Tables and plots for results a person reads (bench ladders now; diagnosis reports later)."""
+"""Tables, text and plots for results a person reads: the bench ladder, the diagnosis."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["bar_chart", "format_table", "table_rows"]
+__all__ = ["bar_chart", "diagnosis_text", "format_table", "table_rows", "timeline_plot"]
 
 
 def format_table(rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, str, str]]) -> str:
@@ -82,4 +82,62 @@ def bar_chart(
     fig.suptitle("\n".join(textwrap.wrap(title, 110)), fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def diagnosis_text(report: Any) -> str:
+    """A :class:`gpufeed.Report` as a person reads it: the verdict, the figures, the findings with their fixes."""
+    import statistics
+
+    med = statistics.median
+    lines = [
+        f"verdict: {report.verdict}  ({report.steps} steps, {report.wall_s:.2f} s on {report.device})",
+        f"  waiting for data: {report.data_wait_fraction:.1%} of wall time "
+        f"(median {med(report.wait_s) * 1e3:.2f} ms per batch; step median {med(report.step_s) * 1e3:.2f} ms)",
+    ]
+    if report.idle_step_s is not None:
+        loop = med(report.step_s)
+        lines.append(
+            f"  step with the loader idle: {report.idle_step_s * 1e3:.2f} ms; in the loop: {loop * 1e3:.2f} ms "
+            f"({loop / max(report.idle_step_s, 1e-9):.1f}x), contention {report.contention_fraction:.1%} of wall time"
+        )
+    if report.gpu_busy_fraction is not None:
+        lines.append(f"  GPU busy: {report.gpu_busy_fraction:.0%}")
+    if report.cpu_percent is not None:
+        lines.append(f"  CPU (this process and its workers): {report.cpu_percent:.0f}% of one core")
+    for f in report.findings:
+        lines += [f"- {f.kind}: {f.message}", f"    fix:  {f.fix}", f"    gain: {f.expected_gain}"]
+    if not report.findings:
+        lines.append("- no findings: nothing in the data pipeline to fix")
+    lines += [f"note: {n}" for n in report.notes]
+    return "\n".join(lines)
+
+
+def timeline_plot(report: Any, path: Path) -> None:
+    """Per step: the wait for data stacked under the step, and GPU busy % where NVML measured it."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(10, 4))
+    x = range(report.steps)
+    wait_ms = [w * 1e3 for w in report.wait_s]
+    step_ms = [s * 1e3 for s in report.step_s]
+    ax.bar(x, wait_ms, color="#C44E52", label="waiting for data")
+    ax.bar(x, step_ms, bottom=wait_ms, color="#4C72B0", label="in the step")
+    if report.idle_step_s is not None:
+        ax.axhline(report.idle_step_s * 1e3, color="#333333", linestyle="--", linewidth=1, label="step, loader idle")
+    ax.set_xlabel("step")
+    ax.set_ylabel("milliseconds")
+    ax.set_title(f"gpufeed diagnose: {report.verdict}, {report.data_wait_fraction:.0%} of time waiting for data")
+    if report.gpu_timeline:
+        twin = ax.twinx()
+        elapsed = [t for t, _, _ in report.gpu_timeline]
+        scale = report.steps / max(elapsed[-1], 1e-9)
+        twin.plot(
+            [t * scale for t in elapsed], [u for _, u, _ in report.gpu_timeline], color="#55A868", label="GPU busy %"
+        )
+        twin.set_ylim(0, 105)
+        twin.set_ylabel("GPU busy %")
+        twin.legend(loc="upper right")
+    ax.legend(loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
     plt.close(fig)

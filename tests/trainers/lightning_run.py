@@ -94,6 +94,8 @@ def main() -> None:
     )
     torch.manual_seed(0)
     trainer.fit(Traced(args, loader), ckpt_path=args.ckpt)
+    if torch.distributed.is_initialized():  # gloo's threads must not outlive the interpreter (SIGABRT)
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

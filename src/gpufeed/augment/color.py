@@ -97,9 +97,12 @@ def adjust_hue(x: torch.Tensor, f: Factor) -> torch.Tensor:
     return convert_dtype(_hsv2rgb(torch.stack((h, s, v), dim=-3)), x.dtype)
 
 
-def _range(value: float | Sequence[float] | None, name: str, centre: float, low: float, high: float):
+def _range(
+    value: float | Sequence[float] | None, name: str, centre: float, low: float, high: float
+) -> tuple[float, ...] | None:
     if value is None:
         return None
+    lo_hi: tuple[float, ...]
     if isinstance(value, (int, float)):
         if value < 0:
             raise ConfigError(f"{name}={value} must be >= 0")

@@ -118,7 +118,7 @@ def crop_map(
     ``padding`` is (left, top, right, bottom), or a list of them applied one after the other.
     """
     n, (out_h, out_w), (h, w) = top.shape[0], size, source_size
-    stages = [padding] if isinstance(padding[0], int) else list(padding)  # type: ignore[list-item]
+    stages = [padding] if isinstance(padding[0], int) else list(padding)
     rows = top.view(n, 1) + torch.arange(out_h, device=top.device)
     cols = left.view(n, 1) + torch.arange(out_w, device=top.device)
     rows, rows_in = _axis_source(rows, h, [(p[1], p[3]) for p in stages], padding_mode)  # type: ignore[index]

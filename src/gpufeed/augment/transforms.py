@@ -50,10 +50,10 @@ def _check_generator(generator: torch.Generator | None, x: torch.Tensor, op: str
 
 
 def _pair(value: int | Sequence[int], name: str) -> tuple[int, int]:
-    pair = (value, value) if isinstance(value, int) else tuple(value)
+    pair: tuple[int, ...] = (value, value) if isinstance(value, int) else tuple(value)
     if len(pair) != 2 or not all(isinstance(v, int) and v >= 1 for v in pair):
         raise ConfigError(f"{name}={value!r} must be a positive int or a (height, width) pair")
-    return pair  # type: ignore[return-value]
+    return pair
 
 
 def _probability(p: float) -> float:
@@ -184,15 +184,8 @@ class RandomCrop(GeometricTransform):
 
     def index_map(self, params: Params, height: int, width: int) -> G.IndexMap:
         stages = self.resolved_padding(height, width)
-        return G.crop_map(
-            params["top"],
-            params["left"],
-            self.size,
-            (height, width),
-            stages,
-            self.padding_mode,
-            self.fill,  # type: ignore[arg-type]
-        )
+        size: tuple[int, int] = self.size  # type: ignore[assignment]  # a pair since __post_init__
+        return G.crop_map(params["top"], params["left"], size, (height, width), stages, self.padding_mode, self.fill)
 
 
 @dataclass(frozen=True)
@@ -246,7 +239,7 @@ class Normalize(BatchTransform):
         object.__setattr__(self, "std", std)
 
     def apply(self, x: torch.Tensor, params: Params) -> torch.Tensor:
-        return F.normalize(x, self.mean, self.std, self.dtype, self.reciprocal)  # type: ignore[arg-type]
+        return F.normalize(x, self.mean, self.std, self.dtype, self.reciprocal)
 
     def describe(self) -> str:
         scale = "x * (1/255)" if self.reciprocal else "x / 255"
@@ -379,7 +372,10 @@ class Compose(BatchTransform):
                     f"transforms[{i}]={t!r} is not a gpufeed.augment transform; "
                     "batched ops take (N, C, H, W) tensors and a generator"
                 )
-        self.transforms = [op for t in transforms for op in (t.transforms if isinstance(t, Compose) else [t])]
+        flat: list[BatchTransform] = []
+        for t in transforms:  # a nested Compose contributes its ops
+            flat += t.transforms if isinstance(t, Compose) else [t]
+        self.transforms: list[BatchTransform] = flat
         self.random = any(t.random for t in self.transforms)
 
     def output_size(self, height: int, width: int) -> tuple[int, int]:

@@ -69,10 +69,14 @@ def hashes(blocks: Iterable[Callable[[], Any]], threads: int = 4) -> tuple[str, 
         return tuple(pool.map(lambda make: _hash(memoryview(make()).cast("B")), blocks))
 
 
-def block_hashes(buffer: np.ndarray | memoryview, threads: int = 4) -> tuple[str, ...]:
-    """blake2b of each ``BLOCK_BYTES`` block of a contiguous buffer."""
+def block_hashes(buffer: Any, threads: int = 4) -> tuple[str, ...]:
+    """blake2b of each ``BLOCK_BYTES`` block of a contiguous buffer (a numpy array, a memoryview)."""
     view = memoryview(buffer).cast("B")
-    return hashes(((lambda i=i: view[i : i + BLOCK_BYTES]) for i in range(0, len(view), BLOCK_BYTES)), threads)
+
+    def block(i: int) -> Callable[[], memoryview]:
+        return lambda: view[i : i + BLOCK_BYTES]
+
+    return hashes((block(i) for i in range(0, len(view), BLOCK_BYTES)), threads)
 
 
 def dtype_code(dtype: np.dtype) -> str:

@@ -231,8 +231,7 @@ def cifar10(
         ) from None
     except OSError as e:  # a failed download, or no room or permission to generate
         what = "generate the synthetic CIFAR-10" if data == "synthetic" else "download CIFAR-10"
-        where = root if root is not None else default_root(seed, sizes)
-        raise DataError(f"could not {what} in {where}: {e}") from None
+        raise DataError(f"could not {what} in {root if root is not None else default_root(seed, sizes)}: {e}") from None
 
 
 def describe(dataset: Any) -> str:

@@ -121,7 +121,7 @@ def make_train_loader(
 
     def dataloader(ds: Dataset, workers: int) -> _ToDevice:
         g = torch.Generator().manual_seed(derive_seed(seed, 2))
-        sampler = None
+        sampler: DistributedSampler | None = None
         if dist.is_available() and dist.is_initialized():  # one share per rank, reshuffled each epoch
             sampler = DistributedSampler(ds, shuffle=True, seed=seed, drop_last=drop_last)
         dl = DataLoader(

@@ -14,7 +14,7 @@ import os
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -158,7 +158,8 @@ def prepare(cfg: TrainConfig, datasets: tuple[Any, Any] | None = None) -> Prepar
     train_set, test_set = subset(train_set, cfg.train_size), subset(test_set, cfg.test_size)
     amp = _AMP[cfg.amp]
     fmt = torch.channels_last if cfg.channels_last else torch.contiguous_format
-    model = build_model(cfg.model, len(train_set.classes)).to(device, memory_format=fmt)
+    # memory_format= is a keyword torch accepts at run time but its type stubs do not list.
+    model = build_model(cfg.model, len(train_set.classes)).to(device, memory_format=fmt)  # type: ignore[call-overload]
     loader = make_train_loader(
         cfg.loader,
         train_set,
@@ -183,7 +184,7 @@ def prepare(cfg: TrainConfig, datasets: tuple[Any, Any] | None = None) -> Prepar
     opt = SGD(list(model.parameters()), lr, cfg.momentum, cfg.weight_decay)
     if dist.is_initialized():
         model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
-    compiled = torch.compile(model) if cfg.compile else model
+    compiled = cast(nn.Module, torch.compile(model)) if cfg.compile else model
     example = None
     if cfg.cuda_graphs:
         example = next(iter(loader))
@@ -245,7 +246,17 @@ def _train(cfg: TrainConfig, out: str | Path | None, datasets: tuple[Any, Any] |
     return records
 
 
-def _epoch(epoch, loader, step, lr, cfg, device, done, total, world=1):  # type: ignore[no-untyped-def]
+def _epoch(
+    epoch: int,
+    loader: Any,
+    step: Any,
+    lr: torch.Tensor,
+    cfg: TrainConfig,
+    device: torch.device,
+    done: int,
+    total: int,
+    world: int = 1,
+) -> tuple[EpochRecord, int]:
     from tqdm.auto import tqdm
 
     if device.type == "cuda":

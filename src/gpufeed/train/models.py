@@ -20,12 +20,13 @@ def vgg16(num_classes: int = 10) -> nn.Module:
     """VGG16 with batch norm, CIFAR variant: 13 conv layers, five 2x2 pools down to 1x1, one linear layer."""
     layers: list[nn.Module] = []
     cin = 3
-    for v in [64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512, "M"]:
-        if v == "M":
+    plan: list[int | str] = [64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512, "M"]
+    for v in plan:
+        if isinstance(v, str):  # "M": a 2x2 max pool
             layers.append(nn.MaxPool2d(2))
         else:
-            layers += _conv_bn(cin, int(v))
-            cin = int(v)
+            layers += _conv_bn(cin, v)
+            cin = v
     return nn.Sequential(*layers, nn.Flatten(), nn.Linear(512, num_classes))
 
 

@@ -7,7 +7,13 @@ from typing import Any
 
 import torch
 
-__all__ = ["UtilisationMonitor"]
+__all__ = ["UtilisationMonitor", "nvml_index"]
+
+
+def nvml_index(device: torch.device) -> int:
+    """NVML's index of ``device``: CUDA numbers only the visible GPUs, NVML all of them, so under
+    ``CUDA_VISIBLE_DEVICES=2,3`` CUDA's device 0 is NVML's 2 (torch maps it, UUIDs included)."""
+    return torch.cuda._get_nvml_device_index(device)
 
 
 class UtilisationMonitor:
@@ -33,7 +39,7 @@ class UtilisationMonitor:
             import pynvml
 
             pynvml.nvmlInit()
-            self._handle = pynvml.nvmlDeviceGetHandleByIndex(self.device.index or 0)
+            self._handle = pynvml.nvmlDeviceGetHandleByIndex(nvml_index(self.device))
         except Exception as e:  # ImportError, or an NVML error on a machine without the driver library
             self.unavailable = f"NVML unavailable ({type(e).__name__}); pip install nvidia-ml-py"
             return self

@@ -1,0 +1,61 @@
+"""The GPU check script, rehearsed on the CPU at small sizes, so it cannot rot between GPU sessions."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+
+@pytest.mark.slow
+def test_the_cpu_rehearsal_runs_every_cpu_part_and_records_each(tmp_path, monkeypatch):
+    monkeypatch.setenv("GPUFEED_CACHE_DIR", str(tmp_path / "home"))
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--cpu-rehearsal", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    summary = json.loads((tmp_path / "gpu_check.json").read_text())
+    parts = ["prefetch_race", "loader_throughput", "bench_ladder", "ddp_overhead", "accelerate_tiers", "tune"]
+    assert [k for k in summary if k in parts] == parts  # in the order of value, each recorded
+    assert all("error" not in summary[p] for p in parts), {p: summary[p].get("error") for p in parts}
+    assert summary["prefetch_race"]["ok"] and "shm" in summary["environment"]
+    rows = summary["loader_throughput"]["rows"]
+    assert [r["name"].split(",")[0] for r in rows][:2] == ["gpufeed DeviceLoader"] * 2  # slow rows last
+    ladder = [r["name"] for r in summary["bench_ladder"]["rows"]]
+    assert ladder[0] == "gpufeed" and ladder[-1].startswith("dataset on the GPU")
+    assert summary["total_seconds"] < 180
+
+
+def test_a_part_that_fails_or_times_out_is_recorded_and_the_next_runs(tmp_path, monkeypatch):
+    import gpu_check
+
+    monkeypatch.setitem(gpu_check.LIMITS, "tune", 1)
+
+    def hangs(c):
+        import time
+
+        time.sleep(5)
+
+    monkeypatch.setattr(gpu_check, "tune", hangs)
+    monkeypatch.setattr(gpu_check, "prefetch_race", lambda c: 1 / 0)
+    gpu_check.main(["--cpu-rehearsal", "--out", str(tmp_path), "--parts", "prefetch_race", "tune"])
+    summary = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert "ZeroDivisionError" in summary["prefetch_race"]["error"]
+    assert summary["tune"]["error"] == "timed out after 1 s" and summary["tune"]["part_seconds"] < 3
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_the_race_check_finds_a_prefetcher_without_record_stream():
+    from race import race_check
+
+    assert race_check("cuda", batches=300)["corrupted"] == 0
+    assert race_check("cuda", batches=300, broken=True)["corrupted"] > 0

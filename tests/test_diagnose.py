@@ -196,7 +196,7 @@ def test_workers_competing_for_the_cores_are_found_as_contention():
 def test_a_batchable_pipeline_is_suggested_whatever_the_verdict():
     tf = T.Compose([T.RandomCrop(32, padding=4), T.ToTensor()])
     loader = DataLoader(cifar_like(256, transform=tf), batch_size=32, num_workers=0)
-    report = diagnose(loader, _sleep_step(0.05), steps=6, device="cpu")  # a slow step: compute-bound
+    report = diagnose(loader, _sleep_step(0.25), steps=6, device="cpu")  # a slow step: compute-bound
     assert report.verdict == "compute-bound"
     finding = next(f for f in report.findings if f.kind == "per-sample-transforms")
     assert "gpufeed.accelerate" in finding.fix and "little to gain here" in finding.expected_gain

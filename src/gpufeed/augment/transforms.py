@@ -15,9 +15,10 @@ from typing import Any, Literal
 
 import torch
 
-from ..errors import ConfigError, DeviceError
+from ..errors import ConfigError, DataError, DeviceError
 from . import functional as F
 from . import geometry as G
+from .ragged import Ragged
 
 __all__ = [
     "BatchTransform",
@@ -47,6 +48,17 @@ def _check_generator(generator: torch.Generator | None, x: torch.Tensor, op: str
             f"create it with torch.Generator(device={x.device.type!r})"
         )
     return generator
+
+
+def _check_input(x: object, op: BatchTransform) -> None:
+    if isinstance(x, Ragged):
+        if not op.ragged_input:
+            raise DataError(
+                f"{type(op).__name__} needs images of one size, but this batch holds images of different sizes: "
+                "put RandomResizedCrop first (it draws each image's box from that image's size)"
+            )
+        return
+    F.check_batch(x)
 
 
 def _pair(value: int | Sequence[int], name: str) -> tuple[int, int]:
@@ -83,8 +95,10 @@ class BatchTransform:
         """How a person reads this op in a plan (its repr, unless that shows internals)."""
         return repr(self)
 
+    ragged_input = False  # True for an op that takes images of different sizes (a Ragged batch)
+
     def __call__(self, x: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-        F.check_batch(x)
+        _check_input(x, self)
         if not self.random:
             return self.apply(x, {})
         return self.apply(x, self.sample(x, _check_generator(generator, x, type(self).__name__)))
@@ -384,9 +398,14 @@ class Compose(BatchTransform):
         return height, width
 
     def __call__(self, x: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-        F.check_batch(x)
+        if self.transforms:
+            _check_input(x, self.transforms[0])
         if self.random:
             _check_generator(generator, x, "Compose")
+        if isinstance(x, Ragged):  # the first op makes it one batch of one size; the rest run as usual
+            first = self.transforms[0]
+            x = first.apply(x, first.sample(x, generator) if first.random else {})
+            return Compose(self.transforms[1:])(x, generator) if len(self.transforms) > 1 else x
         n, _, h, w = x.shape
         pending: G.IndexMap | None = None  # composed map of the geometric ops not yet applied
         for t in self.transforms:

@@ -1,0 +1,82 @@
+"""Images of different sizes as one batch: a flat buffer, each image's start and (C, H, W).
+
+An ``ImageFolder`` of photos holds images of many sizes; stacking them would need a resize first,
+which the training recipe (``RandomResizedCrop`` first) does per sample with its own box. A
+:class:`Ragged` batch keeps every image as it is, in one buffer, so that op can crop and resize
+the whole batch into one ``(N, C, S, S)`` tensor; every op after it sees ordinary batches.
+
+The metadata (starts, shapes) stays on the CPU, where the per-sample box sizes are drawn; only the
+pixels move to the device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from ..errors import DataError
+
+__all__ = ["Ragged"]
+
+
+@dataclass(frozen=True)
+class Ragged:
+    """``N`` images of different sizes: image ``i`` is ``data[starts[i]:][:C*H*W].view(C, H, W)``.
+
+    Example:
+        >>> r = Ragged.stack([torch.zeros(3, 2, 4, dtype=torch.uint8), torch.ones(3, 5, 1, dtype=torch.uint8)])
+        >>> len(r), r.shapes.tolist(), tuple(r.image(1).shape)
+        (2, [[3, 2, 4], [3, 5, 1]], (3, 5, 1))
+    """
+
+    data: torch.Tensor  # (total,) pixels, uint8 or float, on the storage device
+    starts: torch.Tensor  # (N,) int64 offsets into data, on the CPU
+    shapes: torch.Tensor  # (N, 3) int64 (C, H, W), on the CPU
+
+    @classmethod
+    def stack(cls, images: Sequence[torch.Tensor]) -> Ragged:
+        """One buffer holding ``images`` (each ``(C, H, W)``, one dtype and channel count)."""
+        if not images:
+            raise DataError("a ragged batch needs at least one image")
+        first = images[0]
+        for i, im in enumerate(images):
+            if im.dim() != 3 or im.dtype != first.dtype or im.shape[0] != first.shape[0]:
+                raise DataError(
+                    f"image {i} is {tuple(im.shape)} {im.dtype}; every image must be (C, H, W) with C="
+                    f"{first.shape[0]} and dtype {first.dtype}"
+                )
+        sizes = torch.tensor([im.numel() for im in images], dtype=torch.int64)
+        starts = torch.cumsum(sizes, 0) - sizes
+        shapes = torch.tensor([list(im.shape) for im in images], dtype=torch.int64)
+        return cls(torch.cat([im.reshape(-1) for im in images]), starts, shapes)
+
+    def __len__(self) -> int:
+        return self.starts.shape[0]
+
+    @property
+    def device(self) -> torch.device:
+        return self.data.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.data.dtype
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.nbytes + self.starts.nbytes + self.shapes.nbytes
+
+    def image(self, i: int) -> torch.Tensor:
+        """Image ``i`` as a ``(C, H, W)`` view of the buffer (no copy)."""
+        c, h, w = (int(v) for v in self.shapes[i])
+        start = int(self.starts[i])
+        return self.data[start : start + c * h * w].view(c, h, w)
+
+    def select(self, idx: torch.Tensor) -> Ragged:
+        """The images at ``idx`` (CPU indices), as views of the same buffer: nothing is copied."""
+        idx = idx.cpu()
+        return Ragged(self.data, self.starts.index_select(0, idx), self.shapes.index_select(0, idx))
+
+    def to(self, device: torch.device, non_blocking: bool = False) -> Ragged:
+        return Ragged(self.data.to(device, non_blocking=non_blocking), self.starts, self.shapes)

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from .augment.functional import convert_dtype
+from .augment.ragged import Ragged
 from .device import resolve_device
 from .epochs import EpochLoader
 from .errors import ConfigError, DataError
@@ -148,7 +149,7 @@ class DeviceLoader(EpochLoader):
 
     def __init__(
         self,
-        images: torch.Tensor | np.ndarray,
+        images: torch.Tensor | np.ndarray | Ragged,
         labels: torch.Tensor | np.ndarray,
         batch_size: int = 256,
         shuffle: bool = True,
@@ -170,9 +171,25 @@ class DeviceLoader(EpochLoader):
         batch_size, seed = as_int(batch_size, "batch_size", 1), as_int(seed, "seed")
         shuffle, drop_last = as_flag(shuffle, "shuffle"), as_flag(drop_last, "drop_last")
         channels_last, even = as_flag(channels_last, "channels_last"), as_flag(even, "even")
-        images, labels = as_tensor(images, "images"), label_tensor(labels, "labels")
-        check_images(images)
-        check_labels(labels, images.shape[0], num_classes)
+        labels = label_tensor(labels, "labels")
+        store: torch.Tensor | Ragged
+        if isinstance(images, Ragged):  # images of different sizes: the first op must make them one size
+            first_op = getattr(transform, "transforms", [transform])[0]
+            if not getattr(first_op, "ragged_input", False):
+                raise ConfigError(
+                    "images of different sizes need a transform that starts with RandomResizedCrop (it draws each "
+                    "image's box from that image's size and makes the batch one size)"
+                )
+            if len(images) == 0 or not (images.dtype == torch.uint8 or images.dtype.is_floating_point):
+                raise DataError(
+                    f"images: {len(images)} ragged images of {images.dtype}; need at least one, uint8 or float"
+                )
+            store = images
+        else:
+            store = as_tensor(images, "images")
+            check_images(store)
+        n = _count(store)
+        check_labels(labels, n, num_classes)
         if transform is not None:
             check_transform(transform)
         if dtype is not None and dtype != torch.uint8 and not dtype.is_floating_point:
@@ -180,11 +197,11 @@ class DeviceLoader(EpochLoader):
         self.device = resolve_device(device)
         if storage not in STORAGE_TIERS:
             raise ConfigError(f"storage={storage!r} must be one of {STORAGE_TIERS}")
-        if storage != "device" and images.device.type != "cpu":
-            raise ConfigError(f"storage={storage!r} keeps images on the host, but they are on {images.device}")
-        n = images.shape[0]
+        if storage != "device" and store.device.type != "cpu":
+            raise ConfigError(f"storage={storage!r} keeps images on the host, but they are on {store.device}")
         if chunk_batches is None:
-            batch_bytes = batch_size * images[0].numel() * images.element_size()
+            sample_bytes = store.data.nbytes / n if isinstance(store, Ragged) else store[0].nbytes
+            batch_bytes = max(1, int(batch_size * sample_bytes))
             budget = _CHUNK_BYTES.get(self.device.type, _CHUNK_BYTES["cuda"])
             chunk_batches = max(1, min(_MAX_CHUNK_BATCHES, budget // batch_bytes))
         explicit_world = rank is not None and world_size is not None
@@ -194,18 +211,23 @@ class DeviceLoader(EpochLoader):
         )
         if shard == "local" and world_size > 1:  # keep only this rank's samples
             local = torch.arange(rank, n, world_size)
-            images, labels = images.index_select(0, local), labels.index_select(0, local)
+            store, labels = _take(store, local, compact=True), labels.index_select(0, local)
         self.transform = transform
         self.dtype = dtype
         self.channels_last = channels_last
         self.storage = storage
         # Never written to. The device tier copies once (no copy when already there).
+        self.images: torch.Tensor | Ragged
         if storage == "device":
-            self.images, self.labels = images.to(self.device), labels.to(self.device)
+            self.images, self.labels = store.to(self.device), labels.to(self.device)
         elif storage == "pinned" and self.device.type == "cuda":
-            self.images, self.labels = _pinned(images), _pinned(labels)
+            if isinstance(store, Ragged):
+                self.images = Ragged(_pinned(store.data), store.starts, store.shapes)
+            else:
+                self.images = _pinned(store)
+            self.labels = _pinned(labels)
         else:
-            self.images, self.labels = images, labels
+            self.images, self.labels = store, labels
         self._explicit_world = explicit_world
         self._start_epochs()
         self._length: int | None = None
@@ -218,8 +240,8 @@ class DeviceLoader(EpochLoader):
         larger than the image) fails here and not in the middle of the first epoch."""
         if self.transform is None:
             return
-        x = self.images[:2].to(self.device)
-        self._finish(x, epoch=0, chunk=0, generator=torch.Generator(device=self.device))
+        x = _take(self.images, torch.arange(min(2, _count(self.images))))
+        self._finish(x.to(self.device), epoch=0, chunk=0, generator=torch.Generator(device=self.device))
 
     def __len__(self) -> int:
         if self._length is None:
@@ -231,7 +253,7 @@ class DeviceLoader(EpochLoader):
         c = self.config
         shuffle = c.shuffle if shuffle is None else shuffle
         if c.shard == "local":
-            local = self.images.shape[0]
+            local = _count(self.images)
             # derive_seed(seed, rank): each rank shuffles its own samples with its own stream.
             order = epoch_order(derive_seed(c.seed, c.rank), epoch, local, shuffle)
             return local_indices(order, c.batch_size, c.n, c.world_size, c.drop_last, c.even)
@@ -255,26 +277,32 @@ class DeviceLoader(EpochLoader):
         order = self._indices(epoch)
         span = c.chunk_batches * c.batch_size
         chunks = range(first, -(-order.shape[0] // span))
+        ragged = isinstance(self.images, Ragged)
         on_host = self.images.device.type == "cpu" and self.device.type != "cpu"
-        raw: Iterable[tuple[int, torch.Tensor, torch.Tensor]]
-        if on_host:
+        raw: Iterable[tuple[int, Any, torch.Tensor]]
+        if on_host and not ragged:
             # Gathered on the CPU straight into pinned memory, copied ahead on a side stream.
             raw = prefetch(((k, *self._gather(order[k * span : (k + 1) * span])) for k in chunks), self.device)
         else:
-            if self.device.type == "cuda":
+            if self.device.type == "cuda" and not ragged:  # (a ragged store selects on the host, by its metadata)
                 order = order.pin_memory().to(self.device, non_blocking=True)  # once per epoch, no host sync
             raw = ((k, *self._gather(order[k * span : (k + 1) * span])) for k in chunks)
         generator = torch.Generator(device=self.device) if self.transform is not None else None
         for k, x, y in raw:
             yield k, self._finish(x, epoch, k, generator), y
 
-    def _gather(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _gather(self, idx: torch.Tensor) -> tuple[Any, torch.Tensor]:
+        if isinstance(self.images, Ragged):  # views of the store; labels where they live
+            x = self.images.select(idx)
+            if x.device != self.device:  # a host tier: the chunk's images, packed and copied over
+                x = x.compact().to(self.device)
+            return x, self.labels.index_select(0, idx.to(self.labels.device)).to(self.device)
         if self.images.device.type == "cpu" and self.device.type == "cuda":
             return _index_pinned(self.images, idx), _index_pinned(self.labels, idx)
         return self.images.index_select(0, idx), self.labels.index_select(0, idx)
 
-    def _finish(self, x: torch.Tensor, epoch: int, chunk: int, generator: torch.Generator | None) -> torch.Tensor:
-        count = x.shape[0]
+    def _finish(self, x: Any, epoch: int, chunk: int, generator: torch.Generator | None) -> torch.Tensor:
+        count = _count(x)
         if self.transform is not None:
             assert generator is not None
             generator.manual_seed(derive_seed(self.config.seed, epoch, self.config.rank, chunk))
@@ -287,6 +315,17 @@ class DeviceLoader(EpochLoader):
         if self.channels_last and x.dim() == 4:
             x = x.contiguous(memory_format=torch.channels_last)
         return x
+
+
+def _count(images: torch.Tensor | Ragged) -> int:
+    return len(images) if isinstance(images, Ragged) else images.shape[0]
+
+
+def _take(images: torch.Tensor | Ragged, idx: torch.Tensor, compact: bool = False) -> torch.Tensor | Ragged:
+    """The images at ``idx``; a ragged store gives views of its buffer unless ``compact`` packs a new one."""
+    if isinstance(images, Ragged):
+        return images.select(idx).compact() if compact else images.select(idx)
+    return images.index_select(0, idx)
 
 
 def _pinned(t: torch.Tensor) -> torch.Tensor:

@@ -78,5 +78,9 @@ class Ragged:
         idx = idx.cpu()
         return Ragged(self.data, self.starts.index_select(0, idx), self.shapes.index_select(0, idx))
 
+    def compact(self) -> Ragged:
+        """A new buffer holding only these images, in order (after :meth:`select`, to free the rest)."""
+        return Ragged.stack([self.image(i) for i in range(len(self))])
+
     def to(self, device: torch.device, non_blocking: bool = False) -> Ragged:
         return Ragged(self.data.to(device, non_blocking=non_blocking), self.starts, self.shapes)

@@ -42,7 +42,10 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-os.environ["PYTHONPATH"] = f"{ROOT / 'src'}:{ROOT / 'benchmarks'}"  # DataLoader workers import from both
+# DataLoader workers and the subprocess parts import from both; what was there (carried wheels) stays after them.
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [str(ROOT / "src"), str(ROOT / "benchmarks"), *filter(None, [os.environ.get("PYTHONPATH")])]
+)
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
@@ -75,11 +78,30 @@ class Check:
         self.summary: dict = {}
 
     def save(self) -> None:
-        (self.out / "gpu_check.json").write_text(json.dumps(self.summary, indent=2, default=str))
+        # Written aside and renamed: a run killed mid-write still leaves the previous complete summary.
+        path = self.out / "gpu_check.json"
+        partial = path.with_suffix(".json.partial")
+        partial.write_text(json.dumps(self.summary, indent=2, default=str))
+        os.replace(partial, path)
 
 
-class PartTimeout(Exception):
-    pass
+class PartTimeout(BaseException):
+    """A part's time is up. Not an Exception: code that records an error and goes on must not swallow it."""
+
+
+def _run(cmd: list[str], timeout: float | None = None, **kwargs: object) -> subprocess.CompletedProcess:
+    """``subprocess.run`` in a session of its own, killed as a whole group when the part's time is up (or on any
+    error): torchrun's workers, started by the command, must not go on using the GPU during the next parts."""
+    p = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, **kwargs
+    )
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except BaseException:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.communicate()
+        raise
+    return subprocess.CompletedProcess(cmd, p.returncode, out, err)
 
 
 def _alarm(signum: int, frame: object) -> None:
@@ -138,9 +160,7 @@ def loader_throughput(c: Check) -> dict:
         try:
             row = measure()
             result["rows"].append(row.row(None) if row is not None else {"name": name, "skipped": "not importable"})
-        except PartTimeout:
-            raise
-        except Exception:
+        except Exception:  # (not the part's PartTimeout, a BaseException)
             result["rows"].append({"name": name, "error": traceback.format_exc()[-1500:]})
         print(f"  {name}: {time.perf_counter() - t:.1f} s", flush=True)
         c.save()
@@ -185,13 +205,10 @@ def bench_ladder(c: Check) -> dict:
 
 def cuda_tests(c: Check) -> dict:
     t = time.perf_counter()
-    r = subprocess.run(
+    r = _run(
         [sys.executable, "-m", "pytest", "-q", "-m", "cuda", "-p", "no:cacheprovider", str(ROOT / "tests")],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        env=os.environ,
         timeout=LIMITS["cuda_tests"] - 5,
+        cwd=ROOT,
     )
     (c.out / "pytest_cuda.txt").write_text(r.stdout + r.stderr)
     return {
@@ -246,9 +263,7 @@ def tier_fallback(c: Check, data: _TierData) -> dict:
     runs = {}
     path = data.ready()
     for cap in ("none", "0.006"):
-        r = subprocess.run(
-            [sys.executable, "-c", _TIER_SCRIPT, cap, str(path)], capture_output=True, text=True, env=os.environ
-        )
+        r = _run([sys.executable, "-c", _TIER_SCRIPT, cap, str(path)])
         if r.returncode:
             return {"error": r.stderr[-2000:]}
         runs[cap] = json.loads(r.stdout.strip().splitlines()[-1])
@@ -291,9 +306,7 @@ def ddp_overhead(c: Check) -> dict:
         base += ["--train-size", "1024", "--test-size", "256"]
     res = {}
     for name, extra in [("plain", []), ("torchrun_1", ["--nproc-per-node", "1"])]:
-        r = subprocess.run(
-            [*base, *extra, "--out", str(c.out / f"ddp_{name}")], capture_output=True, text=True, env=os.environ
-        )
+        r = _run([*base, *extra, "--out", str(c.out / f"ddp_{name}")])
         if r.returncode:
             return {"error": f"{name}: {r.stderr[-2000:]}"}
         epochs = json.loads((c.out / f"ddp_{name}" / "train.json").read_text())["epochs"]

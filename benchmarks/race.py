@@ -34,6 +34,9 @@ def race_check(
     cycles = _cycles_per_ms() * consumer_ms if device == "cuda" else 0
     patch = mock.patch.object(torch.Tensor, "record_stream", lambda self, stream: None) if broken else nullcontext()
     t0 = time.perf_counter()
+    timed = [torch.cuda.Event(enable_timing=True) for _ in range(2)] if device == "cuda" else []
+    if timed:
+        timed[0].record()
     with patch:
         for i, (x, y) in enumerate(gf.prefetch(source, device=device, depth=depth)):
             if cycles:
@@ -41,7 +44,8 @@ def race_check(
             sums[i] = x.double().sum()
             labels[i] = y[0]
             del x, y  # hand the memory back at once: the allocator must still not reuse it early
-        if device == "cuda":
+        if timed:
+            timed[1].record()
             torch.cuda.synchronize()
     expected = torch.tensor([float(i % 997) * 256 * 3 * 32 * 32 for i in range(batches)], dtype=torch.float64)
     bad = (sums.cpu() != expected) | (labels.cpu() != torch.arange(batches))
@@ -49,6 +53,8 @@ def race_check(
         "batches": batches,
         "depth": depth,
         "consumer_ms": consumer_ms,
+        # What the GPU really spent per batch: well under consumer_ms would mean the lag was not there to test.
+        "gpu_ms_per_batch": round(timed[0].elapsed_time(timed[1]) / batches, 2) if timed else None,
         "broken_prefetcher": broken,
         "corrupted": int(bad.sum()),
         "ok": not bool(bad.any()),
@@ -57,10 +63,17 @@ def race_check(
 
 
 def _cycles_per_ms() -> float:
-    """GPU clock cycles in a millisecond, measured with ``torch.cuda._sleep`` (clocks differ by GPU)."""
+    """GPU clock cycles in a millisecond, measured with ``torch.cuda._sleep`` (clocks differ by GPU).
+
+    Measured after half a second of spinning: an idle GPU clocks several times lower than a busy one,
+    and a calibration on a cold GPU would make the consumer's lag far shorter than asked."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < 0.5:
+        torch.cuda._sleep(5_000_000)
+        torch.cuda.synchronize()
     start.record()
-    torch.cuda._sleep(10_000_000)
+    torch.cuda._sleep(20_000_000)
     end.record()
     end.synchronize()
-    return 10_000_000 / max(start.elapsed_time(end), 1e-3)
+    return 20_000_000 / max(start.elapsed_time(end), 1e-3)

@@ -117,15 +117,52 @@ def test_an_iterator_thrown_away_unused_costs_no_epoch(kind):
     assert loader.state_dict()["epoch"] == 1
 
 
+def position(loader):
+    state = loader.state_dict()
+    return state["epoch"], state["batch"]
+
+
 @pytest.mark.parametrize("kind", list(LOADERS))
-def test_a_new_iteration_ends_an_abandoned_epoch(kind):
+def test_a_loop_that_breaks_early_ends_its_epoch_and_the_state_says_what_comes_next(kind):
     loader = make(kind)
-    it = iter(loader)
-    next(it), next(it)  # a loop that breaks early (limit_train_batches)
-    assert (loader.state_dict()["epoch"], loader.state_dict()["batch"]) == (0, 2)
-    again = iter(loader)
-    assert (loader.state_dict()["epoch"], loader.state_dict()["batch"]) == (1, 0)
-    assert labels(list(again)) == gf.sampling.epoch_order(3, 1, 23).tolist() and next(it, None) is None
+    for step, _ in enumerate(loader):
+        assert position(loader) == (0, step + 1)
+        if step == 1:
+            break  # limit_train_batches, or `if step == limit: break` then save_state
+    assert position(loader) == (1, 0)
+    saved = loader.state_dict()
+    resumed = make(kind)
+    resumed.load_state_dict(saved)
+    assert labels(list(resumed)) == labels(list(loader)) == gf.sampling.epoch_order(3, 1, 23).tolist()
+
+
+@pytest.mark.parametrize("kind", list(LOADERS))
+def test_a_second_iteration_during_a_loop_is_a_side_pass_that_costs_nothing(kind):
+    loader = make(kind)
+    epoch0 = gf.sampling.epoch_order(3, 0, 23).tolist()
+    seen, peeked = [], None
+    for step, (_, y) in enumerate(loader):
+        seen += y.tolist()
+        if step == 1:
+            peeked = next(iter(loader))[1].tolist()  # log a sample batch mid-epoch
+            assert position(loader) == (0, 2)
+    assert seen == epoch0 and peeked == epoch0[:4] and position(loader) == (1, 0)
+    pairs = list(zip(loader, loader, strict=True))  # two passes at once: the same epoch, in step
+    assert len(pairs) == 6 and all(torch.equal(a[1], b[1]) for a, b in pairs)
+    assert labels(a for a, _ in pairs) == gf.sampling.epoch_order(3, 1, 23).tolist() and position(loader) == (2, 0)
+
+
+@pytest.mark.parametrize("kind", list(LOADERS))
+def test_set_epoch_during_a_loop_does_not_cut_it_short(kind):
+    loader = make(kind)
+    seen = []
+    for step, (_, y) in enumerate(loader):
+        seen += y.tolist()
+        if step == 1:
+            loader.set_epoch(4)
+            assert position(loader) == (4, 0)
+    assert seen == gf.sampling.epoch_order(3, 0, 23).tolist() and position(loader) == (4, 0)
+    assert labels(list(loader)) == gf.sampling.epoch_order(3, 4, 23).tolist()
 
 
 @pytest.mark.parametrize("kind", list(LOADERS))
@@ -150,11 +187,11 @@ def test_set_epoch_keeps_a_position_loaded_for_that_epoch_and_can_start_further_
 @pytest.mark.parametrize("kind", list(LOADERS))
 def test_a_state_saved_on_one_rank_resumes_another(kind):
     ranks = [make(kind, rank=r, world_size=2) for r in range(2)]
-    for loader in ranks:
-        it = iter(loader)
+    running = [iter(loader) for loader in ranks]  # mid-epoch on both ranks
+    for it in running:
         next(it), next(it)
     state = ranks[0].state_dict()  # what Lightning and Accelerate save: rank 0's
-    expected = list(it)  # rank 1's remaining batches
+    expected = list(running[1])  # rank 1's remaining batches
     fresh = make(kind, rank=1, world_size=2)
     fresh.load_state_dict(state)
     got = list(fresh)

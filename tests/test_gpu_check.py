@@ -39,10 +39,14 @@ def test_a_part_that_fails_or_times_out_is_recorded_and_the_next_runs(tmp_path, 
 
     monkeypatch.setitem(gpu_check.LIMITS, "tune", 1)
 
-    def hangs(c):
+    def hangs(c):  # records a failure and goes on, as the bench ladder does: the timeout must get through
         import time
 
-        time.sleep(5)
+        for _ in range(5):
+            try:
+                time.sleep(1)
+            except Exception:
+                pass
 
     monkeypatch.setattr(gpu_check, "tune", hangs)
     monkeypatch.setattr(gpu_check, "prefetch_race", lambda c: 1 / 0)

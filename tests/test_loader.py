@@ -154,12 +154,31 @@ def test_state_at_the_end_of_an_epoch_points_to_the_next():
     assert (state["epoch"], state["batch"]) == (1, 0)
 
 
-def test_load_state_dict_while_iterating_is_an_error():
+def test_load_state_dict_while_iterating_detaches_the_running_epoch():
+    # accelerator.load_state mid-run: the running loop is not cut short, the next one serves the loaded position
     loader = _loader()
+    reference = [y for _, y in _loader()]
     it = iter(loader)
     next(it)
-    with pytest.raises(StateError, match="while an epoch is being iterated"):
-        loader.load_state_dict(loader.state_dict())
+    state = {**loader.state_dict(), "epoch": 3, "batch": 1}
+    loader.load_state_dict(state)
+    assert (loader.state_dict()["epoch"], loader.state_dict()["batch"]) == (3, 1)
+    rest = [y for _, y in it]
+    assert all(torch.equal(a, b) for a, b in zip(rest, reference[1:], strict=True))
+    assert loader.epoch == 3 and (loader.state_dict()["epoch"], loader.state_dict()["batch"]) == (3, 1)
+
+
+def test_a_loader_pickles_and_deep_copies_into_an_independent_loader():
+    import copy
+    import pickle
+
+    loader = _loader()
+    expected = [y for _, y in _loader()]
+    for twin in (pickle.loads(pickle.dumps(loader)), copy.deepcopy(loader)):
+        twin.sampler.set_epoch(5)  # moves the copy only
+        assert twin.epoch == 5 and loader.epoch == 0
+        twin.set_epoch(0)
+        assert all(torch.equal(a, b) for (_, a), b in zip(twin, expected, strict=True))
 
 
 @pytest.mark.parametrize("key, value", [("seed", 99), ("batch_size", 4), ("n", 7), ("version", 0), ("batch", 99)])

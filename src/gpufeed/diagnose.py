@@ -159,8 +159,9 @@ def diagnose(
     """Run ``step_fn(batch)`` for ``steps`` batches of ``loader`` and say what limits the loop.
 
     Args:
-        loader: any iterable of batches (a ``DataLoader``, a gpufeed loader, ...). A fresh iterator
-            is taken, so a loader with ``set_epoch`` advances by one epoch as in training.
+        loader: any iterable of batches (a ``DataLoader``, a gpufeed loader, ...). Fresh iterators
+            are taken, one per epoch the ``steps`` span, so a gpufeed loader advances by as many
+            epochs as in training.
         step_fn: one training step on one batch, exactly as the loop calls it.
         steps: steps to measure (fewer if the loader ends first). More steps follow on one batch: a
             probe that counts float32 matmuls and convolutions and, on a GPU, five under the profiler.
@@ -285,15 +286,19 @@ _END = object()
 
 
 def _idle_step_s(step_fn: Callable[[Any], Any], batch: Any, device: torch.device) -> float:
-    """The median step on one cached batch once the loader is idle (its workers done or shut down)."""
+    """The median step on one cached batch once the loader is idle (its workers done or shut down).
+
+    Timed as the loop times its steps: the host's time in ``step_fn``, from a drained device (after a data
+    wait the device has usually caught up) and with no sync inside, so the two compare like with like."""
     gc.collect()  # the released iterator's workers go now, not at some later collection
     time.sleep(0.2)  # persistent workers finish the batches they were asked for
     times = []
     for _ in range(_IDLE_STEPS):
+        sync(device)
         t0 = time.perf_counter()
         step_fn(batch)
-        sync(device)
         times.append(time.perf_counter() - t0)
+    sync(device)
     return statistics.median(times)
 
 

@@ -6,13 +6,20 @@ NOTE [ When an epoch is claimed ]
   which must not cost an epoch.
 - Claiming advances the loader to the next epoch, so a loop that never calls ``set_epoch`` still
   sees a new order each pass.
-- A new ``iter()`` ends the epoch of an iterator that was abandoned part-way (``break``,
-  Lightning's ``limit_train_batches``): its remaining batches are skipped, and ``state_dict()``
-  says what comes next, not where the abandoned epoch stopped.
+- An iterator dropped part-way (``break``, Lightning's ``limit_train_batches``) ends its epoch:
+  ``state_dict()`` then says what the next iteration will serve (the next epoch), not where the
+  abandoned one stopped.
+- While an iteration is in progress (its iterator still referenced and not exhausted), a second
+  one -- ``next(iter(loader))`` inside the loop to log a batch, ``zip(loader, loader)`` -- is a
+  side pass: it serves the same epoch from its start, as a ``DataLoader`` whose sampler's epoch
+  has not changed would, and moves no bookkeeping. Neither iteration loses a batch.
 - ``set_epoch(e)`` serves epoch ``e`` next, from its start -- or from the position a loaded state
   holds for that same epoch, so a trainer that calls ``set_epoch`` on resume (Lightning does,
   through ``loader.sampler.set_epoch``) continues mid-epoch. ``set_epoch(e, batch=n)`` starts
   ``n`` batches in (what ``accelerator.skip_first_batches`` does for a ``DataLoader``).
+  ``set_epoch`` and ``load_state_dict`` never cut an iteration short (a ``DataLoader``'s running
+  iterator does not see its sampler's new epoch either): it is detached, serves the rest of its
+  epoch, and ``state_dict()`` follows what was set.
 
 A state saved on any rank resumes every rank of the same world size: the position (epoch, batch)
 is the same on all of them, and the rank is not part of what fixes the sequence.
@@ -39,15 +46,14 @@ STATE_VERSION = 1
 
 
 class _EpochControl:
-    """``loader.sampler``: where trainers look for ``set_epoch`` (Lightning calls it every epoch)."""
+    """``loader.sampler``: where trainers look for ``set_epoch`` (Lightning calls it every epoch). Made on
+    each access, never stored: the loader stays free of reference cycles, picklable and deep-copyable."""
 
     def __init__(self, loader: EpochLoader) -> None:
-        self._loader = weakref.ref(loader)
+        self._loader = loader
 
     def set_epoch(self, epoch: int) -> None:
-        loader = self._loader()
-        if loader is not None:
-            loader.set_epoch(epoch)
+        self._loader.set_epoch(epoch)
 
 
 class EpochLoader:
@@ -60,16 +66,19 @@ class EpochLoader:
 
     def _start_epochs(self) -> None:
         self._epoch, self._offset = 0, 0  # what the next claimed iteration serves
-        # The claimed epoch's position, shared with its iterator: held here, so that dropping an iterator
-        # does not change what state_dict() says (only a new iteration, set_epoch or the epoch's end do).
+        # The claimed epoch's position, shared with its iterator, until the iterator is exhausted or dropped,
+        # or set_epoch / load_state_dict detach it.
         self._live: _Position | None = None
-        self.sampler = _EpochControl(self)
+
+    @property
+    def sampler(self) -> _EpochControl:
+        return _EpochControl(self)
 
     def __len__(self) -> int:
         raise NotImplementedError
 
-    def _batches(self, epoch: int, start: int) -> Iterator[Any]:
-        """The batches of ``epoch`` from batch ``start`` on."""
+    def _batches(self, epoch: int, start: int, side: bool = False) -> Iterator[Any]:
+        """The batches of ``epoch`` from batch ``start`` on; ``side``: while another iteration runs."""
         raise NotImplementedError
 
     @property
@@ -88,25 +97,24 @@ class EpochLoader:
                 raise ConfigError(f"batch={offset} is past the end of an epoch of {len(self)} batches")
         else:
             offset = self._offset if epoch == self._epoch else 0  # keep a position loaded for this epoch
-        self._end_live()
+        self._live = None  # a running iteration serves the rest of its epoch, detached
         self._epoch, self._offset = epoch, offset
 
     def __iter__(self) -> Iterator[Any]:
-        self._end_live()  # a new iteration ends an abandoned one (NOTE [ When an epoch is claimed ])
         return _Epoch(self)
 
-    def _claim(self) -> _Position:
+    def _claim(self) -> tuple[_Position, bool]:
+        """The position a new iteration serves, and whether it is a side pass (NOTE [ When an epoch is claimed ])."""
         check_world(self.config.world_size, self._explicit_world, type(self).__name__)
+        live = self._live_position()
+        if live is not None:
+            return _Position(live.epoch, 0, done=True), True
         self._live = _Position(self._epoch, self._offset)
         self._epoch, self._offset = self._epoch + 1, 0
-        return self._live
+        return self._live, False
 
     def _live_position(self) -> _Position | None:
         return self._live if self._live is not None and not self._live.done else None
-
-    def _end_live(self) -> None:
-        if self._live is not None:
-            self._live.done = True
 
     def state_dict(self) -> dict[str, Any]:
         """Where the loader stands: the epoch and the next batch within it, plus what fixes them."""
@@ -121,17 +129,15 @@ class EpochLoader:
         exactly the batches the saved run had left."""
         from dataclasses import asdict
 
-        if self._live_position() is not None:
-            raise StateError(
-                "load_state_dict() was called while an epoch is being iterated; "
-                "load the state before iterating (e.g. right after building the loader)"
-            )
-        self._epoch, self._offset = resume_position(state, self.kind, asdict(self.config), len(self))
+        epoch, offset = resume_position(state, self.kind, asdict(self.config), len(self))
+        self._live = None  # as set_epoch: a running iteration is detached, not cut short
+        self._epoch, self._offset = epoch, offset
 
 
 @dataclass
 class _Position:
-    """Where a claimed epoch stands: the next batch it yields, and whether it has ended."""
+    """Where a claimed epoch stands: the next batch it yields, and whether it no longer holds the loader's
+    bookkeeping (exhausted, or its iterator dropped; a side pass never holds it)."""
 
     epoch: int
     next_batch: int
@@ -141,8 +147,7 @@ class _Position:
 class _Epoch:
     """One epoch of an :class:`EpochLoader`, claimed at its first batch (NOTE [ When an epoch is claimed ])."""
 
-    end_of_dataloader = False  # read by Accelerate's GradientState while this is its active loader
-    remainder = -1  # Accelerate's gather_for_metrics: unknown padding, keep every gathered sample
+    end_of_dataloader = False  # read (through _AccelerateView) by Accelerate's GradientState
 
     def __init__(self, loader: EpochLoader) -> None:
         self.loader, self.total = loader, len(loader)
@@ -155,11 +160,11 @@ class _Epoch:
 
     def __next__(self) -> Any:
         if self.position is None:  # the first batch claims the epoch
-            self.position = self.loader._claim()
-            self._source = self.loader._batches(self.position.epoch, self.position.next_batch)
+            self.position, side = self.loader._claim()
+            self._source = self.loader._batches(self.position.epoch, self.position.next_batch, side)
             self._accelerate = _gradient_state(self)
         p = self.position
-        if p.done or p.next_batch >= self.total:
+        if p.next_batch >= self.total:
             p.done = True
             self._release()
             raise StopIteration
@@ -167,32 +172,52 @@ class _Epoch:
         p.next_batch += 1
         self.end_of_dataloader = p.next_batch >= self.total
         # At the end the position is the next epoch's start; Accelerate keeps this registered until exhausted.
-        p.done = self.end_of_dataloader
+        p.done = p.done or self.end_of_dataloader
         return batch
 
     def _release(self) -> None:
         self._source = None
         if self._accelerate is not None:
-            self._accelerate._remove_dataloader(self)
-            self._accelerate = None
+            (state, view), self._accelerate = self._accelerate, None
+            state._remove_dataloader(view)
 
-    def __del__(self) -> None:  # an iterator dropped part-way must not stay Accelerate's active loader
+    def __del__(self) -> None:
+        # Dropped part-way (``break``): the epoch is over for the bookkeeping, and Accelerate must not keep
+        # it as its active loader.
         try:
+            if self.position is not None:
+                self.position.done = True
             self._release()
         except Exception:  # at interpreter shutdown there is nothing left to clean up
             pass
 
 
-def _gradient_state(it: _Epoch) -> Any:
-    """Accelerate's GradientState, with ``it`` registered as the active loader, if an Accelerator exists."""
+class _AccelerateView:
+    """What Accelerate's GradientState holds while an epoch runs. It reads the iterator through a weak
+    reference: a strong one would keep a dropped iterator alive, and with it its epoch."""
+
+    remainder = -1  # gather_for_metrics: unknown padding, keep every gathered sample
+
+    def __init__(self, it: _Epoch) -> None:
+        self._it = weakref.ref(it)
+
+    @property
+    def end_of_dataloader(self) -> bool:
+        it = self._it()
+        return it is None or it.end_of_dataloader
+
+
+def _gradient_state(it: _Epoch) -> tuple[Any, _AccelerateView] | None:
+    """Accelerate's GradientState and the view of ``it`` registered as its active loader, if an Accelerator exists."""
     state_module = sys.modules.get("accelerate.state")  # never imported here: only if the user did
     if state_module is None:
         return None
     state = state_module.GradientState()
     if not state.initialized:
         return None
-    state._add_dataloader(it)  # what Accelerate's own DataLoaderShard does when its iteration starts
-    return state
+    view = _AccelerateView(it)
+    state._add_dataloader(view)  # what Accelerate's own DataLoaderShard does when its iteration starts
+    return state, view
 
 
 def check_world(world_size: int, explicit: bool, what: str) -> None:

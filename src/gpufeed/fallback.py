@@ -117,13 +117,9 @@ class FallbackLoader(EpochLoader):
         self._sampler = _Batches(self.config)
         check_epoch(n, batch_size, drop_last, world_size, even)
         workers = default_workers() if num_workers is None else num_workers
-        self.loader = DataLoader(
-            _Seeded(ds, seed),
-            batch_sampler=self._sampler,
-            pin_memory=device.type == "cuda",
-            collate_fn=_collate,
-            **loader_kwargs(workers, persistent=True, prefetch_factor=4 if workers else None),
-        )
+        self._seeded, self._workers, self._pin = _Seeded(ds, seed), workers, device.type == "cuda"
+        self.loader = self._data_loader(self._sampler, persistent=True)
+        self._shared_in_use = False  # the persistent loader's one iterator is serving an iteration
         self.device, self.dtype, self.channels_last = device, dtype, channels_last
         self._explicit_world = explicit_world
         self._start_epochs()
@@ -145,9 +141,33 @@ class FallbackLoader(EpochLoader):
     def __len__(self) -> int:
         return len(self._sampler)
 
-    def _batches(self, epoch: int, start: int) -> Iterator[Any]:
+    def _data_loader(self, sampler: _Batches, persistent: bool) -> DataLoader:
+        return DataLoader(
+            self._seeded,
+            batch_sampler=sampler,
+            pin_memory=self._pin,
+            collate_fn=_collate,
+            **loader_kwargs(self._workers, persistent=persistent, prefetch_factor=4 if self._workers else None),
+        )
+
+    def _batches(self, epoch: int, start: int, side: bool = False) -> Iterator[Any]:
+        # A persistent DataLoader has one iterator: a second iteration at once (a side pass, or one detached by
+        # set_epoch) would reset it under the first. It gets a DataLoader of its own, its workers for that pass.
+        if self._shared_in_use:
+            sampler = _Batches(self.config)
+            sampler.epoch, sampler.start = epoch, start
+            return self._serve(self._data_loader(sampler, persistent=False), shared=False)
         self._sampler.epoch, self._sampler.start = epoch, start
-        return (self._finish(batch) for batch in prefetch(self.loader, self.device))
+        return self._serve(self.loader, shared=True)
+
+    def _serve(self, loader: DataLoader, shared: bool) -> Iterator[Any]:
+        self._shared_in_use = self._shared_in_use or shared
+        try:
+            for batch in prefetch(loader, self.device):
+                yield self._finish(batch)
+        finally:  # exhausted, or the generator closed when its iteration was dropped
+            if shared:
+                self._shared_in_use = False
 
     def _finish(self, batch: Any) -> Any:
         """The batch as the DataLoader collated it; an ``(images, labels)`` pair gets ``dtype``/``channels_last``."""

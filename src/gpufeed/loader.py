@@ -262,7 +262,7 @@ class DeviceLoader(EpochLoader):
 
     kind = "device"
 
-    def _batches(self, epoch: int, start: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def _batches(self, epoch: int, start: int, side: bool = False) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """The batches of ``epoch`` from batch ``start`` on: slices of transformed chunks."""
         k, bs = self.config.chunk_batches, self.config.batch_size
         skip = start % k  # batches of the first chunk already served before a resume

@@ -10,15 +10,15 @@ cost, the cores actually usable, the batch size and the copy to the device. The 
    a GPU (the copy is part of what is timed).
 
 Every trial is a fresh ``DataLoader`` over the dataset with its own generator: the caller's loaders,
-epochs and random state are untouched. Throughput is the median over three timed slices after a
-warm-up; the start-up time (workers, first batch) is kept separately, since persistent workers pay
+epochs and random state are untouched. Throughput is measured over three timed slices after a
+warm-up, each several times the prefetch depth (workers deliver in bursts), as their total samples
+over their total time; the start-up time (workers, first batch) is kept separately, since persistent workers pay
 it once per run instead of once per epoch.
 """
 
 from __future__ import annotations
 
 import random
-import statistics
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -45,7 +45,7 @@ class Trial:
     prefetch_factor: int | None
     images_per_s: float
     startup_s: float  # from iter() to the first batch
-    spread: float = 0.0  # (fastest - slowest) / median of the three timed slices: the measurement's noise
+    spread: float = 0.0  # (fastest - slowest) slice rate / the trial's rate: the measurement's noise
 
 
 @dataclass(frozen=True)
@@ -126,17 +126,22 @@ def _trial(
         **kw,
     )
     move = device.type == "cuda"
-    warm = max(2, workers * (prefetch or 2))  # the first prefetch wave arrives at once: not steady state
+    # Workers deliver in bursts (while the consumer waits for batch k, the others finish k+1.. and queue them),
+    # and up to workers * prefetch batches can be ready at once. Slices several times that long, and the rate
+    # taken over all of them together (not a median of slice rates, which a burst makes look instant).
+    depth = workers * (prefetch or 2)
+    warm = max(2, depth)  # the first prefetch wave arrives at once: not steady state
+    span = max(batches, 2 * depth)
     t0 = time.perf_counter()
     it = _stream(loader)
     next(it)
     startup = time.perf_counter() - t0
     for _ in range(warm):
         next(it)
-    rates = []
+    counts, times = [], []
     for _ in range(3):
         t, n = time.perf_counter(), 0
-        for _ in range(batches):
+        for _ in range(span):
             batch = next(it)
             if move:
                 x = batch[0] if isinstance(batch, (tuple, list)) else batch
@@ -144,10 +149,12 @@ def _trial(
             n += _count(batch)
         if move:
             torch.cuda.synchronize(device)
-        rates.append(n / (time.perf_counter() - t))
+        counts.append(n)
+        times.append(time.perf_counter() - t)
     del it, loader  # persistent workers end with their loader
-    median = statistics.median(rates)
-    return Trial(workers, pin, prefetch if workers > 0 else None, median, startup, (max(rates) - min(rates)) / median)
+    rate = sum(counts) / sum(times)
+    rates = [n / t for n, t in zip(counts, times, strict=True)]
+    return Trial(workers, pin, prefetch if workers > 0 else None, rate, startup, (max(rates) - min(rates)) / rate)
 
 
 def _memory_notes(dataset: Any) -> list[str]:

@@ -69,3 +69,29 @@ def test_a_loader_built_before_the_process_group_is_refused_when_iterated(tmp_pa
     run = _launch("torchrun_run.py", tmp_path / "out", "--before-init")
     assert run.returncode != 0
     assert "built before torch.distributed was initialised" in run.stderr and "pass rank= and world_size=" in run.stderr
+
+
+def test_under_an_accelerator_a_loop_that_breaks_ends_its_epoch_and_leaves_accelerate_s_loaders():
+    # Accelerate's GradientState holds the running epoch while it is its active loader; a loop that breaks
+    # must still end that epoch (the next loop serves the next one) and leave GradientState.
+    accelerate = pytest.importorskip("accelerate")
+    import torch
+
+    import gpufeed as gf
+
+    accelerator = accelerate.Accelerator(cpu=True)
+    try:
+        images = torch.zeros(N, 1, 4, 4, dtype=torch.uint8)
+        loader = gf.DeviceLoader(images, torch.arange(N), batch_size=8, device="cpu", seed=1)
+        for step, _ in enumerate(loader):
+            assert accelerator.gradient_state.in_dataloader
+            if step == 1:
+                break
+        assert not accelerator.gradient_state.in_dataloader
+        assert (loader.state_dict()["epoch"], loader.state_dict()["batch"]) == (1, 0)
+        ends = [accelerator.gradient_state.end_of_dataloader for _ in loader]
+        assert ends == [False] * 4 + [True] and loader.epoch == 2
+    finally:
+        accelerator.free_memory()
+        accelerate.state.AcceleratorState._reset_state(True)
+        accelerate.state.GradientState._reset_state()

@@ -202,6 +202,20 @@ def test_a_batchable_pipeline_is_suggested_whatever_the_verdict():
     assert "gpufeed.accelerate" in finding.fix and "little to gain here" in finding.expected_gain
 
 
+def test_a_pipeline_the_planner_refuses_on_its_samples_is_not_suggested():
+    # Every op is batchable, but the dataset's own __getitem__ draws random numbers: accelerate() refuses it
+    # (reading each sample once would freeze that randomness), so diagnose must not offer it as the fix.
+    class Jittered(TensorDataset):
+        def __getitem__(self, i):
+            image, label = super().__getitem__(i)
+            return self.transform(image + torch.randint(0, 2, (1,), dtype=torch.uint8)), label
+
+    dataset = Jittered(torch.zeros(64, 3, 8, 8, dtype=torch.uint8), torch.arange(64))
+    dataset.transform = T.RandomCrop(8, padding=2)
+    report = diagnose(DataLoader(dataset, batch_size=8), lambda b: None, steps=4, device="cpu")
+    assert "per-sample-transforms" not in _kinds(report)
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_unpinned_host_batches_and_a_dataset_that_fits_are_reported_on_cuda():

@@ -18,18 +18,19 @@ from typing import Any
 
 import torch
 
+from .augment.ragged import Ragged
 from .cache import entry_path, load_or_ingest
 from .cache.fingerprint import cache_key
 from .device import resolve_device
 from .errors import CacheWriteError, ConfigError, DataError, UnsupportedTransformError
 from .fallback import FallbackLoader
-from .ingest import RaggedError, UnbatchableError, exposes_arrays, ingest, probe
+from .ingest import Probe, RaggedError, UnbatchableError, exposes_arrays, ingest, probe
 from .loader import DeviceLoader
 from .plan import Plan, Split, build_batched, split_transform
 from .spill import spill
 from .validate import as_flag, as_int, check_dataset, check_epoch
 
-__all__ = ["DEVICE_BUDGET_FRACTION", "HOST_BUDGET_FRACTION", "accelerate"]
+__all__ = ["DEVICE_BUDGET_FRACTION", "HOST_BUDGET_FRACTION", "accelerate", "preflight"]
 
 DEVICE_BUDGET_FRACTION = 0.5  # of the device memory free when accelerate() runs: the rest is the model's
 HOST_BUDGET_FRACTION = 0.5  # of the host memory available, for the pinned tier
@@ -181,20 +182,24 @@ def accelerate(
     # Planned in full on a few samples before the dataset is read, so that anything the batched path
     # cannot do takes the fallback without an ingest (and fails fast without one).
     try:
-        split = split_transform(transform, cache_lambda)
-        probed = probe(dataset, split.cached_transform())
+        split, probed = preflight(dataset, transform, cache_lambda)
         if probed.ragged is not None:
-            raise RaggedError(probed.ragged)
-        _dry_run(build_batched(split.device, probed.dtype, probed.size, probed.pil), probed.samples)
-        src = _load(dataset, split, cache, num_workers, progress, lock_timeout)
+            src = _load_ragged(dataset, split, cache, num_workers, progress)
+        else:
+            src = _load(dataset, split, cache, num_workers, progress, lock_timeout)
     except (UnsupportedTransformError, UnbatchableError) as e:  # after the probe: what its samples did not show
         return slow_path(e)
     images, labels = src.images, src.labels
     nbytes = images.nbytes + labels.nbytes
     tier, why = _choose_tier(nbytes, dev, memory_budget)
-    if tier != "device":
+    if tier == "mmap" and isinstance(images, Ragged):
+        tier = "pinned" if dev.type == "cuda" else "device"
+        why = why.replace("; memory-mapped file", ", but a ragged store has no memory-mapped tier yet: host memory")
+        warnings.warn(f"gpufeed.accelerate: {why}", stacklevel=2)
+    elif tier != "device":
         warnings.warn(f"gpufeed.accelerate: {why}; batches are the same, each chunk is copied in", stacklevel=2)
     if tier == "mmap" and not src.mapped:
+        assert isinstance(images, torch.Tensor)
         try:
             images, labels = spill(images, labels)
         except CacheWriteError as e:
@@ -202,7 +207,8 @@ def accelerate(
             why = f"{why}, but the memory map could not be written, so the data stays in host memory"
             warnings.warn(f"gpufeed.accelerate: {e}; the data stays in host memory", stacklevel=2)
     notes: list[str] = []
-    batched = build_batched(split.device, images.dtype, (images.shape[2], images.shape[3]), probed.pil, notes)
+    size = probed.size if isinstance(images, Ragged) else (images.shape[2], images.shape[3])
+    batched = build_batched(split.device, images.dtype, size, probed.pil, notes)
     classes = getattr(dataset, "classes", None)  # torchvision datasets: labels must index it
     loader = DeviceLoader(
         images,
@@ -226,7 +232,8 @@ def accelerate(
         cached=tuple(repr(op) for op in split.cached),
         batched=tuple(op.describe() for op in (batched.transforms if batched else [])),
         storage=tier,
-        stored_shape=tuple(images.shape),
+        stored_shape=(len(images), int(images.shapes[0, 0])) if isinstance(images, Ragged) else tuple(images.shape),
+        layout=_ragged_layout(images) if isinstance(images, Ragged) else "",
         stored_dtype=str(images.dtype).replace("torch.", ""),
         bytes=nbytes,
         ingest=src.description,
@@ -239,7 +246,7 @@ def accelerate(
 
 @dataclass
 class _Source:
-    images: torch.Tensor
+    images: torch.Tensor | Ragged
     labels: torch.Tensor
     description: str
     cache_path: Path | None = None
@@ -247,7 +254,25 @@ class _Source:
     notes: list[str] = field(default_factory=list)
 
 
-def _dry_run(batched: Any, samples: torch.Tensor | None) -> None:
+def preflight(dataset: Any, transform: Any, cache_lambda: bool = False) -> tuple[Split, Probe]:
+    """The plan, checked on a few samples before the dataset is read: the split of ``transform``, and what
+    the probed samples say. Raises UnsupportedTransformError or UnbatchableError for what the batched
+    path cannot run (the fallback's cases), DataError for samples no loader could use."""
+    split = split_transform(transform, cache_lambda)
+    probed = probe(dataset, split.cached_transform())
+    batched = build_batched(split.device, probed.dtype, probed.size, probed.pil)
+    if probed.ragged is not None and not (probed.sizes_only and _takes_ragged(batched)):
+        raise RaggedError(probed.ragged)
+    _dry_run(batched, probed.samples)
+    return split, probed
+
+
+def _takes_ragged(batched: Any) -> bool:
+    """Whether the batched part starts with an op that takes images of different sizes (RandomResizedCrop)."""
+    return batched is not None and bool(getattr(batched.transforms[0], "ragged_input", False))
+
+
+def _dry_run(batched: Any, samples: torch.Tensor | Ragged | None) -> None:
     """Run the batched ops on the probed samples: what they refuse (an erase value a uint8 image cannot
     hold, a fill out of range) is found before the dataset is read, and can take the fallback."""
     if batched is None or samples is None:
@@ -321,6 +346,27 @@ def _load(
     if hit is not None:
         return _Source(hit.images, hit.labels, _describe(data) + ", written to the cache", path, True, notes)
     return _Source(data.images, data.labels, _describe(data), None, False, notes)
+
+
+def _load_ragged(
+    dataset: Any, split: Split, cache: bool | str | Path, num_workers: int | None, progress: bool
+) -> _Source:
+    """Images of different sizes, each kept as it is in one Ragged buffer (RandomResizedCrop makes them one size)."""
+    data = ingest(dataset, split.cached_transform(), num_workers=num_workers, progress=progress, ragged=True)
+    notes = [
+        "images of different sizes: each is stored as it is, and RandomResizedCrop draws its box from its own size"
+    ]
+    if cache is not False:
+        notes.append("not persisted: the ragged store has no cache format yet, so the folder is read again next run")
+    return _Source(data.images, data.labels, _describe(data), None, False, notes)
+
+
+def _ragged_layout(images: Ragged) -> str:
+    h, w = images.shapes[:, 1], images.shapes[:, 2]
+    return (
+        f"ragged: {len(images):,} images of {int(images.shapes[0, 0])} channel(s), heights {int(h.min())}-"
+        f"{int(h.max())}, widths {int(w.min())}-{int(w.max())}"
+    )
 
 
 def _describe(data: Any) -> str:

@@ -68,10 +68,10 @@ def _cacheable(dl: DataLoader | None, ev: Evidence) -> Finding | None:
     transform = getattr(dl.dataset, "transform", None) if dl is not None else None
     if dl is None or transform is None:
         return None
-    from .plan import split_transform
+    from .accelerate import preflight
 
     try:
-        split_transform(transform)
+        preflight(dl.dataset, transform)  # what accelerate() itself checks first, on a few samples
     except Exception:  # not batchable: tuning the DataLoader is the remaining fix
         return None
     cost = ev.data_cost_fraction
@@ -81,7 +81,8 @@ def _cacheable(dl: DataLoader | None, ev: Evidence) -> Finding | None:
     return Finding(
         "per-sample-transforms",
         f"{type(dl.dataset).__name__} runs its transform per sample in Python; gpufeed.accelerate can cache its "
-        "deterministic part once and run the random part batched on the device (the planner accepts it)",
+        "deterministic part once and run the random part batched on the device (its planner accepted this "
+        "pipeline on a few samples)",
         "loader = gpufeed.accelerate(dataset, batch_size=..., shuffle=True, device=...)",
         f"the loader costs {cost:.0%} of this loop's wall time ({parts}); batched on the device that falls to "
         "a few kernels per batch"

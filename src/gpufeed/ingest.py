@@ -1,5 +1,8 @@
 """Dataset -> one ``(N, C, H, W)`` tensor of images and one of labels, after the cached part.
 
+Images of different sizes (an ImageFolder of photos) are read into a :class:`~gpufeed.augment.ragged.Ragged`
+store instead, when the batched part starts with an op that takes them (RandomResizedCrop).
+
 Two paths. Datasets that expose their arrays (``.data`` with ``.targets`` or ``.labels``: CIFAR,
 MNIST, SVHN, STL10, ...; ``TensorDataset``) are read in one vectorised step when nothing needs
 computing per sample; a spot check against ``dataset[i]`` guards the layout guess. Any other
@@ -20,6 +23,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
+from .augment.ragged import Ragged
 from .cache.fingerprint import standard_getitem
 from .errors import DataError
 from .sampling import global_seed
@@ -54,8 +58,9 @@ class Probe:
     dtype: torch.dtype  # of an image after the cached part
     size: tuple[int, int]  # (height, width) after the cached part
     pil: bool  # the cached part hands PIL images on (so the user's pipeline continues on PIL kernels)
-    ragged: str | None  # why the images cannot share one store (differing sizes), or None
-    samples: torch.Tensor | None = None  # the probed images after the cached part, stacked (None if ragged)
+    ragged: str | None  # why the images cannot be stacked into one tensor (differing sizes), or None
+    samples: torch.Tensor | Ragged | None = None  # the probed images after the cached part
+    sizes_only: bool = False  # ragged, but only in height and width (one channel count and dtype): a Ragged store
 
 
 def _varies(read: Callable[[], tuple[torch.Tensor, Any]], image: torch.Tensor, label: Any, reads: int = 8) -> bool:
@@ -112,21 +117,23 @@ def probe(dataset: Any, cached: Callable[[Any], Any] | None) -> Probe:
             f"{source}[0] gives images of dtype {first.dtype} (e.g. a 1-bit or 16-bit PIL image); gpufeed stores uint8 "
             "or float images: convert them (image.convert('RGB'), or a ToDtype first), or pass fallback='prefetch'"
         )
-    stored, ragged = [first], None
+    stored, ragged, sizes_only = [first], None, True
     for i in sorted({n // 2, n - 1} - {0}):
         _, image, _ = read(i)
         if image.shape != first.shape or image.dtype != first.dtype:
-            ragged = _ragged(source, i, tuple(image.shape), image.dtype, tuple(first.shape), first.dtype)
-            break
+            ragged = ragged or _ragged(source, i, tuple(image.shape), image.dtype, tuple(first.shape), first.dtype)
+            sizes_only = sizes_only and image.shape[0] == first.shape[0] and image.dtype == first.dtype
         stored.append(image)
     pil = isinstance(first_out, Image.Image)
     size = (first.shape[1], first.shape[2])
-    return Probe(first.dtype, size, pil, ragged, None if ragged else torch.stack(stored))
+    if ragged is None:
+        return Probe(first.dtype, size, pil, None, torch.stack(stored))
+    return Probe(first.dtype, size, pil, ragged, Ragged.stack(stored) if sizes_only else None, sizes_only)
 
 
 @dataclass(frozen=True)
 class Ingested:
-    images: torch.Tensor  # (N, C, H, W), CPU, uint8 (or float32 when the cached part made floats)
+    images: torch.Tensor | Ragged  # (N, C, H, W), CPU, uint8 (or float32 when the cached part made floats)
     labels: torch.Tensor  # (N,) int64, or the dataset's targets
     path: str  # "arrays" or "per-sample"
     seconds: float
@@ -252,8 +259,11 @@ def _collate(items: list[Any]) -> list[Any]:
 
 
 def _per_sample(
-    dataset: Any, source: str, num_workers: int | None, progress: bool
-) -> tuple[torch.Tensor, torch.Tensor]:
+    dataset: Any, source: str, num_workers: int | None, progress: bool, ragged: bool = False
+) -> tuple[torch.Tensor | Ragged, torch.Tensor]:
+    """Every sample through the dataset's (cached) transform, in DataLoader workers. ``ragged``: images of
+    different sizes are kept as they are, in one Ragged buffer (held as a list until the end: the peak is
+    twice the store)."""
     dataset = Guarded(dataset, source, _decode)
     n = len(dataset)
     workers = default_workers(n) if num_workers is None else num_workers
@@ -261,6 +271,7 @@ def _per_sample(
     from tqdm.auto import tqdm
 
     images: torch.Tensor | None = None
+    parts: list[torch.Tensor] = []
     labels: list[Any] = []
     i = 0
     with tqdm(total=n, desc="gpufeed: reading samples", unit="img", disable=not progress) as bar:
@@ -269,15 +280,24 @@ def _per_sample(
                 if isinstance(item, SampleFailure):
                     raise item.exception()
                 image, label = item
-                if images is None:
-                    images = torch.empty((n, *image.shape), dtype=image.dtype)
-                elif image.shape != images.shape[1:] or image.dtype != images.dtype:
-                    first = tuple(images.shape[1:])
-                    raise RaggedError(_ragged(source, i, tuple(image.shape), image.dtype, first, images.dtype))
-                images[i] = image
+                if ragged:
+                    ref = parts[0] if parts else image
+                    if image.shape[0] != ref.shape[0] or image.dtype != ref.dtype:
+                        shape, dtype = tuple(image.shape), image.dtype
+                        raise RaggedError(_ragged(source, i, shape, dtype, tuple(ref.shape), ref.dtype))
+                    parts.append(image)
+                else:
+                    if images is None:
+                        images = torch.empty((n, *image.shape), dtype=image.dtype)
+                    elif image.shape != images.shape[1:] or image.dtype != images.dtype:
+                        first = tuple(images.shape[1:])
+                        raise RaggedError(_ragged(source, i, tuple(image.shape), image.dtype, first, images.dtype))
+                    images[i] = image
                 labels.append(label)
                 i += 1
             bar.update(len(batch))
+    if ragged:
+        return Ragged.stack(parts), label_tensor(labels, source)
     assert images is not None
     return images, label_tensor(labels, source)
 
@@ -288,11 +308,13 @@ def ingest(
     *,
     num_workers: int | None = None,
     progress: bool = True,
+    ragged: bool = False,
 ) -> Ingested:
     """Read every sample of ``dataset`` through ``cached`` (the deterministic part) into two tensors.
 
     The dataset's own ``transform`` is replaced by ``cached`` on a copy; the caller's dataset is
-    not modified.
+    not modified. ``ragged``: the images may differ in height and width; they come back as a
+    :class:`~gpufeed.augment.ragged.Ragged` store, each as it is.
 
     Example:
         >>> ds = TensorDataset(torch.zeros(4, 1, 2, 2, dtype=torch.uint8), torch.arange(4))
@@ -306,10 +328,10 @@ def ingest(
     if n == 0:
         raise DataError(f"the dataset ({source}) is empty (len 0); nothing to load")
     stripped = _with_transform(dataset, cached)
-    arrays = _arrays(dataset) if cached is None else None
+    arrays = _arrays(dataset) if cached is None and not ragged else None
     if arrays is not None and arrays[0].shape[0] == n and _spot_check(stripped, source, arrays[0]):
         return Ingested(arrays[0], arrays[1], "arrays", time.perf_counter() - t0)
-    images, labels = _per_sample(stripped, source, num_workers, progress)
+    images, labels = _per_sample(stripped, source, num_workers, progress, ragged)
     return Ingested(images, labels, "per-sample", time.perf_counter() - t0)
 
 

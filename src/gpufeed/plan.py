@@ -383,6 +383,7 @@ class Plan:
     notes: tuple[str, ...] = field(default_factory=tuple)
     device: str = ""  # where batches are made
     workers: int = 0  # the fallback's DataLoader workers
+    layout: str = ""  # images of different sizes: how they are stored (stored_shape is then (N, C))
 
     def _where(self) -> str:
         if self.storage == "fallback":
@@ -392,7 +393,7 @@ class Plan:
             )
         gib = self.bytes / 2**30
         size = f"{gib:.2f} GiB" if gib >= 0.1 else f"{self.bytes / 2**20:.1f} MiB"
-        what = f"{size}, {self.stored_dtype} {tuple(self.stored_shape)}"
+        what = f"{size}, {self.stored_dtype} {self.layout or tuple(self.stored_shape)}"
         if self.storage == "device":
             where = "in memory (the CPU is the device)" if self.device.startswith("cpu") else f"on {self.device}"
         elif self.storage == "pinned":

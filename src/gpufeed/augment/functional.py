@@ -133,9 +133,12 @@ def normalize(
     equals ``F.normalize(F.to_tensor(img), mean, std)`` bit for bit before the final cast.
     """
     work = x.dtype if x.dtype.is_floating_point else torch.float32
-    x = convert_dtype(x, work, reciprocal)
-    m, s = constant(tuple(mean), x, "mean"), constant(tuple(std), x, "std")
-    return x.sub(m).div_(s).to(dtype)
+    y = convert_dtype(x, work, reciprocal)
+    m, s = constant(tuple(mean), y, "mean"), constant(tuple(std), y, "std")
+    # In place on the converted copy (a new tensor of a batch's size costs as much as the arithmetic), never
+    # on the caller's tensor.
+    y = y.sub_(m) if y is not x else y.sub(m)
+    return y.div_(s).to(dtype)
 
 
 def erase(

@@ -1,0 +1,88 @@
+"""accelerate() on folders of images of different sizes (ImageFolder and the like) with the standard
+training recipe: stored as they are (a ragged store), RandomResizedCrop drawing each box from its own
+image, pixels within one level of the user's PIL pipeline."""
+
+import warnings
+
+import pytest
+import torch
+import torchvision.transforms as T
+from torch.utils.data import Dataset
+
+import gpufeed as gf
+from gpufeed.augment.ragged import Ragged
+
+from fakes import image_folder, snapshot
+
+IMAGENET = ([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])
+SIZES = [(120, 90), (64, 80), (200, 150), (97, 61), (50, 50), (75, 130), (33, 47), (160, 90), (90, 160)]
+
+
+def test_the_standard_training_recipe_runs_batched_on_a_ragged_store(tmp_path):
+    recipe = T.Compose([T.RandomResizedCrop(40), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(*IMAGENET)])
+    ds = image_folder(tmp_path / "photos", SIZES, transform=recipe)
+    before = snapshot(tmp_path / "photos")
+    loader = gf.accelerate(ds, batch_size=4, device="cpu", seed=2, num_workers=0, progress=False)
+    assert isinstance(loader, gf.DeviceLoader) and isinstance(loader.images, Ragged)
+    assert sorted(map(tuple, loader.images.shapes[:, 1:].tolist())) == sorted((h, w) for w, h in SIZES)
+    text = str(loader.plan)
+    assert "ragged: 9 images of 3 channel(s), heights 47-160, widths 33-200" in text
+    assert "RandomResizedCrop(size=(40, 40)" in text and "not persisted" in text
+    for _ in range(2):
+        batches = list(loader)
+        assert [tuple(x.shape) for x, _ in batches] == [(4, 3, 40, 40)] * 2 + [(1, 3, 40, 40)]
+        assert sorted(torch.cat([y for _, y in batches]).tolist()) == sorted(ds.targets)
+        assert all(x.dtype == torch.float32 and -2.2 < x.min() and x.max() < 2.7 for x, _ in batches)
+    assert snapshot(tmp_path / "photos") == before  # nothing written into the user's folder
+
+
+@pytest.mark.parametrize("size", [32, (24, 40)])
+def test_each_image_is_cropped_and_resized_within_one_level_of_pil(tmp_path, size):
+    # ratio=(10, 10) fits no box, so torchvision falls back to a deterministic central strip: the same box
+    # on both sides, whatever the random draws. PIL resizes in fixed point; one level apart at most.
+    recipe = T.Compose([T.RandomResizedCrop(size, scale=(1, 1), ratio=(10, 10)), T.ToTensor()])
+    ds = image_folder(tmp_path, SIZES, transform=recipe)
+    loader = gf.accelerate(ds, batch_size=5, shuffle=False, device="cpu", cache=False, progress=False)
+    got = torch.cat([x for x, _ in loader])
+    expected = torch.stack([ds[i][0] for i in range(len(ds))])
+    assert got.shape == expected.shape
+    assert (got - expected).abs().max() <= 1 / 255 + 1e-6
+    assert ((got - expected).abs() > 0.5 / 255).float().mean() < 0.01
+
+
+def test_a_ragged_store_that_exceeds_the_budget_stays_in_host_memory_and_says_so(tmp_path):
+    ds = image_folder(tmp_path, SIZES[:4], transform=T.Compose([T.RandomResizedCrop(16), T.PILToTensor()]))
+    with pytest.warns(UserWarning, match="exceeds .* but a ragged store has no memory-mapped tier yet: host memory"):
+        loader = gf.accelerate(ds, batch_size=2, device="cpu", memory_budget=0, cache=False, progress=False)
+    assert loader.plan.storage == "device" and len(list(loader)) == 2
+
+
+class _Mixed(Dataset):
+    """Tensors of different sizes and channel counts: no store can hold them as one."""
+
+    def __init__(self, transform):
+        g = torch.Generator().manual_seed(0)
+        self.images = [
+            torch.randint(0, 256, (c, h, 30), dtype=torch.uint8, generator=g)
+            for c, h in [(3, 20), (3, 25), (1, 22), (3, 30)]
+        ]
+        self.transform = transform
+
+    def __len__(self):
+        return len(self.images)
+
+    def __getitem__(self, i):
+        return self.transform(self.images[i]), i
+
+
+def test_images_that_differ_in_channels_are_refused_with_the_fix():
+    with pytest.raises(gf.DataError, match=r"_Mixed\[\d\] has shape \(1, 22, 30\).*convert every image to one mode"):
+        gf.accelerate(_Mixed(T.RandomResizedCrop(16)), batch_size=2, device="cpu", cache=False, progress=False)
+
+
+def test_images_of_different_sizes_with_a_recipe_that_needs_one_size_name_the_fix(tmp_path):
+    ds = image_folder(tmp_path, SIZES[:4], transform=T.Compose([T.RandomHorizontalFlip(), T.RandomResizedCrop(16)]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # refused before any read: no warning, no ingest
+        with pytest.raises(gf.DataError, match="add a Resize and CenterCrop .*fallback='prefetch'"):
+            gf.accelerate(ds, batch_size=2, device="cpu", cache=False, progress=False)

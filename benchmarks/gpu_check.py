@@ -59,6 +59,7 @@ LIMITS = {
     "prefetch_race": 60,
     "sync_free": 45,
     "loader_throughput": 150,
+    "image_folder": 90,
     "bench_ladder": 240,
     "cuda_tests": 150,
     "tier_fallback": 90,
@@ -171,6 +172,21 @@ def loader_throughput(c: Check) -> dict:
         if base and "epoch_s" in r and "epoch_s" in base:
             r["speedup"] = round(base["epoch_s"] / r["epoch_s"], 2)
     return result
+
+
+def image_folder(c: Check) -> dict:
+    """A folder of JPEGs around 375x500 with RandomResizedCrop(224) + flip + normalise: nvJPEG's pixels against
+    PIL's, each store against DataLoader(num_workers=16) with PIL, a ResNet-50 epoch against the model alone."""
+    import image_folder as folder_bench
+
+    small = ["--n", "100", "--size", "64", "--batch", "16", "--compare", "10", "--model", "resnet18"]
+    full = ["--n", "2000", "--batch", "256", "--compare", "100", "--model", "resnet50"]
+    folder_bench.main(
+        ["--device", c.device, "--workers", "2" if c.small else "16", "--repeats", "1" if c.small else "2"]
+        + (small if c.small else full)
+        + ["--out", str(c.out)]
+    )
+    return json.loads((c.out / "image_folder.json").read_text())
 
 
 def bench_ladder(c: Check) -> dict:
@@ -359,6 +375,7 @@ def main(argv: list[str] | None = None) -> int:
         "prefetch_race": prefetch_race,
         "sync_free": sync_free,
         "loader_throughput": loader_throughput,
+        "image_folder": image_folder,
         "bench_ladder": bench_ladder,
         "cuda_tests": cuda_tests,
         "tier_fallback": lambda c: tier_fallback(c, tier_data),  # type: ignore[arg-type]

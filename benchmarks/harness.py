@@ -104,6 +104,10 @@ def print_table(rows: list[Timing], baseline: Timing | None = None) -> None:
         )
 
 
-def save_json(path: Path, env: dict[str, Any], rows: list[Timing], baseline: Timing | None = None) -> None:
+def save_json(
+    path: Path, env: dict[str, Any], rows: list[Timing], baseline: Timing | None = None, **extra: Any
+) -> None:
+    """``{"environment": env, "rows": [...], **extra}`` at ``path``."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"environment": env, "rows": [r.row(baseline) for r in rows]}, indent=2))
+    payload = {"environment": env, "rows": [r.row(baseline) for r in rows], **extra}
+    path.write_text(json.dumps(payload, indent=2, default=str))

@@ -23,7 +23,8 @@ def test_the_cpu_rehearsal_runs_every_cpu_part_and_records_each(tmp_path, monkey
     )
     assert run.returncode == 0, run.stderr[-3000:]
     summary = json.loads((tmp_path / "gpu_check.json").read_text())
-    parts = ["prefetch_race", "loader_throughput", "bench_ladder", "ddp_overhead", "accelerate_tiers", "tune"]
+    parts = ["prefetch_race", "loader_throughput", "image_folder", "bench_ladder", "ddp_overhead", "accelerate_tiers"]
+    parts.append("tune")
     assert [k for k in summary if k in parts] == parts  # in the order of value, each recorded
     assert all("error" not in summary[p] for p in parts), {p: summary[p].get("error") for p in parts}
     assert summary["prefetch_race"]["ok"] and "shm" in summary["environment"]
@@ -31,7 +32,12 @@ def test_the_cpu_rehearsal_runs_every_cpu_part_and_records_each(tmp_path, monkey
     assert [r["name"].split(",")[0] for r in rows][:2] == ["gpufeed DeviceLoader"] * 2  # slow rows last
     ladder = [r["name"] for r in summary["bench_ladder"]["rows"]]
     assert ladder[0] == "gpufeed" and ladder[-1].startswith("dataset on the GPU")
-    assert summary["total_seconds"] < 180
+    folder = summary["image_folder"]
+    assert folder["decoded_vs_pil"]["max_levels"] == 0  # on the CPU: PIL's pixels, bit for bit
+    assert [r["name"].split(",")[0] for r in folder["rows"]][:3] == ["torchvision DataLoader + PIL"] + [
+        "gpufeed accelerate"
+    ] * 2
+    assert summary["total_seconds"] < 200
 
 
 def test_a_part_that_fails_or_times_out_is_recorded_and_the_next_runs(tmp_path, monkeypatch):

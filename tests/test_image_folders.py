@@ -53,7 +53,9 @@ def test_each_image_is_cropped_and_resized_within_one_level_of_pil(tmp_path, siz
 def test_a_ragged_store_that_exceeds_the_budget_stays_in_host_memory_and_says_so(tmp_path):
     ds = image_folder(tmp_path, SIZES[:4], transform=T.Compose([T.RandomResizedCrop(16), T.PILToTensor()]))
     with pytest.warns(UserWarning, match="exceeds .* but a ragged store has no memory-mapped tier yet: host memory"):
-        loader = gf.accelerate(ds, batch_size=2, device="cpu", memory_budget=0, cache=False, progress=False)
+        loader = gf.accelerate(
+            ds, batch_size=2, device="cpu", memory_budget=0, cache=False, progress=False, store="pixels"
+        )
     assert loader.plan.storage == "device" and len(list(loader)) == 2
 
 

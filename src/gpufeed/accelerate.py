@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import os
+import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +22,8 @@ import torch
 from .augment.ragged import Ragged
 from .cache import entry_path, load_or_ingest
 from .cache.fingerprint import cache_key
-from .device import resolve_device
+from .device import resolve_device, usable_cores
+from .encoded import Encoded, decode, read_files
 from .errors import CacheWriteError, ConfigError, DataError, UnsupportedTransformError
 from .fallback import FallbackLoader
 from .ingest import Probe, RaggedError, UnbatchableError, exposes_arrays, ingest, probe
@@ -30,7 +32,9 @@ from .plan import Plan, Split, build_batched, split_transform
 from .spill import spill
 from .validate import as_flag, as_int, check_dataset, check_epoch
 
-__all__ = ["DEVICE_BUDGET_FRACTION", "HOST_BUDGET_FRACTION", "accelerate", "preflight"]
+__all__ = ["DEVICE_BUDGET_FRACTION", "HOST_BUDGET_FRACTION", "STORES", "accelerate", "preflight"]
+
+STORES = ("auto", "pixels", "jpeg")
 
 DEVICE_BUDGET_FRACTION = 0.5  # of the device memory free when accelerate() runs: the rest is the model's
 HOST_BUDGET_FRACTION = 0.5  # of the host memory available, for the pinned tier
@@ -97,6 +101,7 @@ def accelerate(
     even: bool = True,
     shard: str = "full",
     lock_timeout: float | None = None,
+    store: str = "auto",
 ) -> DeviceLoader | FallbackLoader:
     """A loader over ``dataset`` that yields what ``DataLoader(dataset, ...)`` would, many times faster.
 
@@ -130,6 +135,11 @@ def accelerate(
             ``$GPUFEED_LOCK_TIMEOUT``, else an hour); then a CacheError names that process. A cache
             that cannot be written (disk full, read-only) is not an error: the data stays in memory,
             with one warning.
+        store: for images of different sizes (a folder of photos) with a recipe that starts with
+            RandomResizedCrop: ``"pixels"`` decodes every image once and keeps the pixels (fast,
+            large), ``"jpeg"`` keeps the files' bytes and decodes each batch (compact; an
+            ``ImageFolder``, ``DatasetFolder`` or ``Food101`` read by torchvision's PIL loader),
+            ``"auto"`` the pixels when they fit ``memory_budget``, else the bytes.
 
     Example:
         >>> import torch, torchvision.transforms.v2 as v2
@@ -140,6 +150,8 @@ def accelerate(
         >>> [tuple(x.shape) for x, _ in loader], loader.plan.storage
         ([(4, 3, 32, 32), (4, 3, 32, 32)], 'device')
     """
+    if store not in STORES:
+        raise ConfigError(f"store={store!r} must be one of {STORES}")
     if fallback not in ("error", "prefetch"):
         raise ConfigError(f"fallback={fallback!r} must be 'error' or 'prefetch'")
     # Checked before the data is read: a bad argument must not cost an ingest.
@@ -183,8 +195,9 @@ def accelerate(
     # cannot do takes the fallback without an ingest (and fails fast without one).
     try:
         split, probed = preflight(dataset, transform, cache_lambda)
-        if probed.ragged is not None:
-            src = _load_ragged(dataset, split, cache, num_workers, progress)
+        if probed.ragged is not None or store == "jpeg":
+            budget = _device_budget(dev, memory_budget)
+            src = _load_ragged(dataset, split, probed, cache, num_workers, progress, store, budget)
         else:
             src = _load(dataset, split, cache, num_workers, progress, lock_timeout)
     except (UnsupportedTransformError, UnbatchableError) as e:  # after the probe: what its samples did not show
@@ -192,7 +205,11 @@ def accelerate(
     images, labels = src.images, src.labels
     nbytes = images.nbytes + labels.nbytes
     tier, why = _choose_tier(nbytes, dev, memory_budget)
-    if tier == "mmap" and isinstance(images, Ragged):
+    if isinstance(images, Encoded):  # the decoders read host memory, nvJPEG included
+        tier = "pinned" if dev.type == "cuda" else "device"
+        where = "pinned host memory" if dev.type == "cuda" else "memory"
+        why = f"the files' bytes ({_fmt(nbytes)}) are kept in {where}, where the decoders read them"
+    elif tier == "mmap" and isinstance(images, Ragged):
         tier = "pinned" if dev.type == "cuda" else "device"
         why = why.replace("; memory-mapped file", ", but a ragged store has no memory-mapped tier yet: host memory")
         warnings.warn(f"gpufeed.accelerate: {why}", stacklevel=2)
@@ -207,7 +224,7 @@ def accelerate(
             why = f"{why}, but the memory map could not be written, so the data stays in host memory"
             warnings.warn(f"gpufeed.accelerate: {e}; the data stays in host memory", stacklevel=2)
     notes: list[str] = []
-    size = probed.size if isinstance(images, Ragged) else (images.shape[2], images.shape[3])
+    size = probed.size if isinstance(images, (Ragged, Encoded)) else (images.shape[2], images.shape[3])
     batched = build_batched(split.device, images.dtype, size, probed.pil, notes)
     classes = getattr(dataset, "classes", None)  # torchvision datasets: labels must index it
     loader = DeviceLoader(
@@ -232,8 +249,10 @@ def accelerate(
         cached=tuple(repr(op) for op in split.cached),
         batched=tuple(op.describe() for op in (batched.transforms if batched else [])),
         storage=tier,
-        stored_shape=(len(images), int(images.shapes[0, 0])) if isinstance(images, Ragged) else tuple(images.shape),
-        layout=_ragged_layout(images) if isinstance(images, Ragged) else "",
+        stored_shape=tuple(images.shape)
+        if isinstance(images, torch.Tensor)
+        else (len(images), int(images.shapes[0, 0])),
+        layout=_ragged_layout(loader.images) if isinstance(loader.images, (Ragged, Encoded)) else "",
         stored_dtype=str(images.dtype).replace("torch.", ""),
         bytes=nbytes,
         ingest=src.description,
@@ -246,7 +265,7 @@ def accelerate(
 
 @dataclass
 class _Source:
-    images: torch.Tensor | Ragged
+    images: torch.Tensor | Ragged | Encoded
     labels: torch.Tensor
     description: str
     cache_path: Path | None = None
@@ -349,24 +368,76 @@ def _load(
 
 
 def _load_ragged(
-    dataset: Any, split: Split, cache: bool | str | Path, num_workers: int | None, progress: bool
+    dataset: Any,
+    split: Split,
+    probed: Probe,
+    cache: bool | str | Path,
+    num_workers: int | None,
+    progress: bool,
+    store: str,
+    budget: int,
 ) -> _Source:
-    """Images of different sizes, each kept as it is in one Ragged buffer (RandomResizedCrop makes them one size)."""
-    data = ingest(dataset, split.cached_transform(), num_workers=num_workers, progress=progress, ragged=True)
+    """Images of different sizes, each kept as it is: decoded pixels (a Ragged store) or the files' bytes
+    (an Encoded store); RandomResizedCrop makes them one size."""
+    batched = build_batched(split.device, probed.dtype, probed.size, probed.pil)
+    if not _takes_ragged(batched):
+        raise ConfigError(
+            f"store={store!r} keeps each image as it is, which needs a recipe that starts with RandomResizedCrop"
+        )
     notes = [
         "images of different sizes: each is stored as it is, and RandomResizedCrop draws its box from its own size"
     ]
     if cache is not False:
         notes.append("not persisted: the ragged store has no cache format yet, so the folder is read again next run")
-    return _Source(data.images, data.labels, _describe(data), None, False, notes)
-
-
-def _ragged_layout(images: Ragged) -> str:
-    h, w = images.shapes[:, 1], images.shapes[:, 2]
-    return (
-        f"ragged: {len(images):,} images of {int(images.shapes[0, 0])} channel(s), heights {int(h.min())}-"
-        f"{int(h.max())}, widths {int(w.min())}-{int(w.max())}"
+    files = None
+    if not split.cached:  # a folder read by torchvision's loader: its files, decoded here or per batch
+        t0 = time.perf_counter()
+        files = read_files(dataset, num_workers, progress)
+        read_s = time.perf_counter() - t0
+    if files is None:
+        if store == "jpeg":
+            why = (
+                f"its cached part ({', '.join(repr(op) for op in split.cached)}) changes the images"
+                if split.cached
+                else f"{type(dataset).__name__} is not a folder of image files read by torchvision's PIL loader"
+            )
+            raise ConfigError(
+                f"store='jpeg' keeps the files' own bytes, but {why}; use store='pixels' (decoded once, kept)"
+            )
+        data = ingest(dataset, split.cached_transform(), num_workers=num_workers, progress=progress, ragged=True)
+        return _Source(data.images, data.labels, _describe(data), None, False, notes)
+    encoded, labels = files
+    n_jpeg = int(encoded.jpeg.sum())
+    read = (
+        f"{len(encoded):,} files read in {read_s:.2f} s ({_fmt(encoded.data.nbytes)}: {n_jpeg:,} JPEG, "
+        f"{len(encoded) - n_jpeg:,} other), sizes from their headers"
     )
+    pixels = encoded.pixel_bytes
+    if store == "jpeg" or (store == "auto" and pixels > budget):
+        why = (
+            "store='jpeg'"
+            if store == "jpeg"
+            else f"decoded they would take {_fmt(pixels)}, over the budget of {_fmt(budget)}"
+        )
+        notes.append(f"the files' bytes are kept and each batch is decoded as it is served ({why})")
+        return _Source(encoded, labels, read, None, False, notes)
+    t0 = time.perf_counter()
+    images = decode(encoded, torch.device("cpu"), num_workers)
+    threads = min(usable_cores() if num_workers is None else max(1, num_workers), len(encoded))
+    read += f"; decoded once on {threads} thread(s) in {time.perf_counter() - t0:.2f} s"
+    return _Source(images, labels, read, None, False, notes)
+
+
+def _ragged_layout(images: Ragged | Encoded) -> str:
+    h, w = images.shapes[:, 1], images.shapes[:, 2]
+    sizes = f"heights {int(h.min())}-{int(h.max())}, widths {int(w.min())}-{int(w.max())}"
+    if isinstance(images, Encoded):
+        where = "nvJPEG, batched" if images.data.is_pinned() else f"torchvision on {usable_cores()} CPU thread(s)"
+        jpegs = int(images.jpeg.sum())
+        others = f", the {len(images) - jpegs:,} others by PIL on the CPU" if jpegs < len(images) else ""
+        what = f"encoded files: {len(images):,} images decoding to 3 channels, {sizes}"
+        return f"{what}; {jpegs:,} JPEGs decoded by {where}{others}"
+    return f"ragged: {len(images):,} images of {int(images.shapes[0, 0])} channel(s), {sizes}"
 
 
 def _describe(data: Any) -> str:

@@ -29,6 +29,7 @@ import torch
 from .augment.functional import convert_dtype
 from .augment.ragged import Ragged
 from .device import resolve_device
+from .encoded import Encoded, decode
 from .epochs import EpochLoader
 from .errors import ConfigError, DataError
 from .prefetch import prefetch
@@ -149,7 +150,7 @@ class DeviceLoader(EpochLoader):
 
     def __init__(
         self,
-        images: torch.Tensor | np.ndarray | Ragged,
+        images: torch.Tensor | np.ndarray | Ragged | Encoded,
         labels: torch.Tensor | np.ndarray,
         batch_size: int = 256,
         shuffle: bool = True,
@@ -172,8 +173,8 @@ class DeviceLoader(EpochLoader):
         shuffle, drop_last = as_flag(shuffle, "shuffle"), as_flag(drop_last, "drop_last")
         channels_last, even = as_flag(channels_last, "channels_last"), as_flag(even, "even")
         labels = label_tensor(labels, "labels")
-        store: torch.Tensor | Ragged
-        if isinstance(images, Ragged):  # images of different sizes: the first op must make them one size
+        store: torch.Tensor | Ragged | Encoded
+        if isinstance(images, (Ragged, Encoded)):  # images of different sizes: the first op must make them one size
             first_op = getattr(transform, "transforms", [transform])[0]
             if not getattr(first_op, "ragged_input", False):
                 raise ConfigError(
@@ -200,7 +201,10 @@ class DeviceLoader(EpochLoader):
         if storage != "device" and store.device.type != "cpu":
             raise ConfigError(f"storage={storage!r} keeps images on the host, but they are on {store.device}")
         if chunk_batches is None:
-            sample_bytes = store.data.nbytes / n if isinstance(store, Ragged) else store[0].nbytes
+            if isinstance(store, Encoded):
+                sample_bytes = store.pixel_bytes / n  # what a chunk takes decoded
+            else:
+                sample_bytes = store.data.nbytes / n if isinstance(store, Ragged) else store[0].nbytes
             batch_bytes = max(1, int(batch_size * sample_bytes))
             budget = _CHUNK_BYTES.get(self.device.type, _CHUNK_BYTES["cuda"])
             chunk_batches = max(1, min(_MAX_CHUNK_BATCHES, budget // batch_bytes))
@@ -217,8 +221,11 @@ class DeviceLoader(EpochLoader):
         self.channels_last = channels_last
         self.storage = storage
         # Never written to. The device tier copies once (no copy when already there).
-        self.images: torch.Tensor | Ragged
-        if storage == "device":
+        self.images: torch.Tensor | Ragged | Encoded
+        if isinstance(store, Encoded):  # bytes stay on the host, where the decoders read them
+            self.images = store.pin_memory() if self.device.type == "cuda" else store
+            self.labels = labels.to(self.device)
+        elif storage == "device":
             self.images, self.labels = store.to(self.device), labels.to(self.device)
         elif storage == "pinned" and self.device.type == "cuda":
             if isinstance(store, Ragged):
@@ -241,7 +248,8 @@ class DeviceLoader(EpochLoader):
         if self.transform is None:
             return
         x = _take(self.images, torch.arange(min(2, _count(self.images))))
-        self._finish(x.to(self.device), epoch=0, chunk=0, generator=torch.Generator(device=self.device))
+        x = decode(x, self.device) if isinstance(x, Encoded) else x.to(self.device)
+        self._finish(x, epoch=0, chunk=0, generator=torch.Generator(device=self.device))
 
     def __len__(self) -> int:
         if self._length is None:
@@ -277,7 +285,7 @@ class DeviceLoader(EpochLoader):
         order = self._indices(epoch)
         span = c.chunk_batches * c.batch_size
         chunks = range(first, -(-order.shape[0] // span))
-        ragged = isinstance(self.images, Ragged)
+        ragged = isinstance(self.images, (Ragged, Encoded))
         on_host = self.images.device.type == "cpu" and self.device.type != "cpu"
         raw: Iterable[tuple[int, Any, torch.Tensor]]
         if on_host and not ragged:
@@ -292,11 +300,14 @@ class DeviceLoader(EpochLoader):
             yield k, self._finish(x, epoch, k, generator), y
 
     def _gather(self, idx: torch.Tensor) -> tuple[Any, torch.Tensor]:
-        if isinstance(self.images, Ragged):  # views of the store; labels where they live
+        if isinstance(self.images, (Ragged, Encoded)):  # views of the store; labels where they live
+            labels = self.labels.index_select(0, idx.to(self.labels.device)).to(self.device)
+            if isinstance(self.images, Encoded):  # decoded into one Ragged batch on the device
+                return decode(self.images.select(idx), self.device), labels
             x = self.images.select(idx)
             if x.device != self.device:  # a host tier: the chunk's images, packed and copied over
                 x = x.compact().to(self.device)
-            return x, self.labels.index_select(0, idx.to(self.labels.device)).to(self.device)
+            return x, labels
         if self.images.device.type == "cpu" and self.device.type == "cuda":
             return _index_pinned(self.images, idx), _index_pinned(self.labels, idx)
         return self.images.index_select(0, idx), self.labels.index_select(0, idx)
@@ -317,13 +328,15 @@ class DeviceLoader(EpochLoader):
         return x
 
 
-def _count(images: torch.Tensor | Ragged) -> int:
-    return len(images) if isinstance(images, Ragged) else images.shape[0]
+def _count(images: torch.Tensor | Ragged | Encoded) -> int:
+    return len(images) if isinstance(images, (Ragged, Encoded)) else images.shape[0]
 
 
-def _take(images: torch.Tensor | Ragged, idx: torch.Tensor, compact: bool = False) -> torch.Tensor | Ragged:
+def _take(
+    images: torch.Tensor | Ragged | Encoded, idx: torch.Tensor, compact: bool = False
+) -> torch.Tensor | Ragged | Encoded:
     """The images at ``idx``; a ragged store gives views of its buffer unless ``compact`` packs a new one."""
-    if isinstance(images, Ragged):
+    if isinstance(images, (Ragged, Encoded)):
         return images.select(idx).compact() if compact else images.select(idx)
     return images.index_select(0, idx)
 

@@ -48,10 +48,12 @@ def test_each_image_is_cropped_and_resized_exactly_as_torchvision_does(antialias
         assert torch.equal(out[i], F2.resized_crop(im, *box, [56, 72], antialias=antialias)), i
 
 
+@pytest.mark.parametrize("hwc", [True, False], ids=["channels-last", "channels-first"])
 @pytest.mark.parametrize("antialias", [True, False])
-def test_the_batched_path_matches_torchvision_in_a_few_kernels(antialias):
+def test_the_batched_path_matches_torchvision_in_a_few_kernels(antialias, hwc):
     images = [im / 255 for im in _images(dtype=torch.float32)]
-    x = Ragged.stack(images)
+    x = Ragged.stack(images, hwc=hwc)
+    assert all(torch.equal(x.image(i), im) for i, im in enumerate(images))
     op = RandomResizedCrop(48, antialias=antialias)
     p = op.sample(x, _gen(2))
     boxes = torch.stack([p["top"], p["left"], p["height"], p["width"]], 1).tolist()

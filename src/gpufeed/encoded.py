@@ -1,0 +1,244 @@
+"""Encoded images (the files' own JPEG bytes) as one store, decoded each epoch into a Ragged batch.
+
+A folder of photos decoded is 5-10x its JPEG size: 75,000 Food101 images are 4.9 GiB of JPEG and
+about 40 GiB of pixels. When the pixels do not fit, gpufeed keeps the bytes and decodes each
+chunk as it is served:
+
+- reading the folder never decodes: each file's bytes are copied as they are, and the size it
+  decodes to comes from its header (PIL reads only the header), so RandomResizedCrop can draw its
+  boxes before anything is decoded;
+- JPEGs decode with torchvision's ``decode_jpeg``: on the CPU on threads (libjpeg-turbo releases
+  the GIL), on a GPU batched through nvJPEG. Other files (PNG, WebP, ...) decode with PIL on the CPU,
+  as the user's loader does, never dropped;
+- every image is decoded to RGB, as ``ImageFolder``'s loader (``PIL.Image.open(f).convert("RGB")``)
+  does, without EXIF rotation (the loader applies none).
+
+Fidelity: on the CPU torchvision's libjpeg-turbo gives PIL's pixels bit for bit (baseline,
+progressive, grayscale and CMYK JPEGs; tests/test_encoded.py checks it). nvJPEG is not
+libjpeg-turbo: its difference is measured by ``benchmarks/gpu_check.py``.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .augment.ragged import Ragged
+from .device import usable_cores
+from .errors import DataError
+from .validate import label_tensor
+
+__all__ = ["Encoded", "decode", "file_samples", "read_files"]
+
+_JPEG_MAGIC = b"\xff\xd8\xff"
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """``N`` encoded images in one byte buffer: image ``i`` is ``data[starts[i]:][:lengths[i]]`` and
+    decodes to ``shapes[i]`` = (C, H, W); ``jpeg[i]`` says whether it is a JPEG."""
+
+    data: torch.Tensor  # (total,) uint8, on the host (decoders read host memory, nvJPEG included)
+    starts: torch.Tensor  # (N,) int64
+    lengths: torch.Tensor  # (N,) int64
+    shapes: torch.Tensor  # (N, 3) int64: what each decodes to
+    jpeg: torch.Tensor  # (N,) bool
+
+    def __len__(self) -> int:
+        return self.starts.shape[0]
+
+    @property
+    def device(self) -> torch.device:
+        return self.data.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return torch.uint8  # what it decodes to
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.nbytes + self.starts.nbytes + self.lengths.nbytes + self.shapes.nbytes + self.jpeg.nbytes
+
+    @property
+    def pixel_bytes(self) -> int:
+        """What the images take decoded."""
+        return int(self.shapes.prod(1).sum())
+
+    def file(self, i: int) -> torch.Tensor:
+        """The bytes of image ``i`` (a view)."""
+        start = int(self.starts[i])
+        return self.data[start : start + int(self.lengths[i])]
+
+    def select(self, idx: torch.Tensor) -> Encoded:
+        """The images at ``idx``, as views of the same buffer."""
+        idx = idx.cpu()
+        pick = lambda t: t.index_select(0, idx)  # noqa: E731
+        return Encoded(self.data, pick(self.starts), pick(self.lengths), pick(self.shapes), pick(self.jpeg))
+
+    def compact(self) -> Encoded:
+        """A new buffer holding only these images (after :meth:`select`, to free the rest)."""
+        return _pack([self.file(i) for i in range(len(self))], self.shapes, self.jpeg)
+
+    def pin_memory(self) -> Encoded:
+        return Encoded(self.data.pin_memory(), self.starts, self.lengths, self.shapes, self.jpeg)
+
+    def to(self, device: torch.device, non_blocking: bool = False) -> Encoded:
+        """Encoded bytes stay on the host whatever the device: the decoders read them there."""
+        return self
+
+
+def _pack(files: Sequence[torch.Tensor], shapes: torch.Tensor, jpeg: torch.Tensor) -> Encoded:
+    lengths = torch.tensor([f.numel() for f in files], dtype=torch.int64)
+    starts = torch.cumsum(lengths, 0) - lengths
+    data = torch.cat(list(files)) if files else torch.empty(0, dtype=torch.uint8)
+    return Encoded(data, starts, lengths, shapes.clone(), jpeg.clone())
+
+
+def _is_pil_rgb_loader(loader: Any) -> bool:
+    """torchvision's own file loader: ``PIL.Image.open(f).convert("RGB")`` (what the bytes decode to here)."""
+    from torchvision.datasets.folder import default_loader, pil_loader
+
+    if loader is pil_loader:
+        return True
+    if loader is default_loader:
+        import torchvision
+
+        return torchvision.get_image_backend() == "PIL"
+    return False
+
+
+def file_samples(dataset: Any) -> list[tuple[str, Any]] | None:
+    """``(path, target)`` for every sample of a file-backed dataset whose images are the files decoded to RGB
+    by torchvision's PIL loader (``ImageFolder``, ``DatasetFolder`` with the default loader, ``Food101``);
+    ``None`` for any other dataset (a custom ``__getitem__`` or loader may do anything to the file)."""
+    from torchvision.datasets import DatasetFolder, Food101
+
+    from .cache.fingerprint import standard_getitem
+
+    if not standard_getitem(dataset):
+        return None
+    if isinstance(dataset, DatasetFolder) and _is_pil_rgb_loader(getattr(dataset, "loader", None)):
+        return [(str(p), t) for p, t in dataset.samples]
+    if isinstance(dataset, Food101):
+        loader = getattr(dataset, "loader", None)  # torchvision >= 0.23; before, PIL's open + convert("RGB")
+        if loader is None or _is_pil_rgb_loader(loader):
+            return [(str(p), t) for p, t in zip(dataset._image_files, dataset._labels, strict=True)]
+    return None
+
+
+def _read(path: str) -> tuple[bytes, tuple[int, int, int], bool]:
+    """A file's bytes, the (C, H, W) it decodes to as RGB (from its header), and whether it is a JPEG."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        raw = Path(path).read_bytes()
+        with Image.open(io.BytesIO(raw)) as im:  # reads the header only
+            width, height = im.size
+    except (OSError, UnidentifiedImageError) as e:
+        raise DataError(f"{path}: cannot be read as an image ({type(e).__name__}: {e}); remove it or fix it") from e
+    return raw, (3, height, width), raw.startswith(_JPEG_MAGIC)
+
+
+def read_files(
+    dataset: Any, num_workers: int | None = None, progress: bool = True
+) -> tuple[Encoded, torch.Tensor] | None:
+    """The files of a file-backed dataset (see :func:`file_samples`) as an :class:`Encoded` store and its
+    labels (``target_transform`` applied); ``None`` if the dataset is not one. Nothing is decoded."""
+    samples = file_samples(dataset)
+    if samples is None:
+        return None
+    if not samples:
+        raise DataError(f"the dataset ({type(dataset).__name__}) is empty (len 0); nothing to load")
+    from tqdm.auto import tqdm
+
+    threads = max(1, usable_cores() if num_workers is None else num_workers)
+    with (
+        ThreadPoolExecutor(threads) as pool,
+        tqdm(total=len(samples), desc="gpufeed: reading files", unit="file", disable=not progress) as bar,
+    ):
+        read = []
+        for item in pool.map(_read, [p for p, _ in samples]):  # file reads and header parses overlap on threads
+            read.append(item)
+            bar.update()
+    files = [torch.frombuffer(bytearray(raw), dtype=torch.uint8) for raw, _, _ in read]
+    shapes = torch.tensor([shape for _, shape, _ in read], dtype=torch.int64)
+    jpeg = torch.tensor([is_jpeg for _, _, is_jpeg in read], dtype=torch.bool)
+    target_transform = getattr(dataset, "target_transform", None)
+    targets = [target_transform(t) if target_transform is not None else t for _, t in samples]
+    return _pack(files, shapes, jpeg), label_tensor(targets, f"{type(dataset).__name__} targets")
+
+
+@functools.cache
+def _pool(threads: int) -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(threads, thread_name_prefix="gpufeed-decode")
+
+
+def _decode_one(encoded: Encoded, i: int) -> torch.Tensor:
+    """Image ``i`` decoded to RGB, as ``(H, W, C)`` (how both decoders lay pixels out)."""
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    data = encoded.file(i)
+    if bool(encoded.jpeg[i]):
+        return decode_jpeg(data, mode=ImageReadMode.RGB).permute(1, 2, 0)
+    import numpy as np
+    from PIL import Image
+
+    with Image.open(io.BytesIO(data.numpy().tobytes())) as im:  # as the user's loader decodes it
+        return torch.from_numpy(np.asarray(im.convert("RGB")).copy())
+
+
+def decode(encoded: Encoded, device: torch.device, threads: int | None = None) -> Ragged:
+    """Decode every image into one Ragged batch on ``device``.
+
+    On the CPU the images are spread over ``threads`` threads (default: the usable cores), each
+    writing straight into the batch's channels-last buffer. On a GPU the JPEGs go to nvJPEG in one
+    batched call and are packed channels-first by one concatenation; other files decode on the CPU
+    and are copied in.
+    """
+    n = len(encoded)
+    sizes = encoded.shapes.prod(1)
+    starts = torch.cumsum(sizes, 0) - sizes
+    if device.type == "cuda":
+        return _decode_cuda(encoded, device, starts)
+    out = torch.empty(int(sizes.sum()), dtype=torch.uint8)
+    shapes, offsets = encoded.shapes.tolist(), starts.tolist()
+
+    def part(first: int, step: int) -> None:
+        for i in range(first, n, step):
+            image = _decode_one(encoded, i)
+            c, h, w = shapes[i]
+            if tuple(image.shape) != (h, w, c):
+                raise DataError(f"image {i} decoded to {tuple(image.shape)} (H, W, C), but its header said {(h, w, c)}")
+            out[offsets[i] : offsets[i] + c * h * w].view(h, w, c).copy_(image)
+
+    workers = min(usable_cores() if threads is None else threads, n)
+    if workers > 1:
+        list(_pool(workers).map(part, range(workers), [workers] * workers))
+    else:
+        part(0, 1)
+    return Ragged(out, starts, encoded.shapes)
+
+
+def _decode_cuda(encoded: Encoded, device: torch.device, starts: torch.Tensor) -> Ragged:
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    jpegs = encoded.jpeg.nonzero().flatten().tolist()
+    decoded: dict[int, torch.Tensor] = {}
+    if jpegs:
+        images = decode_jpeg([encoded.file(i) for i in jpegs], mode=ImageReadMode.RGB, device=device)
+        decoded.update(zip(jpegs, images, strict=True))
+    for i in sorted(set(range(len(encoded))) - set(jpegs)):
+        decoded[i] = _decode_one(encoded, i).permute(2, 0, 1).contiguous().to(device, non_blocking=True)
+    for i, image in decoded.items():
+        if tuple(image.shape) != tuple(encoded.shapes[i].tolist()):
+            raise DataError(f"image {i} decoded to {tuple(image.shape)}, but its header said {encoded.shapes[i]}")
+    # nvJPEG gives (C, H, W) images: one concatenation packs them channels-first, which the batched kernel reads.
+    data = torch.cat([decoded[i].reshape(-1) for i in range(len(encoded))])
+    return Ragged(data, starts, encoded.shapes, hwc=False)

@@ -1,0 +1,162 @@
+"""The encoded store: a folder's own file bytes, read without decoding, decoded each batch to exactly
+the pixels the user's ImageFolder loader (PIL, convert("RGB")) gives, whatever the file kind."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+import torchvision.transforms as T
+from PIL import Image, ImageFile
+from torchvision.datasets import DatasetFolder, Food101, ImageFolder
+from torchvision.datasets.folder import pil_loader
+from torchvision.transforms.functional import pil_to_tensor
+
+import gpufeed as gf
+from gpufeed.augment.ragged import Ragged
+from gpufeed.encoded import Encoded, decode, file_samples, read_files
+
+from fakes import snapshot
+
+# (name, PIL mode, format, save options): the kinds of files photo folders hold
+KINDS = [
+    ("baseline.jpg", "RGB", "JPEG", {"quality": 90}),
+    ("progressive.jpg", "RGB", "JPEG", {"progressive": True}),
+    ("full_chroma.jpg", "RGB", "JPEG", {"subsampling": 0, "quality": 75}),
+    ("gray.jpg", "L", "JPEG", {}),
+    ("cmyk.jpg", "CMYK", "JPEG", {}),
+    ("rgb.png", "RGB", "PNG", {}),
+    ("rgba.png", "RGBA", "PNG", {}),
+    ("palette.png", "P", "PNG", {}),
+    ("gray.png", "L", "PNG", {}),
+    ("photo.webp", "RGB", "WEBP", {"quality": 80}),
+]
+
+
+def _photo(h, w, seed):
+    """Smooth colour plus noise: compresses like a photo, not like white noise."""
+    rng = np.random.default_rng(seed)
+    yy, xx = np.mgrid[0:h, 0:w]
+    base = np.stack([128 + 100 * np.sin(xx / (7 + c) + yy / (11 + 2 * c) + seed) for c in range(3)], -1)
+    return np.clip(base + rng.normal(0, 12, (h, w, 3)), 0, 255).astype(np.uint8)
+
+
+def _folder(root, n_per_kind=1):
+    for k, (name, mode, fmt, options) in enumerate(KINDS):
+        for j in range(n_per_kind):
+            folder = root / f"class{(k + j) % 3}"
+            folder.mkdir(parents=True, exist_ok=True)
+            image = Image.fromarray(_photo(37 + 11 * k + j, 50 + 7 * k, k + 10 * j)).convert(mode)
+            image.save(folder / f"{j}_{name}", format=fmt, **options)
+    return root
+
+
+def test_every_kind_of_file_decodes_to_the_pixels_of_the_user_s_loader(tmp_path):
+    ds = ImageFolder(str(_folder(tmp_path)))
+    encoded, labels = read_files(ds, progress=False)
+    assert len(encoded) == len(KINDS) and labels.tolist() == ds.targets
+    assert encoded.jpeg.tolist() == [path.endswith(".jpg") for path, _ in ds.samples]
+    for threads in (1, 3):
+        images = decode(encoded, torch.device("cpu"), threads)
+        for i, (path, _) in enumerate(ds.samples):
+            assert torch.equal(images.image(i), pil_to_tensor(pil_loader(path))), path  # bit for bit
+
+
+def test_reading_the_folder_decodes_nothing(tmp_path, monkeypatch):
+    ds = ImageFolder(str(_folder(tmp_path)))
+
+    def refuse(self, *args, **kwargs):
+        raise AssertionError("decoded while reading the folder")
+
+    monkeypatch.setattr(Image.Image, "load", refuse)
+    monkeypatch.setattr(ImageFile.ImageFile, "load", refuse)
+    encoded, _ = read_files(ds, progress=False)
+    sizes = [tuple(s) for s in encoded.shapes.tolist()]
+    monkeypatch.undo()
+    assert sizes == [(3, *reversed(Image.open(p).size)) for p, _ in ds.samples]
+    assert encoded.data.nbytes == sum((tmp_path / p).stat().st_size for p, _ in ds.samples)
+
+
+def test_only_datasets_read_by_torchvision_s_pil_loader_are_file_backed(tmp_path):
+    root = _folder(tmp_path)
+    assert file_samples(ImageFolder(str(root))) is not None
+    gray = ImageFolder(str(root), loader=lambda p: Image.open(p).convert("L"))  # the user's loader: not ours
+    assert file_samples(gray) is None
+
+    class Mine(ImageFolder):
+        def __getitem__(self, i):
+            return super().__getitem__(i)
+
+    assert file_samples(Mine(str(root))) is None
+    plus_one = ImageFolder(str(root), target_transform=lambda t: t + 10)
+    assert read_files(plus_one, progress=False)[1].tolist() == [t + 10 for t in plus_one.targets]
+    data = DatasetFolder(str(root), loader=pil_loader, extensions=(".jpg",))
+    assert [p for p, _ in file_samples(data)] == [p for p, _ in data.samples]
+
+
+def test_food101_reads_its_image_files(tmp_path):
+    base = tmp_path / "food-101"
+    meta = {"apple_pie": ["apple_pie/1", "apple_pie/2"], "bibimbap": ["bibimbap/3"]}
+    for rel in [r for rels in meta.values() for r in rels]:
+        (base / "images" / rel).parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(_photo(40, 60, len(rel))).save(base / "images" / f"{rel}.jpg")
+    (base / "meta").mkdir()
+    (base / "meta" / "train.json").write_text(json.dumps(meta))
+    ds = Food101(str(tmp_path), split="train")
+    encoded, labels = read_files(ds, progress=False)
+    assert labels.tolist() == [0, 0, 1] and len(encoded) == 3
+    images = decode(encoded, torch.device("cpu"))
+    assert all(torch.equal(images.image(i), pil_to_tensor(ds[i][0])) for i in range(3))
+
+
+RECIPE = T.Compose([T.RandomResizedCrop(24), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize([0.5] * 3, [0.2] * 3)])
+
+
+def _epochs(loader, n=2):
+    return [[(x.clone(), y.clone()) for x, y in loader] for _ in range(n)]
+
+
+def test_the_jpeg_store_serves_the_pixel_store_s_batches(tmp_path):
+    ds = ImageFolder(str(_folder(tmp_path, n_per_kind=3)), transform=RECIPE)
+    before = snapshot(tmp_path)
+    kw = dict(batch_size=7, device="cpu", seed=4, cache=False, progress=False)
+    jpeg = gf.accelerate(ds, store="jpeg", **kw)
+    pixels = gf.accelerate(ds, store="pixels", **kw)
+    assert isinstance(jpeg.images, Encoded) and isinstance(pixels.images, Ragged)
+    assert "encoded files: 30 images" in str(jpeg.plan) and "(store='jpeg')" in str(jpeg.plan)
+    for a, b in zip(_epochs(jpeg), _epochs(pixels), strict=True):
+        assert len(a) == 5 and all(torch.equal(x, u) and torch.equal(y, v) for (x, y), (u, v) in zip(a, b, strict=True))
+    state_after_two = jpeg.state_dict()
+    resumed = gf.accelerate(ds, store="jpeg", **kw)
+    resumed.load_state_dict(state_after_two)
+    assert all(torch.equal(x, u) for (x, _), (u, _) in zip(list(resumed), list(pixels), strict=True))
+    assert snapshot(tmp_path) == before  # nothing written into the user's folder
+
+
+def test_auto_keeps_pixels_that_fit_and_bytes_that_do_not(tmp_path):
+    ds = ImageFolder(str(_folder(tmp_path)), transform=RECIPE)
+    kw = dict(batch_size=4, device="cpu", cache=False, progress=False)
+    assert isinstance(gf.accelerate(ds, **kw).images, Ragged)
+    small = gf.accelerate(ds, memory_budget=10_000, **kw)
+    assert isinstance(small.images, Encoded)
+    assert "decoded they would take" in str(small.plan) and "over the budget of" in str(small.plan)
+
+
+def test_store_jpeg_is_refused_where_the_files_bytes_are_not_the_images(tmp_path):
+    root = _folder(tmp_path)
+    custom = ImageFolder(str(root), transform=RECIPE, loader=lambda p: Image.open(p).convert("RGB"))
+    with pytest.raises(gf.ConfigError, match="not a folder of image files read by torchvision's PIL loader"):
+        gf.accelerate(custom, store="jpeg", device="cpu", cache=False, progress=False)
+    assert isinstance(gf.accelerate(custom, store="auto", device="cpu", cache=False, progress=False).images, Ragged)
+    resized = ImageFolder(str(root), transform=T.Compose([T.Resize(30), T.RandomResizedCrop(24), T.ToTensor()]))
+    with pytest.raises(gf.ConfigError, match=r"cached part \(Resize.*changes the images"):
+        gf.accelerate(resized, store="jpeg", device="cpu", cache=False, progress=False)
+    with pytest.raises(gf.ConfigError, match="store='png' must be one of"):
+        gf.accelerate(custom, store="png", device="cpu")
+
+
+def test_a_file_that_is_not_an_image_is_named(tmp_path):
+    root = _folder(tmp_path)
+    (root / "class0" / "broken.jpg").write_bytes(b"not a jpeg at all")
+    with pytest.raises(gf.DataError, match=r"broken\.jpg: cannot be read as an image"):
+        read_files(ImageFolder(str(root)), progress=False)

@@ -88,3 +88,65 @@ def test_images_of_different_sizes_with_a_recipe_that_needs_one_size_name_the_fi
         warnings.simplefilter("error")  # refused before any read: no warning, no ingest
         with pytest.raises(gf.DataError, match="add a Resize and CenterCrop .*fallback='prefetch'"):
             gf.accelerate(ds, batch_size=2, device="cpu", cache=False, progress=False)
+
+
+def _small_cnn():
+    torch.manual_seed(0)  # the same initial weights for every run: only the loader differs
+
+    def block(i, o):
+        return torch.nn.Sequential(
+            torch.nn.Conv2d(i, o, 3, padding=1, bias=False), torch.nn.BatchNorm2d(o), torch.nn.ReLU()
+        )
+
+    return torch.nn.Sequential(
+        block(3, 32), torch.nn.MaxPool2d(2), block(32, 64), torch.nn.MaxPool2d(2), block(64, 64),
+        torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(64, 10),
+    )  # fmt: skip
+
+
+def _train_and_test(loader, test_set, epochs=6):
+    from torch.utils.data import DataLoader
+
+    model = _small_cnn()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, nesterov=True, weight_decay=5e-4)
+    total, step = epochs * len(loader), 0
+    for _ in range(epochs):
+        model.train()
+        for x, y in loader:
+            for group in opt.param_groups:  # warm up over a quarter, then decay linearly to zero
+                group["lr"] = 0.13 * min(1.0, 4 * step / total) * (1 - step / total)
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            step += 1
+    model.eval()
+    with torch.no_grad():
+        hits = sum(int((model(x).argmax(1) == y).sum()) for x, y in DataLoader(test_set, 100))
+    return hits / len(test_set)
+
+
+@pytest.mark.slow
+def test_a_small_model_learns_from_a_folder_through_gpufeed_what_it_learns_through_the_dataloader(tmp_path):
+    """Accuracy parity on the synthetic JPEG folder (1,000 training images about 94x125, 300 test, 6 epochs,
+    RandomResizedCrop(32) + flip): same model, initial weights and schedule, only the training loader
+    differs. Single runs differ by about 2 points (sd) between loader seeds; the mean of two seeds
+    on each side gets a tolerance of 6 points (3 sd). Chance is 10%."""
+    from torch.utils.data import DataLoader
+
+    from gpufeed.data.folder import synthetic_folder
+
+    norm = T.Normalize([0.5] * 3, [0.25] * 3)
+    recipe = T.Compose([T.RandomResizedCrop(32), T.RandomHorizontalFlip(), T.ToTensor(), norm])
+    train_set = synthetic_folder("train", recipe, sizes=(1000, 300), root=tmp_path, scale=0.25)
+    test_set = synthetic_folder("val", T.Compose([T.Resize(36), T.CenterCrop(32), T.ToTensor(), norm]),
+                                sizes=(1000, 300), root=tmp_path, scale=0.25)  # fmt: skip
+    ours, theirs = [], []
+    for seed in (1, 2):
+        loader = gf.accelerate(train_set, 64, shuffle=True, device="cpu", seed=seed, cache=False, progress=False)
+        assert isinstance(loader.images, Ragged)
+        ours.append(_train_and_test(loader, test_set))
+        reference = DataLoader(train_set, 64, shuffle=True, generator=torch.Generator().manual_seed(seed))
+        theirs.append(_train_and_test(reference, test_set))
+    assert min(ours + theirs) > 0.6, (ours, theirs)  # learnable, well above chance
+    assert abs(sum(ours) / 2 - sum(theirs) / 2) < 0.06, (ours, theirs)

@@ -49,3 +49,11 @@ def test_a_generation_killed_midway_is_cleaned_up_by_the_next(tmp_path):
     (foreign / "notes.txt").write_text("keep")
     write_synthetic_folder(tmp_path, train=12, val=10)
     assert not stale.exists() and (foreign / "notes.txt").read_text() == "keep"
+
+
+def test_a_folder_generated_with_other_settings_is_not_served_as_this_one(tmp_path):
+    write_synthetic_folder(tmp_path, seed=1, train=12, val=10)
+    with pytest.raises(DataError, match="generated with .*'train': 12.*not .*'train': 20"):
+        write_synthetic_folder(tmp_path, seed=1, train=20, val=10)
+    small = synthetic_folder("val", sizes=(12, 10), root=tmp_path / "small", scale=0.25)
+    assert all(75 <= h <= 113 and 75 <= w <= 150 for w, h in (Image.open(p).size for p, _ in small.samples))

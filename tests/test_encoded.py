@@ -160,3 +160,26 @@ def test_a_file_that_is_not_an_image_is_named(tmp_path):
     (root / "class0" / "broken.jpg").write_bytes(b"not a jpeg at all")
     with pytest.raises(gf.DataError, match=r"broken\.jpg: cannot be read as an image"):
         read_files(ImageFolder(str(root)), progress=False)
+
+
+def test_max_side_downscales_the_pixel_store_as_torchvision_s_resize_would_and_says_so(tmp_path):
+    import torchvision.transforms.v2 as v2
+
+    ds = ImageFolder(str(_folder(tmp_path)), transform=RECIPE)
+    loader = gf.accelerate(ds, batch_size=4, device="cpu", cache=False, progress=False, max_side=60)
+    images = loader.images
+    assert isinstance(images, Ragged) and int(images.shapes[:, 1:].max()) <= 60
+    for i, (path, _) in enumerate(ds.samples):
+        original = pil_to_tensor(pil_loader(path))
+        h, w = original.shape[1:]
+        expected = v2.Resize(size=None, max_size=60)(original) if max(h, w) > 60 else original
+        assert torch.equal(images.image(i), expected), path
+    shrunk = sum(max(Image.open(p).size) > 60 for p, _ in ds.samples)
+    assert f"max_side=60: {shrunk} of {len(ds)} images downscaled" in str(loader.plan)
+    kw = dict(device="cpu", cache=False, progress=False)
+    with pytest.raises(gf.ConfigError, match="store='jpeg' keeps the files as they are"):
+        gf.accelerate(ds, store="jpeg", max_side=60, **kw)
+    with pytest.raises(gf.ConfigError, match="with max_side=60 the pixels still take"):
+        gf.accelerate(ds, memory_budget=1000, max_side=60, **kw)
+    with pytest.raises(gf.ConfigError, match="max_side=0 must be"):
+        gf.accelerate(ds, max_side=0, **kw)

@@ -23,7 +23,7 @@ from .augment.ragged import Ragged
 from .cache import entry_path, load_or_ingest
 from .cache.fingerprint import cache_key
 from .device import resolve_device, usable_cores
-from .encoded import Encoded, decode, read_files
+from .encoded import Encoded, decode, downscaled, read_files
 from .errors import CacheWriteError, ConfigError, DataError, UnsupportedTransformError
 from .fallback import FallbackLoader
 from .ingest import Probe, RaggedError, UnbatchableError, exposes_arrays, ingest, probe
@@ -102,6 +102,7 @@ def accelerate(
     shard: str = "full",
     lock_timeout: float | None = None,
     store: str = "auto",
+    max_side: int | None = None,
 ) -> DeviceLoader | FallbackLoader:
     """A loader over ``dataset`` that yields what ``DataLoader(dataset, ...)`` would, many times faster.
 
@@ -140,6 +141,9 @@ def accelerate(
             large), ``"jpeg"`` keeps the files' bytes and decodes each batch (compact; an
             ``ImageFolder``, ``DatasetFolder`` or ``Food101`` read by torchvision's PIL loader),
             ``"auto"`` the pixels when they fit ``memory_budget``, else the bytes.
+        max_side: downscale the pixel store's images whose longer side exceeds it, once, as they
+            are decoded (torchvision's ``Resize(size=None, max_size=max_side)``, antialiased): a
+            change to what the model sees, stated in ``loader.plan``; off by default.
 
     Example:
         >>> import torch, torchvision.transforms.v2 as v2
@@ -152,6 +156,9 @@ def accelerate(
     """
     if store not in STORES:
         raise ConfigError(f"store={store!r} must be one of {STORES}")
+    max_side = None if max_side is None else as_int(max_side, "max_side", 1)
+    if max_side is not None and store == "jpeg":
+        raise ConfigError("max_side shrinks a pixel store as it is decoded; store='jpeg' keeps the files as they are")
     if fallback not in ("error", "prefetch"):
         raise ConfigError(f"fallback={fallback!r} must be 'error' or 'prefetch'")
     # Checked before the data is read: a bad argument must not cost an ingest.
@@ -197,8 +204,13 @@ def accelerate(
         split, probed = preflight(dataset, transform, cache_lambda)
         if probed.ragged is not None or store == "jpeg":
             budget = _device_budget(dev, memory_budget)
-            src = _load_ragged(dataset, split, probed, cache, num_workers, progress, store, budget)
+            src = _load_ragged(dataset, split, probed, cache, num_workers, progress, store, budget, max_side)
         else:
+            if max_side is not None:
+                raise ConfigError(
+                    "max_side applies to images of different sizes kept as they are (a folder of photos with a recipe "
+                    "that starts with RandomResizedCrop); these images all have one size"
+                )
             src = _load(dataset, split, cache, num_workers, progress, lock_timeout)
     except (UnsupportedTransformError, UnbatchableError) as e:  # after the probe: what its samples did not show
         return slow_path(e)
@@ -376,6 +388,7 @@ def _load_ragged(
     progress: bool,
     store: str,
     budget: int,
+    max_side: int | None = None,
 ) -> _Source:
     """Images of different sizes, each kept as it is: decoded pixels (a Ragged store) or the files' bytes
     (an Encoded store); RandomResizedCrop makes them one size."""
@@ -404,6 +417,11 @@ def _load_ragged(
             raise ConfigError(
                 f"store='jpeg' keeps the files' own bytes, but {why}; use store='pixels' (decoded once, kept)"
             )
+        if max_side is not None:
+            raise ConfigError(
+                f"max_side downscales the files of a folder read by torchvision's PIL loader as they are decoded; "
+                f"{type(dataset).__name__} is read sample by sample: add a Resize before RandomResizedCrop instead"
+            )
         data = ingest(dataset, split.cached_transform(), num_workers=num_workers, progress=progress, ragged=True)
         return _Source(data.images, data.labels, _describe(data), None, False, notes)
     encoded, labels = files
@@ -412,7 +430,12 @@ def _load_ragged(
         f"{len(encoded):,} files read in {read_s:.2f} s ({_fmt(encoded.data.nbytes)}: {n_jpeg:,} JPEG, "
         f"{len(encoded) - n_jpeg:,} other), sizes from their headers"
     )
-    pixels = encoded.pixel_bytes
+    pixels = int(downscaled(encoded.shapes, max_side).prod(1).sum())
+    if max_side is not None and store == "auto" and pixels > budget:  # the bytes would undo max_side: say so
+        raise ConfigError(
+            f"with max_side={max_side} the pixels still take {_fmt(pixels)}, over the budget of {_fmt(budget)}: lower "
+            "max_side, raise memory_budget, or drop max_side to keep the files' bytes (store='jpeg')"
+        )
     if store == "jpeg" or (store == "auto" and pixels > budget):
         why = (
             "store='jpeg'"
@@ -422,7 +445,14 @@ def _load_ragged(
         notes.append(f"the files' bytes are kept and each batch is decoded as it is served ({why})")
         return _Source(encoded, labels, read, None, False, notes)
     t0 = time.perf_counter()
-    images = decode(encoded, torch.device("cpu"), num_workers)
+    images = decode(encoded, torch.device("cpu"), num_workers, max_side)
+    if max_side is not None:
+        changed = int((images.shapes != encoded.shapes).any(1).sum())
+        notes.append(
+            f"max_side={max_side}: {changed:,} of {len(encoded):,} images downscaled once so that their longer side is "
+            f"at most {max_side} (torchvision's Resize(size=None, max_size={max_side}), antialiased) -- the model sees "
+            "these smaller images, not the files"
+        )
     threads = min(usable_cores() if num_workers is None else max(1, num_workers), len(encoded))
     read += f"; decoded once on {threads} thread(s) in {time.perf_counter() - t0:.2f} s"
     return _Source(images, labels, read, None, False, notes)

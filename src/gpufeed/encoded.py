@@ -32,10 +32,10 @@ import torch
 
 from .augment.ragged import Ragged
 from .device import usable_cores
-from .errors import DataError
+from .errors import ConfigError, DataError
 from .validate import label_tensor
 
-__all__ = ["Encoded", "decode", "file_samples", "read_files"]
+__all__ = ["Encoded", "decode", "downscaled", "file_samples", "read_files"]
 
 _JPEG_MAGIC = b"\xff\xd8\xff"
 
@@ -194,36 +194,62 @@ def _decode_one(encoded: Encoded, i: int) -> torch.Tensor:
         return torch.from_numpy(np.asarray(im.convert("RGB")).copy())
 
 
-def decode(encoded: Encoded, device: torch.device, threads: int | None = None) -> Ragged:
+def downscaled(shapes: torch.Tensor, max_side: int | None) -> torch.Tensor:
+    """The ``(C, H, W)`` of each image once its longer side is at most ``max_side``, computed as torchvision's
+    ``Resize(size=None, max_size=max_side)`` does; images already within it keep their size."""
+    if max_side is None:
+        return shapes
+    out = shapes.clone()
+    h, w = shapes[:, 1], shapes[:, 2]
+    long, short = torch.maximum(h, w), torch.minimum(h, w)
+    shrink = long > max_side
+    new_short = (max_side * short.double() / long.double()).floor().long()  # torchvision: int(max_size * s / l)
+    out[:, 1] = torch.where(shrink, torch.where(h >= w, max_side, new_short), h)
+    out[:, 2] = torch.where(shrink, torch.where(h >= w, new_short, max_side), w)
+    return out
+
+
+def decode(encoded: Encoded, device: torch.device, threads: int | None = None, max_side: int | None = None) -> Ragged:
     """Decode every image into one Ragged batch on ``device``.
 
     On the CPU the images are spread over ``threads`` threads (default: the usable cores), each
     writing straight into the batch's channels-last buffer. On a GPU the JPEGs go to nvJPEG in one
     batched call and are packed channels-first by one concatenation; other files decode on the CPU
-    and are copied in.
+    and are copied in. ``max_side`` (CPU): images whose longer side exceeds it are resized (bilinear,
+    antialiased, torchvision's kernel) to :func:`downscaled`'s size as they are decoded.
     """
     n = len(encoded)
-    sizes = encoded.shapes.prod(1)
-    starts = torch.cumsum(sizes, 0) - sizes
     if device.type == "cuda":
-        return _decode_cuda(encoded, device, starts)
+        if max_side is not None:
+            raise ConfigError("max_side is applied while a pixel store is built, on the CPU")
+        sizes = encoded.shapes.prod(1)
+        return _decode_cuda(encoded, device, torch.cumsum(sizes, 0) - sizes)
+    target = downscaled(encoded.shapes, max_side)
+    sizes = target.prod(1)
+    starts = torch.cumsum(sizes, 0) - sizes
     out = torch.empty(int(sizes.sum()), dtype=torch.uint8)
-    shapes, offsets = encoded.shapes.tolist(), starts.tolist()
+    shapes, targets, offsets = encoded.shapes.tolist(), target.tolist(), starts.tolist()
 
     def part(first: int, step: int) -> None:
+        from torchvision.transforms.v2.functional import resize
+
         for i in range(first, n, step):
             image = _decode_one(encoded, i)
             c, h, w = shapes[i]
             if tuple(image.shape) != (h, w, c):
                 raise DataError(f"image {i} decoded to {tuple(image.shape)} (H, W, C), but its header said {(h, w, c)}")
-            out[offsets[i] : offsets[i] + c * h * w].view(h, w, c).copy_(image)
+            _, th, tw = targets[i]
+            if (th, tw) != (h, w):  # channels-last in, as the uint8 kernel runs fastest
+                chw = image.permute(2, 0, 1).unsqueeze(0)
+                image = resize(chw, [th, tw], antialias=True)[0].permute(1, 2, 0)
+            out[offsets[i] : offsets[i] + c * th * tw].view(th, tw, c).copy_(image)
 
     workers = min(usable_cores() if threads is None else threads, n)
     if workers > 1:
         list(_pool(workers).map(part, range(workers), [workers] * workers))
     else:
         part(0, 1)
-    return Ragged(out, starts, encoded.shapes)
+    return Ragged(out, starts, target)
 
 
 def _decode_cuda(encoded: Encoded, device: torch.device, starts: torch.Tensor) -> Ragged:

@@ -12,7 +12,8 @@ Example:
 
 from . import augment
 from .accelerate import accelerate
-from .cache import Cache, build_cache, open_cache
+from .cache import Cache, open_cache
+from .caching import build_cache
 from .diagnose import Report, diagnose
 from .errors import (
     CacheError,

@@ -20,8 +20,9 @@ from typing import Any
 import torch
 
 from .augment.ragged import Ragged
-from .cache import entry_path, load_or_ingest
+from .cache import entry_path
 from .cache.fingerprint import cache_key
+from .caching import load_or_ingest
 from .device import resolve_device, usable_cores
 from .encoded import Encoded, decode, downscaled, read_files
 from .errors import CacheWriteError, ConfigError, DataError, UnsupportedTransformError

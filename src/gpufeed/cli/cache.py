@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
 def _build(args: argparse.Namespace) -> int:
     import torchvision.transforms as T
 
-    from ..cache import build_cache
+    from ..caching import build_cache
 
     prefix = [T.Resize(args.resize), T.CenterCrop(32)] if args.resize else []
     transform = T.Compose(

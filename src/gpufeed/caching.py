@@ -1,0 +1,190 @@
+"""Filling the cache from a dataset: ``build_cache``, and the open-or-build that ``accelerate`` uses.
+
+The entry holds the deterministic part of a dataset's transform, computed once by
+:mod:`gpufeed.ingest` and stored by :mod:`gpufeed.cache` (pure storage).
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Callable
+from contextlib import ExitStack
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from .cache import Cache, Manifest, check_target, entry_path, is_gpufeed_entry, open_cache, write_cache
+from .cache.fingerprint import cache_key
+from .cache.lock import build_lock
+from .cache.lock import lock_timeout as resolve_lock_timeout
+from .errors import CacheError, CacheWriteError, ConfigError
+
+__all__ = ["build_cache", "load_or_ingest", "store"]
+
+_DATASET = object()  # sentinel: use the dataset's own transform
+
+
+def build_cache(
+    dataset: Any,
+    path: str | Path | None = None,
+    *,
+    transform: Any = _DATASET,
+    cache_lambda: bool = False,
+    num_workers: int | None = None,
+    progress: bool = True,
+    root: str | Path | None = None,
+    lock_timeout: float | None = None,
+) -> Cache:
+    """Compute the deterministic part of ``dataset``'s transform once and store it, atomically and verified.
+
+    An existing valid entry with the same key is reused; a gpufeed entry with another key, or a
+    damaged one, is replaced (with a warning). A path that exists but is not a gpufeed entry (your
+    dataset folder, an empty directory, a file) is refused with a CacheError and left untouched.
+    Returns the opened :class:`Cache`.
+
+    Args:
+        dataset: a map-style dataset (torchvision datasets, ``ImageFolder``, ``TensorDataset``, ...).
+        path: the entry's directory (created; must not exist yet unless it is a gpufeed entry);
+            ``None`` puts it under ``root`` (default :func:`default_cache_dir`).
+        transform: the full transform; by default ``dataset.transform``. Only its deterministic
+            prefix (see :mod:`gpufeed.plan`) is computed and stored.
+        lock_timeout: seconds to wait while another process builds the same entry (default
+            ``$GPUFEED_LOCK_TIMEOUT``, else an hour); then a CacheError names that process.
+
+    Raises:
+        CacheError: ``path`` is not a gpufeed entry, or the lock wait timed out.
+        CacheWriteError: the disk is full or the location not writable (nothing partial is left).
+    """
+    from .plan import split_transform
+    from .validate import check_dataset
+
+    check_dataset(dataset)
+    split = split_transform(getattr(dataset, "transform", None) if transform is _DATASET else transform, cache_lambda)
+    key = cache_key(dataset, split.cached)
+    if key is None:
+        raise ConfigError(
+            f"{type(dataset).__name__} with cached ops {list(split.cached)} cannot be fingerprinted (unknown source "
+            "or an opaque transform such as a Lambda), so a cache on disk could later be matched to other data; "
+            "use gpufeed.accelerate(..., cache=False) to keep it in memory instead"
+        )
+    target = Path(path).expanduser() if path is not None else entry_path(dataset, key, root)
+    cache, _ = load_or_ingest(dataset, split, target, key, lambda data: True, num_workers, progress, lock_timeout)
+    assert cache is not None
+    return cache
+
+
+def _current(target: Path, key: str, announce: bool) -> Cache | None:
+    """The valid entry at ``target`` if it has ``key``; ``announce``: warn about what will be rebuilt.
+
+    The key is read from the manifest first, so an entry of other data is not hashed just to be
+    replaced.
+    """
+    try:
+        if Manifest.read(target).key != key:
+            if announce:
+                warnings.warn(
+                    f"replacing the cache at {target}: it holds another dataset or another transform",
+                    stacklevel=4,
+                )
+            return None
+        return open_cache(target, verify=True)
+    except CacheError as e:
+        if announce and is_gpufeed_entry(target):
+            warnings.warn(f"rebuilding the cache: {e}", stacklevel=4)
+        return None
+
+
+def load_or_ingest(
+    dataset: Any,
+    split: Any,
+    target: Path,
+    key: str,
+    persist: Callable[[Any], bool],
+    num_workers: int | None = None,
+    progress: bool = True,
+    lock_timeout: float | None = None,
+    strict: bool = True,
+) -> tuple[Cache | None, Any]:
+    """The entry at ``target`` if it is valid and has ``key``; else a fresh ingest, stored when ``persist(data)``.
+
+    Returns ``(cache, data)``: ``(entry, None)`` on a hit, ``(entry, data)`` when just written,
+    ``(None, data)`` when not persisted. A valid entry is read without the lock (so a read-only
+    cache works); building runs under the entry's build lock, so concurrent callers (one per rank)
+    build once. A damaged entry is rebuilt with a warning; a path that is not gpufeed's is refused
+    before anything is created beside it. ``strict=False`` (accelerate): a location that cannot be
+    written gives ``(None, data)`` and one warning instead of a CacheWriteError.
+    """
+    from .ingest import ingest
+
+    lock_timeout = resolve_lock_timeout(lock_timeout)  # a bad value is an error even on a hit
+    hit = _current(target, key, announce=False)  # entries appear by one rename: no lock needed to read
+    if hit is not None:
+        return hit, None
+
+    def read() -> Any:
+        return ingest(dataset, split.cached_transform(), num_workers=num_workers, progress=progress)
+
+    with ExitStack() as stack:
+        try:
+            check_target(target)  # before the lock file is created beside it
+            _check_outside_dataset(dataset, target)
+            stack.enter_context(build_lock(target, lock_timeout, progress=progress))
+        except CacheWriteError as e:
+            if strict:
+                raise
+            data = read()
+            if persist(data):
+                _in_memory(e)
+            return None, data
+        hit = _current(target, key, announce=True)  # built by another process while we waited?
+        if hit is not None:
+            return hit, None
+        data = read()
+        if not persist(data):
+            return None, data
+        try:
+            # Verified when asked for a cache; accelerate skips the re-read: the bytes were hashed as they
+            # were written, and reading them back would hold a second copy of the images in memory.
+            return store(target, key, split, data, verify=strict), data
+        except CacheWriteError as e:
+            if strict:
+                raise
+            _in_memory(e)
+            return None, data
+
+
+def _in_memory(e: CacheWriteError) -> None:
+    warnings.warn(f"gpufeed: the data stays in memory, not cached on disk: {e}", stacklevel=4)
+
+
+def _check_outside_dataset(dataset: Any, target: Path) -> None:
+    """A cache inside an image folder's directory would change the dataset (a new "class" appears).
+
+    Checked for the datasets whose directory *is* their data (``ImageFolder`` and the other
+    ``DatasetFolder``s) and those that keep it in ``root/base_folder`` (CIFAR, SVHN, STL10, ...).
+    """
+    from torchvision.datasets import DatasetFolder
+
+    root, base = getattr(dataset, "root", None), getattr(dataset, "base_folder", None)
+    if not isinstance(root, (str, os.PathLike)) or not (isinstance(dataset, DatasetFolder) or isinstance(base, str)):
+        return
+    data_dir = (Path(root) / base if isinstance(base, str) else Path(root)).resolve()
+    if target.resolve().is_relative_to(data_dir):
+        raise CacheWriteError(
+            f"the cache {target} would be inside {data_dir}, the directory of the dataset "
+            f"({type(dataset).__name__}); gpufeed never writes into a dataset's directory: choose a cache location "
+            "outside it (build_cache(dataset, path), accelerate(..., cache=ROOT), --cache-dir or GPUFEED_CACHE_DIR)"
+        )
+
+
+def store(target: Path, key: str, split: Any, data: Any, verify: bool = True) -> Cache:
+    """Write ingested data (:class:`gpufeed.ingest.Ingested`) as the entry ``target`` and open it."""
+    meta = {
+        "cached": [repr(op) for op in split.cached],
+        "ingest": data.path,
+        "ingest_seconds": round(data.seconds, 3),
+        "created": datetime.now(UTC).isoformat(timespec="seconds"),
+    }
+    write_cache(target, key, {"images": data.images, "labels": data.labels}, meta)
+    return open_cache(target, verify=verify)

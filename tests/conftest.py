@@ -15,6 +15,13 @@ _DEVICES = [
 ]
 
 
+@pytest.fixture(autouse=True)
+def _private_cache_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """gpufeed's default cache directory, for every test: one under pytest's temporary root (shared by the
+    session, so generated data is made once), never the user's own ~/.cache/gpufeed."""
+    monkeypatch.setenv("GPUFEED_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "gpufeed-cache"))
+
+
 @pytest.fixture(params=_DEVICES)
 def device(request: pytest.FixtureRequest) -> torch.device:
     return torch.device(request.param)

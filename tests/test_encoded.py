@@ -2,6 +2,7 @@
 the pixels the user's ImageFolder loader (PIL, convert("RGB")) gives, whatever the file kind."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -183,3 +184,27 @@ def test_max_side_downscales_the_pixel_store_as_torchvision_s_resize_would_and_s
         gf.accelerate(ds, memory_budget=1000, max_side=60, **kw)
     with pytest.raises(gf.ConfigError, match="max_side=0 must be"):
         gf.accelerate(ds, max_side=0, **kw)
+
+
+@pytest.mark.parametrize("store", ["pixels", "jpeg"])
+def test_both_stores_are_cached_verified_and_served_the_same_from_the_cache(tmp_path, store):
+    ds = ImageFolder(str(_folder(tmp_path / "photos", n_per_kind=2)), transform=RECIPE)
+    kw = dict(batch_size=6, device="cpu", seed=3, progress=False, store=store, cache=tmp_path / "cache")
+    first = gf.accelerate(ds, **kw)
+    assert "written to the cache" in first.plan.ingest and first.plan.cache_path is not None
+    hit = gf.accelerate(ds, **kw)
+    assert hit.plan.ingest.startswith("cache hit, verified (20 samples)")
+    assert type(hit.images) is type(first.images) and hit.plan.cache_path == first.plan.cache_path
+    epoch0 = list(first)
+    for (x, y), (u, v) in zip(epoch0, hit, strict=True):
+        assert torch.equal(x, u) and torch.equal(y, v)
+    other = "jpeg" if store == "pixels" else "pixels"  # each kind has its own entry
+    assert gf.accelerate(ds, **{**kw, "store": other}).plan.cache_path != first.plan.cache_path
+    entry = Path(first.plan.cache_path)
+    data = entry / ("pixels.bin" if store == "pixels" else "bytes.bin")
+    raw = bytearray(data.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF  # one flipped byte in the middle: caught by the block hashes, rebuilt
+    data.write_bytes(bytes(raw))
+    with pytest.warns(UserWarning, match="rebuilding the cache: .* do not match the manifest's hash"):
+        rebuilt = gf.accelerate(ds, **kw)
+    assert all(torch.equal(x, u) for (x, _), (u, _) in zip(epoch0, rebuilt, strict=True))

@@ -22,17 +22,24 @@ def test_the_standard_training_recipe_runs_batched_on_a_ragged_store(tmp_path):
     recipe = T.Compose([T.RandomResizedCrop(40), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(*IMAGENET)])
     ds = image_folder(tmp_path / "photos", SIZES, transform=recipe)
     before = snapshot(tmp_path / "photos")
-    loader = gf.accelerate(ds, batch_size=4, device="cpu", seed=2, num_workers=0, progress=False)
+    kw = dict(batch_size=4, device="cpu", seed=2, num_workers=0, progress=False, cache=tmp_path / "cache")
+    loader = gf.accelerate(ds, **kw)
     assert isinstance(loader, gf.DeviceLoader) and isinstance(loader.images, Ragged)
     assert sorted(map(tuple, loader.images.shapes[:, 1:].tolist())) == sorted((h, w) for w, h in SIZES)
     text = str(loader.plan)
     assert "ragged: 9 images of 3 channel(s), heights 47-160, widths 33-200" in text
-    assert "RandomResizedCrop(size=(40, 40)" in text and "not persisted" in text
+    assert "RandomResizedCrop(size=(40, 40)" in text and "written to the cache" in text
+    epochs = []
     for _ in range(2):
         batches = list(loader)
         assert [tuple(x.shape) for x, _ in batches] == [(4, 3, 40, 40)] * 2 + [(1, 3, 40, 40)]
         assert sorted(torch.cat([y for _, y in batches]).tolist()) == sorted(ds.targets)
         assert all(x.dtype == torch.float32 and -2.2 < x.min() and x.max() < 2.7 for x, _ in batches)
+        epochs.append(batches)
+    again = gf.accelerate(ds, **kw)  # the decode is not paid twice: the verified entry is mapped
+    assert again.plan.ingest.startswith("cache hit, verified (9 samples)") and isinstance(again.images, Ragged)
+    for batches in epochs:
+        assert all(torch.equal(x, u) and torch.equal(y, v) for (x, y), (u, v) in zip(batches, again, strict=True))
     assert snapshot(tmp_path / "photos") == before  # nothing written into the user's folder
 
 
@@ -52,7 +59,7 @@ def test_each_image_is_cropped_and_resized_within_one_level_of_pil(tmp_path, siz
 
 def test_a_ragged_store_that_exceeds_the_budget_stays_in_host_memory_and_says_so(tmp_path):
     ds = image_folder(tmp_path, SIZES[:4], transform=T.Compose([T.RandomResizedCrop(16), T.PILToTensor()]))
-    with pytest.warns(UserWarning, match="exceeds .* but a ragged store has no memory-mapped tier yet: host memory"):
+    with pytest.warns(UserWarning, match="exceeds .* a ragged store is memory-mapped only from a cache: host memory"):
         loader = gf.accelerate(
             ds, batch_size=2, device="cpu", memory_budget=0, cache=False, progress=False, store="pixels"
         )

@@ -2,8 +2,9 @@
 
 1. :mod:`gpufeed.plan` splits the transform: a deterministic prefix computed once per sample, and
    the rest as batched ops on the device.
-2. :mod:`gpufeed.ingest` reads the dataset through the prefix (vectorised when it exposes arrays),
-   or a verified cache on disk (:mod:`gpufeed.cache`) gives it back.
+2. :mod:`gpufeed.sources` gets the stored images: :mod:`gpufeed.ingest` reads the dataset through the
+   prefix (vectorised when it exposes arrays; a folder of photos as its files), or a verified cache
+   on disk (:mod:`gpufeed.caching`) gives them back.
 3. A storage tier is chosen: the device if the data fits its budget, else pinned host memory,
    else a memory map of the cache file. Every tier yields the same batches.
 """
@@ -11,31 +12,26 @@
 from __future__ import annotations
 
 import os
-import time
 import warnings
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from .augment.ragged import Ragged
-from .cache import entry_path
-from .cache.fingerprint import cache_key
-from .caching import load_or_ingest
-from .device import resolve_device, usable_cores
-from .encoded import Encoded, decode, downscaled, read_files
+from .device import resolve_device
+from .encoded import Encoded
 from .errors import CacheWriteError, ConfigError, DataError, UnsupportedTransformError
 from .fallback import FallbackLoader
-from .ingest import Probe, RaggedError, UnbatchableError, exposes_arrays, ingest, probe
+from .ingest import Probe, RaggedError, UnbatchableError, probe
 from .loader import DeviceLoader
 from .plan import Plan, Split, build_batched, split_transform
+from .sources import STORES, describe_store, fmt_bytes, load, load_ragged, takes_ragged
 from .spill import spill
 from .validate import as_flag, as_int, check_dataset, check_epoch
 
 __all__ = ["DEVICE_BUDGET_FRACTION", "HOST_BUDGET_FRACTION", "STORES", "accelerate", "preflight"]
 
-STORES = ("auto", "pixels", "jpeg")
 
 DEVICE_BUDGET_FRACTION = 0.5  # of the device memory free when accelerate() runs: the rest is the model's
 HOST_BUDGET_FRACTION = 0.5  # of the host memory available, for the pinned tier
@@ -68,16 +64,19 @@ def _device_budget(device: torch.device, memory_budget: int | None) -> int:
 
 def _choose_tier(nbytes: int, device: torch.device, memory_budget: int | None) -> tuple[str, str]:
     budget = _device_budget(device, memory_budget)
+    size, limit = fmt_bytes(nbytes), fmt_bytes(budget)
     if nbytes <= budget:
-        return "device", f"{_fmt(nbytes)} fits the {device.type} budget of {_fmt(budget)}"
+        return "device", f"{size} fits the {device.type} budget of {limit}"
     host = int(_host_available() * HOST_BUDGET_FRACTION)
     if device.type == "cuda" and nbytes <= host:
-        return "pinned", f"{_fmt(nbytes)} exceeds the device budget of {_fmt(budget)}; fits pinned host memory"
-    return "mmap", f"{_fmt(nbytes)} exceeds the device budget of {_fmt(budget)} and host memory; memory-mapped file"
-
-
-def _fmt(nbytes: int) -> str:
-    return f"{nbytes / 2**30:.2f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.1f} MiB"
+        return (
+            "pinned",
+            f"{fmt_bytes(nbytes)} exceeds the device budget of {fmt_bytes(budget)}; fits pinned host memory",
+        )
+    return (
+        "mmap",
+        f"{fmt_bytes(nbytes)} exceeds the device budget of {fmt_bytes(budget)} and host memory; memory-mapped file",
+    )
 
 
 def accelerate(
@@ -205,14 +204,18 @@ def accelerate(
         split, probed = preflight(dataset, transform, cache_lambda)
         if probed.ragged is not None or store == "jpeg":
             budget = _device_budget(dev, memory_budget)
-            src = _load_ragged(dataset, split, probed, cache, num_workers, progress, store, budget, max_side)
+            if not takes_ragged(build_batched(split.device, probed.dtype, probed.size, probed.pil)):
+                raise ConfigError(
+                    f"store={store!r} keeps each image as it is: it needs a recipe that starts with RandomResizedCrop"
+                )
+            src = load_ragged(dataset, split, cache, num_workers, progress, lock_timeout, store, budget, max_side)
         else:
             if max_side is not None:
                 raise ConfigError(
                     "max_side applies to images of different sizes kept as they are (a folder of photos with a recipe "
                     "that starts with RandomResizedCrop); these images all have one size"
                 )
-            src = _load(dataset, split, cache, num_workers, progress, lock_timeout)
+            src = load(dataset, split, cache, num_workers, progress, lock_timeout)
     except (UnsupportedTransformError, UnbatchableError) as e:  # after the probe: what its samples did not show
         return slow_path(e)
     images, labels = src.images, src.labels
@@ -221,10 +224,12 @@ def accelerate(
     if isinstance(images, Encoded):  # the decoders read host memory, nvJPEG included
         tier = "pinned" if dev.type == "cuda" else "device"
         where = "pinned host memory" if dev.type == "cuda" else "memory"
-        why = f"the files' bytes ({_fmt(nbytes)}) are kept in {where}, where the decoders read them"
-    elif tier == "mmap" and isinstance(images, Ragged):
+        why = f"the files' bytes ({fmt_bytes(nbytes)}) are kept in {where}, where the decoders read them"
+    elif tier == "mmap" and isinstance(images, Ragged) and not src.mapped:
         tier = "pinned" if dev.type == "cuda" else "device"
-        why = why.replace("; memory-mapped file", ", but a ragged store has no memory-mapped tier yet: host memory")
+        why = why.replace(
+            "; memory-mapped file", ", and a ragged store is memory-mapped only from a cache: host memory"
+        )
         warnings.warn(f"gpufeed.accelerate: {why}", stacklevel=2)
     elif tier != "device":
         warnings.warn(f"gpufeed.accelerate: {why}; batches are the same, each chunk is copied in", stacklevel=2)
@@ -265,7 +270,7 @@ def accelerate(
         stored_shape=tuple(images.shape)
         if isinstance(images, torch.Tensor)
         else (len(images), int(images.shapes[0, 0])),
-        layout=_ragged_layout(loader.images) if isinstance(loader.images, (Ragged, Encoded)) else "",
+        layout=describe_store(loader.images) if isinstance(loader.images, (Ragged, Encoded)) else "",
         stored_dtype=str(images.dtype).replace("torch.", ""),
         bytes=nbytes,
         ingest=src.description,
@@ -276,16 +281,6 @@ def accelerate(
     return loader
 
 
-@dataclass
-class _Source:
-    images: torch.Tensor | Ragged | Encoded
-    labels: torch.Tensor
-    description: str
-    cache_path: Path | None = None
-    mapped: bool = False  # memory-mapped from a cache file
-    notes: list[str] = field(default_factory=list)
-
-
 def preflight(dataset: Any, transform: Any, cache_lambda: bool = False) -> tuple[Split, Probe]:
     """The plan, checked on a few samples before the dataset is read: the split of ``transform``, and what
     the probed samples say. Raises UnsupportedTransformError or UnbatchableError for what the batched
@@ -293,15 +288,10 @@ def preflight(dataset: Any, transform: Any, cache_lambda: bool = False) -> tuple
     split = split_transform(transform, cache_lambda)
     probed = probe(dataset, split.cached_transform())
     batched = build_batched(split.device, probed.dtype, probed.size, probed.pil)
-    if probed.ragged is not None and not (probed.sizes_only and _takes_ragged(batched)):
+    if probed.ragged is not None and not (probed.sizes_only and takes_ragged(batched)):
         raise RaggedError(probed.ragged)
     _dry_run(batched, probed.samples)
     return split, probed
-
-
-def _takes_ragged(batched: Any) -> bool:
-    """Whether the batched part starts with an op that takes images of different sizes (RandomResizedCrop)."""
-    return batched is not None and bool(getattr(batched.transforms[0], "ragged_input", False))
 
 
 def _dry_run(batched: Any, samples: torch.Tensor | Ragged | None) -> None:
@@ -330,146 +320,3 @@ def _cache_option(cache: Any) -> bool | str | Path:
     if root.exists() and not root.is_dir():
         raise ConfigError(f"cache={str(cache)!r} is a file; pass a directory, the root gpufeed's entries go under")
     return root
-
-
-def _load(
-    dataset: Any,
-    split: Split,
-    cache: bool | str | Path,
-    num_workers: int | None,
-    progress: bool,
-    lock_timeout: float | None,
-) -> _Source:
-    """Images and labels on the host, from a cache hit or a fresh ingest (persisted when it pays)."""
-    if cache == "auto" and not split.cached and exposes_arrays(dataset):
-        # Nothing to compute and a vectorised read: a cache could not be faster, and fingerprinting
-        # the arrays would cost more than reading them.
-        data = ingest(dataset, None, num_workers=num_workers, progress=progress)
-        return _Source(data.images, data.labels, _describe(data))
-    key = cache_key(dataset, split.cached) if cache is not False else None
-    notes = []
-    if cache is not False and key is None:
-        warnings.warn(
-            f"gpufeed.accelerate: {type(dataset).__name__} or its cached ops cannot be fingerprinted, so nothing is "
-            "written to disk (an opaque source could later be matched to other data)",
-            stacklevel=3,
-        )
-        notes.append("not persisted: the source or the cached ops cannot be fingerprinted")
-    root = cache if isinstance(cache, Path) else None
-    if key is None:
-        data = ingest(dataset, split.cached_transform(), num_workers=num_workers, progress=progress)
-        return _Source(data.images, data.labels, _describe(data), None, False, notes)
-    path = entry_path(dataset, key, root)
-    persist = cache is True or root is not None  # "auto": only what was expensive to compute
-    hit, data = load_or_ingest(
-        dataset,
-        split,
-        path,
-        key,
-        lambda d: persist or d.path == "per-sample",
-        num_workers,
-        progress,
-        lock_timeout,
-        strict=False,  # a cache that cannot be written is not a reason to fail: the data stays in memory
-    )
-    if data is None:
-        assert hit is not None  # load_or_ingest returns one or the other
-        return _Source(hit.images, hit.labels, f"cache hit, verified ({len(hit.labels)} samples)", path, True, notes)
-    if hit is not None:
-        return _Source(hit.images, hit.labels, _describe(data) + ", written to the cache", path, True, notes)
-    return _Source(data.images, data.labels, _describe(data), None, False, notes)
-
-
-def _load_ragged(
-    dataset: Any,
-    split: Split,
-    probed: Probe,
-    cache: bool | str | Path,
-    num_workers: int | None,
-    progress: bool,
-    store: str,
-    budget: int,
-    max_side: int | None = None,
-) -> _Source:
-    """Images of different sizes, each kept as it is: decoded pixels (a Ragged store) or the files' bytes
-    (an Encoded store); RandomResizedCrop makes them one size."""
-    batched = build_batched(split.device, probed.dtype, probed.size, probed.pil)
-    if not _takes_ragged(batched):
-        raise ConfigError(
-            f"store={store!r} keeps each image as it is, which needs a recipe that starts with RandomResizedCrop"
-        )
-    notes = [
-        "images of different sizes: each is stored as it is, and RandomResizedCrop draws its box from its own size"
-    ]
-    if cache is not False:
-        notes.append("not persisted: the ragged store has no cache format yet, so the folder is read again next run")
-    files = None
-    if not split.cached:  # a folder read by torchvision's loader: its files, decoded here or per batch
-        t0 = time.perf_counter()
-        files = read_files(dataset, num_workers, progress)
-        read_s = time.perf_counter() - t0
-    if files is None:
-        if store == "jpeg":
-            why = (
-                f"its cached part ({', '.join(repr(op) for op in split.cached)}) changes the images"
-                if split.cached
-                else f"{type(dataset).__name__} is not a folder of image files read by torchvision's PIL loader"
-            )
-            raise ConfigError(
-                f"store='jpeg' keeps the files' own bytes, but {why}; use store='pixels' (decoded once, kept)"
-            )
-        if max_side is not None:
-            raise ConfigError(
-                f"max_side downscales the files of a folder read by torchvision's PIL loader as they are decoded; "
-                f"{type(dataset).__name__} is read sample by sample: add a Resize before RandomResizedCrop instead"
-            )
-        data = ingest(dataset, split.cached_transform(), num_workers=num_workers, progress=progress, ragged=True)
-        return _Source(data.images, data.labels, _describe(data), None, False, notes)
-    encoded, labels = files
-    n_jpeg = int(encoded.jpeg.sum())
-    read = (
-        f"{len(encoded):,} files read in {read_s:.2f} s ({_fmt(encoded.data.nbytes)}: {n_jpeg:,} JPEG, "
-        f"{len(encoded) - n_jpeg:,} other), sizes from their headers"
-    )
-    pixels = int(downscaled(encoded.shapes, max_side).prod(1).sum())
-    if max_side is not None and store == "auto" and pixels > budget:  # the bytes would undo max_side: say so
-        raise ConfigError(
-            f"with max_side={max_side} the pixels still take {_fmt(pixels)}, over the budget of {_fmt(budget)}: lower "
-            "max_side, raise memory_budget, or drop max_side to keep the files' bytes (store='jpeg')"
-        )
-    if store == "jpeg" or (store == "auto" and pixels > budget):
-        why = (
-            "store='jpeg'"
-            if store == "jpeg"
-            else f"decoded they would take {_fmt(pixels)}, over the budget of {_fmt(budget)}"
-        )
-        notes.append(f"the files' bytes are kept and each batch is decoded as it is served ({why})")
-        return _Source(encoded, labels, read, None, False, notes)
-    t0 = time.perf_counter()
-    images = decode(encoded, torch.device("cpu"), num_workers, max_side)
-    if max_side is not None:
-        changed = int((images.shapes != encoded.shapes).any(1).sum())
-        notes.append(
-            f"max_side={max_side}: {changed:,} of {len(encoded):,} images downscaled once so that their longer side is "
-            f"at most {max_side} (torchvision's Resize(size=None, max_size={max_side}), antialiased) -- the model sees "
-            "these smaller images, not the files"
-        )
-    threads = min(usable_cores() if num_workers is None else max(1, num_workers), len(encoded))
-    read += f"; decoded once on {threads} thread(s) in {time.perf_counter() - t0:.2f} s"
-    return _Source(images, labels, read, None, False, notes)
-
-
-def _ragged_layout(images: Ragged | Encoded) -> str:
-    h, w = images.shapes[:, 1], images.shapes[:, 2]
-    sizes = f"heights {int(h.min())}-{int(h.max())}, widths {int(w.min())}-{int(w.max())}"
-    if isinstance(images, Encoded):
-        where = "nvJPEG, batched" if images.data.is_pinned() else f"torchvision on {usable_cores()} CPU thread(s)"
-        jpegs = int(images.jpeg.sum())
-        others = f", the {len(images) - jpegs:,} others by PIL on the CPU" if jpegs < len(images) else ""
-        what = f"encoded files: {len(images):,} images decoding to 3 channels, {sizes}"
-        return f"{what}; {jpegs:,} JPEGs decoded by {where}{others}"
-    return f"ragged: {len(images):,} images of {int(images.shapes[0, 0])} channel(s), {sizes}"
-
-
-def _describe(data: Any) -> str:
-    return f"{data.path} read of {len(data.labels)} samples in {data.seconds:.2f} s"

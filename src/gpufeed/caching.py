@@ -105,8 +105,12 @@ def load_or_ingest(
     progress: bool = True,
     lock_timeout: float | None = None,
     strict: bool = True,
+    read: Callable[[], Any] | None = None,
 ) -> tuple[Cache | None, Any]:
     """The entry at ``target`` if it is valid and has ``key``; else a fresh ingest, stored when ``persist(data)``.
+
+    ``read``: what makes the data (an :class:`~gpufeed.ingest.Ingested`, whose images may be a Ragged or
+    Encoded store); by default the dataset read through the split's cached part.
 
     Returns ``(cache, data)``: ``(entry, None)`` on a hit, ``(entry, data)`` when just written,
     ``(None, data)`` when not persisted. A valid entry is read without the lock (so a read-only
@@ -122,8 +126,10 @@ def load_or_ingest(
     if hit is not None:
         return hit, None
 
-    def read() -> Any:
-        return ingest(dataset, split.cached_transform(), num_workers=num_workers, progress=progress)
+    if read is None:
+
+        def read() -> Any:
+            return ingest(dataset, split.cached_transform(), num_workers=num_workers, progress=progress)
 
     with ExitStack() as stack:
         try:
@@ -180,11 +186,24 @@ def _check_outside_dataset(dataset: Any, target: Path) -> None:
 
 def store(target: Path, key: str, split: Any, data: Any, verify: bool = True) -> Cache:
     """Write ingested data (:class:`gpufeed.ingest.Ingested`) as the entry ``target`` and open it."""
-    meta = {
+    from .augment.ragged import Ragged
+    from .encoded import Encoded
+
+    meta: dict[str, Any] = {
         "cached": [repr(op) for op in split.cached],
         "ingest": data.path,
         "ingest_seconds": round(data.seconds, 3),
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
     }
-    write_cache(target, key, {"images": data.images, "labels": data.labels}, meta)
+    images = data.images
+    if isinstance(images, Ragged):
+        meta.update(store="pixels", hwc=images.hwc)
+        arrays = {"pixels": images.data, "starts": images.starts, "shapes": images.shapes}
+    elif isinstance(images, Encoded):
+        meta["store"] = "jpeg"
+        arrays = {k: getattr(images, k) for k in ("starts", "lengths", "shapes", "jpeg")} | {"bytes": images.data}
+    else:
+        meta["store"] = "dense"
+        arrays = {"images": images}
+    write_cache(target, key, {**arrays, "labels": data.labels}, meta)
     return open_cache(target, verify=verify)

@@ -35,7 +35,7 @@ from .device import usable_cores
 from .errors import ConfigError, DataError
 from .validate import label_tensor
 
-__all__ = ["Encoded", "decode", "downscaled", "file_samples", "read_files"]
+__all__ = ["Encoded", "decode", "downscaled", "file_samples", "header_shapes", "read_files"]
 
 _JPEG_MAGIC = b"\xff\xd8\xff"
 
@@ -133,17 +133,49 @@ def file_samples(dataset: Any) -> list[tuple[str, Any]] | None:
     return None
 
 
-def _read(path: str) -> tuple[bytes, tuple[int, int, int], bool]:
-    """A file's bytes, the (C, H, W) it decodes to as RGB (from its header), and whether it is a JPEG."""
+def _size(source: Any, path: str) -> tuple[int, int, int]:
+    """The ``(C, H, W)`` an image decodes to as RGB, from its header (PIL reads no pixels to tell)."""
     from PIL import Image, UnidentifiedImageError
 
     try:
-        raw = Path(path).read_bytes()
-        with Image.open(io.BytesIO(raw)) as im:  # reads the header only
+        with Image.open(source) as im:
             width, height = im.size
     except (OSError, UnidentifiedImageError) as e:
         raise DataError(f"{path}: cannot be read as an image ({type(e).__name__}: {e}); remove it or fix it") from e
-    return raw, (3, height, width), raw.startswith(_JPEG_MAGIC)
+    return 3, height, width
+
+
+def _read(path: str) -> tuple[bytes, tuple[int, int, int], bool]:
+    """A file's bytes, the (C, H, W) it decodes to as RGB (from its header), and whether it is a JPEG."""
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as e:
+        raise DataError(f"{path}: cannot be read ({e.strerror or e})") from e
+    return raw, _size(io.BytesIO(raw), path), raw.startswith(_JPEG_MAGIC)
+
+
+def _header(path: str) -> tuple[int, int, int]:
+    return _size(path, path)  # a few KB read, not the file
+
+
+def header_shapes(dataset: Any, num_workers: int | None = None, progress: bool = True) -> torch.Tensor:
+    """The ``(C, H, W)`` each file of a file-backed dataset decodes to, from the headers alone (a few KB
+    read per file): what a store of them would take is known before anything is read in full."""
+    samples = file_samples(dataset)
+    if samples is None:
+        raise DataError(f"{type(dataset).__name__} is not a folder of image files read by torchvision's PIL loader")
+    from tqdm.auto import tqdm
+
+    threads = max(1, usable_cores() if num_workers is None else num_workers)
+    with (
+        ThreadPoolExecutor(threads) as pool,
+        tqdm(total=len(samples), desc="gpufeed: reading headers", unit="file", disable=not progress) as bar,
+    ):
+        shapes = []
+        for shape in pool.map(_header, [p for p, _ in samples]):
+            shapes.append(shape)
+            bar.update()
+    return torch.tensor(shapes, dtype=torch.int64).view(-1, 3)
 
 
 def read_files(

@@ -133,7 +133,9 @@ def probe(dataset: Any, cached: Callable[[Any], Any] | None) -> Probe:
 
 @dataclass(frozen=True)
 class Ingested:
-    images: torch.Tensor | Ragged  # (N, C, H, W), CPU, uint8 (or float32 when the cached part made floats)
+    images: (
+        Any  # (N, C, H, W) CPU tensor, uint8 (float32 when the cached part made floats); or a Ragged / Encoded store
+    )
     labels: torch.Tensor  # (N,) int64, or the dataset's targets
     path: str  # "arrays" or "per-sample"
     seconds: float

@@ -105,8 +105,11 @@ def transform_identity(ops: Sequence[Any]) -> list[str] | None:
     return reprs
 
 
-def cache_key(dataset: Any, cached_ops: Sequence[Any]) -> str | None:
-    """A hex key for (source, cached transform, format, library versions), or ``None`` if not identifiable."""
+def cache_key(dataset: Any, cached_ops: Sequence[Any], store: dict[str, Any] | None = None) -> str | None:
+    """A hex key for (source, cached transform, format, library versions), or ``None`` if not identifiable.
+
+    ``store``: what kind of store the entry holds when it is not one dense array (images of different
+    sizes: ``{"kind": "pixels" | "jpeg", ...}``), so each kind has its own entry."""
     source, transform = dataset_identity(dataset), transform_identity(cached_ops)
     if source is None or transform is None:
         return None
@@ -115,5 +118,8 @@ def cache_key(dataset: Any, cached_ops: Sequence[Any]) -> str | None:
 
     # Resize and friends may change output between releases: the versions are part of the key.
     versions = {"format": VERSION, "torchvision": torchvision.__version__, "pillow": PIL.__version__}
-    blob = json.dumps({"source": source, "transform": transform, "versions": versions}, sort_keys=True, default=str)
+    fields: dict[str, Any] = {"source": source, "transform": transform, "versions": versions}
+    if store is not None:
+        fields["store"] = store
+    blob = json.dumps(fields, sort_keys=True, default=str)
     return hashlib.blake2b(blob.encode(), digest_size=20).hexdigest()

@@ -15,7 +15,9 @@ __all__ = ["BUILD_FILES", "is_leftover", "leftover_target", "leftovers", "list_e
 # How the writer names its temporary siblings (NOTE [ Cache write order ]); gpufeed 0.1 wrote
 # ``.old-<rand>`` without a pid.
 _LEFTOVER = re.compile(r"^\.(?P<name>.+)\.(?P<kind>building|old)-(?:(?P<pid>\d+)-)?[0-9a-f]{8}$")
-BUILD_FILES = frozenset({"images.bin", "labels.bin", MANIFEST, f"{MANIFEST}.tmp"})
+# Dense entries hold images and labels; ragged ones pixels (or the files' bytes), starts, shapes, ...
+ARRAY_FILES = ("images", "labels", "pixels", "bytes", "starts", "lengths", "shapes", "jpeg")
+BUILD_FILES = frozenset({*(f"{name}.bin" for name in ARRAY_FILES), MANIFEST, f"{MANIFEST}.tmp"})
 
 
 def is_leftover(path: Path, files: frozenset[str] = BUILD_FILES) -> bool:

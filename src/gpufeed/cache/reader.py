@@ -1,9 +1,15 @@
-"""Open a cache: validate the manifest and sizes, optionally every block hash, then memory-map."""
+"""Open a cache: validate the manifest and sizes, optionally every block hash, then memory-map.
+
+Three kinds of entry (the manifest's ``meta["store"]``): ``"dense"`` images ``(N, C, H, W)``;
+``"pixels"``, images of different sizes as a :class:`~gpufeed.augment.ragged.Ragged` store;
+``"jpeg"``, the files' own bytes as an :class:`~gpufeed.encoded.Encoded` store.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -13,16 +19,21 @@ from .format import BLOCK_BYTES, Manifest, block_hashes
 
 __all__ = ["Cache", "open_cache", "verify_cache"]
 
-_REQUIRED = ("images", "labels")
+_ARRAYS = {
+    "dense": ("images", "labels"),
+    "pixels": ("pixels", "starts", "shapes", "labels"),
+    "jpeg": ("bytes", "starts", "lengths", "shapes", "jpeg", "labels"),
+}
 
 
 @dataclass(frozen=True)
 class Cache:
-    """An opened cache: memory-mapped ``images`` ``(N, C, H, W)`` and ``labels``, and its manifest."""
+    """An opened cache: memory-mapped ``images`` (``(N, C, H, W)``, or a Ragged / Encoded store) and
+    ``labels``, and its manifest."""
 
     path: Path
     manifest: Manifest
-    images: torch.Tensor
+    images: Any  # torch.Tensor | Ragged | Encoded
     labels: torch.Tensor
 
     @property
@@ -77,12 +88,39 @@ def open_cache(path: str | Path, verify: bool = True) -> Cache:
     """
     path = Path(path)
     manifest = Manifest.read(path)
-    images, labels = (_map(path, name, manifest, verify) for name in _REQUIRED)
-    if images.ndim != 4 or labels.shape[:1] != images.shape[:1]:
+    kind = manifest.meta.get("store", "dense")
+    if kind not in _ARRAYS:
         raise CacheError(
-            f"{path}: images {images.shape} and labels {labels.shape} do not form a dataset; {_remedy(path)}"
+            f"{path}: store kind {kind!r} is not one gpufeed writes ({', '.join(_ARRAYS)}); {_remedy(path)}"
         )
-    return Cache(path, manifest, torch.from_numpy(images), torch.from_numpy(labels))
+    a = {name: torch.from_numpy(_map(path, name, manifest, verify)) for name in _ARRAYS[kind]}
+    labels = a["labels"]
+    if kind == "dense":
+        if a["images"].dim() != 4 or labels.shape[:1] != a["images"].shape[:1]:
+            raise CacheError(
+                f"{path}: images {tuple(a['images'].shape)} and labels {tuple(labels.shape)} do not form a dataset; "
+                f"{_remedy(path)}"
+            )
+        return Cache(path, manifest, a["images"], labels)
+    return Cache(path, manifest, _ragged(path, kind, a, bool(manifest.meta.get("hwc", True))), labels)
+
+
+def _ragged(path: Path, kind: str, a: dict[str, torch.Tensor], hwc: bool) -> Any:
+    """The Ragged or Encoded store of an entry, its index arrays checked against its buffer."""
+    from ..augment.ragged import Ragged
+    from ..encoded import Encoded
+
+    n, data = a["labels"].shape[0], a["pixels" if kind == "pixels" else "bytes"]
+    starts, shapes = a["starts"], a["shapes"]
+    ok = starts.shape == (n,) and shapes.shape == (n, 3) and (kind == "pixels" or a["lengths"].shape == (n,))
+    if ok and n:
+        sizes = shapes.prod(1) if kind == "pixels" else a["lengths"]
+        ok = bool((starts >= 0).all() and (sizes >= 0).all() and int((starts + sizes).max()) <= data.numel())
+    if not ok:
+        raise CacheError(f"{path}: its index arrays do not fit its {data.numel():,}-element buffer; {_remedy(path)}")
+    if kind == "pixels":
+        return Ragged(data, starts, shapes, hwc)
+    return Encoded(data, starts, a["lengths"], shapes, a["jpeg"])
 
 
 def verify_cache(path: str | Path) -> Cache:

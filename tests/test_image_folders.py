@@ -11,6 +11,7 @@ from torch.utils.data import Dataset
 
 import gpufeed as gf
 from gpufeed.augment.ragged import Ragged
+from gpufeed.ingest import probe
 
 from fakes import image_folder, snapshot
 
@@ -93,7 +94,8 @@ def test_images_of_different_sizes_with_a_recipe_that_needs_one_size_name_the_fi
     ds = image_folder(tmp_path, SIZES[:4], transform=T.Compose([T.RandomHorizontalFlip(), T.RandomResizedCrop(16)]))
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # refused before any read: no warning, no ingest
-        with pytest.raises(gf.DataError, match="add a Resize and CenterCrop .*fallback='prefetch'"):
+        fix = r"RandomResizedCrop comes before any op that needs one size \(RandomHorizontalFlip.*\): put it first"
+        with pytest.raises(gf.DataError, match=fix + ".*fallback='prefetch'"):
             gf.accelerate(ds, batch_size=2, device="cpu", cache=False, progress=False)
 
 
@@ -157,3 +159,45 @@ def test_a_small_model_learns_from_a_folder_through_gpufeed_what_it_learns_throu
         theirs.append(_train_and_test(reference, test_set))
     assert min(ours + theirs) > 0.6, (ours, theirs)  # learnable, well above chance
     assert abs(sum(ours) / 2 - sum(theirs) / 2) < 0.06, (ours, theirs)
+
+
+def test_sizes_the_probe_did_not_see_are_kept_as_they_are(tmp_path):
+    # The probe reads samples 0, n/2 and n-1: here they share a size, the others do not.
+    sizes = [(60, 40), (57, 48), (60, 40), (33, 71), (60, 40)]  # (width, height), in sample order
+    recipe = T.Compose([T.RandomResizedCrop(16), T.PILToTensor()])
+    # ImageFolder orders the files by class (two alternating): files 0, 2, 4, 1, 3 are its samples 0-4
+    folder = image_folder(tmp_path / "photos", [sizes[k] for k in (0, 3, 1, 4, 2)], transform=recipe)
+    assert probe(folder, None).ragged is None  # the probe sees one size
+    kw = dict(batch_size=2, device="cpu", cache=False, progress=False)
+    loader = gf.accelerate(folder, **kw)  # a folder goes by its files' headers
+    assert isinstance(loader.images, Ragged) and len(set(map(tuple, loader.images.shapes.tolist()))) == 3
+    assert sorted(torch.cat([y for _, y in loader]).tolist()) == sorted(folder.targets)
+
+    class Tensors(Dataset):  # not a folder: read sample by sample, the surprise found while reading
+        def __init__(self):
+            self.images = [torch.full((3, h, w), i, dtype=torch.uint8) for i, (w, h) in enumerate(sizes)]
+            self.transform = T.RandomResizedCrop(16)
+
+        def __len__(self):
+            return len(self.images)
+
+        def __getitem__(self, i):
+            return self.transform(self.images[i]), i
+
+    assert probe(Tensors(), None).ragged is None
+    loader = gf.accelerate(Tensors(), **kw)
+    assert isinstance(loader.images, Ragged)
+    batches = list(loader)
+    assert sorted(torch.cat([y for _, y in batches]).tolist()) == list(range(5))
+    for x, y in batches:  # each output still holds its own image's value
+        assert all(bool((x[k] == int(y[k])).all()) for k in range(len(y)))
+
+
+def test_a_float_conversion_before_random_resized_crop_runs_on_the_ragged_store(tmp_path):
+    # The old recipe order (ToTensor first): converted as they are, then cropped in float as torchvision does.
+    recipe = T.Compose([T.ToTensor(), T.RandomResizedCrop(24, scale=(1, 1), ratio=(10, 10))])
+    ds = image_folder(tmp_path, SIZES, transform=recipe)
+    loader = gf.accelerate(ds, batch_size=9, shuffle=False, device="cpu", cache=False, progress=False)
+    got = next(iter(loader))[0]
+    expected = torch.stack([ds[i][0] for i in range(len(ds))])
+    assert got.dtype == torch.float32 and torch.allclose(got, expected, atol=1e-6)

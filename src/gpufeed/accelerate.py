@@ -20,7 +20,7 @@ import torch
 
 from .augment.ragged import Ragged
 from .device import resolve_device
-from .encoded import Encoded
+from .encoded import Encoded, file_samples
 from .errors import CacheWriteError, ConfigError, DataError, UnsupportedTransformError
 from .fallback import FallbackLoader
 from .ingest import Probe, RaggedError, UnbatchableError, probe
@@ -202,20 +202,25 @@ def accelerate(
     # cannot do takes the fallback without an ingest (and fails fast without one).
     try:
         split, probed = preflight(dataset, transform, cache_lambda)
-        if probed.ragged is not None or store == "jpeg":
-            budget = _device_budget(dev, memory_budget)
-            if not takes_ragged(build_batched(split.device, probed.dtype, probed.size, probed.pil)):
-                raise ConfigError(
-                    f"store={store!r} keeps each image as it is: it needs a recipe that starts with RandomResizedCrop"
-                )
+        takes = takes_ragged(build_batched(split.device, probed.dtype, probed.size, probed.pil))
+        if (store == "jpeg" or max_side is not None) and not takes:
+            what = "store='jpeg'" if store == "jpeg" else f"max_side={max_side}"
+            raise ConfigError(
+                f"{what} keeps each image at its own size: it needs a recipe that starts with RandomResizedCrop"
+            )
+        budget = _device_budget(dev, memory_budget)
+        # A folder read by torchvision's loader always goes by its files' headers: three probed samples of one
+        # size say nothing about the rest.
+        folder = takes and not split.cached and file_samples(dataset) is not None
+        if probed.ragged is not None or folder or store == "jpeg" or max_side is not None:
             src = load_ragged(dataset, split, cache, num_workers, progress, lock_timeout, store, budget, max_side)
         else:
-            if max_side is not None:
-                raise ConfigError(
-                    "max_side applies to images of different sizes kept as they are (a folder of photos with a recipe "
-                    "that starts with RandomResizedCrop); these images all have one size"
-                )
-            src = load(dataset, split, cache, num_workers, progress, lock_timeout)
+            try:
+                src = load(dataset, split, cache, num_workers, progress, lock_timeout)
+            except RaggedError as e:  # sizes the probe did not see: kept as they are if the recipe allows
+                if not (e.sizes_only and takes):
+                    raise
+                src = load_ragged(dataset, split, cache, num_workers, progress, lock_timeout, store, budget)
     except (UnsupportedTransformError, UnbatchableError) as e:  # after the probe: what its samples did not show
         return slow_path(e)
     images, labels = src.images, src.labels
@@ -289,7 +294,19 @@ def preflight(dataset: Any, transform: Any, cache_lambda: bool = False) -> tuple
     probed = probe(dataset, split.cached_transform())
     batched = build_batched(split.device, probed.dtype, probed.size, probed.pil)
     if probed.ragged is not None and not (probed.sizes_only and takes_ragged(batched)):
-        raise RaggedError(probed.ragged)
+        crop = next((op for op in getattr(batched, "transforms", []) if op.one_size_output), None)
+        if probed.sizes_only and crop is not None:  # the recipe could keep them as they are, with its ops reordered
+            assert batched is not None
+            before = [
+                op.describe() for op in batched.transforms[: batched.transforms.index(crop)] if not op.ragged_input
+            ]
+            raise RaggedError(
+                f"{probed.ragged.split(';')[0]}; images of different sizes are kept as they are only when "
+                f"RandomResizedCrop comes before any op that needs one size ({', '.join(before)}): put it first, or "
+                "pass fallback='prefetch'",
+                sizes_only=True,
+            )
+        raise RaggedError(probed.ragged, sizes_only=probed.sizes_only)
     _dry_run(batched, probed.samples)
     return split, probed
 

@@ -34,7 +34,14 @@ __all__ = ["Ingested", "Probe", "RaggedError", "UnbatchableError", "exposes_arra
 
 
 class RaggedError(UnbatchableError):
-    """Images of different sizes leave the cached part: they cannot be stacked into one store."""
+    """Images of different sizes leave the cached part: they cannot be stacked into one store.
+
+    ``sizes_only``: they differ in height and width only (one channel count and dtype), so a recipe that
+    starts with RandomResizedCrop can keep each as it is."""
+
+    def __init__(self, message: str, sizes_only: bool = False) -> None:
+        super().__init__(message)
+        self.sizes_only = sizes_only
 
 
 def _ragged(source: str, i: int, shape: tuple[int, ...], dtype: Any, first: tuple[int, ...], first_dtype: Any) -> str:
@@ -293,7 +300,9 @@ def _per_sample(
                         images = torch.empty((n, *image.shape), dtype=image.dtype)
                     elif image.shape != images.shape[1:] or image.dtype != images.dtype:
                         first = tuple(images.shape[1:])
-                        raise RaggedError(_ragged(source, i, tuple(image.shape), image.dtype, first, images.dtype))
+                        sizes_only = image.shape[0] == first[0] and image.dtype == images.dtype
+                        message = _ragged(source, i, tuple(image.shape), image.dtype, first, images.dtype)
+                        raise RaggedError(message, sizes_only)
                     images[i] = image
                 labels.append(label)
                 i += 1

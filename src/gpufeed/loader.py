@@ -28,6 +28,7 @@ import torch
 
 from .augment.functional import convert_dtype
 from .augment.ragged import Ragged
+from .augment.transforms import BatchTransform, takes_ragged
 from .device import resolve_device
 from .encoded import Encoded, decode
 from .epochs import EpochLoader
@@ -175,8 +176,7 @@ class DeviceLoader(EpochLoader):
         labels = label_tensor(labels, "labels")
         store: torch.Tensor | Ragged | Encoded
         if isinstance(images, (Ragged, Encoded)):  # images of different sizes: the first op must make them one size
-            first_op = getattr(transform, "transforms", [transform])[0]
-            if not getattr(first_op, "ragged_input", False):
+            if not isinstance(transform, BatchTransform) or not takes_ragged(transform):
                 raise ConfigError(
                     "images of different sizes need a transform that starts with RandomResizedCrop (it draws each "
                     "image's box from that image's size and makes the batch one size)"

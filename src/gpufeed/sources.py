@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from .augment.ragged import Ragged
+from .augment.transforms import takes_ragged
 from .cache import entry_path
 from .cache.fingerprint import cache_key
 from .caching import load_or_ingest
@@ -44,11 +45,6 @@ class Source:
 
 def fmt_bytes(nbytes: int) -> str:
     return f"{nbytes / 2**30:.2f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.1f} MiB"
-
-
-def takes_ragged(batched: Any) -> bool:
-    """Whether the batched part starts with an op that takes images of different sizes (RandomResizedCrop)."""
-    return batched is not None and bool(getattr(batched.transforms[0], "ragged_input", False))
 
 
 def load(

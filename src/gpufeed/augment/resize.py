@@ -74,6 +74,7 @@ class RandomResizedCrop(BatchTransform):
     antialias: bool = True
     attempts: int = 10
     ragged_input = True  # images of different sizes: each box drawn from its own image's size
+    one_size_output = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "size", _pair(self.size, "size"))

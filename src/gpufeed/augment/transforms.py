@@ -31,6 +31,7 @@ __all__ = [
     "RandomErasing",
     "RandomHorizontalFlip",
     "RandomVerticalFlip",
+    "takes_ragged",
 ]
 
 Params = dict[str, Any]
@@ -96,6 +97,7 @@ class BatchTransform:
         return repr(self)
 
     ragged_input = False  # True for an op that takes images of different sizes (a Ragged batch)
+    one_size_output = False  # True for an op whose output has one size whatever its input's (RandomResizedCrop)
 
     def __call__(self, x: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
         _check_input(x, self)
@@ -267,8 +269,11 @@ class ConvertDtype(BatchTransform):
     dtype: torch.dtype = torch.float32
     reciprocal: bool = False  # uint8 -> float by * (1/255), as transforms.v2.ToDtype does
     random = False
+    ragged_input = True  # per element: images of different sizes convert as they are (ToTensor before a crop)
 
-    def apply(self, x: torch.Tensor, params: Params) -> torch.Tensor:
+    def apply(self, x: torch.Tensor | Ragged, params: Params) -> torch.Tensor:
+        if isinstance(x, Ragged):
+            return Ragged(F.convert_dtype(x.data, self.dtype, self.reciprocal), x.starts, x.shapes, x.hwc)  # type: ignore[return-value]
         return F.convert_dtype(x, self.dtype, self.reciprocal)
 
     def describe(self) -> str:
@@ -402,10 +407,14 @@ class Compose(BatchTransform):
             _check_input(x, self.transforms[0])
         if self.random:
             _check_generator(generator, x, "Compose")
-        if isinstance(x, Ragged):  # the first op makes it one batch of one size; the rest run as usual
-            first = self.transforms[0]
-            x = first.apply(x, first.sample(x, generator) if first.random else {})
-            return Compose(self.transforms[1:])(x, generator) if len(self.transforms) > 1 else x
+        if isinstance(x, Ragged):  # ops that take it, up to the one that makes the batch one size; then as usual
+            for k, t in enumerate(self.transforms):
+                _check_input(x, t)
+                x = t.apply(x, t.sample(x, generator) if t.random else {})
+                if not isinstance(x, Ragged):
+                    rest = self.transforms[k + 1 :]
+                    return Compose(rest)(x, generator) if rest else x
+            return x
         n, _, h, w = x.shape
         pending: G.IndexMap | None = None  # composed map of the geometric ops not yet applied
         for t in self.transforms:
@@ -426,3 +435,15 @@ class Compose(BatchTransform):
     def __repr__(self) -> str:
         body = "".join(f"\n    {t!r}," for t in self.transforms)
         return f"Compose([{body}\n])"
+
+
+def takes_ragged(transform: BatchTransform | None) -> bool:
+    """Whether ``transform`` makes images of different sizes one size before any op that needs one size:
+    ops that take them (a dtype conversion) up to one that makes them one size (RandomResizedCrop)."""
+    ops = transform.transforms if isinstance(transform, Compose) else [transform] if transform is not None else []
+    for op in ops:
+        if not op.ragged_input:
+            return False
+        if op.one_size_output:
+            return True
+    return False

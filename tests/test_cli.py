@@ -12,13 +12,16 @@ from fakes import snapshot, user_folder
 
 
 @pytest.fixture(scope="module")
-def cache_home(tmp_path_factory):
+def _module_home(tmp_path_factory):
     """A cache root shared by this module's tests; the synthetic data is generated there once."""
-    root = tmp_path_factory.mktemp("gpufeed-home")
-    mp = pytest.MonkeyPatch()
-    mp.setenv("GPUFEED_CACHE_DIR", str(root))
-    yield root
-    mp.undo()
+    return tmp_path_factory.mktemp("gpufeed-home")
+
+
+@pytest.fixture
+def cache_home(_module_home, monkeypatch):
+    # Function-scoped so it is set after conftest's autouse default (which would otherwise win).
+    monkeypatch.setenv("GPUFEED_CACHE_DIR", str(_module_home))
+    return _module_home
 
 
 def test_version_is_printed_by_the_console_entry_point():

@@ -176,7 +176,9 @@ def test_max_side_downscales_the_pixel_store_as_torchvision_s_resize_would_and_s
         expected = v2.Resize(size=None, max_size=60)(original) if max(h, w) > 60 else original
         assert torch.equal(images.image(i), expected), path
     shrunk = sum(max(Image.open(p).size) > 60 for p, _ in ds.samples)
-    assert f"max_side=60: {shrunk} of {len(ds)} images downscaled" in str(loader.plan)
+    assert f"max_side=60: {shrunk} of {len(ds)} images, those with a longer side over 60, downscaled" in str(
+        loader.plan
+    )
     kw = dict(device="cpu", cache=False, progress=False)
     with pytest.raises(gf.ConfigError, match="store='jpeg' keeps the files as they are"):
         gf.accelerate(ds, store="jpeg", max_side=60, **kw)
@@ -208,3 +210,60 @@ def test_both_stores_are_cached_verified_and_served_the_same_from_the_cache(tmp_
     with pytest.warns(UserWarning, match="rebuilding the cache: .* do not match the manifest's hash"):
         rebuilt = gf.accelerate(ds, **kw)
     assert all(torch.equal(x, u) for (x, _), (u, _) in zip(epoch0, rebuilt, strict=True))
+
+
+def _truncated_folder(root):
+    ds = ImageFolder(str(_folder(root)), transform=RECIPE)
+    broken = next(Path(p) for p, _ in ds.samples[1:4] if p.endswith(".jpg"))  # not a sample the probe reads
+    broken.write_bytes(broken.read_bytes()[: broken.stat().st_size * 2 // 3])
+    return ds, broken
+
+
+def test_a_truncated_jpeg_is_named_and_read_as_pil_reads_it(tmp_path, monkeypatch):
+    ds, broken = _truncated_folder(tmp_path)
+    kw = dict(batch_size=4, device="cpu", cache=False, progress=False)
+    named = rf"sample \d+ \({broken}\) cannot be decoded .*PIL cannot read it either"
+    with pytest.raises(gf.DataError, match=named):
+        gf.accelerate(ds, store="pixels", **kw)  # decoded while the store is built
+    with pytest.raises(gf.DataError, match=named):  # the loader's first two samples are decoded when it is built
+        list(gf.accelerate(ds, store="jpeg", **kw))
+    monkeypatch.setattr(ImageFile, "LOAD_TRUNCATED_IMAGES", True)  # as many ImageNet scripts set it
+    encoded, _ = read_files(ds, progress=False)
+    images = decode(encoded, torch.device("cpu"))
+    i = [p for p, _ in ds.samples].index(str(broken))
+    assert torch.equal(images.image(i), pil_to_tensor(pil_loader(str(broken))))  # what the user's loader reads
+
+
+def test_a_decompression_bomb_is_refused_by_name_as_pil_refuses_it(tmp_path, monkeypatch):
+    ds = ImageFolder(str(_folder(tmp_path)), transform=RECIPE)
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 500)  # every image here is over twice that
+    with pytest.raises(gf.DataError, match=r"\.(jpg|png|webp): .*raise PIL.Image.MAX_IMAGE_PIXELS"):
+        read_files(ds, progress=False)
+
+
+def test_decoding_works_in_a_forked_child_after_the_parent_decoded(tmp_path):
+    import multiprocessing
+
+    ds = ImageFolder(str(_folder(tmp_path)))
+    encoded, _ = read_files(ds, progress=False)
+    expected = decode(encoded, torch.device("cpu"), threads=2)  # the parent's decode threads exist now
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(1) as pool:
+        result = pool.apply_async(_decode_sum, (encoded,))
+        assert result.get(timeout=60) == int(expected.data.numpy().sum(dtype=np.int64))  # hung with the parent's pool
+
+
+def _decode_sum(encoded):
+    torch.set_num_threads(1)  # as DataLoader workers do: torch's own OpenMP pool is not fork-safe
+    return int(decode(encoded, torch.device("cpu"), threads=2).data.numpy().sum(dtype=np.int64))
+
+
+def test_max_side_keeps_at_least_one_pixel_on_the_short_side(tmp_path):
+    root = tmp_path / "wide" / "a"
+    root.mkdir(parents=True)
+    Image.fromarray(_photo(2, 400, 1)).save(root / "strip.png")
+    Image.fromarray(_photo(50, 60, 2)).save(root / "small.png")
+    ds = ImageFolder(str(tmp_path / "wide"), transform=RECIPE)
+    loader = gf.accelerate(ds, batch_size=2, device="cpu", cache=False, progress=False, max_side=100)
+    assert sorted(loader.images.shapes.tolist()) == [[3, 1, 100], [3, 50, 60]]
+    assert [tuple(x.shape) for x, _ in loader] == [(2, 3, 24, 24)]

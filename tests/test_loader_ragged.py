@@ -109,3 +109,7 @@ def test_ragged_images_need_a_transform_that_makes_them_one_size():
         DeviceLoader(store, labels, transform=Compose([RandomHorizontalFlip(), RandomResizedCrop(8)]), device="cpu")
     with pytest.raises(DataError, match="labels has shape"):
         DeviceLoader(store, torch.arange(5), transform=_recipe(), device="cpu")
+    mixed = Ragged.stack([torch.zeros(3, 20, 30, dtype=torch.uint8), torch.zeros(3, 25, 20, dtype=torch.uint8)])
+    mixed = Ragged(mixed.data, mixed.starts, torch.tensor([[3, 20, 30], [1, 75, 20]]))  # a hand-built store
+    with pytest.raises(DataError, match=r"ragged images with \[1, 3\] channels"):
+        DeviceLoader(mixed, torch.arange(2), transform=_recipe(), device="cpu")

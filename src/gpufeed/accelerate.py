@@ -67,16 +67,11 @@ def _choose_tier(nbytes: int, device: torch.device, memory_budget: int | None) -
     size, limit = fmt_bytes(nbytes), fmt_bytes(budget)
     if nbytes <= budget:
         return "device", f"{size} fits the {device.type} budget of {limit}"
-    host = int(_host_available() * HOST_BUDGET_FRACTION)
-    if device.type == "cuda" and nbytes <= host:
-        return (
-            "pinned",
-            f"{fmt_bytes(nbytes)} exceeds the device budget of {fmt_bytes(budget)}; fits pinned host memory",
-        )
-    return (
-        "mmap",
-        f"{fmt_bytes(nbytes)} exceeds the device budget of {fmt_bytes(budget)} and host memory; memory-mapped file",
-    )
+    if device.type != "cuda":  # the CPU's budget is host memory already
+        return "mmap", f"{size} exceeds the device budget of {limit} (host memory, on the CPU); memory-mapped file"
+    if nbytes <= int(_host_available() * HOST_BUDGET_FRACTION):
+        return "pinned", f"{size} exceeds the device budget of {limit}; fits pinned host memory"
+    return "mmap", f"{size} exceeds the device budget of {limit} and host memory; memory-mapped file"
 
 
 def accelerate(

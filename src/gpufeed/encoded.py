@@ -20,11 +20,12 @@ libjpeg-turbo: its difference is measured by ``benchmarks/gpu_check.py``.
 
 from __future__ import annotations
 
-import functools
 import io
+import os
+import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,8 @@ class Encoded:
     lengths: torch.Tensor  # (N,) int64
     shapes: torch.Tensor  # (N, 3) int64: what each decodes to
     jpeg: torch.Tensor  # (N,) bool
+    index: torch.Tensor | None = None  # (N,) each image's sample index in the dataset (None: 0..N-1)
+    paths: Sequence[str] | None = None  # the dataset's files, by sample index: what errors name
 
     def __len__(self) -> int:
         return self.starts.shape[0]
@@ -76,18 +79,26 @@ class Encoded:
         start = int(self.starts[i])
         return self.data[start : start + int(self.lengths[i])]
 
+    def name(self, i: int) -> str:
+        """Image ``i`` as an error names it: its sample index in the dataset, and its file when known."""
+        sample = int(self.index[i]) if self.index is not None else i
+        return f"sample {sample} ({self.paths[sample]})" if self.paths is not None else f"sample {sample}"
+
     def select(self, idx: torch.Tensor) -> Encoded:
         """The images at ``idx``, as views of the same buffer."""
         idx = idx.cpu()
         pick = lambda t: t.index_select(0, idx)  # noqa: E731
-        return Encoded(self.data, pick(self.starts), pick(self.lengths), pick(self.shapes), pick(self.jpeg))
+        index = self.index.index_select(0, idx) if self.index is not None else idx.clone()
+        return replace(self, starts=pick(self.starts), lengths=pick(self.lengths), shapes=pick(self.shapes),
+                       jpeg=pick(self.jpeg), index=index)  # fmt: skip
 
     def compact(self) -> Encoded:
         """A new buffer holding only these images (after :meth:`select`, to free the rest)."""
-        return _pack([self.file(i) for i in range(len(self))], self.shapes, self.jpeg)
+        packed = _pack([self.file(i) for i in range(len(self))], self.shapes, self.jpeg)
+        return replace(packed, index=self.index, paths=self.paths)
 
     def pin_memory(self) -> Encoded:
-        return Encoded(self.data.pin_memory(), self.starts, self.lengths, self.shapes, self.jpeg)
+        return replace(self, data=self.data.pin_memory())
 
     def to(self, device: torch.device, non_blocking: bool = False) -> Encoded:
         """Encoded bytes stay on the host whatever the device: the decoders read them there."""
@@ -140,18 +151,27 @@ def _size(source: Any, path: str) -> tuple[int, int, int]:
     try:
         with Image.open(source) as im:
             width, height = im.size
+    except Image.DecompressionBombError as e:  # what the user's loader would raise too
+        raise DataError(
+            f"{path}: {e} If you trust the file, raise PIL.Image.MAX_IMAGE_PIXELS (your DataLoader refuses it too)"
+        ) from e
     except (OSError, UnidentifiedImageError) as e:
         raise DataError(f"{path}: cannot be read as an image ({type(e).__name__}: {e}); remove it or fix it") from e
     return 3, height, width
 
 
-def _read(path: str) -> tuple[bytes, tuple[int, int, int], bool]:
-    """A file's bytes, the (C, H, W) it decodes to as RGB (from its header), and whether it is a JPEG."""
+def _read_into(path: str, out: torch.Tensor) -> tuple[tuple[int, int, int], bool]:
+    """Read a file straight into ``out`` (its size, from ``stat``); the (C, H, W) it decodes to as RGB (from
+    its header), and whether it is a JPEG."""
     try:
-        raw = Path(path).read_bytes()
+        with open(path, "rb") as f:
+            got = f.readinto(out.numpy().data)
+            more = f.read(1)
     except OSError as e:
         raise DataError(f"{path}: cannot be read ({e.strerror or e})") from e
-    return raw, _size(io.BytesIO(raw), path), raw.startswith(_JPEG_MAGIC)
+    if got != out.numel() or more:
+        raise DataError(f"{path} changed size while gpufeed read it; read the folder again once it is written")
+    return _size(path, path), bytes(out[:3].numpy()) == _JPEG_MAGIC
 
 
 def _header(path: str) -> tuple[int, int, int]:
@@ -190,26 +210,52 @@ def read_files(
         raise DataError(f"the dataset ({type(dataset).__name__}) is empty (len 0); nothing to load")
     from tqdm.auto import tqdm
 
+    paths = [p for p, _ in samples]
+    try:  # one buffer, each file read straight into its part: the bytes are held once
+        lengths = torch.tensor([Path(p).stat().st_size for p in paths], dtype=torch.int64)
+    except OSError as e:
+        raise DataError(f"{e.filename}: cannot be read ({e.strerror or e})") from e
+    starts = torch.cumsum(lengths, 0) - lengths
+    data = torch.empty(int(lengths.sum()), dtype=torch.uint8)
+    views = [data[s : s + n] for s, n in zip(starts.tolist(), lengths.tolist(), strict=True)]
     threads = max(1, usable_cores() if num_workers is None else num_workers)
     with (
         ThreadPoolExecutor(threads) as pool,
         tqdm(total=len(samples), desc="gpufeed: reading files", unit="file", disable=not progress) as bar,
     ):
         read = []
-        for item in pool.map(_read, [p for p, _ in samples]):  # file reads and header parses overlap on threads
+        for item in pool.map(_read_into, paths, views):  # file reads and header parses overlap on threads
             read.append(item)
             bar.update()
-    files = [torch.frombuffer(bytearray(raw), dtype=torch.uint8) for raw, _, _ in read]
-    shapes = torch.tensor([shape for _, shape, _ in read], dtype=torch.int64)
-    jpeg = torch.tensor([is_jpeg for _, _, is_jpeg in read], dtype=torch.bool)
+    shapes = torch.tensor([shape for shape, _ in read], dtype=torch.int64)
+    jpeg = torch.tensor([is_jpeg for _, is_jpeg in read], dtype=torch.bool)
     target_transform = getattr(dataset, "target_transform", None)
     targets = [target_transform(t) if target_transform is not None else t for _, t in samples]
-    return _pack(files, shapes, jpeg), label_tensor(targets, f"{type(dataset).__name__} targets")
+    encoded = Encoded(data, starts, lengths, shapes, jpeg, paths=paths)
+    return encoded, label_tensor(targets, f"{type(dataset).__name__} targets")
 
 
-@functools.cache
-def _pool(threads: int) -> ThreadPoolExecutor:
-    return ThreadPoolExecutor(threads, thread_name_prefix="gpufeed-decode")
+_POOL: ThreadPoolExecutor | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def _pool() -> ThreadPoolExecutor:
+    """The decoders' threads: one pool for the process, threads started as work needs them."""
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            _POOL = ThreadPoolExecutor(64, thread_name_prefix="gpufeed-decode")
+        return _POOL
+
+
+def _forget_pool() -> None:
+    # A forked child inherits the pool but not its threads: work handed to it would wait forever.
+    global _POOL, _POOL_LOCK
+    _POOL, _POOL_LOCK = None, threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool)
 
 
 def _decode_one(encoded: Encoded, i: int) -> torch.Tensor:
@@ -218,12 +264,26 @@ def _decode_one(encoded: Encoded, i: int) -> torch.Tensor:
 
     data = encoded.file(i)
     if bool(encoded.jpeg[i]):
-        return decode_jpeg(data, mode=ImageReadMode.RGB).permute(1, 2, 0)
+        try:
+            return decode_jpeg(data, mode=ImageReadMode.RGB).permute(1, 2, 0)
+        except RuntimeError:  # e.g. a truncated file, which PIL may still read (ImageFile.LOAD_TRUNCATED_IMAGES)
+            pass
+    return _pil_decode(encoded, i)
+
+
+def _pil_decode(encoded: Encoded, i: int) -> torch.Tensor:
+    """As the user's loader decodes it: ``PIL.Image.open(f).convert("RGB")``; a file it cannot read is named."""
     import numpy as np
     from PIL import Image
 
-    with Image.open(io.BytesIO(data.numpy().tobytes())) as im:  # as the user's loader decodes it
-        return torch.from_numpy(np.asarray(im.convert("RGB")).copy())
+    try:
+        with Image.open(io.BytesIO(encoded.file(i).numpy().tobytes())) as im:
+            return torch.from_numpy(np.asarray(im.convert("RGB")).copy())
+    except Exception as e:  # what PIL raises for a damaged file varies (OSError, SyntaxError, ValueError, ...)
+        raise DataError(
+            f"{encoded.name(i)} cannot be decoded ({type(e).__name__}: {e}); PIL cannot read it either, so a "
+            "DataLoader would fail on it too: remove or fix the file"
+        ) from e
 
 
 def downscaled(shapes: torch.Tensor, max_side: int | None) -> torch.Tensor:
@@ -235,7 +295,8 @@ def downscaled(shapes: torch.Tensor, max_side: int | None) -> torch.Tensor:
     h, w = shapes[:, 1], shapes[:, 2]
     long, short = torch.maximum(h, w), torch.minimum(h, w)
     shrink = long > max_side
-    new_short = (max_side * short.double() / long.double()).floor().long()  # torchvision: int(max_size * s / l)
+    # torchvision: int(max_size * short / long), at least 1 pixel (a 1 x 1000 strip stays 1 high)
+    new_short = (max_side * short.double() / long.double()).floor().long().clamp(min=1)
     out[:, 1] = torch.where(shrink, torch.where(h >= w, max_side, new_short), h)
     out[:, 2] = torch.where(shrink, torch.where(h >= w, new_short, max_side), w)
     return out
@@ -269,7 +330,8 @@ def decode(encoded: Encoded, device: torch.device, threads: int | None = None, m
             image = _decode_one(encoded, i)
             c, h, w = shapes[i]
             if tuple(image.shape) != (h, w, c):
-                raise DataError(f"image {i} decoded to {tuple(image.shape)} (H, W, C), but its header said {(h, w, c)}")
+                got = tuple(image.shape)
+                raise DataError(f"{encoded.name(i)} decoded to {got} (H, W, C), but its header said {(h, w, c)}")
             _, th, tw = targets[i]
             if (th, tw) != (h, w):  # channels-last in, as the uint8 kernel runs fastest
                 chw = image.permute(2, 0, 1).unsqueeze(0)
@@ -278,7 +340,7 @@ def decode(encoded: Encoded, device: torch.device, threads: int | None = None, m
 
     workers = min(usable_cores() if threads is None else threads, n)
     if workers > 1:
-        list(_pool(workers).map(part, range(workers), [workers] * workers))
+        list(_pool().map(part, range(workers), [workers] * workers))
     else:
         part(0, 1)
     return Ragged(out, starts, target)
@@ -290,13 +352,21 @@ def _decode_cuda(encoded: Encoded, device: torch.device, starts: torch.Tensor) -
     jpegs = encoded.jpeg.nonzero().flatten().tolist()
     decoded: dict[int, torch.Tensor] = {}
     if jpegs:
-        images = decode_jpeg([encoded.file(i) for i in jpegs], mode=ImageReadMode.RGB, device=device)
-        decoded.update(zip(jpegs, images, strict=True))
-    for i in sorted(set(range(len(encoded))) - set(jpegs)):
-        decoded[i] = _decode_one(encoded, i).permute(2, 0, 1).contiguous().to(device, non_blocking=True)
+        try:
+            images = decode_jpeg([encoded.file(i) for i in jpegs], mode=ImageReadMode.RGB, device=device)
+            decoded.update(zip(jpegs, images, strict=True))
+        except RuntimeError:  # one file nvJPEG refuses fails the batch: each on its own, PIL for what it refuses
+            for i in jpegs:
+                try:
+                    decoded[i] = decode_jpeg(encoded.file(i), mode=ImageReadMode.RGB, device=device)
+                except RuntimeError:
+                    pass
+    for i in sorted(set(range(len(encoded))) - set(decoded)):
+        decoded[i] = _pil_decode(encoded, i).permute(2, 0, 1).contiguous().to(device, non_blocking=True)
     for i, image in decoded.items():
         if tuple(image.shape) != tuple(encoded.shapes[i].tolist()):
-            raise DataError(f"image {i} decoded to {tuple(image.shape)}, but its header said {encoded.shapes[i]}")
+            shape = tuple(encoded.shapes[i].tolist())
+            raise DataError(f"{encoded.name(i)} decoded to {tuple(image.shape)}, but its header said {shape}")
     # nvJPEG gives (C, H, W) images: one concatenation packs them channels-first, which the batched kernel reads.
     data = torch.cat([decoded[i].reshape(-1) for i in range(len(encoded))])
     return Ragged(data, starts, encoded.shapes, hwc=False)

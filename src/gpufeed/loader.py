@@ -20,7 +20,7 @@ alone; that is what makes mid-epoch resume exact.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -185,6 +185,12 @@ class DeviceLoader(EpochLoader):
                 raise DataError(
                     f"images: {len(images)} ragged images of {images.dtype}; need at least one, uint8 or float"
                 )
+            channels = images.shapes[:, 0].unique().tolist()
+            if len(channels) != 1:
+                raise DataError(
+                    f"images: ragged images with {channels} channels; every image needs one channel count "
+                    "(convert them all to RGB, as ImageFolder's loader does)"
+                )
             store = images
         else:
             store = as_tensor(images, "images")
@@ -229,7 +235,7 @@ class DeviceLoader(EpochLoader):
             self.images, self.labels = store.to(self.device), labels.to(self.device)
         elif storage == "pinned" and self.device.type == "cuda":
             if isinstance(store, Ragged):
-                self.images = Ragged(_pinned(store.data), store.starts, store.shapes)
+                self.images = replace(store, data=_pinned(store.data))  # its packing (hwc) kept
             else:
                 self.images = _pinned(store)
             self.labels = _pinned(labels)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -108,7 +108,7 @@ def load_ragged(
         return _cached(dataset, split, cache, per_sample, read_samples, lambda d: True, progress, lock_timeout, notes)
     shapes = header_shapes(dataset, num_workers, progress)
     target = downscaled(shapes, max_side)
-    pixels = int(target.prod(1).sum())
+    pixels = int(target.prod(1).sum()) + len(target) * 48  # and per image: its start, shape and label
     if max_side is not None and store == "auto" and pixels > budget:  # the bytes would undo max_side: say so
         raise ConfigError(
             f"with max_side={max_side} the pixels still take {fmt_bytes(pixels)}, over the budget of "
@@ -137,11 +137,14 @@ def load_ragged(
     if max_side is not None and not keep_bytes:
         changed = int((target != shapes).any(1).sum())
         notes.append(
-            f"max_side={max_side}: {changed:,} of {len(shapes):,} images downscaled once so that their longer side is "
-            f"at most {max_side} (torchvision's Resize(size=None, max_size={max_side}), antialiased) -- the model sees "
-            "these smaller images, not the files"
+            f"max_side={max_side}: {changed:,} of {len(shapes):,} images, those with a longer side over {max_side}, "
+            f"downscaled once to the size torchvision's Resize(size=None, max_size={max_side}) gives (antialiased; "
+            "smaller images are left as they are) -- the model sees these, not the files"
         )
-    return _cached(dataset, split, cache, kind, read_folder, lambda d: not keep_bytes, progress, lock_timeout, notes)
+    src = _cached(dataset, split, cache, kind, read_folder, lambda d: not keep_bytes, progress, lock_timeout, notes)
+    if isinstance(src.images, Encoded) and src.images.paths is None:  # from the cache: errors still name files
+        src.images = replace(src.images, paths=[p for p, _ in file_samples(dataset) or []])
+    return src
 
 
 def _files(encoded: Encoded, then: str) -> str:

@@ -1,4 +1,5 @@
-"""The CIFAR-10 speed ladder behind ``gpufeed bench``: each step of the data pipeline, end to end.
+"""The speed ladder behind ``gpufeed bench``: each step of the data pipeline, end to end, on CIFAR-10 or an
+image folder.
 
 Every rung trains the same model with the same recipe for two epochs in this one process and
 keeps the second (steady-state) epoch; the first epoch is recorded too, since worker start-up and
@@ -35,6 +36,7 @@ class Rung:
     num_workers: int | None = None
     floor: str | None = None  # name of the model-alone rung of the same precision set-up
     gpu_only: bool = False
+    arrays_only: bool = False  # keeps CIFAR's arrays as float tensors: not for images of different sizes
 
 
 @dataclass
@@ -63,9 +65,19 @@ def ladder(workers: int) -> list[Rung]:
         Rung(BASELINE, "torch", num_workers=0, floor=FP32),
         Rung(f"torchvision DataLoader, num_workers={workers}, persistent", "torch", num_workers=workers, floor=FP32),
         Rung(
-            "deterministic part cached, random part per sample", "pretransform", num_workers=min(8, workers), floor=FP32
+            "deterministic part cached, random part per sample",
+            "pretransform",
+            num_workers=min(8, workers),
+            floor=FP32,
+            arrays_only=True,
         ),
-        Rung("dataset on the GPU, per sample through DataLoader, fp16", "gpu-per-sample", amp="fp16", gpu_only=True),
+        Rung(
+            "dataset on the GPU, per sample through DataLoader, fp16",
+            "gpu-per-sample",
+            amp="fp16",
+            gpu_only=True,
+            arrays_only=True,
+        ),
         Rung("gpufeed", "gpufeed", floor=FP32),
         Rung("gpufeed + bf16 + channels_last", "gpufeed", amp="bf16", channels_last=True, floor=BF16),
         Rung(
@@ -84,26 +96,40 @@ def ladder(workers: int) -> list[Rung]:
 
 
 def sized_config(
-    device: torch.device, model: str | None, train_size: int | None, test_size: int | None, batch_size: int, seed: int
+    device: torch.device,
+    model: str | None,
+    train_size: int | None,
+    test_size: int | None,
+    batch_size: int,
+    seed: int,
+    data: str = "synthetic",
+    image_size: int | None = None,
+    val_data: str | None = None,
 ) -> tuple[TrainConfig, str]:
-    """Size the run to the machine: VGG16 on all 50,000 images on a GPU, a small subset and model on a CPU."""
-    gpu = device.type == "cuda"
+    """Size the run to the machine: on a GPU the whole dataset (VGG16 on CIFAR-10, ResNet-50 on a folder), on
+    a CPU a subset and the small model. The description has ``{n}`` for the number of training images."""
+    from .data.images import is_folder
+
+    gpu, folder = device.type == "cuda", is_folder(data)
+    cpu_sizes = (512, 256) if folder else (5_000, 1_000)
     cfg = TrainConfig(
-        model=model or ("vgg16" if gpu else "small"),
-        train_size=train_size if gpu else train_size or 5_000,
-        test_size=test_size if gpu else test_size or 1_000,
+        model=model or (("resnet50" if folder else "vgg16") if gpu else "small"),
+        train_size=train_size if gpu else train_size or cpu_sizes[0],
+        test_size=test_size if gpu else test_size or cpu_sizes[1],
         batch_size=batch_size,
         epochs=2,
         seed=seed,
         device=str(device),
         progress=False,
+        data=data,
+        val_data=val_data,
+        image_size=image_size,
     )
+    at = f" at {image_size or 224}x{image_size or 224}" if folder else ""
     if gpu:
-        return cfg, f"{cfg.model} on {train_size or 50_000} images"
-    return cfg, (
-        f"CPU run: {cfg.model} model on a {cfg.train_size}-image subset so it finishes in about a minute "
-        "(on a GPU: VGG16 on 50,000)"
-    )
+        return cfg, f"{cfg.model}{at} on {{n}} images"
+    full = "ResNet-50 on the whole folder" if folder else "VGG16 on 50,000"
+    return cfg, f"CPU run: {cfg.model} model{at} on a {{n}}-image subset so it finishes in minutes (on a GPU: {full})"
 
 
 def run_bench(
@@ -119,31 +145,36 @@ def run_bench(
     datasets: tuple[Any, Any] | None = None,
     on_row: Callable[[Row], None] | None = None,
     keep_going: bool = False,
+    data: str = "synthetic",
+    image_size: int | None = None,
+    val_data: str | None = None,
 ) -> list[Row]:
     """Run the ladder; print a table; write ``out/bench.json`` and ``out/bench.png``.
 
-    ``only``: these rungs, in this order. ``datasets``: ``(train, test)`` CIFAR-10-style datasets
-    (default: the synthetic CIFAR-10 in gpufeed's cache directory). ``on_row``: called with each
+    ``only``: these rungs, in this order. ``data``, ``image_size``, ``val_data``: as ``gpufeed train``'s
+    (default: the synthetic CIFAR-10 in gpufeed's cache directory); ``datasets``: ``(train, test)`` already
+    loaded for ``data``. ``on_row``: called with each
     rung's row as soon as it is measured. ``keep_going``: a rung that fails is recorded (in
     ``skipped``) and the next one runs.
     """
-    from .data import cifar10
-    from .train.loaders import eval_transform, train_transform
+    from .data.images import is_folder
+    from .train.loop import load_datasets
 
     dev = resolve_device(device)
-    base, sizing = sized_config(dev, model, train_size, test_size, batch_size, seed)
+    base, sizing = sized_config(dev, model, train_size, test_size, batch_size, seed, data, image_size, val_data)
+    datasets = datasets or load_datasets(base)
+    sizing = sizing.format(n=f"{min(base.train_size or len(datasets[0]), len(datasets[0])):,}")
     log(f"gpufeed bench: {sizing}, batch {batch_size}, 2 epochs per rung (the second is timed)")
-    datasets = datasets or (
-        cifar10("synthetic", train=True, transform=train_transform()),
-        cifar10("synthetic", train=False, transform=eval_transform()),
-    )
     rows: list[Row] = []
     by_name = {r.name: r for r in ladder(default_workers())}
     rungs = [by_name[n] for n in only if n in by_name] if only else list(by_name.values())
     for k, rung in enumerate(rungs, 1):
         if rung.gpu_only and dev.type != "cuda":
             rows.append(Row(rung.name, skipped="needs a CUDA device"))
-            log(f"  [{k}/{len(rungs)}] skipped  {rung.name}: needs a CUDA device")
+        elif rung.arrays_only and is_folder(data):
+            rows.append(Row(rung.name, skipped="CIFAR-10's arrays only (an image folder's images differ in size)"))
+        if rows and rows[-1].name == rung.name:
+            log(f"  [{k}/{len(rungs)}] skipped  {rung.name}: {rows[-1].skipped}")
             if on_row is not None:
                 on_row(rows[-1])
             continue

@@ -16,10 +16,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     root_help = "cache root (default: $GPUFEED_CACHE_DIR or $XDG_CACHE_HOME/gpufeed)"
     p.add_argument("--cache-dir", type=lambda t: Path(t).expanduser(), default=None, help=root_help)
     sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
-    b = sub.add_parser("build", help="cache the training set's deterministic transform")
+    b = sub.add_parser(
+        "build", help="cache the training set's deterministic transform (an image folder: its decoded images or files)"
+    )
     add_data_arguments(b)
     b.add_argument("--resize", type=positive, default=None, help="add a deterministic Resize(N) + CenterCrop(32) first")
     b.add_argument("--path", type=Path, default=None, help="the entry's directory (default: under the cache root)")
+    b.add_argument(
+        "--store",
+        choices=["auto", "pixels", "jpeg"],
+        default="auto",
+        help="image folders: decoded pixels or the files' bytes (auto: pixels; as accelerate(store=...))",
+    )
+    b.add_argument("--max-side", type=positive, default=None, help="image folders: downscale once (accelerate's)")
     for name, text in [
         ("info", "describe entries"),
         ("verify", "check every byte of entries against their hashes"),
@@ -51,6 +60,14 @@ def _build(args: argparse.Namespace) -> int:
     import torchvision.transforms as T
 
     from ..caching import build_cache
+    from ..data.images import is_folder
+
+    if is_folder(args.data):
+        return _build_folder(args)
+    if args.store != "auto" or args.max_side is not None:
+        from ..errors import ConfigError
+
+        raise ConfigError("--store and --max-side apply to image folders (--data DIR)")
 
     prefix = [T.Resize(args.resize), T.CenterCrop(32)] if args.resize else []
     transform = T.Compose(
@@ -62,6 +79,34 @@ def _build(args: argparse.Namespace) -> int:
         f"built {cache.path}: {len(cache.labels)} samples {tuple(cache.images.shape[1:])} {cache.images.dtype}, "
         f"{cache.nbytes / 2**20:.1f} MiB, verified"
     )
+    return 0
+
+
+def _build_folder(args: argparse.Namespace) -> int:
+    """The entry ``accelerate`` opens for the folder's training recipe: built here once, a hit afterwards."""
+    from ..accelerate import accelerate
+    from ..errors import ConfigError
+
+    if args.path is not None or args.resize is not None:
+        raise ConfigError(
+            "--path and --resize are CIFAR-10's; an image folder's entry goes under the cache root (--cache-dir), "
+            "named by its files and recipe, so that accelerate finds it"
+        )
+    ds = load_data(args, train=True)
+    loader = accelerate(
+        ds,
+        batch_size=1,
+        device="cpu",
+        cache=args.cache_dir or True,
+        store=args.store,
+        max_side=args.max_side,
+        progress=True,
+    )
+    plan = loader.plan
+    if plan.cache_path is None:
+        raise ConfigError(f"nothing was written to the cache ({'; '.join(plan.notes) or 'see the plan'})")
+    done = "found (already built)" if plan.ingest.startswith("cache hit") else "built"
+    print(f"{done} {plan.cache_path}: {len(ds):,} images, {plan.layout or plan.stored_dtype}, verified")
     return 0
 
 
@@ -82,7 +127,10 @@ def _info(args: argparse.Namespace) -> int:
         images = m.arrays.get("images")
         size = sum(a.nbytes for a in m.arrays.values()) / 2**20
         print(f"{path}\n  key {m.key[:20]}  created {m.meta.get('created', '?')}  {size:.1f} MiB")
-        if images is not None:
+        store = {"pixels": "decoded pixels, each image its own size", "jpeg": "the image files' bytes"}
+        if m.meta.get("store") in store:
+            print(f"  store: {store[m.meta['store']]}, {m.arrays['labels'].shape[0]:,} images")
+        elif images is not None:
             print(f"  images {images.dtype} {tuple(images.shape)}  ingest: {m.meta.get('ingest', '?')}")
         print(f"  cached: {', '.join(m.meta.get('cached', [])) or 'nothing (stored as read)'}")
     return 1 if invalid else 0

@@ -43,29 +43,85 @@ def lead() -> bool:
     return int(os.environ.get("RANK", "0")) == 0
 
 
-def add_data_arguments(p: argparse.ArgumentParser) -> None:
+def data_choice(text: str) -> str:
+    """An argparse type: ``synthetic``, ``cifar10``, ``synthetic-folder``, or an existing folder of images."""
+    from ..data.images import KEYWORDS
+
+    if text in KEYWORDS:
+        return text
+    path = Path(text).expanduser()
+    if not path.is_dir():
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is neither one of {', '.join(KEYWORDS)} nor a folder of images (no such directory)"
+        )
+    return str(path)
+
+
+def add_data_arguments(p: argparse.ArgumentParser, sizes: bool = True) -> None:
     p.add_argument(
         "--data",
-        choices=["synthetic", "cifar10"],
+        type=data_choice,
         default="synthetic",
-        help="embedded synthetic CIFAR-10 (default) or torchvision's real one",
+        metavar="{synthetic,cifar10,synthetic-folder,DIR}",
+        help="embedded synthetic CIFAR-10 (default), torchvision's real one, the embedded synthetic JPEG folder, or "
+        "your image folder (DIR/<class>/*.jpg, or DIR/train and DIR/val; only read)",
     )
     p.add_argument(
         "--data-dir",
         type=lambda text: Path(text).expanduser(),
         default=None,
-        help="where the data lives; read only (required for cifar10; synthetic: default gpufeed's cache directory)",
+        help="where CIFAR-10 lives; read only (required for cifar10; synthetic: default gpufeed's cache directory)",
     )
     p.add_argument(
         "--download", action="store_true", help="allow writing into --data-dir: download CIFAR-10 / generate synthetic"
     )
     p.add_argument("--data-seed", type=int, default=0, help="seed of the synthetic data")
+    p.add_argument(
+        "--val-data",
+        type=data_choice,
+        default=None,
+        metavar="DIR",
+        help="an image folder's validation split, when --data DIR is the training split itself",
+    )
+    if sizes:
+        p.add_argument(
+            "--image-size", type=positive, default=None, help="image folders: the recipes' crop size (default 224)"
+        )
+
+
+def _check_folder_options(args: argparse.Namespace) -> None:
+    from ..data.images import is_folder
+    from ..errors import ConfigError
+
+    if is_folder(args.data):
+        if args.data_dir is not None:
+            raise ConfigError("--data-dir is where CIFAR-10 lives; give an image folder as --data DIR")
+        return
+    if args.val_data is not None:
+        raise ConfigError("--val-data goes with --data DIR (an image folder); CIFAR-10 has its own test split")
+    if getattr(args, "image_size", None) not in (None, 32):
+        raise ConfigError("--image-size applies to image folders; CIFAR-10 images are 32x32")
 
 
 def load_data(args: argparse.Namespace, train: bool = True, transform: Any = None, announce: bool = True) -> Any:
-    """The dataset the options name; ``announce`` prints the line that says which (rank 0 only)."""
+    """The dataset the options name; ``announce`` prints the line that says which (rank 0 only). An image
+    folder comes with the folder recipe at ``--image-size`` (``transform`` is CIFAR-10's)."""
     from ..data import cifar10, describe
+    from ..data.images import folder_splits, is_folder
 
+    _check_folder_options(args)
+    if is_folder(args.data):
+        size = getattr(args, "image_size", None) or 224
+        train_set, val_set, what = folder_splits(args.data, args.val_data, size, args.data_seed)
+        ds = train_set if train else val_set
+        if ds is None:
+            from ..errors import ConfigError
+
+            raise ConfigError(f"{what}: no validation split to use; add --val-data DIR")
+        if announce and lead():
+            print(f"data: {what}: {len(ds):,} {'training' if train else 'validation'} images, "
+                  f"{len(ds.classes)} classes", flush=True)  # fmt: skip
+        return ds
     ds = cifar10(
         args.data, args.data_dir, train=train, transform=transform, download=args.download, seed=args.data_seed
     )
@@ -74,19 +130,41 @@ def load_data(args: argparse.Namespace, train: bool = True, transform: Any = Non
     return ds
 
 
-def load_train_test(args: argparse.Namespace, train_transform: Any, test_transform: Any, used: str = "") -> Any:
-    """``(train, test)`` datasets; prints one line naming them, with ``used`` (e.g. a subset) appended."""
+def load_train_test(args: argparse.Namespace, train_size: int | None, test_size: int | None) -> Any:
+    """``(train, test)`` datasets with the standard recipes; prints one line naming them and what part is used
+    (test is None for an image folder without a validation split)."""
     from ..data import describe
+    from ..data.images import folder_splits, is_folder
+    from ..train.loaders import eval_transform, train_transform
 
-    train = load_data(args, True, train_transform, announce=False)
-    test = load_data(args, False, test_transform, announce=False)
+    _check_folder_options(args)
+    if is_folder(args.data):
+        size = getattr(args, "image_size", None) or 224
+        train, test, what = folder_splits(args.data, args.val_data, size, args.data_seed)
+        held = (len(train), len(test) if test is not None else 0)
+        used = subset_note(train_size, test_size, held, spread=True)
+        val = f", {len(test):,} validation" if test is not None else ""
+        if lead():
+            print(f"data: {what}: {len(train):,} training images in {len(train.classes)} classes{val}{used}, "
+                  f"{size}x{size} crops", flush=True)  # fmt: skip
+        return train, test
+    train = load_data(args, True, train_transform(), announce=False)
+    test = load_data(args, False, eval_transform(), announce=False)
     if lead():
+        used = subset_note(train_size, test_size, (len(train), len(test)))
         print(f"data: {describe(train)}, {len(test):,} test samples{used}", flush=True)
     return train, test
 
 
-def subset_note(train_size: int | None, test_size: int | None, sizes: tuple[int, int] = (50_000, 10_000)) -> str:
-    """What part of the data a run uses, for the data line (``sizes``: what the data holds)."""
+def subset_note(
+    train_size: int | None, test_size: int | None, sizes: tuple[int, int] = (50_000, 10_000), spread: bool = False
+) -> str:
+    """What part of the data a run uses, for the data line (``sizes``: what the data holds; ``spread``: the
+    subset is spread evenly over the samples, as for a folder sorted by class, rather than the first ones)."""
     wanted = ((train_size, sizes[0], "training"), (test_size, sizes[1], "test"))
-    parts = [f"the first {n:,} {what}" for n, total, what in wanted if n and n < total]
+    parts = [
+        f"{n:,} evenly spaced {what}" if spread else f"the first {n:,} {what}"
+        for n, total, what in wanted
+        if n and n < total
+    ]
     return f" (using {' and '.join(parts)})" if parts else ""

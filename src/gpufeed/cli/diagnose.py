@@ -21,12 +21,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..diagnose import diagnose
-    from ..train.loaders import eval_transform, train_transform
     from ..train.loop import prepare
-    from .common import load_train_test, subset_note
+    from .common import load_train_test
 
-    datasets = load_train_test(args, train_transform(), eval_transform(), subset_note(args.train_size, args.test_size))
-    prepared = prepare(config_from(args, progress=False), datasets)
+    cfg = config_from(args, progress=False)
+    prepared = prepare(cfg, load_train_test(args, args.train_size, args.test_size))
     report = diagnose(prepared.loader, lambda batch: prepared.step(*batch), steps=args.steps, device=prepared.device)
     print(report)
     print(f"wrote {report.save(args.out)}")

@@ -9,7 +9,7 @@ from typing import Any
 
 from .common import add_data_arguments, count, output_dir, positive
 
-HELP = "train a CIFAR model with a chosen loader, precision and CUDA graphs; per-epoch records to DIR/train.json"
+HELP = "train a model on CIFAR-10 or an image folder with a chosen loader and precision; records to DIR/train.json"
 
 
 _LAUNCHER = ("--nproc-per-node", "--nnodes", "--node-rank", "--master-addr", "--master-port")
@@ -61,10 +61,16 @@ def _launch(args: argparse.Namespace) -> int:
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
     """The options that set up a run; ``gpufeed diagnose`` takes the same ones."""
     from ..train.loaders import LOADER_KINDS
-    from ..train.models import MODELS
+    from ..train.models import FOLDER_MODELS, MODELS
 
     add_data_arguments(p)
-    p.add_argument("--model", choices=sorted(MODELS), default="small")
+    p.add_argument(
+        "--model",
+        choices=sorted({*MODELS, *FOLDER_MODELS}),
+        default="small",
+        help=f"CIFAR-10: {', '.join(sorted(MODELS))}; image folders: torchvision's {', '.join(FOLDER_MODELS[1:])} "
+        "(random init) or small",
+    )
     p.add_argument("--loader", choices=[k for k in LOADER_KINDS if k != "fixed"], default="gpufeed")
     p.add_argument(
         "--num-workers", type=count, default=None, help="DataLoader workers (torch and pretransform loaders)"
@@ -102,6 +108,8 @@ def config_from(args: argparse.Namespace, **overrides: object) -> Any:
         data=args.data,
         data_dir=str(args.data_dir) if args.data_dir else None,
         download=args.download,
+        val_data=args.val_data,
+        image_size=args.image_size,
     )
     fields.update(overrides)
     return TrainConfig(**fields)
@@ -112,13 +120,13 @@ def run(args: argparse.Namespace) -> int:
 
     from ..report import format_table
     from ..train import train
-    from ..train.loaders import eval_transform, train_transform
-    from .common import lead, load_train_test, subset_note
+    from .common import lead, load_train_test
 
     if args.nproc_per_node and "LOCAL_RANK" not in os.environ:
         return _launch(args)
-    datasets = load_train_test(args, train_transform(), eval_transform(), subset_note(args.train_size, args.test_size))
-    records = train(config_from(args, epochs=args.epochs, progress=not args.no_progress), args.out, datasets)
+    cfg = config_from(args, epochs=args.epochs, progress=not args.no_progress)
+    datasets = load_train_test(args, args.train_size, args.test_size)
+    records = train(cfg, args.out, datasets)
     if not lead():
         return 0  # rank 0 reports for everyone
     columns = [

@@ -40,9 +40,14 @@ def eval_transform() -> T.Compose:
 
 
 def subset(dataset: Any, n: int | None) -> Any:
-    """The first ``n`` samples as a dataset of the same class (arrays sliced, so fast paths still apply)."""
-    if n is None or n >= len(dataset):
+    """The first ``n`` samples as a dataset of the same class (arrays sliced, so fast paths still apply); of an
+    image folder, ``n`` spread evenly over its classes."""
+    if dataset is None or n is None or n >= len(dataset):
         return dataset
+    if not hasattr(dataset, "data"):
+        from ..data.images import folder_subset
+
+        return folder_subset(dataset, n)
     if n < 1:
         raise ConfigError(f"a subset of {n=} samples is empty; use a size >= 1")
     ds = copy.copy(dataset)
@@ -136,6 +141,13 @@ def make_train_loader(
         )
         return _ToDevice(dl, device, channels_last)
 
+    folder = not hasattr(dataset, "data")  # an image folder: files, not CIFAR's arrays
+    if folder and kind in ("pretransform", "gpu-per-sample"):
+        raise ConfigError(
+            f"loader={kind!r} stores CIFAR-10's arrays as float tensors; an image folder's images differ in size: "
+            "use loader='torch' or 'gpufeed'"
+        )
+
     def gpufeed(last: bool) -> Any:
         return accelerate(
             dataset,
@@ -146,7 +158,7 @@ def make_train_loader(
             seed=seed,
             dtype=dtype,
             channels_last=channels_last,
-            cache=False,
+            cache="auto" if folder else False,  # a folder's decoded images are kept in gpufeed's cache directory
             progress=False,
         )
 

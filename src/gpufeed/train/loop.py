@@ -22,14 +22,15 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from ..accelerate import accelerate
+from ..data.images import is_folder
 from ..device import environment, resolve_device, sync
 from ..errors import ConfigError
 from .loaders import LOADER_KINDS, eval_transform, make_train_loader, subset, train_transform
-from .models import MODELS, build_model
+from .models import FOLDER_MODELS, MODELS, build_model
 from .monitor import UtilisationMonitor
 from .step import SGD, make_step
 
-__all__ = ["EpochRecord", "Prepared", "TrainConfig", "prepare", "train"]
+__all__ = ["EpochRecord", "Prepared", "TrainConfig", "load_datasets", "prepare", "train"]
 
 _AMP = {"off": None, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -54,14 +55,32 @@ class TrainConfig:
     num_workers: int | None = None
     train_size: int | None = None
     test_size: int | None = None
-    data: str = "synthetic"
+    data: str = "synthetic"  # synthetic or cifar10 (CIFAR-10), synthetic-folder or a directory (image folders)
     data_dir: str | None = None
     download: bool = False
+    val_data: str | None = None  # an image folder's validation split, when --data is the training one
+    image_size: int | None = None  # image folders: the recipes' size (default 224); CIFAR-10 is 32
     progress: bool = True
 
     def __post_init__(self) -> None:
-        if self.model not in MODELS:
-            raise ConfigError(f"model={self.model!r} is not one of {sorted(MODELS)}")
+        from ..data.images import is_folder
+
+        if not is_folder(self.data):
+            if self.image_size not in (None, 32):
+                raise ConfigError(f"image_size={self.image_size} applies to image folders; CIFAR-10 images are 32x32")
+            if self.val_data is not None:
+                raise ConfigError("val_data (--val-data) goes with an image folder; CIFAR-10 has its own test split")
+            if self.model not in MODELS:
+                raise ConfigError(f"model={self.model!r} is not one of {sorted(MODELS)} (the CIFAR-10 models)")
+        else:
+            if self.model not in FOLDER_MODELS:
+                raise ConfigError(
+                    f"model={self.model!r} is not one of {list(FOLDER_MODELS)} (the models for image folders)"
+                )
+            if self.data_dir is not None:
+                raise ConfigError("data_dir (--data-dir) is where CIFAR-10 lives; an image folder is --data itself")
+            if self.image_size is not None and self.image_size < 16:
+                raise ConfigError(f"image_size={self.image_size} is too small for these models; use >= 16")
         if self.loader not in LOADER_KINDS:
             raise ConfigError(f"loader={self.loader!r} is not one of {LOADER_KINDS}")
         if self.amp not in _AMP:
@@ -80,7 +99,7 @@ class EpochRecord:
     images_per_s: float
     data_wait_fraction: float
     train_loss: float
-    test_acc: float | None
+    test_acc: float | None  # None: no test or validation data
     test_images: int | None = None  # images scored for test_acc (all ranks together)
     gpu_util: float | None = None
     peak_memory_bytes: int | None = None
@@ -125,7 +144,7 @@ class Prepared:
 
     model: nn.Module
     loader: Any
-    test_loader: Any
+    test_loader: Any  # None: nothing to evaluate on (an image folder without a validation split)
     step: Any  # step(x, y) -> loss on the device
     lr: torch.Tensor
     device: torch.device
@@ -141,8 +160,6 @@ def prepare(cfg: TrainConfig, datasets: tuple[Any, Any] | None = None) -> Prepar
     and torchvision's per-sample transforms when they run in this process) and turns on
     ``cudnn.benchmark`` on a GPU (:func:`train` restores the caller's setting afterwards).
     """
-    from ..data import cifar10
-
     device, rank, world = _distributed(cfg)
     if cfg.cuda_graphs and device.type != "cuda":
         raise ConfigError("cuda_graphs needs a CUDA device")
@@ -151,15 +168,13 @@ def prepare(cfg: TrainConfig, datasets: tuple[Any, Any] | None = None) -> Prepar
     torch.manual_seed(cfg.seed)  # model initialisation; the data order and augmentation have their own seeds
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = True
-    train_set, test_set = datasets or (
-        cifar10(cfg.data, cfg.data_dir, train=True, transform=train_transform(), download=cfg.download),
-        cifar10(cfg.data, cfg.data_dir, train=False, transform=eval_transform(), download=cfg.download),
-    )
+    train_set, test_set = datasets or load_datasets(cfg)
     train_set, test_set = subset(train_set, cfg.train_size), subset(test_set, cfg.test_size)
     amp = _AMP[cfg.amp]
     fmt = torch.channels_last if cfg.channels_last else torch.contiguous_format
+    size = (cfg.image_size or 224) if is_folder(cfg.data) else None
     # memory_format= is a keyword torch accepts at run time but its type stubs do not list.
-    model = build_model(cfg.model, len(train_set.classes)).to(device, memory_format=fmt)  # type: ignore[call-overload]
+    model = build_model(cfg.model, len(train_set.classes), size).to(device, memory_format=fmt)  # type: ignore[call-overload]
     loader = make_train_loader(
         cfg.loader,
         train_set,
@@ -170,16 +185,18 @@ def prepare(cfg: TrainConfig, datasets: tuple[Any, Any] | None = None) -> Prepar
         channels_last=cfg.channels_last,
     )
     # even=False: every test image scored exactly once across ranks (even=True would pad with repeats).
-    test_loader = accelerate(
-        test_set,
-        1024,
-        shuffle=False,
-        device=device,
-        channels_last=cfg.channels_last,
-        cache=False,
-        progress=False,
-        even=False,
-    )
+    test_loader = None
+    if test_set is not None:
+        test_loader = accelerate(
+            test_set,
+            1024 if size is None else 128,
+            shuffle=False,
+            device=device,
+            channels_last=cfg.channels_last,
+            cache="auto" if size is not None else False,  # a folder's decoded, resized images are worth keeping
+            progress=False,
+            even=False,
+        )
     lr = torch.tensor(cfg.lr, device=device)
     opt = SGD(list(model.parameters()), lr, cfg.momentum, cfg.weight_decay)
     if dist.is_initialized():
@@ -192,6 +209,21 @@ def prepare(cfg: TrainConfig, datasets: tuple[Any, Any] | None = None) -> Prepar
             loader.set_epoch(0)  # taking the example started epoch 0; training starts it again
     step = make_step(compiled, opt, amp, device, graph_example=example)
     return Prepared(compiled, loader, test_loader, step, lr, device, amp, world, rank)
+
+
+def load_datasets(cfg: TrainConfig) -> tuple[Any, Any | None]:
+    """``(train, test)`` for ``cfg.data`` with the standard recipes (test is None for a folder without a
+    validation split)."""
+    from ..data import cifar10
+    from ..data.images import folder_splits
+
+    if is_folder(cfg.data):
+        train_set, val_set, _ = folder_splits(cfg.data, cfg.val_data, cfg.image_size or 224)
+        return train_set, val_set
+    return (
+        cifar10(cfg.data, cfg.data_dir, train=True, transform=train_transform(), download=cfg.download),
+        cifar10(cfg.data, cfg.data_dir, train=False, transform=eval_transform(), download=cfg.download),
+    )
 
 
 def _distributed(cfg: TrainConfig) -> tuple[torch.device, int, int]:
@@ -212,7 +244,8 @@ def _distributed(cfg: TrainConfig) -> tuple[torch.device, int, int]:
 def train(
     cfg: TrainConfig, out: str | Path | None = None, datasets: tuple[Any, Any] | None = None
 ) -> list[EpochRecord]:
-    """Train ``cfg.model`` on (synthetic) CIFAR-10 and return one record per epoch; ``out/train.json`` if given."""
+    """Train ``cfg.model`` on ``cfg.data`` (CIFAR-10 or an image folder) and return one record per epoch;
+    ``out/train.json`` if given."""
     previous = torch.backends.cudnn.benchmark  # prepare() turns it on for the run; the caller's value returns after
     try:
         return _train(cfg, out, datasets)
@@ -237,7 +270,8 @@ def _train(cfg: TrainConfig, out: str | Path | None, datasets: tuple[Any, Any] |
             total_steps,
             run.world_size,
         )
-        record.test_acc, record.test_images = evaluate(run.model, run.test_loader, run.amp, run.device)
+        if run.test_loader is not None:
+            record.test_acc, record.test_images = evaluate(run.model, run.test_loader, run.amp, run.device)
         records.append(record)
         if out is not None and lead:
             _save(Path(out), cfg, run.device, records, run.world_size)

@@ -1,4 +1,10 @@
-"""CIFAR-sized models: VGG16 (the benchmark model), ResNet-18, ResNet-9, and a small CNN for CPUs."""
+"""The models ``gpufeed train`` and ``bench`` train.
+
+On CIFAR-10 (32x32): VGG16 (the benchmark model), ResNet-18 and ResNet-9 in their CIFAR variants, and
+a small CNN for CPUs. On image folders (``--image-size``, 224 by default): torchvision's own ResNet-18,
+ResNet-50, EfficientNet-B0 and ViT-B/16, randomly initialised (nothing is downloaded), and the same
+small CNN (its global pooling takes any size).
+"""
 
 from __future__ import annotations
 
@@ -9,7 +15,7 @@ from torch import nn
 
 from ..errors import ConfigError
 
-__all__ = ["MODELS", "build_model"]
+__all__ = ["FOLDER_MODELS", "MODELS", "build_model"]
 
 
 def _conv_bn(cin: int, cout: int, stride: int = 1) -> list[nn.Module]:
@@ -118,8 +124,26 @@ MODELS: dict[str, Callable[[int], nn.Module]] = {
 }
 
 
-def build_model(name: str, num_classes: int = 10) -> nn.Module:
-    """A fresh model by name (``vgg16``, ``resnet18``, ``resnet9``, ``small``)."""
-    if name not in MODELS:
-        raise ConfigError(f"model={name!r} is not one of {sorted(MODELS)}")
-    return MODELS[name](num_classes)
+FOLDER_MODELS = ("small", "resnet18", "resnet50", "efficientnet_b0", "vit_b_16")
+
+
+def build_model(name: str, num_classes: int = 10, image_size: int | None = None) -> nn.Module:
+    """A fresh model by name: a CIFAR model (``image_size=None``), else one of :data:`FOLDER_MODELS` for
+    images of ``image_size`` (torchvision's architectures, random weights)."""
+    if image_size is None:
+        if name not in MODELS:
+            raise ConfigError(f"model={name!r} is not one of {sorted(MODELS)} (the CIFAR-10 models)")
+        return MODELS[name](num_classes)
+    if name not in FOLDER_MODELS:
+        raise ConfigError(f"model={name!r} is not one of {list(FOLDER_MODELS)} (the models for image folders)")
+    if name == "small":
+        return small(num_classes)
+    import torchvision
+
+    if name == "vit_b_16":
+        if image_size % 16:
+            raise ConfigError(
+                f"vit_b_16 cuts images into 16x16 patches: image_size={image_size} must be a multiple of 16"
+            )
+        return torchvision.models.vit_b_16(weights=None, num_classes=num_classes, image_size=image_size)
+    return torchvision.models.get_model(name, weights=None, num_classes=num_classes)

@@ -275,7 +275,7 @@ def accelerate(
         bytes=nbytes,
         ingest=src.description,
         cache_path=str(src.cache_path) if src.cache_path else None,
-        notes=(why, *src.notes, *split.notes, *notes),
+        notes=(why, *src.notes, *split.notes, *notes, *filter(None, [loader.host_memory_note])),
         device=str(dev),
     )
     return loader

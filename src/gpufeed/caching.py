@@ -7,6 +7,7 @@ The entry holds the deterministic part of a dataset's transform, computed once b
 from __future__ import annotations
 
 import os
+import shutil
 import warnings
 from collections.abc import Callable
 from contextlib import ExitStack
@@ -106,11 +107,14 @@ def load_or_ingest(
     lock_timeout: float | None = None,
     strict: bool = True,
     read: Callable[[], Any] | None = None,
+    resume: Callable[[Path, str], Any] | None = None,
 ) -> tuple[Cache | None, Any]:
     """The entry at ``target`` if it is valid and has ``key``; else a fresh ingest, stored when ``persist(data)``.
 
     ``read``: what makes the data (an :class:`~gpufeed.ingest.Ingested`, whose images may be a Ragged or
-    Encoded store); by default the dataset read through the split's cached part.
+    Encoded store); by default the dataset read through the split's cached part. ``resume(target, key)``:
+    the same, for a build that will be stored, keeping its progress beside ``target`` so that a killed
+    build resumes (:mod:`gpufeed.cache.partial`); called under the build lock.
 
     Returns ``(cache, data)``: ``(entry, None)`` on a hit, ``(entry, data)`` when just written,
     ``(None, data)`` when not persisted. A valid entry is read without the lock (so a read-only
@@ -146,18 +150,36 @@ def load_or_ingest(
         hit = _current(target, key, announce=True)  # built by another process while we waited?
         if hit is not None:
             return hit, None
-        data = read()
+        try:
+            data = resume(target, key) if resume is not None else read()
+        except CacheWriteError as e:  # no room or no right to keep the build's progress: the data stays in memory
+            if strict:
+                raise
+            _in_memory(e)
+            return None, read()
         if not persist(data):
             return None, data
         try:
             # Verified when asked for a cache; accelerate skips the re-read: the bytes were hashed as they
             # were written, and reading them back would hold a second copy of the images in memory.
-            return store(target, key, split, data, verify=strict), data
+            cache = store(target, key, split, data, verify=strict)
         except CacheWriteError as e:
+            _drop_progress(target, resume)  # no room or no right to write: give the room back
             if strict:
                 raise
             _in_memory(e)
             return None, data
+        _drop_progress(target, resume)
+        return cache, data
+
+
+def _drop_progress(target: Path, resume: Any) -> None:
+    """A resumable build's progress, once the entry is written (or cannot be); a store mapped onto it stays
+    readable (the file goes when it is unmapped)."""
+    from .cache.partial import is_partial, partial_path
+
+    if resume is not None and is_partial(partial_path(target)):
+        shutil.rmtree(partial_path(target), ignore_errors=True)
 
 
 def _in_memory(e: CacheWriteError) -> None:

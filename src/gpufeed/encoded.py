@@ -302,14 +302,21 @@ def downscaled(shapes: torch.Tensor, max_side: int | None) -> torch.Tensor:
     return out
 
 
-def decode(encoded: Encoded, device: torch.device, threads: int | None = None, max_side: int | None = None) -> Ragged:
+def decode(
+    encoded: Encoded,
+    device: torch.device,
+    threads: int | None = None,
+    max_side: int | None = None,
+    out: torch.Tensor | None = None,
+) -> Ragged:
     """Decode every image into one Ragged batch on ``device``.
 
     On the CPU the images are spread over ``threads`` threads (default: the usable cores), each
     writing straight into the batch's channels-last buffer. On a GPU the JPEGs go to nvJPEG in one
     batched call and are packed channels-first by one concatenation; other files decode on the CPU
     and are copied in. ``max_side`` (CPU): images whose longer side exceeds it are resized (bilinear,
-    antialiased, torchvision's kernel) to :func:`downscaled`'s size as they are decoded.
+    antialiased, torchvision's kernel) to :func:`downscaled`'s size as they are decoded. ``out`` (CPU): the
+    uint8 buffer to decode into (a part of a larger store, a mapped file), of the decoded size.
     """
     n = len(encoded)
     if device.type == "cuda":
@@ -320,7 +327,10 @@ def decode(encoded: Encoded, device: torch.device, threads: int | None = None, m
     target = downscaled(encoded.shapes, max_side)
     sizes = target.prod(1)
     starts = torch.cumsum(sizes, 0) - sizes
-    out = torch.empty(int(sizes.sum()), dtype=torch.uint8)
+    if out is None:
+        out = torch.empty(int(sizes.sum()), dtype=torch.uint8)
+    elif out.dtype != torch.uint8 or out.numel() != int(sizes.sum()):
+        raise ValueError(f"out: {out.numel()} {out.dtype} elements for {int(sizes.sum())} uint8 pixels")
     shapes, targets, offsets = encoded.shapes.tolist(), target.tolist(), starts.tolist()
 
     def part(first: int, step: int) -> None:

@@ -33,6 +33,7 @@ from .device import resolve_device
 from .encoded import Encoded, decode
 from .epochs import EpochLoader
 from .errors import ConfigError, DataError
+from .hostmem import keep_freed_buffers
 from .prefetch import prefetch
 from .sampling import derive_seed, epoch_order, local_indices, rank_indices
 from .validate import (
@@ -246,16 +247,21 @@ class DeviceLoader(EpochLoader):
         self._length: int | None = None
         self.plan: Any = None  # set by gpufeed.accelerate(): what was cached, the tier, and why
         check_epoch(n, batch_size, drop_last, world_size, even, local=shard == "local")
-        self._probe()
+        probe = self._probe()
+        self.host_memory_note: str | None = None
+        if self.device.type == "cpu" and isinstance(self.images, (Ragged, Encoded)) and probe is not None:
+            # made image by image, a chunk of batches at a time: see gpufeed.hostmem
+            chunk_bytes = self.config.chunk_batches * batch_size * probe[0].nbytes
+            self.host_memory_note = keep_freed_buffers(chunk_bytes)
 
-    def _probe(self) -> None:
+    def _probe(self) -> torch.Tensor | None:
         """Run the transform once on two samples, so a bad argument (a mean of the wrong length, a crop
-        larger than the image) fails here and not in the middle of the first epoch."""
+        larger than the image) fails here and not in the middle of the first epoch; their batch."""
         if self.transform is None:
-            return
+            return None
         x = _take(self.images, torch.arange(min(2, _count(self.images))))
         x = decode(x, self.device) if isinstance(x, Encoded) else x.to(self.device)
-        self._finish(x, epoch=0, chunk=0, generator=torch.Generator(device=self.device))
+        return self._finish(x, epoch=0, chunk=0, generator=torch.Generator(device=self.device))
 
     def __len__(self) -> int:
         if self._length is None:

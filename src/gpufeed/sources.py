@@ -122,15 +122,20 @@ def load_ragged(
         notes.append(f"the files' bytes are kept and each batch is decoded as it is served ({why})")
     threads = max(1, usable_cores() if num_workers is None else num_workers)
 
-    def read_folder() -> Ingested:
+    def read_folder(progress_at: tuple[Path, str] | None = None) -> Ingested:
+        """The files (and their pixels, decoded); ``progress_at``: the entry and key whose build keeps its
+        progress on disk as it goes, so that a killed build resumes."""
         t0 = time.perf_counter()
         files = read_files(dataset, num_workers, progress)
         assert files is not None  # file_samples(dataset) said it is a folder
         encoded, labels = files
         if keep_bytes:
             return Ingested(encoded, labels, _files(encoded, ""), time.perf_counter() - t0)
-        images = decode(encoded, torch.device("cpu"), threads, max_side)
-        return Ingested(images, labels, _files(encoded, f"; decoded on {threads} thread(s)"), time.perf_counter() - t0)
+        images, resumed = _decode_chunks(encoded, threads, max_side, progress, progress_at)
+        then = f"; decoded on {threads} thread(s)"
+        if resumed:
+            then += f", resuming a stopped build at image {resumed:,} of {len(encoded):,}"
+        return Ingested(images, labels, _files(encoded, then), time.perf_counter() - t0)
 
     kind: dict[str, Any] = {"kind": "jpeg" if keep_bytes else "pixels", "max_side": max_side}
     # "auto" persists the pixels (a cache saves the decode); the bytes are what the files are
@@ -141,10 +146,48 @@ def load_ragged(
             f"downscaled once to the size torchvision's Resize(size=None, max_size={max_side}) gives (antialiased; "
             "smaller images are left as they are) -- the model sees these, not the files"
         )
-    src = _cached(dataset, split, cache, kind, read_folder, lambda d: not keep_bytes, progress, lock_timeout, notes)
+    src = _cached(
+        dataset, split, cache, kind, read_folder, lambda d: not keep_bytes, progress, lock_timeout, notes,
+        resume=None if keep_bytes else lambda target, key: read_folder((target, key)),
+    )  # fmt: skip
     if isinstance(src.images, Encoded) and src.images.paths is None:  # from the cache: errors still name files
         src.images = replace(src.images, paths=[p for p, _ in file_samples(dataset) or []])
     return src
+
+
+_CHUNK_BYTES = 64 << 20  # decoded pixels per recorded step of a resumable build: a kill loses about this
+_PER_THREAD = 16  # and at least this many images per decoding thread in a step, so that none waits long
+
+
+def _decode_chunks(
+    encoded: Encoded, threads: int, max_side: int | None, progress: bool, progress_at: tuple[Path, str] | None
+) -> tuple[Ragged, int]:
+    """Decode chunk by chunk (a progress bar), in memory or, with ``progress_at``, into the build's progress
+    file beside the entry, recording each chunk; returns the pixel store and how many images an earlier,
+    stopped build had decoded."""
+    from tqdm.auto import tqdm
+
+    from .cache.partial import Partial
+
+    shapes = downscaled(encoded.shapes, max_side)
+    sizes = shapes.prod(1)
+    ends = torch.cumsum(sizes, 0)
+    starts, n, nbytes = ends - sizes, len(encoded), int(ends[-1])
+    partial = Partial.open(*progress_at, nbytes, n) if progress_at is not None else None
+    data = partial.data if partial is not None else torch.empty(nbytes, dtype=torch.uint8)
+    done = partial.done if partial is not None else 0
+    with tqdm(total=n, initial=done, desc="gpufeed: decoding", unit="image", disable=not progress) as bar:
+        while done < n:
+            # the images that end within the next _CHUNK_BYTES, and at least 16 per thread (threads kept busy)
+            last = int(torch.searchsorted(ends, int(starts[done]) + _CHUNK_BYTES, right=True))
+            last = min(n, max(last, done + _PER_THREAD * threads))
+            part = encoded.select(torch.arange(done, last))
+            decode(part, torch.device("cpu"), threads, max_side, out=data[int(starts[done]) : int(ends[last - 1])])
+            if partial is not None:
+                partial.commit(last)
+            bar.update(last - done)
+            done = last
+    return Ragged(data, starts, shapes), partial.resumed if partial is not None else 0
 
 
 def _files(encoded: Encoded, then: str) -> str:
@@ -165,9 +208,11 @@ def _cached(
     progress: bool,
     lock_timeout: float | None,
     notes: list[str],
+    resume: Any = None,
 ) -> Source:
     """``read()``'s data, or the cache entry of the same key; written to the cache when asked (``cache=True`` or
-    a root) or, for ``"auto"``, when ``expensive(data)``."""
+    a root) or, for ``"auto"``, when ``expensive(data)``. ``resume``: a ``read`` that resumes a stopped build
+    (see :func:`gpufeed.caching.load_or_ingest`)."""
     key = cache_key(dataset, split.cached, kind) if cache is not False else None
     notes = list(notes)
     if cache is not False and key is None:
@@ -194,6 +239,7 @@ def _cached(
         lock_timeout,
         strict=False,  # a cache that cannot be written is not a reason to fail: the data stays in memory
         read=read,
+        resume=resume,
     )
     if data is None:
         assert hit is not None  # load_or_ingest returns one or the other

@@ -22,11 +22,16 @@ BUILD_FILES = frozenset({*(f"{name}.bin" for name in ARRAY_FILES), MANIFEST, f"{
 
 def is_leftover(path: Path, files: frozenset[str] = BUILD_FILES) -> bool:
     """Whether ``path`` is a temporary sibling gpufeed made: named as the writer names them and holding
-    nothing but the files it writes there (``files``); an ``.old-*`` must hold a gpufeed manifest.
+    nothing but the files it writes there (``files``); an ``.old-*`` must hold a gpufeed manifest; a
+    ``.partial`` (a resumable build's progress, :mod:`gpufeed.cache.partial`) its own record.
 
     The name alone proves nothing (``.vim.old-20240101`` matches it), so the contents decide. Whether
     its build still runs is not decided here: that is what the entry's build lock says.
     """
+    from .partial import is_partial
+
+    if is_partial(path):
+        return True
     m = _LEFTOVER.match(path.name)
     if m is None or path.is_symlink() or not path.is_dir() or (m["kind"] == "building" and m["pid"] is None):
         return False
@@ -41,15 +46,22 @@ def is_leftover(path: Path, files: frozenset[str] = BUILD_FILES) -> bool:
 
 def leftover_target(path: Path) -> Path:
     """The entry a leftover belongs to (whose build lock guards it)."""
+    from .partial import partial_target
+
+    if (target := partial_target(path)) is not None:
+        return target
     m = _LEFTOVER.match(path.name)
     assert m is not None, path
     return path.parent / m["name"]
 
 
 def leftovers(target: Path, files: frozenset[str] = BUILD_FILES) -> list[Path]:
-    """The leftovers of builds of ``target``. Call it holding ``target``'s build lock: then none is running."""
+    """The leftovers of writes of ``target`` (not a resumable build's progress, which its build removes once
+    the entry is written). Call it holding ``target``'s build lock: then none is running."""
     siblings = target.parent.glob(f".{glob.escape(target.name)}.*")
-    return sorted(p for p in siblings if is_leftover(p, files) and leftover_target(p) == target)
+    return sorted(
+        p for p in siblings if _LEFTOVER.match(p.name) and is_leftover(p, files) and leftover_target(p) == target
+    )
 
 
 def list_entries(root: Path) -> list[Path]:

@@ -1,0 +1,131 @@
+"""A build's progress kept on disk, so that a build that was killed resumes where it stopped.
+
+Decoding a folder into its pixel store is the long part of building it (minutes to hours for a
+large folder), so it runs in chunks into a memory-mapped file beside the entry,
+``.<entry>.partial/pixels.bin``; after each chunk the bytes are flushed and ``progress.json`` records
+how many images are done (written to a temporary name, flushed, renamed: a record never claims
+bytes that are not on disk). A build of the same entry (same key, same sizes) that finds it starts
+from there; anything else it finds there is discarded. The entry itself is still written as every
+entry is (NOTE [ Cache write order ]); the progress is removed after it. Only the build that holds
+the entry's build lock touches it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+
+__all__ = ["Partial", "is_partial", "partial_path", "partial_target"]
+
+_FORMAT = "gpufeed-partial"
+_DATA, _PROGRESS = "pixels.bin", "progress.json"
+_FILES = frozenset({_DATA, _PROGRESS, f"{_PROGRESS}.tmp"})
+_SUFFIX = ".partial"
+
+
+def partial_path(target: Path) -> Path:
+    return target.parent / f".{target.name}{_SUFFIX}"
+
+
+def partial_target(path: Path) -> Path | None:
+    """The entry whose build ``path`` records, if it is named as one is; else None."""
+    name = path.name
+    if not (name.startswith(".") and name.endswith(_SUFFIX)) or len(name) <= 1 + len(_SUFFIX):
+        return None
+    return path.parent / name[1 : -len(_SUFFIX)]
+
+
+def _record(path: Path) -> dict | None:
+    try:
+        record = json.loads((path / _PROGRESS).read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) and record.get("format") == _FORMAT else None
+
+
+def is_partial(path: Path) -> bool:
+    """Whether ``path`` is a build's progress gpufeed wrote: so named, holding only its files and its record."""
+    if partial_target(path) is None or path.is_symlink() or not path.is_dir():
+        return False
+    try:
+        children = list(path.iterdir())
+    except OSError:
+        return False
+    if any(c.is_symlink() or not c.is_file() or c.name not in _FILES for c in children):
+        return False
+    return _record(path) is not None
+
+
+class Partial:
+    """The progress of one build: ``data`` (a uint8 tensor mapped onto the file) and ``done`` (images)."""
+
+    def __init__(self, path: Path, record: dict, data: np.memmap) -> None:
+        self.path, self.record, self._map = path, record, data
+        self.data = torch.from_numpy(data)
+        self.done: int = record["done"]
+        self.resumed: int = self.done  # what an earlier build had done
+
+    @classmethod
+    def open(cls, target: Path, key: str, nbytes: int, images: int) -> Partial:
+        """The progress of the build of ``target`` with ``key`` if one was left, else a fresh one (a record of
+        another build of that entry, or one gpufeed cannot read, is replaced)."""
+        path = partial_path(target)
+        want = {"format": _FORMAT, "key": key, "bytes": nbytes, "images": images}
+        record = _record(path) if is_partial(path) else None
+        if record is not None and all(record.get(k) == v for k, v in want.items()):
+            done = record.get("done")
+            data_file = path / _DATA
+            if isinstance(done, int) and 0 <= done <= images and data_file.stat().st_size == nbytes:
+                return cls(path, record, np.memmap(data_file, dtype=np.uint8, mode="r+", shape=(nbytes,)))
+        from ..errors import CacheWriteError
+
+        if is_partial(path):
+            shutil.rmtree(path)
+        elif path.exists() or path.is_symlink():  # named as ours but not ours: never touched
+            raise CacheWriteError(f"{path} exists and is not a gpufeed build's progress; it is left as it is")
+        try:
+            path.mkdir()
+            with open(path / _DATA, "wb") as f:
+                # Reserved now: a write into a mapped file on a full disk would end the process (SIGBUS).
+                if hasattr(os, "posix_fallocate"):
+                    os.posix_fallocate(f.fileno(), 0, nbytes)
+                else:  # macOS, Windows: sparse, as the writer's files are
+                    f.truncate(nbytes)
+            data = np.memmap(path / _DATA, dtype=np.uint8, mode="r+", shape=(nbytes,))
+            partial = cls(path, {**want, "done": 0}, data)
+            partial._write_record()
+        except OSError as e:
+            shutil.rmtree(path, ignore_errors=True)
+            raise CacheWriteError(
+                f"cannot keep a build's progress in {path} ({e.strerror or e}; {nbytes / 2**20:.1f} MiB of decoded "
+                "pixels): free the room or choose another cache root (GPUFEED_CACHE_DIR / accelerate(..., cache=ROOT))"
+            ) from None
+        return partial
+
+    def commit(self, done: int) -> None:
+        """Images ``[0, done)`` are in ``data``: flush them, then record it."""
+        self._map.flush()
+        self.done = self.record["done"] = done
+        self._write_record()
+        _checkpoint(done)
+
+    def _write_record(self) -> None:
+        tmp = self.path / f"{_PROGRESS}.tmp"
+        with open(tmp, "w") as f:
+            f.write(json.dumps(self.record))
+            f.flush()
+            os.fsync(f.fileno())
+        tmp.replace(self.path / _PROGRESS)
+
+    def remove(self) -> None:
+        """Once the entry is written. The mapped tensor stays readable (the file goes when it is unmapped)."""
+        shutil.rmtree(self.path, ignore_errors=True)
+
+
+def _checkpoint(done: int) -> None:
+    """A seam after each recorded chunk; the kill-and-resume tests end the process here."""

@@ -1,0 +1,51 @@
+"""glibc's malloc thresholds for loaders that make batches image by image on the CPU."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+
+import gpufeed.hostmem as hostmem
+from gpufeed import DeviceLoader
+from gpufeed.augment import Compose, RandomResizedCrop
+from gpufeed.augment.ragged import Ragged
+
+
+def _ragged(n: int = 6) -> Ragged:
+    g = torch.Generator().manual_seed(0)
+    images = [torch.randint(0, 256, (3, 20 + 3 * i, 30 - 2 * i), dtype=torch.uint8, generator=g) for i in range(n)]
+    return Ragged.stack(images)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
+def test_a_cpu_loader_of_images_of_different_sizes_fixes_the_thresholds_above_its_chunk(monkeypatch):
+    calls: list[tuple[int, int]] = []
+
+    class Libc:
+        @staticmethod
+        def mallopt(option: int, value: int) -> int:
+            calls.append((option, value))
+            return 1
+
+    monkeypatch.setattr(hostmem.ctypes, "CDLL", lambda name: Libc)
+    monkeypatch.setattr(hostmem, "_set", 0)
+    loader = DeviceLoader(_ragged(), torch.arange(6), batch_size=2, transform=Compose([RandomResizedCrop(8)]))
+    chunk = loader.config.chunk_batches * 2 * 3 * 8 * 8 * 4  # float32 batches of 3x8x8
+    want = max(32 << 20, 2 * chunk)
+    assert calls == [(-3, want), (-1, 2 * want)]
+    assert f"reuses freed buffers up to {want / 2**20:.0f} MiB" in loader.host_memory_note
+    DeviceLoader(_ragged(), torch.arange(6), batch_size=2, transform=Compose([RandomResizedCrop(8)]))
+    assert len(calls) == 2  # set once: a loader that needs no more leaves it
+
+    monkeypatch.setenv("GPUFEED_KEEP_MALLOC", "0")
+    monkeypatch.setattr(hostmem, "_set", 0)
+    off = DeviceLoader(_ragged(), torch.arange(6), batch_size=2, transform=Compose([RandomResizedCrop(8)]))
+    assert off.host_memory_note is None and len(calls) == 2
+
+
+def test_dense_loaders_leave_malloc_as_it_is(monkeypatch):
+    monkeypatch.setattr(hostmem, "keep_freed_buffers", lambda b: pytest.fail("called for a dense store"))
+    loader = DeviceLoader(torch.zeros(4, 3, 8, 8, dtype=torch.uint8), torch.arange(4), batch_size=2)
+    assert loader.host_memory_note is None

@@ -70,7 +70,8 @@ def test_train_on_a_train_val_folder_with_a_torchvision_model_scores_every_valid
     assert record["config"]["model"] == "resnet18" and record["config"]["image_size"] == 32
     epochs = record["epochs"]
     assert [e["images"] for e in epochs] == [24, 24]  # 3 full batches of 8 per epoch
-    assert [e["test_images"] for e in epochs] == [12, 12] and all(0 <= e["test_acc"] <= 1 for e in epochs)
+    assert [e["test_images"] for e in epochs] == [12, 12]
+    assert all(abs(e["test_acc"] * 12 - round(e["test_acc"] * 12)) < 1e-9 for e in epochs)  # k of 12 images
     assert snapshot(split_folder) == before  # read only
     assert any(p.name.startswith("imagefolder-") for p in home.iterdir())  # the decoded store went to gpufeed's dir
 
@@ -195,3 +196,63 @@ def test_a_missing_folder_is_an_argument_error(tmp_path, capsys):
     assert e.value.code == 2 and "neither one of synthetic, cifar10, synthetic-folder nor a folder" in (
         capsys.readouterr().err
     )
+
+
+def test_a_class_called_train_stays_a_class(tmp_path):
+    _photos(tmp_path / "vehicles", 2)
+    (tmp_path / "vehicles" / "dog").rename(tmp_path / "vehicles" / "train")  # CIFAR-100 has a class "train"
+    train, val, what = folder_splits(str(tmp_path / "vehicles"), None, 32)
+    assert train.classes == ["cat", "owl", "train"] and val is None and "no validation folder" in what
+
+
+def test_a_train_folder_alone_is_the_training_split(tmp_path):
+    _photos(tmp_path / "d" / "train", 2)
+    train, val, what = folder_splits(str(tmp_path / "d"), None, 32)
+    assert len(train) == 6 and val is None and what.startswith(f"image folder {tmp_path / 'd' / 'train'} (no val")
+
+
+def test_a_folder_with_one_class_names_the_level_below(tmp_path):
+    _photos(tmp_path / "imagenette" / "imagenette2", 2)  # the classes are one level down
+    with pytest.raises(DataError, match=r"one class folder \('imagenette2'\).*--data .*imagenette/imagenette2"):
+        folder_splits(str(tmp_path / "imagenette"), None, 32)
+
+
+def test_a_folder_named_like_a_keyword_is_the_folder(tmp_path, monkeypatch):
+    from gpufeed.cli.common import data_choice
+
+    _photos(tmp_path / "synthetic", 2)
+    monkeypatch.chdir(tmp_path)
+    assert data_choice("./synthetic") == str(tmp_path / "synthetic") and data_choice("synthetic") == "synthetic"
+
+
+def test_validation_on_the_training_folder_and_download_are_refused(split_folder, home, tmp_path):
+    from gpufeed.cli.main import build_parser
+    from gpufeed.cli.train import run
+
+    train_dir = str(split_folder / "train")
+    for extra, match in [
+        (["--data", train_dir, "--val-data", train_dir], "is the training folder"),
+        (["--data", str(split_folder), "--download"], "never writes into an image folder"),
+    ]:
+        args = build_parser().parse_args(["train", *extra, "--device", "cpu", "--out", str(tmp_path / "o")])
+        with pytest.raises(ConfigError, match=match):
+            run(args)
+
+
+def test_a_cache_directory_inside_the_folder_is_refused_before_anything_is_written(split_folder, monkeypatch, capsys):
+    before = snapshot(split_folder)
+    monkeypatch.setenv("GPUFEED_CACHE_DIR", str(split_folder / "cache"))
+    assert main(["cache", "build", "--data", str(split_folder)]) == 2
+    assert "is inside --data" in capsys.readouterr().err
+    assert main(["cache", "build", "--data", str(split_folder), "--cache-dir", str(split_folder / "train")]) == 2
+    assert snapshot(split_folder) == before
+
+
+def test_train_with_a_store_finds_the_entry_cache_build_made_for_it(split_folder, home, tmp_path, capsys):
+    assert main(["cache", "build", "--data", str(split_folder), "--store", "jpeg", "--device", "cpu"]) == 0
+    built = [p for p in home.iterdir() if p.name.startswith("imagefolder-")]
+    capsys.readouterr()
+    args = ["train", "--data", str(split_folder), "--store", "jpeg", "--image-size", "32", "--batch-size", "8"]
+    assert main([*args, "--epochs", "1", "--device", "cpu", "--no-progress", "--out", str(tmp_path / "o")]) == 0
+    after = [p for p in home.iterdir() if p.name.startswith("imagefolder-")]
+    assert set(built) <= set(after) and len(set(after) - set(built)) == 1  # only the validation split's entry added

@@ -213,7 +213,7 @@ def _expected(dataset, loader_seed, epoch, batch_size, n):
 
 
 REFUSED = {
-    "auto-augment (TrivialAugmentWide)": T.Compose([T.TrivialAugmentWide(), T.ToTensor()]),
+    "AugMix (not batched yet)": T.Compose([T.AugMix(), T.ToTensor()]),
     "bicubic RandomResizedCrop": T.Compose(
         [T.RandomResizedCrop(24, interpolation=InterpolationMode.BICUBIC), T.ToTensor()]
     ),

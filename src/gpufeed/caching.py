@@ -162,7 +162,7 @@ def load_or_ingest(
         try:
             # Verified when asked for a cache; accelerate skips the re-read: the bytes were hashed as they
             # were written, and reading them back would hold a second copy of the images in memory.
-            cache = store(target, key, split, data, verify=strict)
+            cache = store(target, key, split, data, verify=strict, adopt=data.files)
         except CacheWriteError as e:
             _drop_progress(target, resume)  # no room or no right to write: give the room back
             if strict:
@@ -206,8 +206,11 @@ def _check_outside_dataset(dataset: Any, target: Path) -> None:
         )
 
 
-def store(target: Path, key: str, split: Any, data: Any, verify: bool = True) -> Cache:
-    """Write ingested data (:class:`gpufeed.ingest.Ingested`) as the entry ``target`` and open it."""
+def store(
+    target: Path, key: str, split: Any, data: Any, verify: bool = True, adopt: dict[str, Path] | None = None
+) -> Cache:
+    """Write ingested data (:class:`gpufeed.ingest.Ingested`) as the entry ``target`` and open it (``adopt``:
+    see :func:`gpufeed.cache.write_cache`)."""
     from .augment.ragged import Ragged
     from .encoded import Encoded
 
@@ -227,5 +230,5 @@ def store(target: Path, key: str, split: Any, data: Any, verify: bool = True) ->
     else:
         meta["store"] = "dense"
         arrays = {"images": images}
-    write_cache(target, key, {**arrays, "labels": data.labels}, meta)
+    write_cache(target, key, {**arrays, "labels": data.labels}, meta, adopt)
     return open_cache(target, verify=verify)

@@ -38,8 +38,9 @@ def keep_freed_buffers(chunk_bytes: int) -> str | None:
             mallopt = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
         except (OSError, AttributeError):  # musl and others have no mallopt
             return None
-        if not (mallopt(_M_MMAP_THRESHOLD, want) and mallopt(_M_TRIM_THRESHOLD, 2 * want)):
+        if not mallopt(_M_MMAP_THRESHOLD, want):
             return None
+        mallopt(_M_TRIM_THRESHOLD, 2 * want)  # the mmap threshold is what matters; trimming is a refinement
         _set = want
     return (
         f"host memory: glibc's malloc reuses freed buffers up to {_set / 2**20:.0f} MiB (mallopt; twice the batches "

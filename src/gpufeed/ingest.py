@@ -17,6 +17,7 @@ import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -146,6 +147,7 @@ class Ingested:
     labels: torch.Tensor  # (N,) int64, or the dataset's targets
     path: str  # "arrays" or "per-sample"
     seconds: float
+    files: dict[str, Path] | None = None  # arrays whose bytes are already these files (a resumable build's)
 
 
 def to_chw(image: Any) -> torch.Tensor:

@@ -22,6 +22,7 @@ from .augment.ragged import Ragged
 from .augment.transforms import takes_ragged
 from .cache import entry_path
 from .cache.fingerprint import cache_key
+from .cache.partial import progress_file
 from .caching import load_or_ingest
 from .device import usable_cores
 from .encoded import Encoded, decode, downscaled, file_samples, header_shapes, read_files
@@ -131,11 +132,13 @@ def load_ragged(
         encoded, labels = files
         if keep_bytes:
             return Ingested(encoded, labels, _files(encoded, ""), time.perf_counter() - t0)
-        images, resumed = _decode_chunks(encoded, threads, max_side, progress, progress_at)
+        images, resumed = _decode_chunks(encoded, threads, max_side, progress, progress_at, _source(dataset))
         then = f"; decoded on {threads} thread(s)"
         if resumed:
             then += f", resuming a stopped build at image {resumed:,} of {len(encoded):,}"
-        return Ingested(images, labels, _files(encoded, then), time.perf_counter() - t0)
+        # the pixels of a resumable build are already in its progress file: moved into the entry, not copied
+        kept = {"pixels": progress_file(progress_at[0])} if progress_at is not None else None
+        return Ingested(images, labels, _files(encoded, then), time.perf_counter() - t0, kept)
 
     kind: dict[str, Any] = {"kind": "jpeg" if keep_bytes else "pixels", "max_side": max_side}
     # "auto" persists the pixels (a cache saves the decode); the bytes are what the files are
@@ -159,8 +162,19 @@ _CHUNK_BYTES = 64 << 20  # decoded pixels per recorded step of a resumable build
 _PER_THREAD = 16  # and at least this many images per decoding thread in a step, so that none waits long
 
 
+def _source(dataset: Any) -> str:
+    """What a build's progress records as its data: the folder the files are in."""
+    root = getattr(dataset, "root", None)
+    return str(Path(root).resolve()) if root is not None else ""
+
+
 def _decode_chunks(
-    encoded: Encoded, threads: int, max_side: int | None, progress: bool, progress_at: tuple[Path, str] | None
+    encoded: Encoded,
+    threads: int,
+    max_side: int | None,
+    progress: bool,
+    progress_at: tuple[Path, str] | None,
+    source: str = "",
 ) -> tuple[Ragged, int]:
     """Decode chunk by chunk (a progress bar), in memory or, with ``progress_at``, into the build's progress
     file beside the entry, recording each chunk; returns the pixel store and how many images an earlier,
@@ -173,7 +187,7 @@ def _decode_chunks(
     sizes = shapes.prod(1)
     ends = torch.cumsum(sizes, 0)
     starts, n, nbytes = ends - sizes, len(encoded), int(ends[-1])
-    partial = Partial.open(*progress_at, nbytes, n) if progress_at is not None else None
+    partial = Partial.open(*progress_at, nbytes, n, source) if progress_at is not None else None
     data = partial.data if partial is not None else torch.empty(nbytes, dtype=torch.uint8)
     done = partial.done if partial is not None else 0
     with tqdm(total=n, initial=done, desc="gpufeed: decoding", unit="image", disable=not progress) as bar:

@@ -42,14 +42,23 @@ _KILL = textwrap.dedent("""
     import gpufeed as gf, gpufeed.sources as sources, gpufeed.cache.partial as partial
     sources._CHUNK_BYTES, sources._PER_THREAD = {chunk}, 1
     partial._checkpoint = lambda done: os._exit(17) if done >= {kill_at} else None
+    if {mid_chunk}:  # killed while a chunk is decoded, before it is recorded
+        import gpufeed.encoded as encoded
+        real, seen = encoded._decode_one, []
+        def dying(e, i):
+            seen.append(i)
+            if len(seen) > {kill_at} + 2:
+                os._exit(17)
+            return real(e, i)
+        encoded._decode_one = dying
     ds = ImageFolder({folder!r}, transform=T.Compose([T.RandomResizedCrop(16), T.RandomHorizontalFlip(),
                                                       T.PILToTensor()]))
     gf.accelerate(ds, batch_size=4, device="cpu", cache={root!r}, store="pixels", progress=False)
 """)
 
 
-def _kill_build(folder: Path, root: Path, kill_at: int) -> Path:
-    script = _KILL.format(chunk=CHUNK, kill_at=kill_at, folder=str(folder), root=str(root))
+def _kill_build(folder: Path, root: Path, kill_at: int, mid_chunk: bool = False) -> Path:
+    script = _KILL.format(chunk=CHUNK, kill_at=kill_at, folder=str(folder), root=str(root), mid_chunk=mid_chunk)
     assert subprocess.run([sys.executable, "-c", script]).returncode == 17
     (progress,) = [p for p in root.iterdir() if p.name.endswith(".partial")]
     return progress
@@ -67,14 +76,15 @@ def _counting_decodes(monkeypatch) -> list[int]:
     return seen
 
 
-def test_a_killed_build_resumes_where_it_stopped_and_stores_the_same_pixels(tmp_path, monkeypatch):
+@pytest.mark.parametrize("mid_chunk", [False, True], ids=["after a recorded chunk", "while decoding a chunk"])
+def test_a_killed_build_resumes_where_it_stopped_and_stores_the_same_pixels(tmp_path, monkeypatch, mid_chunk):
     folder, root = _folder(tmp_path / "photos"), tmp_path / "cache"
-    progress = _kill_build(folder, root, kill_at=8)
+    progress = _kill_build(folder, root, kill_at=8, mid_chunk=mid_chunk)
     assert is_partial(progress) and is_leftover(progress)
     import json
 
     done = json.loads((progress / "progress.json").read_text())["done"]
-    assert 8 <= done < 24
+    assert (0 < done <= 10) if mid_chunk else (8 <= done < 24)  # mid-chunk: the last recorded chunk only
 
     monkeypatch.setattr(sources, "_CHUNK_BYTES", CHUNK)
     monkeypatch.setattr(sources, "_PER_THREAD", 1)
@@ -163,3 +173,49 @@ def test_no_room_for_the_progress_keeps_the_store_in_memory_and_says_so(tmp_path
     assert loader.plan.cache_path is None and not any(p.name.endswith(".partial") for p in root.iterdir())
     expected = decode(read_files(ds, progress=False)[0], torch.device("cpu"))
     assert torch.equal(loader.images.data, expected.data)
+
+
+def test_progress_with_a_record_but_no_pixels_yet_is_started_over(tmp_path, monkeypatch):
+    """A kill between the record and the reserved file (the first moment the directory is gpufeed's)."""
+    import json
+
+    folder, root = _folder(tmp_path / "photos", 9), tmp_path / "cache"
+    progress = _kill_build(folder, root, kill_at=1)
+    (progress / "pixels.bin").unlink()
+    record = json.loads((progress / "progress.json").read_text())
+    (progress / "progress.json").write_text(json.dumps({**record, "done": 0}))
+    seen = _counting_decodes(monkeypatch)
+    ds = ImageFolder(str(folder), transform=RECIPE)
+    loader = gf.accelerate(ds, batch_size=3, device="cpu", cache=root, store="pixels", progress=False)
+    assert sorted(seen) == list(range(9)) and loader.plan.cache_path is not None and not progress.exists()
+
+
+def test_the_progress_of_a_folder_that_changed_since_is_removed_by_its_next_build(tmp_path, monkeypatch):
+    import os
+
+    folder, root = _folder(tmp_path / "photos", 12), tmp_path / "cache"
+    stale = _kill_build(folder, root, kill_at=1)
+    one = next(folder.rglob("*.jpg"))
+    os.utime(one, (one.stat().st_atime, one.stat().st_mtime + 60))  # the folder changed: another key
+    ds = ImageFolder(str(folder), transform=RECIPE)
+    loader = gf.accelerate(ds, batch_size=3, device="cpu", cache=root, store="pixels", progress=False)
+    assert loader.plan.cache_path is not None and not stale.exists()
+    assert [p.name for p in root.iterdir() if p.name.endswith(".partial")] == []
+
+
+def test_the_decoded_file_is_moved_into_the_entry_so_one_copys_room_is_enough(tmp_path, monkeypatch):
+    import gpufeed.cache.writer as writer
+
+    folder, root = _folder(tmp_path / "photos", 9), tmp_path / "cache"
+    ds = ImageFolder(str(folder), transform=RECIPE)
+    pixels = int(decode(read_files(ds, progress=False)[0], torch.device("cpu")).data.numel())
+    assert pixels > 20_000
+    room = writer._MANIFEST_ALLOWANCE + 10_000  # the rest of the entry fits, a second copy of the pixels would not
+    monkeypatch.setattr(writer, "_free_bytes", lambda path: room)
+    loader = gf.accelerate(ds, batch_size=3, device="cpu", cache=root, store="pixels", progress=False)
+    assert loader.plan.cache_path is not None
+    entry = Path(loader.plan.cache_path)
+    assert (entry / "pixels.bin").stat().st_size == pixels and not any(p.suffix == ".partial" for p in root.iterdir())
+    from gpufeed.cache import verify_cache
+
+    verify_cache(entry)  # every byte against the manifest's hashes

@@ -5,9 +5,10 @@ large folder), so it runs in chunks into a memory-mapped file beside the entry,
 ``.<entry>.partial/pixels.bin``; after each chunk the bytes are flushed and ``progress.json`` records
 how many images are done (written to a temporary name, flushed, renamed: a record never claims
 bytes that are not on disk). A build of the same entry (same key, same sizes) that finds it starts
-from there; anything else it finds there is discarded. The entry itself is still written as every
-entry is (NOTE [ Cache write order ]); the progress is removed after it. Only the build that holds
-the entry's build lock touches it.
+from there; anything else it finds there is discarded, and so is the progress of the same folder's
+earlier builds under other keys (its files changed since). The entry is then written as every entry
+is (NOTE [ Cache write order ]), except that the decoded file is moved into it rather than copied
+(no second copy's room on disk). Only the build that holds the entry's build lock touches it.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-__all__ = ["Partial", "is_partial", "partial_path", "partial_target"]
+__all__ = ["Partial", "is_partial", "partial_path", "partial_target", "progress_file"]
 
 _FORMAT = "gpufeed-partial"
 _DATA, _PROGRESS = "pixels.bin", "progress.json"
@@ -71,34 +72,40 @@ class Partial:
         self.resumed: int = self.done  # what an earlier build had done
 
     @classmethod
-    def open(cls, target: Path, key: str, nbytes: int, images: int) -> Partial:
+    def open(cls, target: Path, key: str, nbytes: int, images: int, source: str = "") -> Partial:
         """The progress of the build of ``target`` with ``key`` if one was left, else a fresh one (a record of
-        another build of that entry, or one gpufeed cannot read, is replaced)."""
-        path = partial_path(target)
-        want = {"format": _FORMAT, "key": key, "bytes": nbytes, "images": images}
-        record = _record(path) if is_partial(path) else None
-        if record is not None and all(record.get(k) == v for k, v in want.items()):
-            done = record.get("done")
-            data_file = path / _DATA
-            if isinstance(done, int) and 0 <= done <= images and data_file.stat().st_size == nbytes:
-                return cls(path, record, np.memmap(data_file, dtype=np.uint8, mode="r+", shape=(nbytes,)))
+        another build of that entry, or one gpufeed cannot read, is replaced). ``source`` names the data (a
+        folder): the progress of its earlier builds under other keys (the files changed since) is removed."""
         from ..errors import CacheWriteError
 
+        path = partial_path(target)
+        want = {"format": _FORMAT, "key": key, "bytes": nbytes, "images": images, "source": source}
+        record = _record(path) if is_partial(path) else None
+        data_file = path / _DATA
+        if record is not None and all(record.get(k) == v for k, v in want.items()):
+            done = record.get("done")
+            if isinstance(done, int) and 0 <= done <= images and _size(data_file) == nbytes:
+                return cls(path, record, np.memmap(data_file, dtype=np.uint8, mode="r+", shape=(nbytes,)))
         if is_partial(path):
             shutil.rmtree(path)
         elif path.exists() or path.is_symlink():  # named as ours but not ours: never touched
-            raise CacheWriteError(f"{path} exists and is not a gpufeed build's progress; it is left as it is")
+            raise CacheWriteError(
+                f"{path} exists and is not a gpufeed build's progress (no record of one in it); it is left as it "
+                f"is. If an interrupted gpufeed build left it, delete it (rm -r {path})"
+            )
+        if source:
+            _forget_stale(target, source)
         try:
             path.mkdir()
-            with open(path / _DATA, "wb") as f:
+            record = {**want, "done": 0}
+            _write_record(path, record)  # first: from here on the directory is recognisably gpufeed's
+            with open(data_file, "wb") as f:
                 # Reserved now: a write into a mapped file on a full disk would end the process (SIGBUS).
                 if hasattr(os, "posix_fallocate"):
                     os.posix_fallocate(f.fileno(), 0, nbytes)
                 else:  # macOS, Windows: sparse, as the writer's files are
                     f.truncate(nbytes)
-            data = np.memmap(path / _DATA, dtype=np.uint8, mode="r+", shape=(nbytes,))
-            partial = cls(path, {**want, "done": 0}, data)
-            partial._write_record()
+            partial = cls(path, record, np.memmap(data_file, dtype=np.uint8, mode="r+", shape=(nbytes,)))
         except OSError as e:
             shutil.rmtree(path, ignore_errors=True)
             raise CacheWriteError(
@@ -115,16 +122,49 @@ class Partial:
         _checkpoint(done)
 
     def _write_record(self) -> None:
-        tmp = self.path / f"{_PROGRESS}.tmp"
-        with open(tmp, "w") as f:
-            f.write(json.dumps(self.record))
-            f.flush()
-            os.fsync(f.fileno())
-        tmp.replace(self.path / _PROGRESS)
+        _write_record(self.path, self.record)
 
-    def remove(self) -> None:
-        """Once the entry is written. The mapped tensor stays readable (the file goes when it is unmapped)."""
-        shutil.rmtree(self.path, ignore_errors=True)
+
+def _write_record(path: Path, record: dict) -> None:
+    """``progress.json``: written to a temporary name, flushed, renamed (a record is whole or absent)."""
+    tmp = path / f"{_PROGRESS}.tmp"
+    with open(tmp, "w") as f:
+        f.write(json.dumps(record))
+        f.flush()
+        os.fsync(f.fileno())
+    tmp.replace(path / _PROGRESS)
+
+
+def progress_file(target: Path) -> Path:
+    """The decoded pixels' file of ``target``'s build."""
+    return partial_path(target) / _DATA
+
+
+def _size(file: Path) -> int | None:
+    try:
+        return file.stat().st_size
+    except OSError:
+        return None
+
+
+def _forget_stale(target: Path, source: str) -> None:
+    """Remove the progress of builds of the same source under other entries (its files have changed since, so
+    their keys will not come back), each only while no build of it runs."""
+    from ..errors import CacheError
+    from .lock import build_lock
+
+    for other in target.parent.glob(".*" + _SUFFIX):
+        if other == partial_path(target) or not is_partial(other):
+            continue
+        record = _record(other)
+        owner = partial_target(other)
+        if record is None or record.get("source") != source or owner is None:
+            continue
+        try:
+            with build_lock(owner, 0, progress=False):  # 0: a running build keeps its progress
+                shutil.rmtree(other, ignore_errors=True)
+        except CacheError:
+            pass
 
 
 def _checkpoint(done: int) -> None:

@@ -117,8 +117,18 @@ def _write_error(target: Path, needed: int, e: OSError | None) -> CacheWriteErro
     )
 
 
-def write_cache(target: Path, key: str, arrays: dict[str, torch.Tensor], meta: dict[str, Any]) -> Manifest:
+def write_cache(
+    target: Path,
+    key: str,
+    arrays: dict[str, torch.Tensor],
+    meta: dict[str, Any],
+    adopt: dict[str, Path] | None = None,
+) -> Manifest:
     """Write ``arrays`` (CPU tensors) and their manifest to the directory ``target``, atomically.
+
+    ``adopt``: arrays whose bytes are already in a file beside ``target`` (uint8, the whole file: a
+    resumable build's, :mod:`gpufeed.cache.partial`), moved into the entry rather than written again,
+    so that the entry takes no second copy's room; their hashes are computed from ``arrays``.
 
     Raises CacheError if ``target`` exists and is not a gpufeed entry, CacheWriteError if the disk
     is full or the location not writable (nothing is left behind then).
@@ -126,7 +136,11 @@ def write_cache(target: Path, key: str, arrays: dict[str, torch.Tensor], meta: d
     target = Path(target)
     check_target(target)
     views = {name: t.detach().cpu().contiguous().numpy() for name, t in arrays.items()}
-    needed = sum(a.nbytes for a in views.values()) + _MANIFEST_ALLOWANCE
+    adopt = dict(adopt or {})
+    for name, file in adopt.items():
+        if views[name].dtype.itemsize != 1 or file.stat().st_size != views[name].nbytes:
+            raise ValueError(f"adopt={name}: {file} must hold exactly the uint8 bytes of arrays[{name!r}]")
+    needed = sum(a.nbytes for n, a in views.items() if n not in adopt) + _MANIFEST_ALLOWANCE
     free = _free_bytes(target.parent)
     if free is not None and free < needed:
         raise _write_error(target, needed, None)
@@ -136,7 +150,7 @@ def write_cache(target: Path, key: str, arrays: dict[str, torch.Tensor], meta: d
         for stale in leftovers(target):  # the caller holds the build lock: their builds are dead
             shutil.rmtree(stale, ignore_errors=True)
         tmp.mkdir()
-        manifest = _write_arrays(tmp, key, views, meta)
+        manifest = _write_arrays(tmp, key, views, meta, adopt)
         _checkpoint("wrote manifest")
         _swap_in(tmp, target)
         return manifest
@@ -146,15 +160,18 @@ def write_cache(target: Path, key: str, arrays: dict[str, torch.Tensor], meta: d
         shutil.rmtree(tmp, ignore_errors=True)  # gone after a rename; else what this build wrote
 
 
-def _write_arrays(tmp: Path, key: str, views: dict[str, Any], meta: dict[str, Any]) -> Manifest:
+def _write_arrays(tmp: Path, key: str, views: dict[str, Any], meta: dict[str, Any], adopt: dict[str, Path]) -> Manifest:
     specs = {}
     for name, array in views.items():
         array = array.astype(array.dtype.newbyteorder("<"), copy=False)  # the format is little-endian
         file = f"{name}.bin"
-        with open(tmp / file, "wb") as f:
-            f.write(memoryview(array).cast("B"))
-            f.flush()
-            os.fsync(f.fileno())
+        if name in adopt:  # flushed by its builder; the mapping of it stays valid across the rename
+            os.replace(adopt[name], tmp / file)
+        else:
+            with open(tmp / file, "wb") as f:
+                f.write(memoryview(array).cast("B"))
+                f.flush()
+                os.fsync(f.fileno())
         specs[name] = ArraySpec(file, dtype_code(array.dtype), tuple(array.shape), array.nbytes, block_hashes(array))
         _checkpoint(f"wrote {file}")
     manifest = Manifest(key, specs, meta)

@@ -29,6 +29,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="image folders: decoded pixels or the files' bytes (auto: pixels; as accelerate(store=...))",
     )
     b.add_argument("--max-side", type=positive, default=None, help="image folders: downscale once (accelerate's)")
+    b.add_argument(
+        "--device",
+        default=None,
+        help="image folders: the device training will use (store='auto' decides against its memory; default: cuda "
+        "if available)",
+    )
     for name, text in [
         ("info", "describe entries"),
         ("verify", "check every byte of entries against their hashes"),
@@ -64,10 +70,10 @@ def _build(args: argparse.Namespace) -> int:
 
     if is_folder(args.data):
         return _build_folder(args)
-    if args.store != "auto" or args.max_side is not None:
+    if args.store != "auto" or args.max_side is not None or args.device is not None:
         from ..errors import ConfigError
 
-        raise ConfigError("--store and --max-side apply to image folders (--data DIR)")
+        raise ConfigError("--store, --max-side and --device apply to image folders (--data DIR)")
 
     prefix = [T.Resize(args.resize), T.CenterCrop(32)] if args.resize else []
     transform = T.Compose(
@@ -93,10 +99,10 @@ def _build_folder(args: argparse.Namespace) -> int:
             "named by its files and recipe, so that accelerate finds it"
         )
     ds = load_data(args, train=True)
-    loader = accelerate(
+    loader = accelerate(  # as train would call it, so that its store and key are train's
         ds,
         batch_size=1,
-        device="cpu",
+        device=args.device,
         cache=args.cache_dir or True,
         store=args.store,
         max_side=args.max_side,

@@ -47,14 +47,14 @@ def data_choice(text: str) -> str:
     """An argparse type: ``synthetic``, ``cifar10``, ``synthetic-folder``, or an existing folder of images."""
     from ..data.images import KEYWORDS
 
-    if text in KEYWORDS:
+    if text in KEYWORDS:  # exactly: ./synthetic is a folder of that name
         return text
     path = Path(text).expanduser()
     if not path.is_dir():
         raise argparse.ArgumentTypeError(
             f"{text!r} is neither one of {', '.join(KEYWORDS)} nor a folder of images (no such directory)"
         )
-    return str(path)
+    return str(path.resolve())
 
 
 def add_data_arguments(p: argparse.ArgumentParser, sizes: bool = True) -> None:
@@ -96,11 +96,30 @@ def _check_folder_options(args: argparse.Namespace) -> None:
     if is_folder(args.data):
         if args.data_dir is not None:
             raise ConfigError("--data-dir is where CIFAR-10 lives; give an image folder as --data DIR")
+        if args.download:
+            raise ConfigError("--download fetches or generates CIFAR-10; gpufeed never writes into an image folder")
+        _check_cache_outside(args)
         return
     if args.val_data is not None:
         raise ConfigError("--val-data goes with --data DIR (an image folder); CIFAR-10 has its own test split")
     if getattr(args, "image_size", None) not in (None, 32):
         raise ConfigError("--image-size applies to image folders; CIFAR-10 images are 32x32")
+
+
+def _check_cache_outside(args: argparse.Namespace) -> None:
+    """gpufeed's cache may not be inside the user's folders: an entry there would be a new "class"."""
+    from ..cache import default_cache_dir
+    from ..errors import ConfigError
+
+    root = (getattr(args, "cache_dir", None) or default_cache_dir()).expanduser().resolve()
+    for option, folder in (("--data", args.data), ("--val-data", args.val_data)):
+        if folder is None or folder == "synthetic-folder":
+            continue
+        if root.is_relative_to(Path(folder).resolve()):
+            raise ConfigError(
+                f"the cache root {root} is inside {option} {folder}; gpufeed never writes into your folders: set "
+                "--cache-dir or GPUFEED_CACHE_DIR to a place outside it"
+            )
 
 
 def load_data(args: argparse.Namespace, train: bool = True, transform: Any = None, announce: bool = True) -> Any:

@@ -75,6 +75,15 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--num-workers", type=count, default=None, help="DataLoader workers (torch and pretransform loaders)"
     )
+    p.add_argument(
+        "--store",
+        choices=["auto", "pixels", "jpeg"],
+        default="auto",
+        help="image folders: keep decoded pixels or the files' bytes (accelerate's store=)",
+    )
+    p.add_argument(
+        "--max-side", type=positive, default=None, help="image folders: downscale the pixel store once (max_side=)"
+    )
     p.add_argument("--amp", choices=["off", "fp16", "bf16"], default="off")
     p.add_argument("--channels-last", action="store_true")
     p.add_argument("--cuda-graphs", action="store_true", help="capture forward, backward and step in a CUDA graph")
@@ -110,6 +119,8 @@ def config_from(args: argparse.Namespace, **overrides: object) -> Any:
         download=args.download,
         val_data=args.val_data,
         image_size=args.image_size,
+        store=args.store,
+        max_side=args.max_side,
     )
     fields.update(overrides)
     return TrainConfig(**fields)

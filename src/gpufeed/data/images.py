@@ -81,16 +81,26 @@ def folder_splits(data: str, val_data: str | None, image_size: int, seed: int = 
         )
     if (root / "meta" / "train.json").is_file() and (root / "images").is_dir():
         return _food101(root, val_data, train_tf, eval_tf)
-    train_dir, val_dir = root, None
-    if (root / "train").is_dir():
+    train_dir, val_dir, val_option = root, None, "--val-data"
+    if _is_split_layout(root):
         train_dir = root / "train"
         val_dir = next((root / n for n in VAL_NAMES if (root / n).is_dir()), None)
+        val_option = f"the validation folder found beside {train_dir}"
     if val_data is not None:
-        val_dir = Path(val_data).expanduser()
+        val_dir, val_option = Path(val_data).expanduser(), "--val-data"
         if not val_dir.is_dir():
             raise ConfigError(f"--val-data {val_data}: no such folder")
+        if val_dir.resolve() == train_dir.resolve():
+            raise ConfigError(
+                f"--val-data {val_data} is the training folder: accuracy on it says nothing; give another"
+            )
     train = _image_folder(train_dir, train_tf, "--data")
-    val = _image_folder(val_dir, eval_tf, "--val-data") if val_dir is not None else None
+    if len(train.classes) < 2:
+        raise DataError(
+            f"--data {data}: {train_dir} holds one class folder ({train.classes[0]!r}), so every label would be the "
+            f"same; if the classes are one level down, give --data {train_dir / train.classes[0]}"
+        )
+    val = _image_folder(val_dir, eval_tf, val_option) if val_dir is not None else None
     if val is not None and val.classes != train.classes:
         only_train = sorted(set(train.classes) - set(val.classes))[:5]
         only_val = sorted(set(val.classes) - set(train.classes))[:5]
@@ -100,6 +110,15 @@ def folder_splits(data: str, val_data: str | None, image_size: int, seed: int = 
         )
     held = f", validation {val_dir}" if val_dir is not None else " (no validation folder: accuracy not measured)"
     return train, val, f"image folder {train_dir}{held}"
+
+
+def _is_split_layout(root: Path) -> bool:
+    """``root/train`` beside its validation folder, not a class that happens to be called "train" (CIFAR-100 has
+    one): every subfolder of ``root`` is named as a split."""
+    if not (root / "train").is_dir():
+        return False
+    folders = {p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")}
+    return folders <= {"train", *VAL_NAMES}
 
 
 def _image_folder(path: Path, transform: Any, option: str) -> Any:

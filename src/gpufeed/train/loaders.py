@@ -119,6 +119,8 @@ def make_train_loader(
     drop_last: bool = True,
     dtype: torch.dtype = torch.float32,
     channels_last: bool = False,
+    store: str = "auto",
+    max_side: int | None = None,
 ) -> Any:
     """A loader of ``kind`` over ``dataset`` (whose transform is the training transform), yielding device batches."""
     workers = default_workers() if num_workers is None else num_workers
@@ -160,6 +162,8 @@ def make_train_loader(
             channels_last=channels_last,
             cache="auto" if folder else False,  # a folder's decoded images are kept in gpufeed's cache directory
             progress=False,
+            store=store,
+            max_side=max_side,
         )
 
     if kind == "torch":

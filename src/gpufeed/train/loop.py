@@ -60,6 +60,8 @@ class TrainConfig:
     download: bool = False
     val_data: str | None = None  # an image folder's validation split, when --data is the training one
     image_size: int | None = None  # image folders: the recipes' size (default 224); CIFAR-10 is 32
+    store: str = "auto"  # image folders: accelerate(store=...): "auto", "pixels" or "jpeg"
+    max_side: int | None = None  # image folders: accelerate(max_side=...)
     progress: bool = True
 
     def __post_init__(self) -> None:
@@ -72,6 +74,8 @@ class TrainConfig:
                 raise ConfigError("val_data (--val-data) goes with an image folder; CIFAR-10 has its own test split")
             if self.model not in MODELS:
                 raise ConfigError(f"model={self.model!r} is not one of {sorted(MODELS)} (the CIFAR-10 models)")
+            if self.store != "auto" or self.max_side is not None:
+                raise ConfigError("store and max_side (--store, --max-side) apply to image folders, not CIFAR-10")
         else:
             if self.model not in FOLDER_MODELS:
                 raise ConfigError(
@@ -183,6 +187,8 @@ def prepare(cfg: TrainConfig, datasets: tuple[Any, Any] | None = None) -> Prepar
         cfg.seed,
         num_workers=cfg.num_workers,
         channels_last=cfg.channels_last,
+        store=cfg.store,
+        max_side=cfg.max_side,
     )
     # even=False: every test image scored exactly once across ranks (even=True would pad with repeats).
     test_loader = None

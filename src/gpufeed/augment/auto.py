@@ -1,0 +1,344 @@
+"""AutoAugment, RandAugment and TrivialAugmentWide, batched: one op per sample, each op run once per batch.
+
+torchvision draws, per image, which op to apply and at which magnitude and sign, then runs that
+op's tensor kernel on the one image. Here every sample draws the same way (same op table, same
+magnitude bins, same signs; from the loader's generator), then the batch is split by op and each
+op runs once on its subset: the geometric ones (shear, translate, rotate) in one ``grid_sample``
+with a matrix per sample, the colour ones with a factor per sample. Given the same op and
+magnitude, each kernel follows torchvision's tensor kernel (``transforms.functional``) step for
+step -- the same inverse affine matrix and sampling grid, the same blend, blur, histogram and
+look-up table -- so uint8 outputs are equal (tests/augment/test_auto.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as nnf
+
+from ..errors import ConfigError
+from .color import _blend, adjust_brightness, adjust_contrast, adjust_saturation
+from .transforms import BatchTransform, Params
+
+__all__ = ["OPS", "AutoAugment", "RandAugment", "TrivialAugmentWide", "apply_op", "policies"]
+
+# torchvision's op order (its _augmentation_space keys); AutoAugment's policies add Invert.
+OPS = (
+    "Identity",
+    "ShearX",
+    "ShearY",
+    "TranslateX",
+    "TranslateY",
+    "Rotate",
+    "Brightness",
+    "Color",
+    "Contrast",
+    "Sharpness",
+    "Posterize",
+    "Solarize",
+    "AutoContrast",
+    "Equalize",
+    "Invert",
+)
+_GEOMETRIC = ("ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate")
+_SIGNED = (*_GEOMETRIC, "Brightness", "Color", "Contrast", "Sharpness")
+
+
+def _space(kind: str, bins: int, height: int, width: int) -> dict[str, torch.Tensor]:
+    """Each op's magnitudes by bin, as torchvision's ``_augmentation_space`` builds them (float32 values)."""
+    wide = kind == "wide"  # TrivialAugmentWide's wider ranges; RandAugment and AutoAugment share theirs
+    lin = lambda hi: torch.linspace(0.0, hi, bins)  # noqa: E731
+    space = {
+        "ShearX": lin(0.99 if wide else 0.3),
+        "ShearY": lin(0.99 if wide else 0.3),
+        "TranslateX": lin(32.0 if wide else 150.0 / 331.0 * width),
+        "TranslateY": lin(32.0 if wide else 150.0 / 331.0 * height),
+        "Rotate": lin(135.0 if wide else 30.0),
+        "Brightness": lin(0.99 if wide else 0.9),
+        "Color": lin(0.99 if wide else 0.9),
+        "Contrast": lin(0.99 if wide else 0.9),
+        "Sharpness": lin(0.99 if wide else 0.9),
+        "Posterize": (8 - (torch.arange(bins) / ((bins - 1) / (6 if wide else 4))).round().int()).float(),
+        "Solarize": torch.linspace(255.0, 0.0, bins),
+    }
+    return space
+
+
+def _table(kind: str, bins: int, height: int, width: int, ops: tuple[str, ...]) -> torch.Tensor:
+    """``(len(ops), bins)`` float64 magnitudes (0 for the ops without one)."""
+    space = _space(kind, bins, height, width)
+    rows = [space[name].double() if name in space else torch.zeros(bins, dtype=torch.float64) for name in ops]
+    return torch.stack(rows)
+
+
+def _matrices(op: torch.Tensor, mag: torch.Tensor, height: int, width: int) -> torch.Tensor:
+    """``(N, 6)`` float32 inverse affine matrices torchvision's ``F.affine`` / ``F.rotate`` build for each
+    sample's geometric op (``_get_inverse_affine_matrix``, in float64 as its Python floats are)."""
+    zeros = torch.zeros_like(mag)
+    is_ = lambda name: op == OPS.index(name)  # noqa: E731
+    # ShearX/Y: shear = degrees(atan(m)), centre [0, 0] (the top-left corner); Rotate: angle -m, image centre.
+    shear = torch.rad2deg(torch.atan(mag))
+    sx = torch.deg2rad(torch.where(is_("ShearX"), shear, zeros))
+    sy = torch.deg2rad(torch.where(is_("ShearY"), shear, zeros))
+    rot = torch.deg2rad(torch.where(is_("Rotate"), -mag, zeros))
+    tx = torch.where(is_("TranslateX"), torch.trunc(mag), zeros)  # int(magnitude)
+    ty = torch.where(is_("TranslateY"), torch.trunc(mag), zeros)
+    corner = is_("ShearX") | is_("ShearY")
+    cx = torch.where(corner, zeros - width * 0.5, zeros)
+    cy = torch.where(corner, zeros - height * 0.5, zeros)
+    a = torch.cos(rot - sy) / torch.cos(sy)
+    b = -torch.cos(rot - sy) * torch.tan(sx) / torch.cos(sy) - torch.sin(rot)
+    c = torch.sin(rot - sy) / torch.cos(sy)
+    d = -torch.sin(rot - sy) * torch.tan(sx) / torch.cos(sy) + torch.cos(rot)
+    m = [d, -b, zeros, -c, a, zeros]  # scale 1: no division
+    m[2] = m[2] + m[0] * (-cx - tx) + m[1] * (-cy - ty)
+    m[5] = m[5] + m[3] * (-cx - tx) + m[4] * (-cy - ty)
+    m[2] = m[2] + cx
+    m[5] = m[5] + cy
+    return torch.stack(m, 1).to(torch.float32)
+
+
+def affine_nearest(x: torch.Tensor, matrices: torch.Tensor, fill: tuple[float, ...] | None) -> torch.Tensor:
+    """Each image resampled through its inverse affine matrix (nearest), as torchvision's tensor ``affine``."""
+    n, c, h, w = x.shape
+    dev = x.device
+    theta = matrices.view(n, 2, 3)
+    base = torch.empty(1, h, w, 3, dtype=torch.float32, device=dev)
+    base[..., 0].copy_(torch.linspace(-w * 0.5 + 0.5, w * 0.5 + 0.5 - 1, steps=w, device=dev))
+    base[..., 1].copy_(torch.linspace(-h * 0.5 + 0.5, h * 0.5 + 0.5 - 1, steps=h, device=dev).unsqueeze_(-1))
+    base[..., 2].fill_(1)
+    rescaled = theta.transpose(1, 2) / torch.tensor([0.5 * w, 0.5 * h], dtype=torch.float32, device=dev)
+    grid = base.view(1, h * w, 3).expand(n, h * w, 3).bmm(rescaled).view(n, h, w, 2)
+    img = x.to(torch.float32) if not x.dtype.is_floating_point else x
+    if fill is not None:
+        img = torch.cat((img, torch.ones((n, 1, h, w), dtype=img.dtype, device=dev)), dim=1)
+    out = nnf.grid_sample(img, grid, mode="nearest", padding_mode="zeros", align_corners=False)
+    if fill is not None:
+        mask = out[:, -1:] < 0.5
+        out = out[:, :-1]
+        values = torch.tensor(fill if len(fill) > 1 else fill * c, dtype=out.dtype, device=dev).view(1, c, 1, 1)
+        out = torch.where(mask, values, out)
+    if x.dtype.is_floating_point:
+        return out
+    return out.round_().to(x.dtype)
+
+
+def _sharpness(x: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
+    if x.shape[-1] <= 2 or x.shape[-2] <= 2:
+        return x
+    work = x.dtype if x.dtype.is_floating_point else torch.float32
+    kernel = torch.ones((3, 3), dtype=work, device=x.device)
+    kernel[1, 1] = 5.0
+    kernel /= kernel.sum()
+    kernel = kernel.expand(x.shape[1], 1, 3, 3)
+    blurred = nnf.conv2d(x.to(work), kernel, groups=x.shape[1])
+    if not x.dtype.is_floating_point:
+        blurred = blurred.round_()
+    degenerate = x.clone()
+    degenerate[..., 1:-1, 1:-1] = blurred.to(x.dtype)
+    return _blend(x, degenerate, factor)
+
+
+def _posterize(x: torch.Tensor, bits: torch.Tensor) -> torch.Tensor:
+    mask = (-(2 ** (8 - bits.long()))).to(torch.int64) & 0xFF  # torchvision: img & -int(2 ** (8 - bits))
+    return x & mask.to(torch.uint8).view(-1, 1, 1, 1)
+
+
+def _solarize(x: torch.Tensor, threshold: torch.Tensor) -> torch.Tensor:
+    bound = 255 if x.dtype == torch.uint8 else 1.0
+    return torch.where(x >= threshold.to(torch.float32).view(-1, 1, 1, 1), bound - x, x)
+
+
+def _autocontrast(x: torch.Tensor) -> torch.Tensor:
+    bound = 255.0 if x.dtype == torch.uint8 else 1.0
+    work = x.dtype if x.dtype.is_floating_point else torch.float32
+    low = x.amin(dim=(-2, -1), keepdim=True).to(work)
+    high = x.amax(dim=(-2, -1), keepdim=True).to(work)
+    scale = bound / (high - low)
+    flat = ~torch.isfinite(scale)
+    low, scale = low.masked_fill(flat, 0), scale.masked_fill(flat, 1)
+    return ((x - low) * scale).clamp(0, bound).to(x.dtype)
+
+
+def _equalize(x: torch.Tensor) -> torch.Tensor:
+    """torchvision's per-channel equalisation (``_scale_channel``) for every image and channel at once."""
+    n, c, h, w = x.shape
+    flat = x.reshape(n * c, h * w).long()
+    hist = torch.zeros(n * c, 256, dtype=torch.int64, device=x.device).scatter_add_(1, flat, torch.ones_like(flat))
+    top = hist.gather(1, flat.amax(1, keepdim=True))  # the last non-zero bin's count
+    step = torch.div(h * w - top, 255, rounding_mode="floor")  # sum of the non-zero bins but the last, // 255
+    safe = step.clamp(min=1)
+    lut = torch.div(torch.cumsum(hist, 1) + torch.div(safe, 2, rounding_mode="floor"), safe, rounding_mode="floor")
+    lut = nnf.pad(lut, [1, 0])[:, :-1].clamp(0, 255)
+    out = torch.where(step == 0, flat, lut.gather(1, flat))
+    return out.to(torch.uint8).view(n, c, h, w)
+
+
+def apply_op(
+    x: torch.Tensor, op: torch.Tensor, magnitude: torch.Tensor, fill: float | tuple[float, ...] | None = None
+) -> torch.Tensor:
+    """``x`` with op ``OPS[op[i]]`` at ``magnitude[i]`` (signed, as torchvision passes it) on each sample ``i``;
+    each op runs once, on the samples that drew it. ``fill``: the geometric ops' outside (None: zeros)."""
+    fill = _fill(fill)
+    out = x.clone()
+    present = set(torch.unique(op).tolist()) if op.numel() else set()  # one host read per round
+    geometric = [OPS.index(name) for name in _GEOMETRIC if OPS.index(name) in present]
+    if geometric:
+        idx = torch.isin(op, torch.tensor(geometric, device=op.device)).nonzero().flatten()
+        m = _matrices(op[idx], magnitude[idx], x.shape[2], x.shape[3])
+        out[idx] = affine_nearest(x[idx], m, fill)
+    for k in sorted(present - set(geometric) - {OPS.index("Identity")}):
+        idx = (op == k).nonzero().flatten()
+        part, mag = x[idx], magnitude[idx]
+        name = OPS[k]
+        if name == "Brightness":
+            part = adjust_brightness(part, 1.0 + mag)
+        elif name == "Color":
+            part = adjust_saturation(part, 1.0 + mag)
+        elif name == "Contrast":
+            part = adjust_contrast(part, 1.0 + mag)
+        elif name == "Sharpness":
+            part = _sharpness(part, 1.0 + mag)
+        elif name == "Posterize":
+            part = _posterize(part, mag)
+        elif name == "Solarize":
+            part = _solarize(part, mag)
+        elif name == "AutoContrast":
+            part = _autocontrast(part)
+        elif name == "Equalize":
+            part = _equalize(part)
+        elif name == "Invert":
+            part = (255 if x.dtype == torch.uint8 else 1.0) - part
+        out[idx] = part
+    return out
+
+
+def _check_uint8(x: torch.Tensor, op: str) -> None:
+    if x.dtype != torch.uint8:
+        raise ConfigError(
+            f"{op} runs on uint8 images, as torchvision's tensor kernels require (posterize and equalize are "
+            f"defined on 0-255 levels); this batch is {x.dtype}: put it before ToTensor/ToDtype"
+        )
+
+
+def _fill(fill: Any) -> tuple[float, ...] | None:
+    if fill is None:
+        return None
+    return (float(fill),) if isinstance(fill, (int, float)) else tuple(float(v) for v in fill)
+
+
+def _signs(n: int, ops: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """-1 or +1 per sample (a fair coin, drawn for every sample), +1 for the ops without a sign."""
+    coin = torch.randint(2, (n,), generator=generator, device=ops.device)
+    signed = torch.isin(ops, torch.tensor([OPS.index(s) for s in _SIGNED], device=ops.device))
+    return torch.where(signed & (coin == 1), -1.0, 1.0).to(torch.float64)
+
+
+@dataclass(frozen=True)
+class TrivialAugmentWide(BatchTransform):
+    """torchvision's ``TrivialAugmentWide``: per sample one of 14 ops, a uniform magnitude bin and sign."""
+
+    num_magnitude_bins: int = 31
+    fill: float | tuple[float, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.num_magnitude_bins < 2:
+            raise ConfigError(f"num_magnitude_bins={self.num_magnitude_bins} must be >= 2")
+        object.__setattr__(self, "fill", _fill(self.fill))
+
+    def sample(self, x: torch.Tensor, generator: torch.Generator) -> Params:
+        _check_uint8(x, "TrivialAugmentWide")
+        n, dev = x.shape[0], x.device
+        op = torch.randint(14, (n,), generator=generator, device=dev)
+        bins = torch.randint(self.num_magnitude_bins, (n,), generator=generator, device=dev)
+        table = _table("wide", self.num_magnitude_bins, x.shape[2], x.shape[3], OPS[:14]).to(dev)
+        return {"op": op, "magnitude": table[op, bins] * _signs(n, op, generator)}
+
+    def apply(self, x: torch.Tensor, params: Params) -> torch.Tensor:
+        return apply_op(x, params["op"], params["magnitude"], self.fill)
+
+
+@dataclass(frozen=True)
+class RandAugment(BatchTransform):
+    """torchvision's ``RandAugment``: ``num_ops`` rounds, each a uniform op of 14 per sample at bin
+    ``magnitude`` of ``num_magnitude_bins``, with a random sign."""
+
+    num_ops: int = 2
+    magnitude: int = 9
+    num_magnitude_bins: int = 31
+    fill: float | tuple[float, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.num_ops < 0 or not 0 <= self.magnitude < self.num_magnitude_bins:
+            raise ConfigError(
+                f"num_ops={self.num_ops} must be >= 0 and magnitude={self.magnitude} a bin in "
+                f"[0, num_magnitude_bins={self.num_magnitude_bins})"
+            )
+        object.__setattr__(self, "fill", _fill(self.fill))
+
+    def sample(self, x: torch.Tensor, generator: torch.Generator) -> Params:
+        _check_uint8(x, "RandAugment")
+        n, dev = x.shape[0], x.device
+        table = _table("rand", self.num_magnitude_bins, x.shape[2], x.shape[3], OPS[:14]).to(dev)
+        rounds = []
+        for _ in range(self.num_ops):
+            op = torch.randint(14, (n,), generator=generator, device=dev)
+            rounds.append((op, table[op, self.magnitude] * _signs(n, op, generator)))
+        return {"rounds": rounds}
+
+    def apply(self, x: torch.Tensor, params: Params) -> torch.Tensor:
+        for op, magnitude in params["rounds"]:
+            x = apply_op(x, op, magnitude, self.fill)
+        return x
+
+
+def policies(policy: str) -> tuple[tuple[tuple[str, float, int | None], ...], ...]:
+    """AutoAugment's learned sub-policies for ``policy`` ("imagenet", "cifar10", "svhn"), read from torchvision
+    (``((op, probability, magnitude bin), (op, probability, magnitude bin)), ...``)."""
+    from torchvision.transforms import AutoAugment as TVAutoAugment
+    from torchvision.transforms import AutoAugmentPolicy
+
+    names = [p.value for p in AutoAugmentPolicy]
+    if policy not in names:
+        raise ConfigError(f"policy={policy!r} must be one of {names}")
+    return tuple(tuple(tuple(step) for step in sub) for sub in TVAutoAugment(AutoAugmentPolicy(policy)).policies)
+
+
+@dataclass(frozen=True)
+class AutoAugment(BatchTransform):
+    """torchvision's ``AutoAugment``: per sample one of the policy's sub-policies (uniform), each of its two
+    ops applied with its probability, at its magnitude bin of 10, with a random sign."""
+
+    policy: str = "imagenet"
+    fill: float | tuple[float, ...] | None = None
+    _rows: Any = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        pol = policies(self.policy)
+        object.__setattr__(self, "fill", _fill(self.fill))
+        ops = torch.tensor([[OPS.index(step[0]) for step in sub] for sub in pol])  # (P, 2)
+        probs = torch.tensor([[step[1] for step in sub] for sub in pol], dtype=torch.float64)
+        bins = torch.tensor([[step[2] if step[2] is not None else 0 for step in sub] for sub in pol])
+        object.__setattr__(self, "_rows", (ops, probs, bins))
+
+    def sample(self, x: torch.Tensor, generator: torch.Generator) -> Params:
+        _check_uint8(x, "AutoAugment")
+        n, dev = x.shape[0], x.device
+        ops, probs, bins = (t.to(dev) for t in self._rows)
+        table = _table("auto", 10, x.shape[2], x.shape[3], OPS).to(dev)
+        which = torch.randint(len(ops), (n,), generator=generator, device=dev)
+        chance = torch.rand((n, 2), generator=generator, device=dev, dtype=torch.float64)
+        rounds = []
+        for j in range(2):
+            op = ops[which, j]
+            magnitude = table[op, bins[which, j]] * _signs(n, op, generator)
+            apply = chance[:, j] <= probs[which, j]  # torchvision: if probs[i] <= p
+            rounds.append((torch.where(apply, op, 0), torch.where(apply, magnitude, 0.0)))
+        return {"rounds": rounds}
+
+    def apply(self, x: torch.Tensor, params: Params) -> torch.Tensor:
+        for op, magnitude in params["rounds"]:
+            x = apply_op(x, op, magnitude, self.fill)
+        return x

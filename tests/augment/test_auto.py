@@ -1,0 +1,178 @@
+"""AutoAugment, RandAugment, TrivialAugmentWide batched: each op equals torchvision's tensor kernel given the
+same op and magnitude, and the ops, magnitudes and signs are drawn with torchvision's distribution."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torchvision.transforms as T
+from torchvision.transforms import InterpolationMode
+from torchvision.transforms.autoaugment import _apply_op
+
+from gpufeed.augment.auto import OPS, AutoAugment, RandAugment, TrivialAugmentWide, _table, apply_op, policies
+
+from stats import chi_square_p_value
+
+
+def _images(n: int, h: int, w: int, seed: int = 0) -> torch.Tensor:
+    """Noise, flat images and dark ones: flat channels exercise autocontrast's and equalize's edge cases."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(0, 256, (n, 3, h, w), dtype=torch.uint8, generator=g)
+    x[1] = 77  # one flat image
+    x[2] //= 8  # a dark one
+    x[3, 0] = 200  # one flat channel
+    return x
+
+
+def _magnitudes(kind: str, name: str, h: int, w: int, bins: int) -> list[float]:
+    row = _table(kind, bins, h, w, OPS)[OPS.index(name)]
+    values = sorted(set(row.tolist()))
+    signed = name in (
+        "ShearX",
+        "ShearY",
+        "TranslateX",
+        "TranslateY",
+        "Rotate",
+        "Brightness",
+        "Color",
+        "Contrast",
+        "Sharpness",
+    )
+    return values + [-v for v in values if v] if signed else values
+
+
+@pytest.mark.parametrize("size", [(32, 32), (24, 40)])
+@pytest.mark.parametrize("fill", [None, (10.0, 20.0, 30.0)])
+@pytest.mark.parametrize("name", OPS)
+def test_each_op_equals_torchvisions_tensor_kernel_at_every_magnitude(name, size, fill):
+    h, w = size
+    mags = sorted(set(_magnitudes("wide", name, h, w, 31) + _magnitudes("rand", name, h, w, 31)))
+    mags = (mags * 8)[: max(8, len(mags))]  # at least the 8 kinds of image, for the ops without a magnitude
+    x = _images(len(mags), h, w)
+    op = torch.full((len(mags),), OPS.index(name))
+    got = apply_op(x, op, torch.tensor(mags, dtype=torch.float64), fill)
+    tv_fill = list(fill) if fill is not None else None
+    for i, m in enumerate(mags):
+        want = _apply_op(x[i], name, m, interpolation=InterpolationMode.NEAREST, fill=tv_fill)
+        assert torch.equal(got[i], want), (name, m, (got[i].int() - want.int()).abs().max())
+
+
+def test_a_batch_of_mixed_ops_equals_torchvision_sample_by_sample():
+    x = _images(64, 32, 32, seed=1)
+    g = torch.Generator().manual_seed(5)
+    ta = TrivialAugmentWide()
+    params = ta.sample(x, g)
+    got = ta.apply(x, params)
+    for i in range(64):
+        name, m = OPS[int(params["op"][i])], float(params["magnitude"][i])
+        assert torch.equal(got[i], _apply_op(x[i], name, m, InterpolationMode.NEAREST, None)), (i, name, m)
+
+
+def test_autoaugment_uses_torchvisions_policies():
+    for policy in ("imagenet", "cifar10", "svhn"):
+        tv = T.AutoAugment(T.AutoAugmentPolicy(policy))
+        assert [tuple(tuple(s) for s in sub) for sub in tv.policies] == [tuple(sub) for sub in policies(policy)]
+        ours = AutoAugment(policy)
+        x = _images(16, 32, 32)
+        out = ours(x, generator=torch.Generator().manual_seed(0))
+        assert out.shape == x.shape and out.dtype == torch.uint8
+
+
+def test_float_batches_are_refused_with_the_fix():
+    from gpufeed.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="uint8 images.*put it before ToTensor"):
+        RandAugment()(torch.rand(2, 3, 8, 8), generator=torch.Generator())
+
+
+DRAWS = 20_000  # per distribution test; fixed seeds and a 1e-3 significance (tests/stats.py)
+
+
+def test_trivial_augment_draws_ops_bins_and_signs_uniformly():
+    x = torch.zeros(DRAWS, 3, 2, 2, dtype=torch.uint8)
+    ta = TrivialAugmentWide(num_magnitude_bins=31)
+    p = ta.sample(x, torch.Generator().manual_seed(0))
+    op, mag = p["op"], p["magnitude"]
+    assert chi_square_p_value(torch.bincount(op, minlength=14)) > 1e-3
+    table = _table("wide", 31, 2, 2, OPS)
+    rotate = op == OPS.index("Rotate")  # 0..135 degrees in 31 bins, either sign
+    bins = (mag[rotate].abs()[:, None] - table[OPS.index("Rotate")][None]).abs().argmin(1)
+    assert chi_square_p_value(torch.bincount(bins, minlength=31)) > 1e-3
+    signed = torch.isin(op, torch.tensor([OPS.index(n) for n in ("ShearX", "Brightness", "Sharpness")]))
+    negative = int((mag[signed] < 0).sum())
+    nonzero = int((mag[signed] != 0).sum())  # bin 0 is magnitude 0: no sign
+    assert abs(negative - nonzero / 2) < 3.3 * (nonzero / 4) ** 0.5  # a fair coin, z < 3.3 (p ~ 1e-3)
+    posterize = mag[op == OPS.index("Posterize")]
+    assert set(posterize.tolist()) <= set(range(2, 9)) and float(posterize.min()) == 2.0
+
+
+def test_rand_augment_rounds_draw_ops_uniformly_at_the_fixed_magnitude():
+    x = torch.zeros(DRAWS, 3, 2, 2, dtype=torch.uint8)
+    ra = RandAugment(num_ops=2, magnitude=9)
+    rounds = ra.sample(x, torch.Generator().manual_seed(1))["rounds"]
+    assert len(rounds) == 2
+    for op, mag in rounds:
+        assert chi_square_p_value(torch.bincount(op, minlength=14)) > 1e-3
+        rot = mag[op == OPS.index("Rotate")]
+        assert set(rot.abs().tolist()) == {9.0} and 0.45 < float((rot < 0).double().mean()) < 0.55
+    assert float((rounds[0][0] == rounds[1][0]).double().mean()) == pytest.approx(1 / 14, abs=0.01)  # independent
+
+
+def test_autoaugment_picks_sub_policies_uniformly_and_applies_each_step_with_its_probability():
+    x = torch.zeros(DRAWS, 3, 4, 4, dtype=torch.uint8)
+    aa = AutoAugment("cifar10")
+    rounds = aa.sample(x, torch.Generator().manual_seed(2))["rounds"]
+    pol = policies("cifar10")
+    # ("Invert", 0.1) is the first step of sub-policy 0 only; ("Sharpness", 0.8, 1) of sub-policy 2 only.
+    applied_invert = float((rounds[0][0] == OPS.index("Invert")).double().mean())
+    assert applied_invert == pytest.approx(0.1 / len(pol), abs=3.3 * (0.004 / DRAWS) ** 0.5)
+    sharp_first = rounds[0][0] == OPS.index("Sharpness")  # sub-policies 2 (p 0.8) and 9... first steps
+    expected = sum(p for (name, p, _), _ in pol if name == "Sharpness") / len(pol)
+    assert float(sharp_first.double().mean()) == pytest.approx(expected, abs=0.01)
+
+
+def _varied(n: int, seed: int = 0):
+    """CIFAR-shaped images with structure: a gradient at a random contrast and level, plus noise (pure noise
+    would hide what autocontrast, equalize or a shear do to an image's statistics)."""
+    import numpy as np
+
+    from fakes import cifar_like
+
+    rng = np.random.default_rng(seed)
+    ramp = np.linspace(0, 1, 32)[None, :, None, None] * np.linspace(0.2, 1, 32)[None, None, :, None]
+    level = rng.uniform(20, 160, (n, 1, 1, 3))
+    span = rng.uniform(10, 90, (n, 1, 1, 3))
+    data = level + span * ramp + rng.normal(0, 6, (n, 32, 32, 3))
+    ds = cifar_like(n, seed=seed)
+    ds.data = np.clip(data, 0, 255).astype(np.uint8)
+    return ds
+
+
+def _summaries(out: torch.Tensor, before: torch.Tensor) -> dict[str, torch.Tensor]:
+    changed = (out - before).abs().flatten(1) > 0.5 / 255
+    return {"mean": out.mean((1, 2, 3)), "std": out.std((1, 2, 3)), "changed": changed.double().mean(1)}
+
+
+@pytest.mark.parametrize(
+    "op",
+    [T.TrivialAugmentWide(), T.RandAugment(), T.AutoAugment(T.AutoAugmentPolicy.CIFAR10), T.AutoAugment()],
+    ids=["TrivialAugmentWide", "RandAugment", "AutoAugment-cifar10", "AutoAugment-imagenet"],
+)
+def test_a_recipe_is_batched_without_fallback_and_its_outputs_are_distributed_as_torchvisions(op):
+    import gpufeed as gf
+
+    from stats import ks_critical, ks_statistic
+
+    n = 3000
+    recipe = T.Compose([T.PILToTensor(), op, T.ConvertImageDtype(torch.float32)])
+    ds = _varied(n)
+    ds.transform = recipe
+    loader = gf.accelerate(ds, batch_size=500, shuffle=False, device="cpu", cache=False, progress=False, seed=3)
+    assert loader.plan.storage != "fallback" and any(type(op).__name__ in b for b in loader.plan.batched)
+    ours = torch.cat([x for x, _ in loader])
+    before = torch.from_numpy(ds.data).permute(0, 3, 1, 2).float() / 255
+    torch.manual_seed(3)
+    theirs = torch.stack([ds[i][0] for i in range(n)])
+    a, b = _summaries(ours, before), _summaries(theirs, before)
+    for key in a:
+        assert ks_statistic(a[key], b[key]) < ks_critical(n, n), key

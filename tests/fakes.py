@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import torch
 from PIL import Image
 from torchvision.datasets import CIFAR10, ImageFolder
 from torchvision.datasets.vision import VisionDataset
@@ -62,3 +63,23 @@ def user_folder(root: Path) -> Path:
     (root / "photos" / "notes.txt").write_text("do not lose me\n")
     (root / "photos" / ".hidden").write_bytes(bytes(range(256)))
     return root / "photos"
+
+
+def varied_cifar(n: int, seed: int = 0):
+    """CIFAR-shaped images with structure: a gradient at a random contrast and level, plus noise (pure noise
+    would hide what autocontrast, equalize or a shear do to an image's statistics)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    ramp = np.linspace(0, 1, 32)[None, :, None, None] * np.linspace(0.2, 1, 32)[None, None, :, None]
+    level = rng.uniform(20, 160, (n, 1, 1, 3))
+    span = rng.uniform(10, 90, (n, 1, 1, 3))
+    data = level + span * ramp + rng.normal(0, 6, (n, 32, 32, 3))
+    ds = cifar_like(n, seed=seed)
+    ds.data = np.clip(data, 0, 255).astype(np.uint8)
+    return ds
+
+
+def image_summaries(out: torch.Tensor, before: torch.Tensor) -> dict[str, torch.Tensor]:
+    changed = (out - before).abs().flatten(1) > 0.5 / 255
+    return {"mean": out.mean((1, 2, 3)), "std": out.std((1, 2, 3)), "changed": changed.double().mean(1)}

@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from . import augment as A
+from .augment import random_ops as R
 from .errors import ConfigError, UnsupportedTransformError
 
 __all__ = ["CACHEABLE", "CONVERTERS", "PIL_BOUNDS", "Plan", "Split", "build_batched", "kind", "split_transform"]
@@ -149,6 +150,15 @@ AUTO_PIL_NOTE = (
 )
 
 
+# v2's kernels against v1's (which gpufeed batches) on uint8 tensors: equal for the geometric ops, blur,
+# equalize, sharpness, solarize, posterize, grayscale and brightness; within 1 level for autocontrast,
+# contrast and saturation (measured on random 20x28 images).
+V2_LEVEL_NOTE = (
+    "v2's {name} computes autocontrast, contrast and saturation with kernels that round differently from v1's, "
+    "which gpufeed batches: within 1 intensity level (measured); its other ops are equal"
+)
+
+
 def _auto_augment(op: Any, s: _State) -> A.BatchTransform:
     name = type(op).__name__
     mode = getattr(op.interpolation, "value", op.interpolation)
@@ -174,7 +184,93 @@ def _auto_augment(op: Any, s: _State) -> A.BatchTransform:
         out = A.AutoAugment(getattr(op.policy, "value", op.policy), fill)
     if s.pil:
         s.notes.append(f"{name} {AUTO_PIL_NOTE}")
+    elif _is_v2(op):
+        s.notes.append(V2_LEVEL_NOTE.format(name=name))
     return out
+
+
+def _pil_note(op: Any, s: _State) -> None:
+    if s.pil:
+        s.notes.append(
+            f"{type(op).__name__} runs on PIL images in your pipeline, through PIL's kernels; gpufeed batches "
+            "torchvision's tensor kernels, whose difference to PIL's is not measured for this op yet: put "
+            "PILToTensor before it to train on exactly what gpufeed computes"
+        )
+
+
+def _interpolation(op: Any) -> str:
+    mode = getattr(op.interpolation, "value", op.interpolation)
+    if mode not in ("nearest", "bilinear"):
+        raise UnsupportedTransformError(
+            f"{op!r}: gpufeed batches {type(op).__name__} with nearest or bilinear interpolation, not {mode!r}; "
+            "pass fallback='prefetch' to run it per sample"
+        )
+    return str(mode)
+
+
+def _geometric_fill(op: Any, s: _State) -> float | tuple[float, ...]:
+    fill = _fill(op.fill, s)
+    return fill if fill is not None else 0.0
+
+
+def _rotation(op: Any, s: _State) -> A.BatchTransform:
+    if op.expand:
+        raise UnsupportedTransformError(
+            f"{op!r}: expand=True gives every angle its own output size; gpufeed batches expand=False"
+        )
+    _pil_note(op, s)
+    center = tuple(float(c) for c in op.center) if op.center is not None else None
+    return R.RandomRotation(tuple(op.degrees), _interpolation(op), center, _geometric_fill(op, s))  # type: ignore[arg-type]
+
+
+def _affine(op: Any, s: _State) -> A.BatchTransform:
+    _pil_note(op, s)
+    center = tuple(float(c) for c in op.center) if op.center is not None else None
+    shear = tuple(op.shear) if op.shear is not None else None
+    return R.RandomAffine(
+        tuple(op.degrees),
+        tuple(op.translate) if op.translate is not None else None,
+        tuple(op.scale) if op.scale is not None else None,
+        shear,
+        _interpolation(op),
+        _geometric_fill(op, s),
+        center,  # type: ignore[arg-type]
+    )
+
+
+def _inner(op: Any, s: _State) -> tuple[A.BatchTransform, ...]:
+    """A container's ops, converted in the state they run in (they may not change the image's size)."""
+    out = []
+    for inner in op.transforms:
+        name = kind(inner)
+        if name not in CONVERTERS:
+            raise UnsupportedTransformError(
+                f"{type(op).__name__} holds {inner!r}, which gpufeed does not batch; pass fallback='prefetch'"
+            )
+        converted = CONVERTERS[name](inner, s)
+        if converted is not None:
+            out.append(converted)
+    return tuple(out)
+
+
+def _per_sample(cls: Any, *fields: str) -> Callable[[Any, _State], A.BatchTransform]:
+    def convert(op: Any, s: _State) -> A.BatchTransform:
+        _pil_note(op, s)
+        if cls is R.RandomAutocontrast and _is_v2(op) and not s.pil:
+            s.notes.append(V2_LEVEL_NOTE.format(name="RandomAutocontrast"))
+        return cls(p=op.p, **{f: getattr(op, f) for f in fields})
+
+    return convert
+
+
+def _grayscale(op: Any, s: _State) -> A.BatchTransform:
+    _pil_note(op, s)
+    return R.Grayscale(op.num_output_channels)
+
+
+def _blur(op: Any, s: _State) -> A.BatchTransform:
+    _pil_note(op, s)
+    return R.GaussianBlur(tuple(op.kernel_size), tuple(op.sigma))
 
 
 def _to_float(
@@ -228,6 +324,20 @@ CONVERTERS: dict[str, Callable[[Any, _State], A.BatchTransform | None]] = {
     "RandomErasing": _erasing,
     "RandomResizedCrop": _resized_crop,
     "ColorJitter": _color_jitter,
+    "RandomSolarize": _per_sample(R.RandomSolarize, "threshold"),
+    "RandomPosterize": _per_sample(R.RandomPosterize, "bits"),
+    "RandomAutocontrast": _per_sample(R.RandomAutocontrast),
+    "RandomEqualize": _per_sample(R.RandomEqualize),
+    "RandomInvert": _per_sample(R.RandomInvert),
+    "RandomAdjustSharpness": _per_sample(R.RandomAdjustSharpness, "sharpness_factor"),
+    "RandomGrayscale": _per_sample(R.RandomGrayscale),
+    "Grayscale": _grayscale,  # after a random op; before one it is cached
+    "GaussianBlur": _blur,
+    "RandomRotation": _rotation,
+    "RandomAffine": _affine,
+    "RandomApply": lambda op, s: R.RandomApply(_inner(op, s), op.p),
+    "RandomChoice": lambda op, s: R.RandomChoice(_inner(op, s), tuple(op.p) if op.p is not None else None),
+    "RandomOrder": lambda op, s: R.RandomOrder(_inner(op, s)),
     "TrivialAugmentWide": _auto_augment,
     "RandAugment": _auto_augment,
     "AutoAugment": _auto_augment,
@@ -243,6 +353,7 @@ CONVERTERS: dict[str, Callable[[Any, _State], A.BatchTransform | None]] = {
 RANDOM_SUPPORTED = (
     *(n for n in CONVERTERS if n.startswith("Random")),
     "ColorJitter",
+    "GaussianBlur",
     "TrivialAugmentWide",
     "RandAugment",
     "AutoAugment",
@@ -361,7 +472,7 @@ def split_transform(transform: Any, cache_lambda: bool = False) -> Split:
                 "workers instead"
             )
     first_random = next((i for i, op in enumerate(ops) if kind(op) in RANDOM_SUPPORTED), len(ops))
-    late = [op for op in ops[first_random:] if kind(op) in CACHEABLE]
+    late = [op for op in ops[first_random:] if kind(op) in CACHEABLE and kind(op) not in CONVERTERS]
     if late:
         raise UnsupportedTransformError(
             f"{late[0]!r} comes after a random op, so it can be neither cached (its input changes every epoch) "

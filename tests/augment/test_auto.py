@@ -11,6 +11,7 @@ from torchvision.transforms.autoaugment import _apply_op
 
 from gpufeed.augment.auto import OPS, AutoAugment, RandAugment, TrivialAugmentWide, _table, apply_op, policies
 
+from fakes import image_summaries, varied_cifar
 from stats import chi_square_p_value
 
 
@@ -131,28 +132,6 @@ def test_autoaugment_picks_sub_policies_uniformly_and_applies_each_step_with_its
     assert float(sharp_first.double().mean()) == pytest.approx(expected, abs=0.01)
 
 
-def _varied(n: int, seed: int = 0):
-    """CIFAR-shaped images with structure: a gradient at a random contrast and level, plus noise (pure noise
-    would hide what autocontrast, equalize or a shear do to an image's statistics)."""
-    import numpy as np
-
-    from fakes import cifar_like
-
-    rng = np.random.default_rng(seed)
-    ramp = np.linspace(0, 1, 32)[None, :, None, None] * np.linspace(0.2, 1, 32)[None, None, :, None]
-    level = rng.uniform(20, 160, (n, 1, 1, 3))
-    span = rng.uniform(10, 90, (n, 1, 1, 3))
-    data = level + span * ramp + rng.normal(0, 6, (n, 32, 32, 3))
-    ds = cifar_like(n, seed=seed)
-    ds.data = np.clip(data, 0, 255).astype(np.uint8)
-    return ds
-
-
-def _summaries(out: torch.Tensor, before: torch.Tensor) -> dict[str, torch.Tensor]:
-    changed = (out - before).abs().flatten(1) > 0.5 / 255
-    return {"mean": out.mean((1, 2, 3)), "std": out.std((1, 2, 3)), "changed": changed.double().mean(1)}
-
-
 @pytest.mark.parametrize(
     "op",
     [T.TrivialAugmentWide(), T.RandAugment(), T.AutoAugment(T.AutoAugmentPolicy.CIFAR10), T.AutoAugment()],
@@ -165,7 +144,7 @@ def test_a_recipe_is_batched_without_fallback_and_its_outputs_are_distributed_as
 
     n = 3000
     recipe = T.Compose([T.PILToTensor(), op, T.ConvertImageDtype(torch.float32)])
-    ds = _varied(n)
+    ds = varied_cifar(n)
     ds.transform = recipe
     loader = gf.accelerate(ds, batch_size=500, shuffle=False, device="cpu", cache=False, progress=False, seed=3)
     assert loader.plan.storage != "fallback" and any(type(op).__name__ in b for b in loader.plan.batched)
@@ -173,6 +152,6 @@ def test_a_recipe_is_batched_without_fallback_and_its_outputs_are_distributed_as
     before = torch.from_numpy(ds.data).permute(0, 3, 1, 2).float() / 255
     torch.manual_seed(3)
     theirs = torch.stack([ds[i][0] for i in range(n)])
-    a, b = _summaries(ours, before), _summaries(theirs, before)
+    a, b = image_summaries(ours, before), image_summaries(theirs, before)
     for key in a:
         assert ks_statistic(a[key], b[key]) < ks_critical(n, n), key

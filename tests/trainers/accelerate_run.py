@@ -39,7 +39,7 @@ def main() -> None:
     ops = [v2.RandomCrop(8, padding=2), v2.RandomHorizontalFlip(), v2.ToDtype(torch.float32, scale=True)]
     extra: dict = {"fallback": "prefetch", "num_workers": 0} if args.fallback else {}
     if args.fallback:
-        ops.insert(0, v2.RandomRotation(10))
+        ops.insert(0, v2.RandomPerspective())
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         loader = gf.accelerate(

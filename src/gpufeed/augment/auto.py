@@ -12,6 +12,7 @@ look-up table -- so uint8 outputs are equal (tests/augment/test_auto.py).
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,7 +23,16 @@ from ..errors import ConfigError
 from .color import _blend, adjust_brightness, adjust_contrast, adjust_saturation
 from .transforms import BatchTransform, Params
 
-__all__ = ["OPS", "AutoAugment", "RandAugment", "TrivialAugmentWide", "apply_op", "policies"]
+__all__ = [
+    "OPS",
+    "AutoAugment",
+    "RandAugment",
+    "TrivialAugmentWide",
+    "affine_sample",
+    "apply_op",
+    "inverse_affine",
+    "policies",
+]
 
 # torchvision's op order (its _augmentation_space keys); AutoAugment's policies add Invert.
 OPS = (
@@ -73,26 +83,25 @@ def _table(kind: str, bins: int, height: int, width: int, ops: tuple[str, ...]) 
     return torch.stack(rows)
 
 
-def _matrices(op: torch.Tensor, mag: torch.Tensor, height: int, width: int) -> torch.Tensor:
-    """``(N, 6)`` float32 inverse affine matrices torchvision's ``F.affine`` / ``F.rotate`` build for each
-    sample's geometric op (``_get_inverse_affine_matrix``, in float64 as its Python floats are)."""
-    zeros = torch.zeros_like(mag)
-    is_ = lambda name: op == OPS.index(name)  # noqa: E731
-    # ShearX/Y: shear = degrees(atan(m)), centre [0, 0] (the top-left corner); Rotate: angle -m, image centre.
-    shear = torch.rad2deg(torch.atan(mag))
-    sx = torch.deg2rad(torch.where(is_("ShearX"), shear, zeros))
-    sy = torch.deg2rad(torch.where(is_("ShearY"), shear, zeros))
-    rot = torch.deg2rad(torch.where(is_("Rotate"), -mag, zeros))
-    tx = torch.where(is_("TranslateX"), torch.trunc(mag), zeros)  # int(magnitude)
-    ty = torch.where(is_("TranslateY"), torch.trunc(mag), zeros)
-    corner = is_("ShearX") | is_("ShearY")
-    cx = torch.where(corner, zeros - width * 0.5, zeros)
-    cy = torch.where(corner, zeros - height * 0.5, zeros)
+def inverse_affine(
+    angle: torch.Tensor,
+    tx: torch.Tensor,
+    ty: torch.Tensor,
+    scale: torch.Tensor,
+    shear_x: torch.Tensor,
+    shear_y: torch.Tensor,
+    cx: torch.Tensor,
+    cy: torch.Tensor,
+) -> torch.Tensor:
+    """``(N, 6)`` float32: torchvision's ``_get_inverse_affine_matrix`` per sample (degrees; the centre relative
+    to the image centre), computed in float64 as its Python floats are, then cast as its ``affine`` casts."""
+    rot, sx, sy = torch.deg2rad(angle), torch.deg2rad(shear_x), torch.deg2rad(shear_y)
     a = torch.cos(rot - sy) / torch.cos(sy)
     b = -torch.cos(rot - sy) * torch.tan(sx) / torch.cos(sy) - torch.sin(rot)
     c = torch.sin(rot - sy) / torch.cos(sy)
     d = -torch.sin(rot - sy) * torch.tan(sx) / torch.cos(sy) + torch.cos(rot)
-    m = [d, -b, zeros, -c, a, zeros]  # scale 1: no division
+    zero = torch.zeros_like(a)
+    m = [v / scale for v in (d, -b, zero, -c, a, zero)]
     m[2] = m[2] + m[0] * (-cx - tx) + m[1] * (-cy - ty)
     m[5] = m[5] + m[3] * (-cx - tx) + m[4] * (-cy - ty)
     m[2] = m[2] + cx
@@ -100,8 +109,33 @@ def _matrices(op: torch.Tensor, mag: torch.Tensor, height: int, width: int) -> t
     return torch.stack(m, 1).to(torch.float32)
 
 
+def _matrices(op: torch.Tensor, mag: torch.Tensor, height: int, width: int) -> torch.Tensor:
+    """The matrices torchvision's ``_apply_op`` builds for each sample's geometric op."""
+    zeros, ones = torch.zeros_like(mag), torch.ones_like(mag)
+    is_ = lambda name: op == OPS.index(name)  # noqa: E731
+    # ShearX/Y: shear = degrees(atan(m)) about [0, 0] (the top-left corner); Rotate: F.rotate's angle -m.
+    shear = torch.rad2deg(torch.atan(mag))
+    corner = is_("ShearX") | is_("ShearY")
+    return inverse_affine(
+        torch.where(is_("Rotate"), -mag, zeros),
+        torch.where(is_("TranslateX"), torch.trunc(mag), zeros),  # int(magnitude)
+        torch.where(is_("TranslateY"), torch.trunc(mag), zeros),
+        ones,
+        torch.where(is_("ShearX"), shear, zeros),
+        torch.where(is_("ShearY"), shear, zeros),
+        torch.where(corner, zeros - width * 0.5, zeros),
+        torch.where(corner, zeros - height * 0.5, zeros),
+    )
+
+
 def affine_nearest(x: torch.Tensor, matrices: torch.Tensor, fill: tuple[float, ...] | None) -> torch.Tensor:
     """Each image resampled through its inverse affine matrix (nearest), as torchvision's tensor ``affine``."""
+    return affine_sample(x, matrices, fill, "nearest")
+
+
+def affine_sample(x: torch.Tensor, matrices: torch.Tensor, fill: tuple[float, ...] | None, mode: str) -> torch.Tensor:
+    """Each image resampled through its inverse affine matrix (``"nearest"`` or ``"bilinear"``), as torchvision's
+    tensor ``affine`` / ``rotate``: its sampling grid, its fill mask (a ones channel sampled alongside)."""
     n, c, h, w = x.shape
     dev = x.device
     theta = matrices.view(n, 2, 3)
@@ -114,12 +148,15 @@ def affine_nearest(x: torch.Tensor, matrices: torch.Tensor, fill: tuple[float, .
     img = x.to(torch.float32) if not x.dtype.is_floating_point else x
     if fill is not None:
         img = torch.cat((img, torch.ones((n, 1, h, w), dtype=img.dtype, device=dev)), dim=1)
-    out = nnf.grid_sample(img, grid, mode="nearest", padding_mode="zeros", align_corners=False)
+    out = nnf.grid_sample(img, grid, mode=mode, padding_mode="zeros", align_corners=False)
     if fill is not None:
-        mask = out[:, -1:] < 0.5
+        mask = out[:, -1:].expand(n, c, h, w)
         out = out[:, :-1]
         values = torch.tensor(fill if len(fill) > 1 else fill * c, dtype=out.dtype, device=dev).view(1, c, 1, 1)
-        out = torch.where(mask, values, out)
+        if mode == "nearest":
+            out = torch.where(mask < 0.5, values.expand_as(out), out)
+        else:
+            out = out * mask + (1.0 - mask) * values
     if x.dtype.is_floating_point:
         return out
     return out.round_().to(x.dtype)
@@ -180,39 +217,52 @@ def apply_op(
     x: torch.Tensor, op: torch.Tensor, magnitude: torch.Tensor, fill: float | tuple[float, ...] | None = None
 ) -> torch.Tensor:
     """``x`` with op ``OPS[op[i]]`` at ``magnitude[i]`` (signed, as torchvision passes it) on each sample ``i``;
-    each op runs once, on the samples that drew it. ``fill``: the geometric ops' outside (None: zeros)."""
+    each op runs once, on the samples that drew it. ``fill``: the geometric ops' outside (None: zeros).
+
+    The batch is sorted by op once, so that each op reads and writes a contiguous slice (the geometric
+    ops, neighbours in :data:`OPS`, one slice and one ``grid_sample``), and put back in order once."""
     fill = _fill(fill)
-    out = x.clone()
-    present = set(torch.unique(op).tolist()) if op.numel() else set()  # one host read per round
-    geometric = [OPS.index(name) for name in _GEOMETRIC if OPS.index(name) in present]
-    if geometric:
-        idx = torch.isin(op, torch.tensor(geometric, device=op.device)).nonzero().flatten()
-        m = _matrices(op[idx], magnitude[idx], x.shape[2], x.shape[3])
-        out[idx] = affine_nearest(x[idx], m, fill)
-    for k in sorted(present - set(geometric) - {OPS.index("Identity")}):
-        idx = (op == k).nonzero().flatten()
-        part, mag = x[idx], magnitude[idx]
-        name = OPS[k]
-        if name == "Brightness":
-            part = adjust_brightness(part, 1.0 + mag)
-        elif name == "Color":
-            part = adjust_saturation(part, 1.0 + mag)
-        elif name == "Contrast":
-            part = adjust_contrast(part, 1.0 + mag)
-        elif name == "Sharpness":
-            part = _sharpness(part, 1.0 + mag)
-        elif name == "Posterize":
-            part = _posterize(part, mag)
-        elif name == "Solarize":
-            part = _solarize(part, mag)
-        elif name == "AutoContrast":
-            part = _autocontrast(part)
-        elif name == "Equalize":
-            part = _equalize(part)
-        elif name == "Invert":
-            part = (255 if x.dtype == torch.uint8 else 1.0) - part
-        out[idx] = part
-    return out
+    if op.numel() == 0:
+        return x.clone()
+    order = torch.argsort(op, stable=True)
+    counts = torch.bincount(op, minlength=len(OPS)).tolist()  # one host read per round
+    xs, ms = x.index_select(0, order), magnitude.index_select(0, order)
+    res = torch.empty_like(xs)
+    ends = dict(zip(OPS, itertools.accumulate(counts), strict=True))
+    starts = {name: ends[name] - counts[k] for k, name in enumerate(OPS)}
+    first, last = starts[_GEOMETRIC[0]], ends[_GEOMETRIC[-1]]
+    if last > first:
+        part = slice(first, last)
+        m = _matrices(op.index_select(0, order)[part], ms[part], x.shape[2], x.shape[3])
+        res[part] = affine_nearest(xs[part], m, fill)
+    for name in OPS:
+        if name in _GEOMETRIC or starts[name] == ends[name]:
+            continue
+        part = slice(starts[name], ends[name])
+        res[part] = _colour(name, xs[part], ms[part])
+    return torch.empty_like(x).index_copy_(0, order, res)
+
+
+def _colour(name: str, x: torch.Tensor, mag: torch.Tensor) -> torch.Tensor:
+    if name == "Brightness":
+        return adjust_brightness(x, 1.0 + mag)
+    if name == "Color":
+        return adjust_saturation(x, 1.0 + mag)
+    if name == "Contrast":
+        return adjust_contrast(x, 1.0 + mag)
+    if name == "Sharpness":
+        return _sharpness(x, 1.0 + mag)
+    if name == "Posterize":
+        return _posterize(x, mag)
+    if name == "Solarize":
+        return _solarize(x, mag)
+    if name == "AutoContrast":
+        return _autocontrast(x)
+    if name == "Equalize":
+        return _equalize(x)
+    if name == "Invert":
+        return (255 if x.dtype == torch.uint8 else 1.0) - x
+    return x  # Identity
 
 
 def _check_uint8(x: torch.Tensor, op: str) -> None:

@@ -3,8 +3,9 @@
 The pixel arithmetic follows torchvision's tensor kernels (``transforms.functional``) op for op --
 the same blend formula, the same truncating grayscale, the same HSV round trip -- with a factor
 per sample instead of one per call. torchvision applies the four adjustments in a random order
-per image; here each of the four slots computes every enabled adjustment for the whole batch and
-keeps, per sample, the one its order names (no per-sample Python, no host sync).
+per image; here, in each of the four slots, each enabled adjustment runs on the samples whose order
+puts it there (on the CPU), or on the whole batch with the result kept by mask (on a GPU: no host
+sync); no per-sample Python either way.
 """
 
 from __future__ import annotations
@@ -43,7 +44,10 @@ def _gray(x: torch.Tensor) -> torch.Tensor:
 
 
 def adjust_brightness(x: torch.Tensor, f: Factor) -> torch.Tensor:
-    return _blend(x, torch.zeros_like(x), f)
+    # torchvision blends with a black image: ratio * x + (1 - ratio) * 0, which is ratio * x exactly
+    ratio, _ = _col(f, x)
+    bound = 255 if x.dtype == torch.uint8 else 1.0
+    return (ratio * x).clamp(0, bound).to(x.dtype)
 
 
 def adjust_contrast(x: torch.Tensor, f: Factor) -> torch.Tensor:
@@ -159,7 +163,15 @@ class ColorJitter(BatchTransform):
         enabled = [j for j, f in enumerate(factors) if f is not None]
         if len(enabled) == 1:  # the order does not matter
             return _ADJUST[enabled[0]](x, factors[enabled[0]])
-        for slot in range(4):
+        if x.device.type == "cpu":  # each adjustment on the samples whose order puts it in this slot: 4x less work
+            x = x.clone()  # the caller's batch is not written to
+            for slot in range(4):
+                for j in enabled:
+                    idx = (order[:, slot] == j).nonzero().flatten()
+                    if idx.numel():
+                        x[idx] = _ADJUST[j](x[idx], factors[j][idx])
+            return x
+        for slot in range(4):  # on a GPU: every adjustment for the whole batch, kept by mask (no host sync)
             which = order[:, slot].view(-1, 1, 1, 1)
             out = x
             for j in enabled:

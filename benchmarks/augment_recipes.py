@@ -1,12 +1,13 @@
-"""Auto-augment recipes on CIFAR-sized data: gpufeed against the DataLoader with the per-sample pipeline.
+"""Modern augmentation recipes on CIFAR-sized data: gpufeed against the DataLoader with the per-sample pipeline.
 
-The synthetic CIFAR-10 (50,000 32x32 images; ``--n`` takes the first N), the CIFAR training recipe
-with each policy inserted on PIL images as people write it:
-RandomCrop(32, padding=4) + RandomHorizontalFlip + <policy> + ToTensor + Normalize, batch 256.
-For each policy, side by side in one run: torchvision's DataLoader (PIL per sample in workers) and
-gpufeed.accelerate (the policy batched: each op once per batch on its samples).
+The synthetic CIFAR-10 (50,000 32x32 images; ``--n`` takes the first N), each recipe on PIL images as
+people write it, then ToTensor + Normalize, batch 256: the CIFAR recipe (RandomCrop(32, padding=4) +
+RandomHorizontalFlip) with TrivialAugmentWide, RandAugment or AutoAugment(cifar10) after it, and a
+SimCLR view (RandomResizedCrop + flip + RandomApply(ColorJitter, 0.8) + RandomGrayscale(0.2) +
+GaussianBlur(3)). Side by side in one run: torchvision's DataLoader (PIL per sample in workers) and
+gpufeed.accelerate (each op once per batch on the samples that drew it).
 
-    python benchmarks/auto_augment.py [--device cuda] [--workers 2] [--n 10000] [--out DIR]
+    python benchmarks/augment_recipes.py [--device cuda] [--workers 2] [--n 10000] [--out DIR]
 """
 
 from __future__ import annotations
@@ -27,17 +28,23 @@ from gpufeed.workers import loader_kwargs
 from harness import environment, print_table, save_json, time_epochs
 
 MEAN, STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
-POLICIES = {
-    "TrivialAugmentWide": T.TrivialAugmentWide,
-    "RandAugment": T.RandAugment,
-    "AutoAugment(cifar10)": lambda: T.AutoAugment(T.AutoAugmentPolicy.CIFAR10),
+CIFAR = [T.RandomCrop(32, padding=4), T.RandomHorizontalFlip()]
+RECIPES = {
+    "TrivialAugmentWide": lambda: [*CIFAR, T.TrivialAugmentWide()],
+    "RandAugment": lambda: [*CIFAR, T.RandAugment()],
+    "AutoAugment(cifar10)": lambda: [*CIFAR, T.AutoAugment(T.AutoAugmentPolicy.CIFAR10)],
+    "SimCLR view": lambda: [
+        T.RandomResizedCrop(32),
+        T.RandomHorizontalFlip(),
+        T.RandomApply([T.ColorJitter(0.4, 0.4, 0.4, 0.1)], p=0.8),
+        T.RandomGrayscale(p=0.2),
+        T.GaussianBlur(3, (0.1, 2.0)),
+    ],
 }
 
 
-def recipe(policy: T.Compose) -> T.Compose:
-    return T.Compose(
-        [T.RandomCrop(32, padding=4), T.RandomHorizontalFlip(), policy, T.ToTensor(), T.Normalize(MEAN, STD)]
-    )
+def recipe(ops: list) -> T.Compose:
+    return T.Compose([*ops, T.ToTensor(), T.Normalize(MEAN, STD)])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -51,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     device = gf.device.resolve_device(args.device)
     rows = []
-    for name, make in POLICIES.items():
+    for name, make in RECIPES.items():
         ds = cifar10("synthetic", train=True, transform=recipe(make()))
         ds.data, ds.targets = ds.data[: args.n], ds.targets[: args.n]
         dl = DataLoader(
@@ -77,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(", ".join(f"{k}={v}" for k, v in env.items()))
     print_table(rows, baseline=rows[0])
-    save_json(args.out / "auto_augment.json", env, rows, rows[0])
+    save_json(args.out / "augment_recipes.json", env, rows, rows[0])
     return 0
 
 

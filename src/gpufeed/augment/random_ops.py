@@ -1,0 +1,392 @@
+"""torchvision's per-image random ops, batched: a coin (or a draw) per sample, the op once on the samples it picks.
+
+``RandomSolarize``, ``RandomPosterize``, ``RandomAutocontrast``, ``RandomEqualize``,
+``RandomAdjustSharpness``, ``RandomInvert``, ``RandomGrayscale`` and ``Grayscale``, ``GaussianBlur``
+(a sigma per sample), ``RandomRotation`` and ``RandomAffine`` (a matrix per sample, nearest or
+bilinear), and the containers ``RandomApply``, ``RandomChoice`` and ``RandomOrder``, decided per
+sample as torchvision decides per call. Given the same draws, each equals torchvision's tensor kernel
+(``transforms.functional``); the containers' inner ops draw from a seed recorded in the parameters,
+so ``apply`` stays a pure function of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as nnf
+
+from ..errors import ConfigError
+from .auto import _autocontrast, _equalize, _fill, _posterize, _sharpness, _solarize, affine_sample, inverse_affine
+from .color import _gray
+from .transforms import BatchTransform, Params
+
+__all__ = [
+    "GaussianBlur",
+    "Grayscale",
+    "RandomAdjustSharpness",
+    "RandomAffine",
+    "RandomApply",
+    "RandomAutocontrast",
+    "RandomChoice",
+    "RandomEqualize",
+    "RandomGrayscale",
+    "RandomInvert",
+    "RandomOrder",
+    "RandomPosterize",
+    "RandomRotation",
+    "RandomSolarize",
+]
+
+
+def _coin(x: torch.Tensor, p: float, generator: torch.Generator) -> torch.Tensor:
+    """Per sample, whether the op applies: torchvision's ``torch.rand(1) < p``."""
+    return torch.rand(x.shape[0], generator=generator, device=x.device) < p
+
+
+def _on(x: torch.Tensor, mask: torch.Tensor, op: Any) -> torch.Tensor:
+    """``op`` applied to the samples ``mask`` picks, the others as they are."""
+    idx = mask.nonzero().flatten()
+    if idx.numel() == 0:
+        return x
+    out = x.clone()
+    out[idx] = op(x[idx], idx)
+    return out
+
+
+def _check_p(p: float, name: str) -> float:
+    if not 0.0 <= float(p) <= 1.0:
+        raise ConfigError(f"{name}: p={p} must be in [0, 1]")
+    return float(p)
+
+
+@dataclass(frozen=True)
+class _Sometimes(BatchTransform):
+    """An op with fixed arguments applied with probability ``p`` per sample."""
+
+    p: float = 0.5
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "p", _check_p(self.p, type(self).__name__))
+
+    def sample(self, x: torch.Tensor, generator: torch.Generator) -> Params:
+        return {"apply": _coin(x, self.p, generator)}
+
+    def apply(self, x: torch.Tensor, params: Params) -> torch.Tensor:
+        return _on(x, params["apply"], lambda part, idx: self.op(part))
+
+    def op(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+
+def _uint8_only(x: torch.Tensor, name: str) -> None:
+    if x.dtype != torch.uint8:
+        raise ConfigError(f"{name} is defined on uint8 levels (as torchvision's); this batch is {x.dtype}")
+
+
+@dataclass(frozen=True)
+class RandomSolarize(_Sometimes):
+    threshold: float = 128.0
+
+    def op(self, x: torch.Tensor) -> torch.Tensor:
+        return _solarize(x, torch.full((x.shape[0],), float(self.threshold), device=x.device))
+
+
+@dataclass(frozen=True)
+class RandomPosterize(_Sometimes):
+    bits: int = 4
+
+    def op(self, x: torch.Tensor) -> torch.Tensor:
+        _uint8_only(x, "RandomPosterize")
+        return _posterize(x, torch.full((x.shape[0],), self.bits, device=x.device))
+
+
+@dataclass(frozen=True)
+class RandomAutocontrast(_Sometimes):
+    def op(self, x: torch.Tensor) -> torch.Tensor:
+        return _autocontrast(x)
+
+
+@dataclass(frozen=True)
+class RandomEqualize(_Sometimes):
+    def op(self, x: torch.Tensor) -> torch.Tensor:
+        _uint8_only(x, "RandomEqualize")
+        return _equalize(x)
+
+
+@dataclass(frozen=True)
+class RandomInvert(_Sometimes):
+    def op(self, x: torch.Tensor) -> torch.Tensor:
+        return (255 if x.dtype == torch.uint8 else 1.0) - x
+
+
+@dataclass(frozen=True)
+class RandomAdjustSharpness(_Sometimes):
+    sharpness_factor: float = 1.0
+
+    def op(self, x: torch.Tensor) -> torch.Tensor:
+        factor = torch.full((x.shape[0],), float(self.sharpness_factor), dtype=torch.float64, device=x.device)
+        return _sharpness(x, factor)
+
+
+def grayscale(x: torch.Tensor, channels: int) -> torch.Tensor:
+    """torchvision's tensor ``rgb_to_grayscale``: the weighted sum, truncated to the dtype, repeated."""
+    gray = _gray(x)
+    return gray.expand(-1, channels, -1, -1).contiguous() if channels > 1 else gray
+
+
+@dataclass(frozen=True)
+class RandomGrayscale(_Sometimes):
+    p: float = 0.1
+
+    def op(self, x: torch.Tensor) -> torch.Tensor:
+        return grayscale(x, x.shape[1])
+
+
+@dataclass(frozen=True)
+class Grayscale(BatchTransform):
+    num_output_channels: int = 1
+    random = False
+
+    def apply(self, x: torch.Tensor, params: Params) -> torch.Tensor:
+        return grayscale(x, self.num_output_channels)
+
+
+def _pair(value: Any, name: str, positive: bool = True) -> tuple[float, float]:
+    pair = (float(value), float(value)) if isinstance(value, (int, float)) else tuple(float(v) for v in value)
+    if len(pair) != 2 or pair[0] > pair[1] or (positive and pair[0] <= 0):
+        raise ConfigError(f"{name}={value!r} must be a positive number or a (min, max) pair")
+    return pair
+
+
+def _uniform(n: int, low: float, high: float, x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """``torch.empty(1).uniform_(low, high)`` per sample: float32 draws, as torchvision's."""
+    return torch.empty(n, device=x.device).uniform_(low, high, generator=generator)
+
+
+@dataclass(frozen=True)
+class GaussianBlur(BatchTransform):
+    """torchvision's ``GaussianBlur``: a sigma per sample, uniform in ``sigma``; reflect padding."""
+
+    kernel_size: int | tuple[int, int] = 3
+    sigma: float | tuple[float, float] = (0.1, 2.0)
+
+    def __post_init__(self) -> None:
+        ks = (self.kernel_size, self.kernel_size) if isinstance(self.kernel_size, int) else tuple(self.kernel_size)
+        if len(ks) != 2 or any(k <= 0 or k % 2 == 0 for k in ks):
+            raise ConfigError(f"kernel_size={self.kernel_size!r} must be odd and positive")
+        object.__setattr__(self, "kernel_size", ks)
+        object.__setattr__(self, "sigma", _pair(self.sigma, "sigma"))
+
+    def sample(self, x: torch.Tensor, generator: torch.Generator) -> Params:
+        lo, hi = self.sigma  # type: ignore[misc]
+        return {"sigma": _uniform(x.shape[0], lo, hi, x, generator)}
+
+    def apply(self, x: torch.Tensor, params: Params) -> torch.Tensor:
+        return gaussian_blur(x, self.kernel_size, params["sigma"])  # type: ignore[arg-type]
+
+
+def _kernel1d(size: int, sigma: torch.Tensor) -> torch.Tensor:
+    half = (size - 1) * 0.5
+    grid = torch.linspace(-half, half, steps=size, dtype=torch.float32, device=sigma.device)
+    pdf = torch.exp(-0.5 * (grid.view(1, -1) / sigma.view(-1, 1)).pow(2))
+    return pdf / pdf.sum(1, keepdim=True)
+
+
+def gaussian_blur(x: torch.Tensor, kernel_size: tuple[int, int], sigma: torch.Tensor) -> torch.Tensor:
+    """Each image blurred with its own sigma (float32), as torchvision's tensor ``gaussian_blur``."""
+    n, c, h, w = x.shape
+    kx, ky = _kernel1d(kernel_size[0], sigma), _kernel1d(kernel_size[1], sigma)
+    kernel = torch.bmm(ky.unsqueeze(2), kx.unsqueeze(1))  # (N, ky, kx): torch.mm(k_y[:, None], k_x[None, :])
+    weight = kernel.repeat_interleave(c, 0).unsqueeze(1)  # (N*C, 1, ky, kx)
+    img = x.to(torch.float32) if not x.dtype.is_floating_point else x
+    pad = [kernel_size[0] // 2, kernel_size[0] // 2, kernel_size[1] // 2, kernel_size[1] // 2]
+    img = nnf.pad(img, pad, mode="reflect")
+    out = nnf.conv2d(img.reshape(1, n * c, *img.shape[2:]), weight, groups=n * c).view(n, c, h, w)
+    return out if x.dtype.is_floating_point else out.round_().to(x.dtype)
+
+
+def _mode(interpolation: str) -> str:
+    if interpolation not in ("nearest", "bilinear"):
+        raise ConfigError(f"interpolation={interpolation!r}: gpufeed batches 'nearest' and 'bilinear'")
+    return interpolation
+
+
+def _centre(center: Sequence[float] | None, x: torch.Tensor) -> tuple[float, float]:
+    """torchvision's ``center_f``: the centre relative to the image centre ((0, 0) when not given)."""
+    if center is None:
+        return 0.0, 0.0
+    return 1.0 * (center[0] - x.shape[3] * 0.5), 1.0 * (center[1] - x.shape[2] * 0.5)
+
+
+@dataclass(frozen=True)
+class RandomRotation(BatchTransform):
+    """torchvision's ``RandomRotation`` (``expand=False``): an angle per sample, uniform in ``degrees``."""
+
+    degrees: float | tuple[float, float] = 0.0
+    interpolation: str = "nearest"
+    center: tuple[float, float] | None = None
+    fill: float | tuple[float, ...] = 0.0
+
+    def __post_init__(self) -> None:
+        d = self.degrees
+        pair = (-float(d), float(d)) if isinstance(d, (int, float)) else tuple(float(v) for v in d)
+        if len(pair) != 2 or pair[0] > pair[1]:
+            raise ConfigError(f"degrees={d!r} must be a number >= 0 or a (min, max) pair")
+        object.__setattr__(self, "degrees", pair)
+        object.__setattr__(self, "interpolation", _mode(self.interpolation))
+        object.__setattr__(self, "fill", _fill(self.fill))
+
+    def sample(self, x: torch.Tensor, generator: torch.Generator) -> Params:
+        lo, hi = self.degrees  # type: ignore[misc]
+        return {"angle": _uniform(x.shape[0], lo, hi, x, generator)}
+
+    def apply(self, x: torch.Tensor, params: Params) -> torch.Tensor:
+        angle = params["angle"].double()
+        zeros, ones = torch.zeros_like(angle), torch.ones_like(angle)
+        cx, cy = _centre(self.center, x)
+        m = inverse_affine(-angle, zeros, zeros, ones, zeros, zeros, zeros + cx, zeros + cy)  # F.rotate: -angle
+        return affine_sample(x, m, self.fill, self.interpolation)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class RandomAffine(BatchTransform):
+    """torchvision's ``RandomAffine``: angle, translation (rounded to whole pixels), scale and shear per sample."""
+
+    degrees: float | tuple[float, float] = 0.0
+    translate: tuple[float, float] | None = None
+    scale: tuple[float, float] | None = None
+    shear: float | tuple[float, ...] | None = None
+    interpolation: str = "nearest"
+    fill: float | tuple[float, ...] = 0.0
+    center: tuple[float, float] | None = None
+
+    def __post_init__(self) -> None:
+        d = self.degrees
+        object.__setattr__(
+            self, "degrees", (-float(d), float(d)) if isinstance(d, (int, float)) else tuple(float(v) for v in d)
+        )
+        s = self.shear
+        if s is not None:
+            s = (-float(s), float(s)) if isinstance(s, (int, float)) else tuple(float(v) for v in s)
+            if len(s) not in (2, 4):
+                raise ConfigError(f"shear={self.shear!r} must be a number or 2 or 4 values")
+        object.__setattr__(self, "shear", s)
+        object.__setattr__(self, "interpolation", _mode(self.interpolation))
+        object.__setattr__(self, "fill", _fill(self.fill))
+
+    def sample(self, x: torch.Tensor, generator: torch.Generator) -> Params:
+        n, (h, w) = x.shape[0], x.shape[2:]
+        lo, hi = self.degrees  # type: ignore[misc]
+        angle = _uniform(n, lo, hi, x, generator)
+        zero = torch.zeros(n, device=x.device)
+        tx = ty = zero
+        if self.translate is not None:
+            max_dx, max_dy = float(self.translate[0] * w), float(self.translate[1] * h)
+            tx = torch.round(_uniform(n, -max_dx, max_dx, x, generator))  # int(round(...)): half to even
+            ty = torch.round(_uniform(n, -max_dy, max_dy, x, generator))
+        scale = _uniform(n, self.scale[0], self.scale[1], x, generator) if self.scale is not None else zero + 1.0
+        sx = sy = zero
+        shear = self.shear
+        if shear is not None:
+            sx = _uniform(n, shear[0], shear[1], x, generator)  # type: ignore[index]
+            if len(shear) == 4:  # type: ignore[arg-type]
+                sy = _uniform(n, shear[2], shear[3], x, generator)  # type: ignore[index]
+        return {"angle": angle, "tx": tx, "ty": ty, "scale": scale, "sx": sx, "sy": sy}
+
+    def apply(self, x: torch.Tensor, params: Params) -> torch.Tensor:
+        p = {k: v.double() for k, v in params.items()}
+        cx, cy = _centre(self.center, x)
+        zeros = torch.zeros_like(p["angle"])
+        m = inverse_affine(p["angle"], p["tx"], p["ty"], p["scale"], p["sx"], p["sy"], zeros + cx, zeros + cy)
+        return affine_sample(x, m, self.fill, self.interpolation)  # type: ignore[arg-type]
+
+
+def _seed(generator: torch.Generator, x: torch.Tensor) -> int:
+    """A seed for the inner ops, drawn from the loader's generator (one host read per batch)."""
+    return int(torch.randint(0, 2**62, (1,), generator=generator, device=x.device).item())
+
+
+def _run(op: BatchTransform, x: torch.Tensor, seed: int, salt: int) -> torch.Tensor:
+    g = torch.Generator(device=x.device).manual_seed(seed + salt)
+    return op(x, generator=g)
+
+
+def _same_size(ops: Sequence[BatchTransform], name: str) -> tuple[BatchTransform, ...]:
+    for op in ops:
+        if op.output_size(64, 48) != (64, 48):
+            raise ConfigError(f"{name}: {op!r} changes the image size, so samples would differ in size")
+    return tuple(ops)
+
+
+@dataclass(frozen=True)
+class RandomApply(BatchTransform):
+    """torchvision's ``RandomApply``: per sample, with probability ``p``, all of ``transforms`` in order."""
+
+    transforms: tuple[BatchTransform, ...] = ()
+    p: float = 0.5
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "transforms", _same_size(self.transforms, "RandomApply"))
+        object.__setattr__(self, "p", _check_p(self.p, "RandomApply"))
+
+    def sample(self, x: torch.Tensor, generator: torch.Generator) -> Params:
+        return {"apply": _coin(x, self.p, generator), "seed": _seed(generator, x)}
+
+    def apply(self, x: torch.Tensor, params: Params) -> torch.Tensor:
+        def chain(part: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+            for k, op in enumerate(self.transforms):
+                part = _run(op, part, params["seed"], k)
+            return part
+
+        return _on(x, params["apply"], chain)
+
+
+@dataclass(frozen=True)
+class RandomChoice(BatchTransform):
+    """torchvision's ``RandomChoice``: per sample one of ``transforms`` (weighted by ``p``, uniform if None)."""
+
+    transforms: tuple[BatchTransform, ...] = ()
+    p: tuple[float, ...] | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "transforms", _same_size(self.transforms, "RandomChoice"))
+        if not self.transforms:
+            raise ConfigError("RandomChoice needs at least one transform")
+        if self.p is not None and (len(self.p) != len(self.transforms) or min(self.p) < 0 or sum(self.p) <= 0):
+            raise ConfigError(f"RandomChoice: p={self.p!r} needs one weight >= 0 per transform")
+
+    def sample(self, x: torch.Tensor, generator: torch.Generator) -> Params:
+        weights = torch.tensor(self.p or [1.0] * len(self.transforms), dtype=torch.float64, device=x.device)
+        which = torch.multinomial(weights, x.shape[0], replacement=True, generator=generator)
+        return {"which": which, "seed": _seed(generator, x)}
+
+    def apply(self, x: torch.Tensor, params: Params) -> torch.Tensor:
+        for k, op in enumerate(self.transforms):
+            x = _on(x, params["which"] == k, lambda part, idx, op=op, k=k: _run(op, part, params["seed"], k))
+        return x
+
+
+@dataclass(frozen=True)
+class RandomOrder(BatchTransform):
+    """torchvision's ``RandomOrder``: all of ``transforms``, in an order drawn per sample."""
+
+    transforms: tuple[BatchTransform, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "transforms", _same_size(self.transforms, "RandomOrder"))
+
+    def sample(self, x: torch.Tensor, generator: torch.Generator) -> Params:
+        k = len(self.transforms)
+        order = torch.rand((x.shape[0], k), generator=generator, device=x.device).argsort(1)  # uniform permutations
+        return {"order": order, "seed": _seed(generator, x)}
+
+    def apply(self, x: torch.Tensor, params: Params) -> torch.Tensor:
+        order = params["order"]
+        for slot in range(order.shape[1]):
+            for k, op in enumerate(self.transforms):
+                salt = slot * len(self.transforms) + k
+                x = _on(x, order[:, slot] == k, lambda part, idx, op=op, s=salt: _run(op, part, params["seed"], s))
+        return x

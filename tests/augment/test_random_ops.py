@@ -1,0 +1,186 @@
+"""torchvision's per-image random ops, batched: given the same draws each equals torchvision's tensor kernel;
+the coins and draws follow torchvision's distributions; the containers decide per sample."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torchvision.transforms.functional as TF
+from torchvision.transforms import InterpolationMode
+
+from gpufeed.augment import random_ops as R
+from gpufeed.augment.color import ColorJitter
+from gpufeed.augment.transforms import RandomHorizontalFlip
+
+from stats import chi_square_p_value
+
+
+def _images(n: int = 12, h: int = 20, w: int = 28, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(0, 256, (n, 3, h, w), dtype=torch.uint8, generator=g)
+    x[1] = 90
+    x[2] //= 5
+    return x
+
+
+def _always(op_cls, **kwargs):
+    return op_cls(p=1.0, **kwargs)
+
+
+FIXED = [
+    (R.RandomSolarize, {"threshold": 100.0}, lambda im: TF.solarize(im, 100.0)),
+    (R.RandomPosterize, {"bits": 3}, lambda im: TF.posterize(im, 3)),
+    (R.RandomAutocontrast, {}, TF.autocontrast),
+    (R.RandomEqualize, {}, TF.equalize),
+    (R.RandomInvert, {}, TF.invert),
+    (R.RandomAdjustSharpness, {"sharpness_factor": 2.5}, lambda im: TF.adjust_sharpness(im, 2.5)),
+    (R.RandomGrayscale, {}, lambda im: TF.rgb_to_grayscale(im, 3)),
+]
+
+
+@pytest.mark.parametrize("op_cls, kwargs, reference", FIXED, ids=[c.__name__ for c, _, _ in FIXED])
+def test_each_fixed_op_equals_torchvision_where_its_coin_says(op_cls, kwargs, reference):
+    x = _images()
+    op = op_cls(p=0.5, **kwargs)
+    params = op.sample(x, torch.Generator().manual_seed(1))
+    out = op.apply(x, params)
+    assert 0 < int(params["apply"].sum()) < len(x)
+    for i in range(len(x)):
+        want = reference(x[i]) if params["apply"][i] else x[i]
+        assert torch.equal(out[i], want), (op_cls.__name__, i)
+
+
+def test_grayscale_to_one_channel_after_a_random_op():
+    x = _images()
+    out = R.Grayscale(1)(x)
+    assert out.shape == (12, 1, 20, 28)
+    assert all(torch.equal(out[i], TF.rgb_to_grayscale(x[i], 1)) for i in range(12))
+
+
+@pytest.mark.parametrize("kernel_size", [3, (5, 7)])
+def test_gaussian_blur_equals_torchvision_with_each_samples_sigma(kernel_size):
+    x = _images()
+    op = R.GaussianBlur(kernel_size, (0.1, 2.0))
+    params = op.sample(x, torch.Generator().manual_seed(2))
+    out = op.apply(x, params)
+    ks = [kernel_size] * 2 if isinstance(kernel_size, int) else list(kernel_size)
+    for i in range(len(x)):
+        s = float(params["sigma"][i])
+        assert torch.equal(out[i], TF.gaussian_blur(x[i], ks, [s, s])), i
+
+
+@pytest.mark.parametrize("interpolation", ["nearest", "bilinear"])
+@pytest.mark.parametrize("center", [None, (3.0, 5.0)])
+def test_random_rotation_equals_torchvision_at_each_samples_angle(interpolation, center):
+    x = _images()
+    op = R.RandomRotation(40, interpolation=interpolation, center=center, fill=(7.0, 8.0, 9.0))
+    params = op.sample(x, torch.Generator().manual_seed(3))
+    out = op.apply(x, params)
+    mode = InterpolationMode(interpolation)
+    c = list(center) if center is not None else None
+    for i in range(len(x)):
+        want = TF.rotate(x[i], float(params["angle"][i]), mode, center=c, fill=[7.0, 8.0, 9.0])
+        assert torch.equal(out[i], want), i
+
+
+@pytest.mark.parametrize("interpolation", ["nearest", "bilinear"])
+def test_random_affine_equals_torchvision_with_each_samples_draws(interpolation):
+    x = _images()
+    op = R.RandomAffine(25, translate=(0.2, 0.1), scale=(0.7, 1.3), shear=(-10, 10, -5, 5), interpolation=interpolation)
+    params = op.sample(x, torch.Generator().manual_seed(4))
+    out = op.apply(x, params)
+    mode = InterpolationMode(interpolation)
+    for i in range(len(x)):
+        p = {k: float(v[i]) for k, v in params.items()}
+        want = TF.affine(
+            x[i], p["angle"], [int(p["tx"]), int(p["ty"])], p["scale"], [p["sx"], p["sy"]], mode, fill=[0.0] * 3
+        )
+        assert torch.equal(out[i], want), i
+
+
+def test_the_coins_and_draws_follow_torchvisions_distributions():
+    n = 20_000
+    x = torch.zeros(n, 3, 2, 2, dtype=torch.uint8)
+    g = torch.Generator().manual_seed(5)
+    applied = R.RandomInvert(p=0.3).sample(x, g)["apply"].double().mean()
+    assert abs(float(applied) - 0.3) < 3.3 * (0.21 / n) ** 0.5
+    angles = R.RandomRotation((-30, 30)).sample(x, g)["angle"]
+    assert chi_square_p_value(torch.histc(angles, 20, -30, 30)) > 1e-3
+    tx = R.RandomAffine(0, translate=(0.5, 0.0)).sample(torch.zeros(n, 3, 2, 8, dtype=torch.uint8), g)["tx"]
+    assert set(tx.tolist()) == {-4.0, -3.0, -2.0, -1.0, 0.0, 1.0, 2.0, 3.0, 4.0}  # round(U(-4, 4)), whole pixels
+    which = R.RandomChoice((R.RandomInvert(1.0), R.RandomEqualize(1.0)), p=(1.0, 3.0)).sample(x, g)["which"]
+    assert abs(float(which.double().mean()) - 0.75) < 0.01
+    order = R.RandomOrder((R.RandomInvert(1.0), R.RandomEqualize(1.0), R.Grayscale(3))).sample(x, g)["order"]
+    perms = order[:, 0] * 9 + order[:, 1] * 3 + order[:, 2]
+    assert chi_square_p_value(torch.bincount(perms, minlength=27)[torch.bincount(perms, minlength=27) > 0]) > 1e-3
+
+
+def test_random_apply_runs_its_ops_on_the_samples_its_coin_picks_and_nothing_else():
+    x = _images(64)
+    jitter = ColorJitter(0.4, 0.4, 0.4, 0.1)
+    op = R.RandomApply((jitter, RandomHorizontalFlip(1.0)), p=0.8)
+    params = op.sample(x, torch.Generator().manual_seed(6))
+    out = op.apply(x, params)
+    picked = params["apply"]
+    assert 40 < int(picked.sum()) < 64
+    assert torch.equal(out[~picked], x[~picked])
+    assert all(not torch.equal(out[i], x[i]) for i in picked.nonzero().flatten().tolist())
+    assert torch.equal(out, op.apply(x, params))  # a pure function of its parameters
+
+
+def test_a_container_with_an_op_that_changes_the_size_is_refused():
+    from gpufeed.augment.resize import RandomResizedCrop
+    from gpufeed.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="changes the image size"):
+        R.RandomApply((RandomResizedCrop(8),), p=0.5)
+
+
+SSL = {
+    # SimCLR: crop, flip, colour jitter 80% of the time, grayscale 20%, blur
+    "SimCLR": lambda T: [
+        T.RandomResizedCrop(32),
+        T.RandomHorizontalFlip(),
+        T.RandomApply([T.ColorJitter(0.4, 0.4, 0.4, 0.1)], p=0.8),
+        T.RandomGrayscale(p=0.2),
+        T.GaussianBlur(3, (0.1, 2.0)),
+    ],
+    # BYOL's second view: blur 10%, solarize 20%
+    "BYOL": lambda T: [
+        T.RandomResizedCrop(32),
+        T.RandomHorizontalFlip(),
+        T.RandomApply([T.ColorJitter(0.4, 0.4, 0.2, 0.1)], p=0.8),
+        T.RandomGrayscale(p=0.2),
+        T.RandomApply([T.GaussianBlur(3, (0.1, 2.0))], p=0.1),
+        T.RandomSolarize(128, p=0.2),
+    ],
+    "affine and choice": lambda T: [
+        T.RandomAffine(15, translate=(0.1, 0.1), scale=(0.9, 1.1), shear=5),
+        T.RandomChoice([T.RandomEqualize(1.0), T.RandomAutocontrast(1.0), T.RandomInvert(1.0)]),
+        T.RandomOrder([T.RandomPosterize(4), T.RandomAdjustSharpness(2.0)]),
+    ],
+}
+
+
+@pytest.mark.parametrize("name", list(SSL))
+def test_a_self_supervised_recipe_is_batched_and_distributed_as_torchvisions(name):
+    import torchvision.transforms as T
+
+    import gpufeed as gf
+
+    from fakes import image_summaries, varied_cifar
+    from stats import ks_critical, ks_statistic
+
+    n = 3000
+    recipe = T.Compose([T.PILToTensor(), *SSL[name](T), T.ConvertImageDtype(torch.float32)])
+    ds = varied_cifar(n, seed=1)
+    ds.transform = recipe
+    loader = gf.accelerate(ds, batch_size=500, shuffle=False, device="cpu", cache=False, progress=False, seed=4)
+    assert loader.plan.storage != "fallback"
+    ours = torch.cat([x for x, _ in loader])
+    before = torch.from_numpy(ds.data).permute(0, 3, 1, 2).float() / 255
+    torch.manual_seed(4)
+    theirs = torch.stack([ds[i][0] for i in range(n)])
+    a, b = image_summaries(ours, before), image_summaries(theirs, before)
+    for key in a:
+        assert ks_statistic(a[key], b[key]) < ks_critical(n, n), key

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from .augment.mix import as_mix
 from .augment.ragged import Ragged
 from .device import resolve_device
 from .encoded import Encoded, file_samples
@@ -98,6 +99,7 @@ def accelerate(
     lock_timeout: float | None = None,
     store: str = "auto",
     max_side: int | None = None,
+    mix: Any = None,
 ) -> DeviceLoader | FallbackLoader:
     """A loader over ``dataset`` that yields what ``DataLoader(dataset, ...)`` would, many times faster.
 
@@ -139,6 +141,10 @@ def accelerate(
         max_side: downscale the pixel store's images whose longer side exceeds it, once, as they
             are decoded (torchvision's ``Resize(size=None, max_size=max_side)``, antialiased): a
             change to what the model sees, stated in ``loader.plan``; off by default.
+        mix: MixUp or CutMix on every batch, after the per-sample ops, as torchvision v2 applies them
+            (gpufeed's :mod:`gpufeed.augment.mix`, or v2's ``MixUp``, ``CutMix`` or a ``RandomChoice`` of
+            them; ``num_classes`` from the dataset's ``classes`` when not given): labels become
+            ``(N, num_classes)`` soft targets.
 
     Example:
         >>> import torch, torchvision.transforms.v2 as v2
@@ -169,6 +175,9 @@ def accelerate(
     num_workers = None if num_workers is None else as_int(num_workers, "num_workers", 0)
     transform = getattr(dataset, "transform", None) if transform is _DATASET else transform
     dev = resolve_device(device)
+    classes = getattr(dataset, "classes", None)  # torchvision datasets: labels must index it
+    num_classes = len(classes) if isinstance(classes, list) and classes else None
+    mixer = as_mix(mix, num_classes)  # a bad mix= is refused before the data is read
 
     def slow_path(why: Exception) -> FallbackLoader:
         if fallback != "prefetch":
@@ -191,6 +200,7 @@ def accelerate(
             rank=rank,
             world_size=world_size,
             even=even,
+            mix=mixer,
         )
 
     # Planned in full on a few samples before the dataset is read, so that anything the batched path
@@ -244,7 +254,6 @@ def accelerate(
     notes: list[str] = []
     size = probed.size if isinstance(images, (Ragged, Encoded)) else (images.shape[2], images.shape[3])
     batched = build_batched(split.device, images.dtype, size, probed.pil, notes)
-    classes = getattr(dataset, "classes", None)  # torchvision datasets: labels must index it
     loader = DeviceLoader(
         images,
         labels,
@@ -257,15 +266,17 @@ def accelerate(
         dtype=dtype,
         channels_last=channels_last,
         storage=tier,
-        num_classes=len(classes) if isinstance(classes, list) and classes else None,
+        num_classes=num_classes,
         rank=rank,
         world_size=world_size,
         even=even,
         shard=shard,
+        mix=mixer,
     )
     loader.plan = Plan(
         cached=tuple(repr(op) for op in split.cached),
-        batched=tuple(op.describe() for op in (batched.transforms if batched else [])),
+        batched=tuple(op.describe() for op in (batched.transforms if batched else []))
+        + ((f"then per batch {mixer!r}",) if mixer is not None else ()),
         storage=tier,
         stored_shape=tuple(images.shape)
         if isinstance(images, torch.Tensor)

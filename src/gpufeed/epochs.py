@@ -37,8 +37,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import ConfigError, StateError
+import numpy as np
+import torch
+
+from .errors import ConfigError, DataError, StateError
+from .sampling import derive_seed
 from .validate import as_int
+
+_MIX_STREAM = 0x4D4958  # "MIX": keeps the mixing draws apart from every other stream of the seed
 
 __all__ = ["STATE_VERSION", "EpochLoader", "check_world", "resume_position"]
 
@@ -63,6 +69,18 @@ class EpochLoader:
     kind: str
     config: Any  # loader._Config: what fixes the sequence of batches
     _explicit_world: bool  # rank and world_size were given, not read from the process group
+    mix: Any = None  # batch-level MixUp / CutMix (gpufeed.augment.mix), applied to every batch served
+
+    def _mixed(self, batch: Any, epoch: int, index: int) -> Any:
+        """``batch`` mixed by ``mix``, with draws from (seed, epoch, rank, batch): a resumed epoch mixes alike."""
+        if self.mix is None:
+            return batch
+        if not (isinstance(batch, (tuple, list)) and len(batch) == 2 and isinstance(batch[0], torch.Tensor)):
+            raise DataError(f"mix= needs (images, labels) batches; this loader yields {type(batch).__name__}")
+        c = self.config
+        rng = np.random.default_rng(derive_seed(c.seed, epoch, c.rank, index, _MIX_STREAM))
+        x, y = self.mix(batch[0], batch[1], rng)
+        return (x, y) if isinstance(batch, tuple) else [x, y]
 
     def _start_epochs(self) -> None:
         self._epoch, self._offset = 0, 0  # what the next claimed iteration serves
@@ -168,7 +186,7 @@ class _Epoch:
             p.done = True
             self._release()
             raise StopIteration
-        batch = next(self._source)  # type: ignore[arg-type]
+        batch = self.loader._mixed(next(self._source), p.epoch, p.next_batch)  # type: ignore[arg-type]
         p.next_batch += 1
         self.end_of_dataloader = p.next_batch >= self.total
         # At the end the position is the next epoch's start; Accelerate keeps this registered until exhausted.

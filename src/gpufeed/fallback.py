@@ -23,6 +23,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
 
 from .augment.functional import convert_dtype
+from .augment.mix import as_mix
 from .epochs import EpochLoader
 from .ingest import _with_transform
 from .loader import _Config, distributed_rank
@@ -106,6 +107,7 @@ class FallbackLoader(EpochLoader):
         rank: int | None = None,
         world_size: int | None = None,
         even: bool = True,
+        mix: Any = None,
     ) -> None:
         ds = Guarded(_with_transform(dataset, transform), type(dataset).__name__)
         batch_size, seed = as_int(batch_size, "batch_size", 1), as_int(seed, "seed")
@@ -114,6 +116,7 @@ class FallbackLoader(EpochLoader):
         n = len(ds)
         shuffle, drop_last, even = as_flag(shuffle, "shuffle"), as_flag(drop_last, "drop_last"), as_flag(even, "even")
         self.config = _Config(n, batch_size, shuffle, drop_last, seed, 1, rank, world_size, even)
+        self.mix = as_mix(mix, None)
         self._sampler = _Batches(self.config)
         check_epoch(n, batch_size, drop_last, world_size, even)
         workers = default_workers() if num_workers is None else num_workers

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from .augment.functional import convert_dtype
+from .augment.mix import as_mix
 from .augment.ragged import Ragged
 from .augment.transforms import BatchTransform, takes_ragged
 from .device import resolve_device
@@ -170,6 +171,7 @@ class DeviceLoader(EpochLoader):
         world_size: int | None = None,
         even: bool = True,
         shard: str = "full",
+        mix: Any = None,
     ) -> None:
         batch_size, seed = as_int(batch_size, "batch_size", 1), as_int(seed, "seed")
         shuffle, drop_last = as_flag(shuffle, "shuffle"), as_flag(drop_last, "drop_last")
@@ -224,6 +226,7 @@ class DeviceLoader(EpochLoader):
             local = torch.arange(rank, n, world_size)
             store, labels = _take(store, local, compact=True), labels.index_select(0, local)
         self.transform = transform
+        self.mix = as_mix(mix, num_classes)
         self.dtype = dtype
         self.channels_last = channels_last
         self.storage = storage

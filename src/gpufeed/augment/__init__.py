@@ -3,6 +3,7 @@
 from . import functional
 from .auto import AutoAugment, RandAugment, TrivialAugmentWide
 from .color import ColorJitter
+from .mix import CutMix, MixChoice, MixUp
 from .random_ops import (
     GaussianBlur,
     Grayscale,
@@ -38,9 +39,12 @@ __all__ = [
     "ColorJitter",
     "Compose",
     "ConvertDtype",
+    "CutMix",
     "Cutout",
     "GaussianBlur",
     "Grayscale",
+    "MixChoice",
+    "MixUp",
     "Normalize",
     "RandAugment",
     "RandomAdjustSharpness",

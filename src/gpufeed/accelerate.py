@@ -100,6 +100,7 @@ def accelerate(
     store: str = "auto",
     max_side: int | None = None,
     mix: Any = None,
+    views: int = 1,
 ) -> DeviceLoader | FallbackLoader:
     """A loader over ``dataset`` that yields what ``DataLoader(dataset, ...)`` would, many times faster.
 
@@ -145,6 +146,9 @@ def accelerate(
             (gpufeed's :mod:`gpufeed.augment.mix`, or v2's ``MixUp``, ``CutMix`` or a ``RandomChoice`` of
             them; ``num_classes`` from the dataset's ``classes`` when not given): labels become
             ``(N, num_classes)`` soft targets.
+        views: for self-supervised learning: each batch is ``([view_1, ..., view_k], labels)``, the same
+            images through the transform ``views`` times with independent draws (the usual
+            ``TwoCropsTransform(base)`` is ``transform=base, views=2``).
 
     Example:
         >>> import torch, torchvision.transforms.v2 as v2
@@ -179,9 +183,13 @@ def accelerate(
     num_classes = len(classes) if isinstance(classes, list) and classes else None
     mixer = as_mix(mix, num_classes)  # a bad mix= is refused before the data is read
 
+    views = as_int(views, "views", 1)
+
     def slow_path(why: Exception) -> FallbackLoader:
         if fallback != "prefetch":
             raise why
+        if views > 1:
+            raise ConfigError(f"views={views} needs the batched path, and this pipeline is not batched: {why}")
         warnings.warn(
             f"gpufeed.accelerate falls back to per-sample DataLoader workers (slow path): {why}", stacklevel=3
         )
@@ -272,11 +280,13 @@ def accelerate(
         even=even,
         shard=shard,
         mix=mixer,
+        views=views,
     )
     loader.plan = Plan(
         cached=tuple(repr(op) for op in split.cached),
         batched=tuple(op.describe() for op in (batched.transforms if batched else []))
-        + ((f"then per batch {mixer!r}",) if mixer is not None else ()),
+        + ((f"then per batch {mixer!r}",) if mixer is not None else ())
+        + ((f"all of it {views} times per batch, each view with its own draws",) if views > 1 else ()),
         storage=tier,
         stored_shape=tuple(images.shape)
         if isinstance(images, torch.Tensor)

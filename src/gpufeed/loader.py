@@ -172,6 +172,7 @@ class DeviceLoader(EpochLoader):
         even: bool = True,
         shard: str = "full",
         mix: Any = None,
+        views: int = 1,
     ) -> None:
         batch_size, seed = as_int(batch_size, "batch_size", 1), as_int(seed, "seed")
         shuffle, drop_last = as_flag(shuffle, "shuffle"), as_flag(drop_last, "drop_last")
@@ -227,6 +228,11 @@ class DeviceLoader(EpochLoader):
             store, labels = _take(store, local, compact=True), labels.index_select(0, local)
         self.transform = transform
         self.mix = as_mix(mix, num_classes)
+        self.views = as_int(views, "views", 1)
+        if self.views > 1 and (transform is None or not getattr(transform, "random", True)):
+            raise ConfigError(f"views={self.views} draws each view's own augmentation: it needs a random transform")
+        if self.views > 1 and self.mix is not None:
+            raise ConfigError("mix= mixes one batch of images with its labels; with views > 1 mix each view yourself")
         self.dtype = dtype
         self.channels_last = channels_last
         self.storage = storage
@@ -285,17 +291,21 @@ class DeviceLoader(EpochLoader):
 
     kind = "device"
 
-    def _batches(self, epoch: int, start: int, side: bool = False) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def _batches(self, epoch: int, start: int, side: bool = False) -> Iterator[tuple[Any, torch.Tensor]]:
         """The batches of ``epoch`` from batch ``start`` on: slices of transformed chunks."""
         k, bs = self.config.chunk_batches, self.config.batch_size
         skip = start % k  # batches of the first chunk already served before a resume
         for _, x, y in self._chunks(epoch, start // k):
-            for j in range(skip * bs, x.shape[0], bs):
-                yield x[j : j + bs], y[j : j + bs]
+            for j in range(skip * bs, y.shape[0], bs):
+                if isinstance(x, list):  # views: ([view 1, view 2, ...], labels)
+                    yield [v[j : j + bs] for v in x], y[j : j + bs]
+                else:
+                    yield x[j : j + bs], y[j : j + bs]
             skip = 0
 
-    def _chunks(self, epoch: int, first: int) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
-        """Yield ``(chunk index, images, labels)`` from chunk ``first`` on, transformed, on the device."""
+    def _chunks(self, epoch: int, first: int) -> Iterator[tuple[int, Any, torch.Tensor]]:
+        """Yield ``(chunk index, images, labels)`` from chunk ``first`` on, transformed, on the device (the
+        images a list of views when ``views`` > 1)."""
         c = self.config
         order = self._indices(epoch)
         span = c.chunk_batches * c.batch_size
@@ -312,7 +322,10 @@ class DeviceLoader(EpochLoader):
             raw = ((k, *self._gather(order[k * span : (k + 1) * span])) for k in chunks)
         generator = torch.Generator(device=self.device) if self.transform is not None else None
         for k, x, y in raw:
-            yield k, self._finish(x, epoch, k, generator), y
+            if self.views == 1:
+                yield k, self._finish(x, epoch, k, generator), y
+            else:  # the same images, each view with its own draws
+                yield k, [self._finish(x, epoch, k, generator, view) for view in range(self.views)], y
 
     def _gather(self, idx: torch.Tensor) -> tuple[Any, torch.Tensor]:
         if isinstance(self.images, (Ragged, Encoded)):  # views of the store; labels where they live
@@ -327,11 +340,13 @@ class DeviceLoader(EpochLoader):
             return _index_pinned(self.images, idx), _index_pinned(self.labels, idx)
         return self.images.index_select(0, idx), self.labels.index_select(0, idx)
 
-    def _finish(self, x: Any, epoch: int, chunk: int, generator: torch.Generator | None) -> torch.Tensor:
+    def _finish(self, x: Any, epoch: int, chunk: int, generator: torch.Generator | None, view: int = 0) -> torch.Tensor:
         count = _count(x)
         if self.transform is not None:
             assert generator is not None
-            generator.manual_seed(derive_seed(self.config.seed, epoch, self.config.rank, chunk))
+            c = self.config
+            parts = (c.seed, epoch, c.rank, chunk) if view == 0 else (c.seed, epoch, c.rank, chunk, view)
+            generator.manual_seed(derive_seed(*parts))
             x = self.transform(x, generator=generator)
             if not isinstance(x, torch.Tensor) or x.dim() < 1 or x.shape[0] != count:
                 got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__

@@ -75,7 +75,7 @@ def test_per_sample_datasets_are_cached_on_disk_and_hit_next_time(tmp_path):
 
 
 def test_unsupported_random_ops_raise_unless_the_fallback_is_asked_for():
-    ds = cifar_like(40, transform=T.Compose([T.RandomPerspective(), T.ToTensor()]))
+    ds = cifar_like(40, transform=T.Compose([T.ElasticTransform(alpha=10.0, sigma=1.0), T.ToTensor()]))
     with pytest.raises(UnsupportedTransformError, match="fallback='prefetch'"):
         accelerate(ds, device="cpu", progress=False)
     with pytest.warns(UserWarning, match="falls back to per-sample DataLoader workers"):
@@ -84,7 +84,7 @@ def test_unsupported_random_ops_raise_unless_the_fallback_is_asked_for():
     batches = _batches(loader)
     assert [tuple(x.shape) for x, _ in batches] == [(16, 3, 32, 32), (16, 3, 32, 32), (8, 3, 32, 32)]
     assert torch.equal(torch.cat([y for _, y in batches]), torch.tensor(ds.targets)[epoch_order(2, 0, 40)])
-    assert "RandomPerspective" in str(loader.plan)
+    assert "ElasticTransform" in str(loader.plan)
 
 
 def test_opaque_cached_ops_work_but_are_not_persisted(tmp_path):

@@ -13,7 +13,7 @@ from torch.utils.data import Dataset
 import gpufeed as gf
 
 BATCHED = T.Compose([T.RandomCrop(8, padding=2), T.RandomHorizontalFlip(), T.ToTensor()])
-PER_SAMPLE = T.Compose([T.RandomPerspective(), T.ToTensor()])  # not batched: the fallback runs it
+PER_SAMPLE = T.Compose([T.ElasticTransform(alpha=10.0, sigma=1.0), T.ToTensor()])  # not batched: the fallback runs it
 
 
 class Numbered(Dataset):

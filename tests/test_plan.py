@@ -133,7 +133,10 @@ def test_flatten_accepts_none_a_bare_transform_and_nested_composes():
 @pytest.mark.parametrize(
     "transform, match",
     [
-        (T.Compose([T.RandomPerspective(), T.ToTensor()]), r"RandomPerspective cannot be cached or run batched.*Crop"),
+        (
+            T.Compose([T.ElasticTransform(alpha=10.0, sigma=1.0), T.ToTensor()]),
+            r"ElasticTransform cannot be cached or run batched.*Crop",
+        ),
         (T.Compose([T.RandomCrop(32), T.Resize(30)]), r"Resize.*comes after a random op"),
         (T.Compose([T.Lambda(lambda x: x), T.ToTensor()]), "cache_lambda=True"),
         (v2.Compose([v2.ToImage(), v2.ToDtype(torch.float32, scale=False)]), "scale=True"),

@@ -41,7 +41,9 @@ def test_an_epoch_of_zero_batches_is_an_error_everywhere(n, batch_size):
     ds = cifar_like(n, transform=T.ToTensor())
     with pytest.raises(ConfigError, match=match):
         gf.accelerate(ds, batch_size=batch_size, drop_last=True, device="cpu", progress=False)
-    rotate = cifar_like(n, transform=T.Compose([T.RandomPerspective(), T.ToTensor()]))  # the per-sample fallback
+    rotate = cifar_like(
+        n, transform=T.Compose([T.ElasticTransform(alpha=10.0, sigma=1.0), T.ToTensor()])
+    )  # the per-sample fallback
     with pytest.raises(ConfigError, match=match):  # refused before the per-sample fallback is built
         gf.accelerate(rotate, batch_size=batch_size, drop_last=True, device="cpu", fallback="prefetch")
     assert len(_loader(n, batch_size=batch_size, drop_last=False)) == 1  # a ragged batch is an epoch
@@ -189,7 +191,7 @@ def test_the_fallback_names_a_sample_that_raises(workers):
             return (self.transform(image) if self.transform else image), label
 
     ds = Rotated(list(range(12)), fail_at=5)
-    ds.transform = T.RandomPerspective()
+    ds.transform = T.ElasticTransform(alpha=2.0, sigma=0.3)  # a kernel small enough for 4x4 images
     with pytest.warns(UserWarning, match="falls back"):
         loader = gf.accelerate(ds, batch_size=4, device="cpu", fallback="prefetch", num_workers=workers, shuffle=False)
     with pytest.raises(DataError, match=r"Rotated\[5\] raised ValueError: corrupt file for sample 5"):

@@ -53,6 +53,6 @@ def test_views_resume_mid_epoch_exactly():
 def test_views_are_refused_with_mix_and_on_the_fallback():
     with pytest.raises(ConfigError, match="mix each view yourself"):
         _loader(2, mix=gf.augment.MixUp(1.0, 10))
-    ds = cifar_like(16, transform=T.Compose([T.RandomPerspective(), T.ToTensor()]))
+    ds = cifar_like(16, transform=T.Compose([T.ElasticTransform(alpha=10.0, sigma=1.0), T.ToTensor()]))
     with pytest.raises(ConfigError, match="views=2 needs the batched path"):
         gf.accelerate(ds, batch_size=8, device="cpu", fallback="prefetch", views=2, progress=False)

@@ -238,6 +238,11 @@ def _affine(op: Any, s: _State) -> A.BatchTransform:
     )
 
 
+def _perspective(op: Any, s: _State) -> A.BatchTransform:
+    _pil_note(op, s)
+    return R.RandomPerspective(op.distortion_scale, op.p, _interpolation(op), _geometric_fill(op, s))
+
+
 def _inner(op: Any, s: _State) -> tuple[A.BatchTransform, ...]:
     """A container's ops, converted in the state they run in (they may not change the image's size)."""
     out = []
@@ -334,6 +339,7 @@ CONVERTERS: dict[str, Callable[[Any, _State], A.BatchTransform | None]] = {
     "Grayscale": _grayscale,  # after a random op; before one it is cached
     "GaussianBlur": _blur,
     "RandomRotation": _rotation,
+    "RandomPerspective": _perspective,
     "RandomAffine": _affine,
     "RandomApply": lambda op, s: R.RandomApply(_inner(op, s), op.p),
     "RandomChoice": lambda op, s: R.RandomChoice(_inner(op, s), tuple(op.p) if op.p is not None else None),

@@ -97,7 +97,10 @@ def test_the_loader_mixes_every_batch_reproducibly_and_a_resumed_epoch_alike():
 
 def test_the_fallback_mixes_too():
     ds = cifar_like(
-        16, transform=v2.Compose([v2.ToImage(), v2.RandomPerspective(), v2.ToDtype(torch.float32, scale=True)])
+        16,
+        transform=v2.Compose(
+            [v2.ToImage(), v2.ElasticTransform(alpha=10.0, sigma=1.0), v2.ToDtype(torch.float32, scale=True)]
+        ),
     )
     with pytest.warns(UserWarning, match="falls back"):
         loader = gf.accelerate(

@@ -184,3 +184,25 @@ def test_a_self_supervised_recipe_is_batched_and_distributed_as_torchvisions(nam
     a, b = image_summaries(ours, before), image_summaries(theirs, before)
     for key in a:
         assert ks_statistic(a[key], b[key]) < ks_critical(n, n), key
+
+
+@pytest.mark.parametrize("interpolation", ["nearest", "bilinear"])
+def test_random_perspective_equals_torchvision_with_each_samples_corners(interpolation):
+    x = _images()
+    op = R.RandomPerspective(0.6, p=0.7, interpolation=interpolation, fill=(5.0, 6.0, 7.0))
+    params = op.sample(x, torch.Generator().manual_seed(7))
+    out = op.apply(x, params)
+    h, w = x.shape[2:]
+    start = [[0, 0], [w - 1, 0], [w - 1, h - 1], [0, h - 1]]
+    for i in range(len(x)):
+        if not params["apply"][i]:
+            assert torch.equal(out[i], x[i])
+            continue
+        ends = params["ends"][i].tolist()
+        want = TF.perspective(x[i], start, ends, InterpolationMode(interpolation), fill=[5.0, 6.0, 7.0])
+        assert torch.equal(out[i], want), i
+    # the corners are drawn as torchvision's get_params draws them: within the same bounds
+    n = 4000
+    many = op.sample(torch.zeros(n, 3, h, w, dtype=torch.uint8), torch.Generator().manual_seed(8))["ends"]
+    bw, bh = int(0.6 * (w // 2)) + 1, int(0.6 * (h // 2)) + 1
+    assert set(many[:, 0, 0].tolist()) == set(range(bw)) and set(many[:, 2, 1].tolist()) == set(range(h - bh, h))

@@ -39,7 +39,7 @@ def main() -> None:
     ops = [v2.RandomCrop(8, padding=2), v2.RandomHorizontalFlip(), v2.ToDtype(torch.float32, scale=True)]
     extra: dict = {"fallback": "prefetch", "num_workers": 0} if args.fallback else {}
     if args.fallback:
-        ops.insert(0, v2.RandomPerspective())
+        ops.insert(0, v2.ElasticTransform(alpha=10.0, sigma=1.0))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         loader = gf.accelerate(

@@ -31,7 +31,7 @@ def make_loader(args: argparse.Namespace, explicit_world: int | None = None) -> 
     ds = TensorDataset(images, torch.arange(N))
     ops = [v2.RandomCrop(8, padding=2), v2.RandomHorizontalFlip(), v2.ToDtype(torch.float32, scale=True)]
     if args.fallback:
-        ops.insert(0, v2.RandomPerspective())  # not batched: the per-sample fallback runs it
+        ops.insert(0, v2.ElasticTransform(alpha=10.0, sigma=1.0))  # not batched: the per-sample fallback runs it
     kwargs: dict = {"batch_size": BATCH, "device": "cpu", "seed": 7, "cache": False, "progress": False}
     if explicit_world is not None:
         kwargs.update(rank=int(os.environ.get("LOCAL_RANK", "0")), world_size=explicit_world)

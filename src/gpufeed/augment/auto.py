@@ -32,6 +32,7 @@ __all__ = [
     "apply_op",
     "inverse_affine",
     "policies",
+    "sample_grid",
 ]
 
 # torchvision's op order (its _augmentation_space keys); AutoAugment's policies add Invert.
@@ -145,6 +146,14 @@ def affine_sample(x: torch.Tensor, matrices: torch.Tensor, fill: tuple[float, ..
     base[..., 2].fill_(1)
     rescaled = theta.transpose(1, 2) / torch.tensor([0.5 * w, 0.5 * h], dtype=torch.float32, device=dev)
     grid = base.view(1, h * w, 3).expand(n, h * w, 3).bmm(rescaled).view(n, h, w, 2)
+    return sample_grid(x, grid, fill, mode)
+
+
+def sample_grid(x: torch.Tensor, grid: torch.Tensor, fill: tuple[float, ...] | None, mode: str) -> torch.Tensor:
+    """torchvision's ``_apply_grid_transform`` for a grid per sample: ``grid_sample`` with a ones channel
+    sampled alongside, whose value says where the fill goes."""
+    n, c, h, w = x.shape
+    dev = x.device
     img = x.to(torch.float32) if not x.dtype.is_floating_point else x
     if fill is not None:
         img = torch.cat((img, torch.ones((n, 1, h, w), dtype=img.dtype, device=dev)), dim=1)

@@ -19,7 +19,17 @@ import torch
 import torch.nn.functional as nnf
 
 from ..errors import ConfigError
-from .auto import _autocontrast, _equalize, _fill, _posterize, _sharpness, _solarize, affine_sample, inverse_affine
+from .auto import (
+    _autocontrast,
+    _equalize,
+    _fill,
+    _posterize,
+    _sharpness,
+    _solarize,
+    affine_sample,
+    inverse_affine,
+    sample_grid,
+)
 from .color import _gray
 from .transforms import BatchTransform, Params
 
@@ -35,6 +45,7 @@ __all__ = [
     "RandomGrayscale",
     "RandomInvert",
     "RandomOrder",
+    "RandomPerspective",
     "RandomPosterize",
     "RandomRotation",
     "RandomSolarize",
@@ -390,3 +401,87 @@ class RandomOrder(BatchTransform):
                 salt = slot * len(self.transforms) + k
                 x = _on(x, order[:, slot] == k, lambda part, idx, op=op, s=salt: _run(op, part, params["seed"], s))
         return x
+
+
+@dataclass(frozen=True)
+class RandomPerspective(BatchTransform):
+    """torchvision's ``RandomPerspective``: with probability ``p`` per sample, the corners moved inwards by up
+    to ``distortion_scale`` of half the image (whole pixels, drawn as torchvision draws them)."""
+
+    distortion_scale: float = 0.5
+    p: float = 0.5
+    interpolation: str = "bilinear"
+    fill: float | tuple[float, ...] = 0.0
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.distortion_scale <= 1.0:
+            raise ConfigError(f"distortion_scale={self.distortion_scale} must be in [0, 1]")
+        object.__setattr__(self, "p", _check_p(self.p, "RandomPerspective"))
+        object.__setattr__(self, "interpolation", _mode(self.interpolation))
+        object.__setattr__(self, "fill", _fill(self.fill))
+
+    def sample(self, x: torch.Tensor, generator: torch.Generator) -> Params:
+        n, (h, w) = x.shape[0], x.shape[2:]
+        bw, bh = int(self.distortion_scale * (w // 2)) + 1, int(self.distortion_scale * (h // 2)) + 1
+
+        def draw(low: int, high: int) -> torch.Tensor:
+            return torch.randint(low, high, (n,), generator=generator, device=x.device)
+
+        # corners: top-left, top-right, bottom-right, bottom-left, each (x, y)
+        ends = torch.stack(
+            [
+                torch.stack([draw(0, bw), draw(0, bh)], 1),
+                torch.stack([draw(w - bw, w), draw(0, bh)], 1),
+                torch.stack([draw(w - bw, w), draw(h - bh, h)], 1),
+                torch.stack([draw(0, bw), draw(h - bh, h)], 1),
+            ],
+            1,
+        )
+        return {"apply": _coin(x, self.p, generator), "ends": ends}
+
+    def apply(self, x: torch.Tensor, params: Params) -> torch.Tensor:
+        def warp(part: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+            coeffs = _perspective_coeffs(params["ends"][idx], part.shape[3], part.shape[2])
+            return _perspective(part, coeffs, self.fill, self.interpolation)  # type: ignore[arg-type]
+
+        return _on(x, params["apply"], warp)
+
+
+def _perspective_coeffs(ends: torch.Tensor, width: int, height: int) -> torch.Tensor:
+    """``(N, 8)`` float32: torchvision's ``_get_perspective_coeffs`` (a float64 least-squares solve) per sample."""
+    n = ends.shape[0]
+    start = torch.tensor([[0, 0], [width - 1, 0], [width - 1, height - 1], [0, height - 1]], dtype=torch.float64)
+    start = start.to(ends.device)
+    e = ends.to(torch.float64)
+    a = torch.zeros(n, 8, 8, dtype=torch.float64, device=ends.device)
+    for i in range(4):
+        (ex, ey), (sx, sy) = e[:, i].unbind(1), start[i]
+        a[:, 2 * i, 0], a[:, 2 * i, 1], a[:, 2 * i, 2] = ex, ey, 1
+        a[:, 2 * i, 6], a[:, 2 * i, 7] = -sx * ex, -sx * ey
+        a[:, 2 * i + 1, 3], a[:, 2 * i + 1, 4], a[:, 2 * i + 1, 5] = ex, ey, 1
+        a[:, 2 * i + 1, 6], a[:, 2 * i + 1, 7] = -sy * ex, -sy * ey
+    b = start.reshape(1, 8, 1).expand(n, 8, 1)
+    return (
+        torch.linalg.lstsq(a.cpu(), b.cpu().contiguous(), driver="gels")
+        .solution[..., 0]
+        .to(torch.float32)
+        .to(ends.device)
+    )
+
+
+def _perspective(x: torch.Tensor, coeffs: torch.Tensor, fill: tuple[float, ...] | None, mode: str) -> torch.Tensor:
+    """torchvision's tensor ``perspective``: its grid from the eight coefficients, then its fill mask."""
+    n, c, h, w = x.shape
+    dev = x.device
+    one = torch.ones(n, device=dev)
+    theta1 = torch.stack([coeffs[:, 0:3], coeffs[:, 3:6]], 1)  # (N, 2, 3)
+    theta2 = torch.stack([torch.stack([coeffs[:, 6], coeffs[:, 7], one], 1)] * 2, 1)
+    base = torch.empty(1, h, w, 3, dtype=torch.float32, device=dev)
+    base[..., 0].copy_(torch.linspace(0.5, w * 1.0 + 0.5 - 1.0, steps=w, device=dev))
+    base[..., 1].copy_(torch.linspace(0.5, h * 1.0 + 0.5 - 1.0, steps=h, device=dev).unsqueeze_(-1))
+    base[..., 2].fill_(1)
+    flat = base.view(1, h * w, 3).expand(n, h * w, 3)
+    grid1 = flat.bmm(theta1.transpose(1, 2) / torch.tensor([0.5 * w, 0.5 * h], dtype=torch.float32, device=dev))
+    grid2 = flat.bmm(theta2.transpose(1, 2))
+    grid = (grid1 / grid2 - 1.0).view(n, h, w, 2)
+    return sample_grid(x, grid, fill, mode)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -47,6 +48,61 @@ def recipe(ops: list) -> T.Compose:
     return T.Compose([*ops, T.ToTensor(), T.Normalize(MEAN, STD)])
 
 
+def augment_cost(device: torch.device, size: int, batch: int, model_name: str, steps: int = 10) -> dict:
+    """Each recipe's batched augmentation per batch (uint8 images of ``size`` resident on ``device``) against
+    one training step of ``model_name`` (bf16 autocast and channels_last on a GPU) on a fixed batch."""
+    import torchvision
+
+    from gpufeed.device import sync
+    from gpufeed.plan import build_batched
+
+    g = torch.Generator(device=device).manual_seed(0)
+    images = torch.randint(0, 256, (batch, 3, size + size // 7, size + size // 7), dtype=torch.uint8, device=device)
+    recipes = {
+        "TrivialAugmentWide": [T.RandomResizedCrop(size), T.RandomHorizontalFlip(), T.TrivialAugmentWide()],
+        "RandAugment": [T.RandomResizedCrop(size), T.RandomHorizontalFlip(), T.RandAugment()],
+        "AutoAugment(imagenet)": [T.RandomResizedCrop(size), T.RandomHorizontalFlip(), T.AutoAugment()],
+        "SimCLR view": RECIPES["SimCLR view"]()[1:],
+    }
+    rows: dict = {}
+
+    def timed(fn) -> float:
+        fn()
+        sync(device)
+        t = time.perf_counter()
+        for _ in range(steps):
+            fn()
+        sync(device)
+        return (time.perf_counter() - t) / steps * 1000
+
+    for name, ops in recipes.items():
+        if name == "SimCLR view":
+            ops = [T.RandomResizedCrop(size), *ops]
+        batched = build_batched([*ops, T.ConvertImageDtype(torch.float32), T.Normalize(MEAN, STD)], torch.uint8,
+                                tuple(images.shape[2:]))  # fmt: skip
+        rows[name] = {"ms_per_batch": round(timed(lambda b=batched: b(images, generator=g)), 3)}
+    model = torchvision.models.get_model(model_name, weights=None, num_classes=1000).to(device)
+    cuda = device.type == "cuda"
+    if cuda:
+        model = model.to(memory_format=torch.channels_last)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    x = torch.randn(batch, 3, size, size, device=device)
+    x = x.contiguous(memory_format=torch.channels_last) if cuda else x
+    y = torch.randint(0, 1000, (batch,), device=device)
+
+    def step() -> None:
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda):
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    step_ms = timed(step)
+    for r in rows.values():
+        r["fraction_of_step"] = round(r["ms_per_batch"] / step_ms, 4)
+    return {"model": model_name, "size": size, "batch": batch, "step_ms": round(step_ms, 3), "recipes": rows}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", default="cpu")
@@ -55,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--out", type=Path, default=Path("bench-out"))
+    p.add_argument("--cost", default=None, help="SIZE,BATCH,MODEL: each recipe's cost per batch against a step")
     args = p.parse_args(argv)
     device = gf.device.resolve_device(args.device)
     rows = []
@@ -84,7 +141,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(", ".join(f"{k}={v}" for k, v in env.items()))
     print_table(rows, baseline=rows[0])
-    save_json(args.out / "augment_recipes.json", env, rows, rows[0])
+    extra: dict = {}
+    if args.cost:
+        size, batch, model = args.cost.split(",")
+        extra["cost"] = augment_cost(device, int(size), int(batch), model)
+        print(f"augmentation per batch against a {model} step: {extra['cost']}")
+    save_json(args.out / "augment_recipes.json", env, rows, rows[0], **extra)
     return 0
 
 

@@ -11,6 +11,9 @@ Parts, most valuable first (``--parts`` runs a chosen few, in the order given):
 2. ``sync_free``: no host-device synchronisation in steady state (``set_sync_debug_mode("error")``);
 3. ``loader_throughput``: gpufeed and airbench's ``CifarLoader`` first, then torchvision's
    ``DataLoader`` (slow) -- one row at a time;
+3b. ``image_folder``: nvJPEG against PIL, both folder stores against DataLoader(16), a ResNet-50 epoch;
+3c. ``augment_recipes``: TrivialAugmentWide, RandAugment, AutoAugment, a SimCLR view against
+   DataLoader(16), and each one's cost per batch against a ResNet-50 bf16 step at 224;
 4. ``bench_ladder``: VGG16 on 50,000 images, the gpufeed rungs and the model-alone floors first,
    the slow ``DataLoader`` rungs last -- one rung at a time;
 5. ``cuda_tests``: the CUDA-marked tests; 6. ``tier_fallback``: the memory-cap fallback to pinned
@@ -60,6 +63,7 @@ LIMITS = {
     "sync_free": 45,
     "loader_throughput": 150,
     "image_folder": 90,
+    "augment_recipes": 75,
     "bench_ladder": 240,
     "cuda_tests": 150,
     "tier_fallback": 90,
@@ -187,6 +191,18 @@ def image_folder(c: Check) -> dict:
         + ["--out", str(c.out)]
     )
     return json.loads((c.out / "image_folder.json").read_text())
+
+
+def augment_recipes(c: Check) -> dict:
+    """TrivialAugmentWide, RandAugment, AutoAugment and a SimCLR view batched on the GPU against DataLoader(16)
+    with the PIL pipeline (CIFAR-sized), and each one's cost per batch of 256 at 224 against a ResNet-50 bf16
+    channels_last training step (goal: under 10%)."""
+    import augment_recipes as recipes
+
+    small = ["--n", "512", "--batch", "64", "--workers", "2", "--repeats", "1", "--cost", "32,16,resnet18"]
+    full = ["--n", "10000", "--batch", "256", "--workers", "16", "--repeats", "3", "--cost", "224,256,resnet50"]
+    recipes.main(["--device", c.device, "--out", str(c.out)] + (small if c.small else full))
+    return json.loads((c.out / "augment_recipes.json").read_text())
 
 
 def bench_ladder(c: Check) -> dict:
@@ -376,6 +392,7 @@ def main(argv: list[str] | None = None) -> int:
         "sync_free": sync_free,
         "loader_throughput": loader_throughput,
         "image_folder": image_folder,
+        "augment_recipes": augment_recipes,
         "bench_ladder": bench_ladder,
         "cuda_tests": cuda_tests,
         "tier_fallback": lambda c: tier_fallback(c, tier_data),  # type: ignore[arg-type]

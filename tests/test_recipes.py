@@ -213,7 +213,6 @@ def _expected(dataset, loader_seed, epoch, batch_size, n):
 
 
 REFUSED = {
-    "AugMix (not batched yet)": T.Compose([T.AugMix(), T.ToTensor()]),
     "bicubic RandomResizedCrop": T.Compose(
         [T.RandomResizedCrop(24, interpolation=InterpolationMode.BICUBIC), T.ToTensor()]
     ),

@@ -161,12 +161,7 @@ V2_LEVEL_NOTE = (
 
 def _auto_augment(op: Any, s: _State) -> A.BatchTransform:
     name = type(op).__name__
-    mode = getattr(op.interpolation, "value", op.interpolation)
-    if mode != "nearest":
-        raise UnsupportedTransformError(
-            f"{op!r}: gpufeed batches {name} with nearest interpolation (torchvision's default) only, not "
-            f"{mode!r}; use InterpolationMode.NEAREST or fallback='prefetch'"
-        )
+    mode = _interpolation(op)
     if s.dtype != torch.uint8:
         raise ConfigError(
             f"{op!r} comes after a conversion to {s.dtype}: torchvision's {name} needs uint8 images (PIL or "
@@ -177,11 +172,13 @@ def _auto_augment(op: Any, s: _State) -> A.BatchTransform:
         fill = None  # v2 keeps fill=None as {type: None}
     out: A.BatchTransform
     if name == "TrivialAugmentWide":
-        out = A.TrivialAugmentWide(op.num_magnitude_bins, fill)
+        out = A.TrivialAugmentWide(op.num_magnitude_bins, fill, mode)
+    elif name == "AugMix":
+        out = A.AugMix(op.severity, op.mixture_width, op.chain_depth, float(op.alpha), bool(op.all_ops), fill, mode)
     elif name == "RandAugment":
-        out = A.RandAugment(op.num_ops, op.magnitude, op.num_magnitude_bins, fill)
+        out = A.RandAugment(op.num_ops, op.magnitude, op.num_magnitude_bins, fill, mode)
     else:
-        out = A.AutoAugment(getattr(op.policy, "value", op.policy), fill)
+        out = A.AutoAugment(getattr(op.policy, "value", op.policy), fill, mode)
     if s.pil:
         s.notes.append(f"{name} {AUTO_PIL_NOTE}")
     elif _is_v2(op):
@@ -347,6 +344,7 @@ CONVERTERS: dict[str, Callable[[Any, _State], A.BatchTransform | None]] = {
     "TrivialAugmentWide": _auto_augment,
     "RandAugment": _auto_augment,
     "AutoAugment": _auto_augment,
+    "AugMix": _auto_augment,
     "ToTensor": lambda op, s: None if s.dtype.is_floating_point else _to_float(s),  # float arrays stay as they are
     "PILToTensor": lambda op, s: None,
     "ToImage": lambda op, s: None,
@@ -363,6 +361,7 @@ RANDOM_SUPPORTED = (
     "TrivialAugmentWide",
     "RandAugment",
     "AutoAugment",
+    "AugMix",
 )
 
 

@@ -9,7 +9,7 @@ import torchvision.transforms as T
 from torchvision.transforms import InterpolationMode
 from torchvision.transforms.autoaugment import _apply_op
 
-from gpufeed.augment.auto import OPS, AutoAugment, RandAugment, TrivialAugmentWide, _table, apply_op, policies
+from gpufeed.augment.auto import OPS, AugMix, AutoAugment, RandAugment, TrivialAugmentWide, _table, apply_op, policies
 
 from fakes import image_summaries, varied_cifar
 from stats import chi_square_p_value
@@ -42,19 +42,20 @@ def _magnitudes(kind: str, name: str, h: int, w: int, bins: int) -> list[float]:
     return values + [-v for v in values if v] if signed else values
 
 
+@pytest.mark.parametrize("mode", ["nearest", "bilinear"])
 @pytest.mark.parametrize("size", [(32, 32), (24, 40)])
 @pytest.mark.parametrize("fill", [None, (10.0, 20.0, 30.0)])
 @pytest.mark.parametrize("name", OPS)
-def test_each_op_equals_torchvisions_tensor_kernel_at_every_magnitude(name, size, fill):
+def test_each_op_equals_torchvisions_tensor_kernel_at_every_magnitude(name, size, fill, mode):
     h, w = size
     mags = sorted(set(_magnitudes("wide", name, h, w, 31) + _magnitudes("rand", name, h, w, 31)))
     mags = (mags * 8)[: max(8, len(mags))]  # at least the 8 kinds of image, for the ops without a magnitude
     x = _images(len(mags), h, w)
     op = torch.full((len(mags),), OPS.index(name))
-    got = apply_op(x, op, torch.tensor(mags, dtype=torch.float64), fill)
+    got = apply_op(x, op, torch.tensor(mags, dtype=torch.float64), fill, mode)
     tv_fill = list(fill) if fill is not None else None
     for i, m in enumerate(mags):
-        want = _apply_op(x[i], name, m, interpolation=InterpolationMode.NEAREST, fill=tv_fill)
+        want = _apply_op(x[i], name, m, interpolation=InterpolationMode(mode), fill=tv_fill)
         assert torch.equal(got[i], want), (name, m, (got[i].int() - want.int()).abs().max())
 
 
@@ -151,6 +152,69 @@ def test_a_recipe_is_batched_without_fallback_and_its_outputs_are_distributed_as
     ours = torch.cat([x for x, _ in loader])
     before = torch.from_numpy(ds.data).permute(0, 3, 1, 2).float() / 255
     torch.manual_seed(3)
+    theirs = torch.stack([ds[i][0] for i in range(n)])
+    a, b = image_summaries(ours, before), image_summaries(theirs, before)
+    for key in a:
+        assert ks_statistic(a[key], b[key]) < ks_critical(n, n), key
+
+
+def _augmix_reference(x: torch.Tensor, params: dict, mode: str, fill=None) -> torch.Tensor:
+    """torchvision's AugMix.forward for one image, with the draws given (its own code path per op)."""
+    mix = params["original"] * x
+    for i, steps in enumerate(params["chains"]):
+        aug = x
+        for op, mag in steps:
+            if int(op) != 0:
+                aug = _apply_op(aug, OPS[int(op)], float(mag), InterpolationMode(mode), fill)
+        mix.add_(params["weights"][i] * aug)
+    return mix.to(x.dtype)
+
+
+@pytest.mark.parametrize("chain_depth, all_ops", [(-1, True), (2, False)])
+def test_augmix_equals_torchvisions_arithmetic_given_the_same_draws(chain_depth, all_ops):
+    x = _images(16, 24, 20, seed=3)
+    op = AugMix(severity=3, mixture_width=3, chain_depth=chain_depth, all_ops=all_ops)
+    params = op.sample(x, torch.Generator().manual_seed(9))
+    got = op.apply(x, params)
+    for i in range(len(x)):
+        one = {
+            "original": params["original"][i],
+            "weights": params["weights"][i],
+            "chains": [[(o[i], m[i]) for o, m in steps] for steps in params["chains"]],
+        }
+        assert torch.equal(got[i], _augmix_reference(x[i], one, op.interpolation)), i
+    depths = torch.stack([sum((o != 0).long() for o, _ in steps) for steps in params["chains"]])
+    assert int(depths.max()) <= (3 if chain_depth < 0 else 2)
+
+
+def test_dirichlet_draws_follow_torchs_dirichlet():
+    from gpufeed.augment.auto import dirichlet
+
+    from stats import ks_critical, ks_statistic
+
+    n = 20_000
+    for alpha in (0.3, 1.0, 2.5):
+        ours = dirichlet(torch.tensor([alpha, alpha, alpha]), n, torch.Generator().manual_seed(1))
+        torch.manual_seed(1)
+        theirs = torch.distributions.Dirichlet(torch.tensor([alpha] * 3)).sample((n,))
+        assert torch.allclose(ours.sum(1), torch.ones(n), atol=1e-5)
+        assert ks_statistic(ours[:, 0], theirs[:, 0]) < ks_critical(n, n), alpha
+
+
+def test_augmix_recipe_is_batched_and_distributed_as_torchvisions():
+    import gpufeed as gf
+
+    from stats import ks_critical, ks_statistic
+
+    n = 3000
+    recipe = T.Compose([T.PILToTensor(), T.AugMix(), T.ConvertImageDtype(torch.float32)])
+    ds = varied_cifar(n, seed=2)
+    ds.transform = recipe
+    loader = gf.accelerate(ds, batch_size=500, shuffle=False, device="cpu", cache=False, progress=False, seed=5)
+    assert loader.plan.storage != "fallback" and any("AugMix" in b for b in loader.plan.batched)
+    ours = torch.cat([x for x, _ in loader])
+    before = torch.from_numpy(ds.data).permute(0, 3, 1, 2).float() / 255
+    torch.manual_seed(5)
     theirs = torch.stack([ds[i][0] for i in range(n)])
     a, b = image_summaries(ours, before), image_summaries(theirs, before)
     for key in a:

@@ -1,7 +1,7 @@
 """Batched per-sample augmentation on ``(N, C, H, W)`` tensors: ``from gpufeed import augment as A``."""
 
 from . import functional
-from .auto import AutoAugment, RandAugment, TrivialAugmentWide
+from .auto import AugMix, AutoAugment, RandAugment, TrivialAugmentWide
 from .color import ColorJitter
 from .mix import CutMix, MixChoice, MixUp
 from .random_ops import (
@@ -34,6 +34,7 @@ from .transforms import (
 )
 
 __all__ = [
+    "AugMix",
     "AutoAugment",
     "BatchTransform",
     "ColorJitter",

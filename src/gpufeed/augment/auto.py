@@ -13,6 +13,7 @@ look-up table -- so uint8 outputs are equal (tests/augment/test_auto.py).
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,11 +26,13 @@ from .transforms import BatchTransform, Params
 
 __all__ = [
     "OPS",
+    "AugMix",
     "AutoAugment",
     "RandAugment",
     "TrivialAugmentWide",
     "affine_sample",
     "apply_op",
+    "dirichlet",
     "inverse_affine",
     "policies",
     "sample_grid",
@@ -95,19 +98,28 @@ def inverse_affine(
     cy: torch.Tensor,
 ) -> torch.Tensor:
     """``(N, 6)`` float32: torchvision's ``_get_inverse_affine_matrix`` per sample (degrees; the centre relative
-    to the image centre), computed in float64 as its Python floats are, then cast as its ``affine`` casts."""
-    rot, sx, sy = torch.deg2rad(angle), torch.deg2rad(shear_x), torch.deg2rad(shear_y)
-    a = torch.cos(rot - sy) / torch.cos(sy)
-    b = -torch.cos(rot - sy) * torch.tan(sx) / torch.cos(sy) - torch.sin(rot)
-    c = torch.sin(rot - sy) / torch.cos(sy)
-    d = -torch.sin(rot - sy) * torch.tan(sx) / torch.cos(sy) + torch.cos(rot)
-    zero = torch.zeros_like(a)
-    m = [v / scale for v in (d, -b, zero, -c, a, zero)]
-    m[2] = m[2] + m[0] * (-cx - tx) + m[1] * (-cy - ty)
-    m[5] = m[5] + m[3] * (-cx - tx) + m[4] * (-cy - ty)
-    m[2] = m[2] + cx
-    m[5] = m[5] + cy
-    return torch.stack(m, 1).to(torch.float32)
+    to the image centre), in Python's float arithmetic as torchvision computes it: torch's own trigonometry
+    differs from ``math``'s in the last bit, which moves a bilinear sample by a level now and then. Six
+    numbers per sample, read to the host once per batch."""
+    columns = [t.double().tolist() for t in (angle, tx, ty, scale, shear_x, shear_y, cx, cy)]
+    rows = [_inverse_affine(*sample) for sample in zip(*columns, strict=True)]
+    return torch.tensor(rows, dtype=torch.float32, device=angle.device).view(-1, 6)
+
+
+def _inverse_affine(
+    angle: float, tx: float, ty: float, scale: float, shear_x: float, shear_y: float, cx: float, cy: float
+) -> list[float]:
+    rot, sx, sy = math.radians(angle), math.radians(shear_x), math.radians(shear_y)
+    a = math.cos(rot - sy) / math.cos(sy)
+    b = -math.cos(rot - sy) * math.tan(sx) / math.cos(sy) - math.sin(rot)
+    c = math.sin(rot - sy) / math.cos(sy)
+    d = -math.sin(rot - sy) * math.tan(sx) / math.cos(sy) + math.cos(rot)
+    m = [v / scale for v in (d, -b, 0.0, -c, a, 0.0)]
+    m[2] += m[0] * (-cx - tx) + m[1] * (-cy - ty)
+    m[5] += m[3] * (-cx - tx) + m[4] * (-cy - ty)
+    m[2] += cx
+    m[5] += cy
+    return m
 
 
 def _matrices(op: torch.Tensor, mag: torch.Tensor, height: int, width: int) -> torch.Tensor:
@@ -115,7 +127,8 @@ def _matrices(op: torch.Tensor, mag: torch.Tensor, height: int, width: int) -> t
     zeros, ones = torch.zeros_like(mag), torch.ones_like(mag)
     is_ = lambda name: op == OPS.index(name)  # noqa: E731
     # ShearX/Y: shear = degrees(atan(m)) about [0, 0] (the top-left corner); Rotate: F.rotate's angle -m.
-    shear = torch.rad2deg(torch.atan(mag))
+    shear = torch.tensor([math.degrees(math.atan(v)) for v in mag.double().tolist()], dtype=torch.float64)
+    shear = shear.to(mag.device)
     corner = is_("ShearX") | is_("ShearY")
     return inverse_affine(
         torch.where(is_("Rotate"), -mag, zeros),
@@ -223,10 +236,15 @@ def _equalize(x: torch.Tensor) -> torch.Tensor:
 
 
 def apply_op(
-    x: torch.Tensor, op: torch.Tensor, magnitude: torch.Tensor, fill: float | tuple[float, ...] | None = None
+    x: torch.Tensor,
+    op: torch.Tensor,
+    magnitude: torch.Tensor,
+    fill: float | tuple[float, ...] | None = None,
+    interpolation: str = "nearest",
 ) -> torch.Tensor:
     """``x`` with op ``OPS[op[i]]`` at ``magnitude[i]`` (signed, as torchvision passes it) on each sample ``i``;
-    each op runs once, on the samples that drew it. ``fill``: the geometric ops' outside (None: zeros).
+    each op runs once, on the samples that drew it. ``fill``: the geometric ops' outside (None: zeros);
+    ``interpolation``: theirs, ``"nearest"`` or ``"bilinear"``.
 
     The batch is sorted by op once, so that each op reads and writes a contiguous slice (the geometric
     ops, neighbours in :data:`OPS`, one slice and one ``grid_sample``), and put back in order once."""
@@ -243,7 +261,7 @@ def apply_op(
     if last > first:
         part = slice(first, last)
         m = _matrices(op.index_select(0, order)[part], ms[part], x.shape[2], x.shape[3])
-        res[part] = affine_nearest(xs[part], m, fill)
+        res[part] = affine_sample(xs[part], m, fill, interpolation)
     for name in OPS:
         if name in _GEOMETRIC or starts[name] == ends[name]:
             continue
@@ -282,6 +300,11 @@ def _check_uint8(x: torch.Tensor, op: str) -> None:
         )
 
 
+def _check_mode(interpolation: str) -> None:
+    if interpolation not in ("nearest", "bilinear"):
+        raise ConfigError(f"interpolation={interpolation!r}: gpufeed batches 'nearest' and 'bilinear'")
+
+
 def _fill(fill: Any) -> tuple[float, ...] | None:
     if fill is None:
         return None
@@ -301,8 +324,10 @@ class TrivialAugmentWide(BatchTransform):
 
     num_magnitude_bins: int = 31
     fill: float | tuple[float, ...] | None = None
+    interpolation: str = "nearest"
 
     def __post_init__(self) -> None:
+        _check_mode(self.interpolation)
         if self.num_magnitude_bins < 2:
             raise ConfigError(f"num_magnitude_bins={self.num_magnitude_bins} must be >= 2")
         object.__setattr__(self, "fill", _fill(self.fill))
@@ -316,7 +341,7 @@ class TrivialAugmentWide(BatchTransform):
         return {"op": op, "magnitude": table[op, bins] * _signs(n, op, generator)}
 
     def apply(self, x: torch.Tensor, params: Params) -> torch.Tensor:
-        return apply_op(x, params["op"], params["magnitude"], self.fill)
+        return apply_op(x, params["op"], params["magnitude"], self.fill, self.interpolation)
 
 
 @dataclass(frozen=True)
@@ -328,8 +353,10 @@ class RandAugment(BatchTransform):
     magnitude: int = 9
     num_magnitude_bins: int = 31
     fill: float | tuple[float, ...] | None = None
+    interpolation: str = "nearest"
 
     def __post_init__(self) -> None:
+        _check_mode(self.interpolation)
         if self.num_ops < 0 or not 0 <= self.magnitude < self.num_magnitude_bins:
             raise ConfigError(
                 f"num_ops={self.num_ops} must be >= 0 and magnitude={self.magnitude} a bin in "
@@ -349,7 +376,7 @@ class RandAugment(BatchTransform):
 
     def apply(self, x: torch.Tensor, params: Params) -> torch.Tensor:
         for op, magnitude in params["rounds"]:
-            x = apply_op(x, op, magnitude, self.fill)
+            x = apply_op(x, op, magnitude, self.fill, self.interpolation)
         return x
 
 
@@ -372,9 +399,11 @@ class AutoAugment(BatchTransform):
 
     policy: str = "imagenet"
     fill: float | tuple[float, ...] | None = None
+    interpolation: str = "nearest"
     _rows: Any = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        _check_mode(self.interpolation)
         pol = policies(self.policy)
         object.__setattr__(self, "fill", _fill(self.fill))
         ops = torch.tensor([[OPS.index(step[0]) for step in sub] for sub in pol])  # (P, 2)
@@ -399,5 +428,117 @@ class AutoAugment(BatchTransform):
 
     def apply(self, x: torch.Tensor, params: Params) -> torch.Tensor:
         for op, magnitude in params["rounds"]:
-            x = apply_op(x, op, magnitude, self.fill)
+            x = apply_op(x, op, magnitude, self.fill, self.interpolation)
         return x
+
+
+_AUGMIX_OPS = (
+    "ShearX",
+    "ShearY",
+    "TranslateX",
+    "TranslateY",
+    "Rotate",
+    "Posterize",
+    "Solarize",
+    "AutoContrast",
+    "Equalize",
+)
+_AUGMIX_ALL = ("Brightness", "Color", "Contrast", "Sharpness")
+
+
+def _augmix_table(height: int, width: int, all_ops: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """AugMix's ops (as indices into :data:`OPS`) and their magnitudes over its 10 bins, as torchvision has them."""
+    lin = lambda hi: torch.linspace(0.0, hi, 10)  # noqa: E731
+    space = {
+        "ShearX": lin(0.3),
+        "ShearY": lin(0.3),
+        "TranslateX": lin(width / 3.0),
+        "TranslateY": lin(height / 3.0),
+        "Rotate": lin(30.0),
+        "Posterize": (4 - (torch.arange(10) / (9 / 4)).round().int()).float(),
+        "Solarize": torch.linspace(255.0, 0.0, 10),
+        "AutoContrast": torch.zeros(10),
+        "Equalize": torch.zeros(10),
+        **{name: lin(0.9) for name in _AUGMIX_ALL},
+    }
+    names = (*_AUGMIX_OPS, *(_AUGMIX_ALL if all_ops else ()))
+    return torch.tensor([OPS.index(n) for n in names]), torch.stack([space[n].double() for n in names])
+
+
+def dirichlet(concentration: torch.Tensor, n: int, generator: torch.Generator) -> torch.Tensor:
+    """``(n, k)`` Dirichlet draws from ``generator``: normalised Gamma(alpha_j) draws (Marsaglia and Tsang's
+    method, boosted below 1), since torch's own Dirichlet sampler takes no generator."""
+    alpha = concentration.to(torch.float64).expand(n, -1)
+    boost = alpha < 1
+    a = torch.where(boost, alpha + 1, alpha)
+    d = a - 1.0 / 3
+    c = 1.0 / torch.sqrt(9 * d)
+    gamma = torch.zeros_like(a)
+    todo = torch.ones_like(a, dtype=torch.bool)
+    while bool(todo.any()):
+        z = torch.randn(a.shape, generator=generator, device=a.device, dtype=torch.float64)
+        u = torch.rand(a.shape, generator=generator, device=a.device, dtype=torch.float64)
+        v = (1 + c * z) ** 3
+        ok = (v > 0) & (torch.log(u) < 0.5 * z * z + d - d * v + d * torch.log(v.clamp(min=1e-300)))
+        take = todo & ok
+        gamma = torch.where(take, d * v, gamma)
+        todo = todo & ~ok
+    u = torch.rand(a.shape, generator=generator, device=a.device, dtype=torch.float64)
+    gamma = torch.where(boost, gamma * u ** (1.0 / alpha), gamma)
+    return (gamma / gamma.sum(1, keepdim=True)).to(torch.float32)
+
+
+@dataclass(frozen=True)
+class AugMix(BatchTransform):
+    """torchvision's ``AugMix``: per sample, ``mixture_width`` chains of 1-3 (or ``chain_depth``) ops at a bin below
+    ``severity``, mixed with Dirichlet weights, then with the original by a Beta weight; the sum truncated back
+    to uint8 as torchvision's ``.to(dtype)`` does."""
+
+    severity: int = 3
+    mixture_width: int = 3
+    chain_depth: int = -1
+    alpha: float = 1.0
+    all_ops: bool = True
+    fill: float | tuple[float, ...] | None = None
+    interpolation: str = "bilinear"  # torchvision's AugMix default (the others': nearest)
+
+    def __post_init__(self) -> None:
+        _check_mode(self.interpolation)
+        if not 1 <= self.severity <= 10 or self.mixture_width < 1 or self.alpha <= 0:
+            raise ConfigError(
+                f"severity={self.severity} must be in [1, 10], mixture_width={self.mixture_width} >= 1, "
+                f"alpha={self.alpha} > 0"
+            )
+        object.__setattr__(self, "fill", _fill(self.fill))
+
+    def sample(self, x: torch.Tensor, generator: torch.Generator) -> Params:
+        _check_uint8(x, "AugMix")
+        n, dev = x.shape[0], x.device
+        ops, table = (t.to(dev) for t in _augmix_table(x.shape[2], x.shape[3], self.all_ops))
+        m = dirichlet(torch.tensor([self.alpha, self.alpha], device=dev), n, generator)
+        weights = dirichlet(torch.tensor([self.alpha] * self.mixture_width, device=dev), n, generator) * m[:, 1:2]
+        chains = []
+        for _ in range(self.mixture_width):
+            if self.chain_depth > 0:
+                depth = torch.full((n,), self.chain_depth, device=dev)
+            else:
+                depth = torch.randint(1, 4, (n,), generator=generator, device=dev)
+            steps = []
+            for step in range(int(self.chain_depth) if self.chain_depth > 0 else 3):
+                pick = torch.randint(len(ops), (n,), generator=generator, device=dev)
+                bins = torch.randint(self.severity, (n,), generator=generator, device=dev)
+                op = torch.where(step < depth, ops[pick], 0)  # Identity past the sample's depth
+                magnitude = torch.where(step < depth, table[pick, bins] * _signs(n, ops[pick], generator), 0.0)
+                steps.append((op, magnitude))
+            chains.append(steps)
+        return {"original": m[:, 0], "weights": weights, "chains": chains}
+
+    def apply(self, x: torch.Tensor, params: Params) -> torch.Tensor:
+        shape = (-1, 1, 1, 1)
+        mix = params["original"].view(shape) * x
+        for i, steps in enumerate(params["chains"]):
+            aug = x
+            for op, magnitude in steps:
+                aug = apply_op(aug, op, magnitude, self.fill, self.interpolation)
+            mix.add_(params["weights"][:, i].view(shape) * aug)
+        return mix.to(x.dtype)

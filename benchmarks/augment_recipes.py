@@ -2,7 +2,7 @@
 
 The synthetic CIFAR-10 (50,000 32x32 images; ``--n`` takes the first N), each recipe on PIL images as
 people write it, then ToTensor + Normalize, batch 256: the CIFAR recipe (RandomCrop(32, padding=4) +
-RandomHorizontalFlip) with TrivialAugmentWide, RandAugment or AutoAugment(cifar10) after it, and a
+RandomHorizontalFlip) with TrivialAugmentWide, RandAugment, AutoAugment(cifar10) or AugMix after it, and a
 SimCLR view (RandomResizedCrop + flip + RandomApply(ColorJitter, 0.8) + RandomGrayscale(0.2) +
 GaussianBlur(3)). Side by side in one run: torchvision's DataLoader (PIL per sample in workers) and
 gpufeed.accelerate (each op once per batch on the samples that drew it).
@@ -34,6 +34,7 @@ RECIPES = {
     "TrivialAugmentWide": lambda: [*CIFAR, T.TrivialAugmentWide()],
     "RandAugment": lambda: [*CIFAR, T.RandAugment()],
     "AutoAugment(cifar10)": lambda: [*CIFAR, T.AutoAugment(T.AutoAugmentPolicy.CIFAR10)],
+    "AugMix": lambda: [*CIFAR, T.AugMix()],
     "SimCLR view": lambda: [
         T.RandomResizedCrop(32),
         T.RandomHorizontalFlip(),

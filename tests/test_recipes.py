@@ -24,13 +24,22 @@ IMAGENET = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
 CIFAR = ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616))
 
 
-def reference_train(crop, use_v2=False, backend="pil", erase=0.0, hflip=0.5):
-    """torchvision's references/classification ClassificationPresetTrain (no auto-augment policy)."""
+def reference_train(crop, use_v2=False, backend="pil", erase=0.0, hflip=0.5, policy=None):
+    """torchvision's references/classification ClassificationPresetTrain (``policy``: its auto_augment_policy)."""
     M = v2 if use_v2 else T
+    bilinear = InterpolationMode.BILINEAR
     ops = [M.PILToTensor()] if backend == "tensor" else []
-    ops.append(M.RandomResizedCrop(crop, interpolation=InterpolationMode.BILINEAR, antialias=True))
+    ops.append(M.RandomResizedCrop(crop, interpolation=bilinear, antialias=True))
     if hflip > 0:
         ops.append(M.RandomHorizontalFlip(hflip))
+    if policy == "ra":
+        ops.append(M.RandAugment(interpolation=bilinear, magnitude=9))
+    elif policy == "ta_wide":
+        ops.append(M.TrivialAugmentWide(interpolation=bilinear))
+    elif policy == "augmix":
+        ops.append(M.AugMix(interpolation=bilinear, severity=3))
+    elif policy is not None:
+        ops.append(M.AutoAugment(policy=M.AutoAugmentPolicy(policy), interpolation=bilinear))
     if backend == "pil":
         ops.append(M.PILToTensor())
     ops += [v2.ToDtype(torch.float, scale=True) if use_v2 else T.ConvertImageDtype(torch.float), M.Normalize(*IMAGENET)]

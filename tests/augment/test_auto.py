@@ -219,3 +219,25 @@ def test_augmix_recipe_is_batched_and_distributed_as_torchvisions():
     a, b = image_summaries(ours, before), image_summaries(theirs, before)
     for key in a:
         assert ks_statistic(a[key], b[key]) < ks_critical(n, n), key
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("use_v2", [False, True], ids=["v1", "v2"])
+@pytest.mark.parametrize("policy", ["ra", "ta_wide", "augmix", "imagenet", "cifar10", "svhn"])
+def test_the_classification_reference_preset_with_each_policy_runs_batched_as_torchvision(policy, use_v2):
+    import gpufeed as gf
+    from test_recipes import reference_train
+
+    from stats import ks_critical, ks_statistic
+
+    n = 2000
+    ds = varied_cifar(n, seed=3)
+    ds.transform = reference_train(24, use_v2=use_v2, backend="tensor", erase=0.25, policy=policy)
+    loader = gf.accelerate(ds, batch_size=500, shuffle=False, device="cpu", cache=False, progress=False, seed=6)
+    assert loader.plan.storage != "fallback"
+    ours = torch.cat([x for x, _ in loader])
+    torch.manual_seed(6)
+    theirs = torch.stack([ds[i][0] for i in range(n)])
+    for key in ("mean", "std"):
+        a, b = (getattr(t, key)((1, 2, 3)) for t in (ours, theirs))
+        assert ks_statistic(a, b) < ks_critical(n, n), key

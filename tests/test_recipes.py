@@ -140,6 +140,16 @@ ACCEPTED = {
         EXACT,
     ),
     "v2 ends in uint8": (v2.Compose([v2.ToImage(), v2.RandomCrop(32, padding=4), v2.RandomHorizontalFlip()]), EXACT),
+    "bicubic RandomResizedCrop on tensors (timm's and the references' bicubic option)": (
+        T.Compose(
+            [
+                T.PILToTensor(),
+                T.RandomResizedCrop(20, interpolation=InterpolationMode.BICUBIC),
+                T.RandomHorizontalFlip(),
+            ]
+        ),
+        ONE_LEVEL,
+    ),
 }
 
 
@@ -222,8 +232,8 @@ def _expected(dataset, loader_seed, epoch, batch_size, n):
 
 
 REFUSED = {
-    "bicubic RandomResizedCrop": T.Compose(
-        [T.RandomResizedCrop(24, interpolation=InterpolationMode.BICUBIC), T.ToTensor()]
+    "nearest RandomResizedCrop": T.Compose(
+        [T.RandomResizedCrop(24, interpolation=InterpolationMode.NEAREST), T.ToTensor()]
     ),
     "ToDtype(scale=False)": v2.Compose(
         [v2.ToImage(), v2.RandomHorizontalFlip(), v2.ToDtype(torch.float32, scale=False)]

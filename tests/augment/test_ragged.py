@@ -104,3 +104,20 @@ def test_a_compose_takes_a_ragged_batch_when_it_starts_with_random_resized_crop(
     assert out.shape == (6, 3, 32, 32) and out.dtype == torch.float32
     with pytest.raises(DataError, match="RandomHorizontalFlip needs images of one size.*RandomResizedCrop first"):
         Compose([RandomHorizontalFlip(), RandomResizedCrop(32)])(Ragged.stack(images), generator=_gen(4))
+
+
+@pytest.mark.parametrize("antialias", [True, False])
+def test_bicubic_on_images_of_different_sizes_per_box_and_batched(antialias):
+    from torchvision.transforms import InterpolationMode
+
+    images = [im / 255 for im in _images(dtype=torch.float32)]
+    x = Ragged.stack(images)
+    op = RandomResizedCrop(48, antialias=antialias, interpolation="bicubic")
+    p = op.sample(x, _gen(3))
+    boxes = torch.stack([p["top"], p["left"], p["height"], p["width"]], 1).tolist()
+    per_box = op.apply(x, p)  # the CPU path: torchvision's own kernel per box
+    batched = _batched_ragged(x, p["top"], p["left"], p["height"], p["width"], (48, 48), antialias, "bicubic")
+    for i, im in enumerate(images):
+        ref = F2.resized_crop(im, *boxes[i], [48, 48], InterpolationMode.BICUBIC, antialias=antialias)
+        assert (per_box[i] - ref).abs().max() < 1e-6, i
+        assert (batched[i] - ref).abs().max() < 1e-4, i  # float rounding of the weights and sums

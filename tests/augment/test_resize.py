@@ -54,3 +54,22 @@ def test_no_fitting_draw_falls_back_to_torchvisions_central_crop():
     expected = T.RandomResizedCrop.get_params(torch.zeros(1, 20, 20), [1.0, 1.0], [2.0, 3.0])
     for i in range(5):
         assert tuple(int(params[k][i]) for k in ("top", "left", "height", "width")) == expected
+
+
+def test_bicubic_equals_torchvision_on_floats_and_within_one_level_on_uint8():
+    from torchvision.transforms import InterpolationMode
+
+    bicubic = InterpolationMode.BICUBIC
+    x = torch.rand(40, 3, 40, 30, generator=_gen(5))
+    x8 = (x * 255).round().to(torch.uint8)
+    for antialias in (True, False):
+        for size in ((24, 28), (56, 44)):  # shrinking and growing
+            op = RandomResizedCrop(size, antialias=antialias, interpolation="bicubic")
+            params = op.sample(x, _gen(6))
+            out, out8 = op.apply(x, params), op.apply(x8, params)
+            for i in range(40):
+                box = [int(params[k][i]) for k in ("top", "left", "height", "width")]
+                ref = TF.resized_crop(x[i], *box, list(size), bicubic, antialias=antialias)
+                assert (out[i] - ref).abs().max() < 1e-4, (antialias, size, i)  # float rounding only
+                ref8 = TF.resized_crop(x8[i], *box, list(size), bicubic, antialias=antialias)
+                assert (out8[i].int() - ref8.int()).abs().max() <= 1, (antialias, size, i)

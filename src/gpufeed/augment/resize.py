@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+from torchvision.transforms import InterpolationMode
 
 from ..errors import ConfigError
 from .ragged import Ragged
@@ -23,15 +24,13 @@ from .transforms import BatchTransform, Params, _pair
 __all__ = ["RandomResizedCrop", "ragged_resized_crop", "resized_crop"]
 
 
-def _weights(start: torch.Tensor, length: torch.Tensor, in_len: int, out_len: int, antialias: bool) -> torch.Tensor:
-    """``(N, out_len, in_len)`` resampling weights of the boxes ``[start, start + length)``."""
-    scale = length.to(torch.float64).view(-1, 1, 1) / out_len
-    support = scale.clamp(min=1.0) if antialias else torch.ones_like(scale)
-    centre = (torch.arange(out_len, dtype=torch.float64, device=start.device).view(1, -1, 1) + 0.5) * scale
-    k = torch.arange(in_len, dtype=torch.float64, device=start.device).view(1, 1, -1) - start.view(-1, 1, 1)
-    w = (1 - ((k + 0.5 - centre) / support).abs()).clamp(min=0)
-    w = w * ((k >= 0) & (k < length.view(-1, 1, 1)))
-    return (w / w.sum(dim=2, keepdim=True)).to(torch.float32)
+def _weights(
+    start: torch.Tensor, length: torch.Tensor, in_len: int, out_len: int, antialias: bool, mode: str = "bilinear"
+) -> torch.Tensor:
+    """``(N, out_len, in_len)`` resampling weights of the boxes ``[start, start + length)`` (:func:`_taps`, placed)."""
+    k, w = _taps(start, length, out_len, antialias, mode)
+    dense = torch.zeros(k.shape[0], out_len, in_len, dtype=torch.float32, device=start.device)
+    return dense.scatter_add_(2, k + start.view(-1, 1, 1), w)
 
 
 def resized_crop(
@@ -42,22 +41,31 @@ def resized_crop(
     width: torch.Tensor,
     size: tuple[int, int],
     antialias: bool = True,
+    mode: str = "bilinear",
 ) -> torch.Tensor:
-    """Crop each sample's box and resize it to ``size`` with bilinear interpolation.
+    """Crop each sample's box and resize it to ``size`` with ``mode`` ("bilinear" or "bicubic") interpolation.
 
     Equals ``F.resized_crop(img, top, left, height, width, size, antialias=antialias)`` sample by
     sample: to float rounding for float input; uint8 input is rounded back to uint8 (torchvision's
     own uint8 kernel uses fixed point, so the two can differ by one level).
     """
     n, c, h, w = x.shape
-    wy = _weights(top, height, h, size[0], antialias)
-    wx = _weights(left, width, w, size[1], antialias)
+    wy = _weights(top, height, h, size[0], antialias, mode)
+    wx = _weights(left, width, w, size[1], antialias, mode)
     work = x if x.dtype in (torch.float32, torch.float64) else x.to(torch.float32)
     out = torch.matmul(wy.to(work.dtype).unsqueeze(1), work)  # (N, C, out_h, W)
     out = torch.matmul(out, wx.to(work.dtype).transpose(1, 2).unsqueeze(1))  # (N, C, out_h, out_w)
     if x.dtype == torch.uint8:
         return out.round_().clamp_(0, 255).to(torch.uint8)
     return out.to(x.dtype)
+
+
+def _cubic(t: torch.Tensor, a: float) -> torch.Tensor:
+    """The cubic convolution kernel (Keys): ``a=-0.5`` in PyTorch's antialiased resize, ``-0.75`` in its plain one."""
+    t = t.abs()
+    near = ((a + 2) * t - (a + 3)) * t * t + 1
+    far = (((t - 5) * t + 8) * t - 4) * a
+    return torch.where(t < 1, near, torch.where(t < 2, far, torch.zeros_like(t)))
 
 
 @dataclass(frozen=True)
@@ -73,11 +81,14 @@ class RandomResizedCrop(BatchTransform):
     ratio: tuple[float, float] = (3 / 4, 4 / 3)
     antialias: bool = True
     attempts: int = 10
+    interpolation: str = "bilinear"
     ragged_input = True  # images of different sizes: each box drawn from its own image's size
     one_size_output = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "size", _pair(self.size, "size"))
+        if self.interpolation not in ("bilinear", "bicubic"):
+            raise ConfigError(f"interpolation={self.interpolation!r}: gpufeed batches 'bilinear' and 'bicubic'")
         if not (0 < self.scale[0] <= self.scale[1]):
             raise ConfigError(f"scale={self.scale!r} must satisfy 0 < min <= max")
         if not (0 < self.ratio[0] <= self.ratio[1]):
@@ -128,9 +139,10 @@ class RandomResizedCrop(BatchTransform):
 
     def apply(self, x: torch.Tensor | Ragged, params: Params) -> torch.Tensor:
         p = params
+        box = (p["top"], p["left"], p["height"], p["width"])
         if isinstance(x, Ragged):
-            return ragged_resized_crop(x, p["top"], p["left"], p["height"], p["width"], self.size, self.antialias)  # type: ignore[arg-type]
-        return resized_crop(x, p["top"], p["left"], p["height"], p["width"], self.size, self.antialias)  # type: ignore[arg-type]
+            return ragged_resized_crop(x, *box, self.size, self.antialias, self.interpolation)  # type: ignore[arg-type]
+        return resized_crop(x, *box, self.size, self.antialias, self.interpolation)  # type: ignore[arg-type]
 
 
 def _central_box(
@@ -153,6 +165,7 @@ def ragged_resized_crop(
     width: torch.Tensor,
     size: tuple[int, int],
     antialias: bool = True,
+    mode: str = "bilinear",
 ) -> torch.Tensor:
     """Each image's box resized to ``size``, stacked: ``(N, C, *size)``, as torchvision computes it.
 
@@ -169,27 +182,41 @@ def ragged_resized_crop(
             crop = x.image(i)[:, y0 : y0 + h, x0 : x0 + w].unsqueeze(0)
             if x.dtype == torch.uint8:  # the uint8 kernel's fast path reads contiguous channels-last
                 crop = crop.contiguous(memory_format=torch.channels_last)
-            out[i] = tv_resize(crop, list(size), antialias=antialias)[0]
+            out[i] = tv_resize(crop, list(size), interpolation=InterpolationMode(mode), antialias=antialias)[0]
         return out
-    return _batched_ragged(x, top, left, height, width, size, antialias)
+    return _batched_ragged(x, top, left, height, width, size, antialias, mode)
 
 
 def _taps(
-    start: torch.Tensor, length: torch.Tensor, out_len: int, antialias: bool
+    start: torch.Tensor, length: torch.Tensor, out_len: int, antialias: bool, mode: str = "bilinear"
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(N, out_len, K)`` source indices and weights of each box ``[start, start + length)``: only the
-    taps the (antialiased) bilinear filter touches, not a dense matrix -- a 375x500 photo cropped to
-    224 needs about 5 per output pixel."""
-    scale = length.double() / out_len
-    support = scale.clamp(min=1.0) if antialias else torch.ones_like(scale)
-    centre = (torch.arange(out_len, dtype=torch.float64, device=start.device).view(1, -1) + 0.5) * scale.view(-1, 1)
+    """``(N, out_len, K)`` box-relative source indices and weights of each box ``[start, start + length)``: only
+    the taps the filter touches, not a dense matrix -- a 375x500 photo cropped to 224 needs about 5 per output
+    pixel. Bilinear, and antialiased bicubic (``a=-0.5``), as PyTorch's antialiased kernels: the filter
+    widened by the scale when shrinking, cut at the box and renormalised. Plain bicubic as PyTorch's: four
+    taps with ``a=-0.75``, indices clamped to the box."""
+    dev = start.device
+    scale = length.double().view(-1, 1) / out_len
+    i = torch.arange(out_len, dtype=torch.float64, device=dev).view(1, -1)
+    last = length.view(-1, 1, 1) - 1
+    if mode == "bicubic" and not antialias:
+        src = (i + 0.5) * scale - 0.5
+        floor = torch.floor(src)
+        offsets = torch.arange(-1, 3, device=dev)
+        k = floor.long().unsqueeze(-1) + offsets.view(1, 1, -1)
+        w = _cubic((src - floor).unsqueeze(-1) - offsets.view(1, 1, -1).double(), -0.75)
+        return torch.minimum(k.clamp(min=0), last), w.to(torch.float32)
+    stretch = scale.clamp(min=1.0) if antialias else torch.ones_like(scale)
+    support = stretch * (2.0 if mode == "bicubic" else 1.0)
+    centre = (i + 0.5) * scale
     taps = int(math.ceil(float(support.max()))) * 2 + 1
-    first = torch.floor(centre - support.view(-1, 1) + 0.5).long()
-    k = first.unsqueeze(-1) + torch.arange(taps, device=start.device).view(1, 1, -1)
-    w = (1 - ((k + 0.5 - centre.unsqueeze(-1)) / support.view(-1, 1, 1)).abs()).clamp(min=0)
-    w = w * ((k >= 0) & (k < length.view(-1, 1, 1)))
+    first = torch.floor(centre - support + 0.5).long()
+    k = first.unsqueeze(-1) + torch.arange(taps, device=dev).view(1, 1, -1)
+    d = (k + 0.5 - centre.unsqueeze(-1)) / stretch.unsqueeze(-1)
+    w = _cubic(d, -0.5) if mode == "bicubic" else (1 - d.abs()).clamp(min=0)
+    w = w * ((k >= 0) & (k <= last))
     w = w / w.sum(-1, keepdim=True)
-    return torch.minimum(k.clamp(min=0), length.view(-1, 1, 1) - 1), w.to(torch.float32)
+    return torch.minimum(k.clamp(min=0), last), w.to(torch.float32)
 
 
 def _batched_ragged(
@@ -200,6 +227,7 @@ def _batched_ragged(
     width: torch.Tensor,
     size: tuple[int, int],
     antialias: bool,
+    mode: str = "bilinear",
 ) -> torch.Tensor:
     """The whole ragged batch in a few kernels: a horizontal pass gathering each crop row's taps from the
     flat buffer into an ``(N, C, Hmax, out_w)`` tensor, then a vertical pass gathering rows of that.
@@ -214,8 +242,8 @@ def _batched_ragged(
     ch_step = torch.ones_like(img_w) if x.hwc else img_h * img_w
     row_step = img_w * c if x.hwc else img_w
     col_step = c if x.hwc else 1
-    ck, cw = _taps(left, width, out_w, antialias)  # (N, out_w, Kc), box-relative
-    rk, rw = _taps(top, height, out_h, antialias)  # (N, out_h, Kr)
+    ck, cw = _taps(left, width, out_w, antialias, mode)  # (N, out_w, Kc), box-relative
+    rk, rw = _taps(top, height, out_h, antialias, mode)  # (N, out_h, Kr)
     rows_max = int(height.max())  # one host read per batch: the intermediate's size
     r = torch.arange(rows_max, device=dev).view(1, rows_max, 1)
     rows = top.view(n, 1, 1) + torch.minimum(r, height.view(n, 1, 1) - 1)  # (N, Hmax, 1) absolute rows

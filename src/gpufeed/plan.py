@@ -24,6 +24,7 @@ intensity level (``ColorJitter``), the plan states the measured bound (``PIL_BOU
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,7 +42,7 @@ CACHEABLE = ("Resize", "CenterCrop", "Grayscale", "Pad", "Lambda")
 # Deterministic per-pixel ops that the device part takes over (no geometry change).
 _CONVERSIONS = ("ToTensor", "PILToTensor", "ToImage", "ConvertImageDtype", "ToDtype", "Normalize")
 # Ops after which the image is a tensor (no longer PIL) in the user's pipeline.
-_TO_TENSOR = ("ToTensor", "PILToTensor", "ToImage")
+_TO_TENSOR = ("ToTensor", "PILToTensor", "ToImage", "MaybeToTensor", "MaybePILToTensor")
 
 # The largest difference, in uint8 intensity levels, between torchvision's PIL kernel and the
 # tensor kernel gpufeed batches, per ColorJitter adjustment; measured on 4,608 random 32x32 images
@@ -102,22 +103,26 @@ def _erasing(op: Any, s: _State) -> A.BatchTransform:
 
 
 def _resized_crop(op: Any, s: _State) -> A.BatchTransform:
-    mode = getattr(op.interpolation, "value", op.interpolation)
-    if mode not in ("bilinear", "bicubic"):
+    given = op.interpolation if isinstance(op.interpolation, (tuple, list)) else (op.interpolation,)
+    modes = tuple(str(getattr(m, "value", m)) for m in given)
+    if any(mode not in ("bilinear", "bicubic") for mode in modes):
         raise UnsupportedTransformError(
-            f"{op!r}: gpufeed batches RandomResizedCrop with bilinear or bicubic interpolation, not {mode!r}; "
+            f"{op!r}: gpufeed batches RandomResizedCrop with bilinear or bicubic interpolation, not {modes}; "
             "use one of those or fallback='prefetch'"
         )
-    if mode == "bicubic" and s.pil:
+    if "bicubic" in modes and s.pil:
         s.notes.append(
             "RandomResizedCrop(bicubic) runs on PIL images in your pipeline, through PIL's bicubic; gpufeed batches "
             "torchvision's tensor kernel (PyTorch's antialiased bicubic), which differs from PIL's by up to 23 "
             "intensity levels on noise-like content (a quarter of the pixels by at least one; measured on 60 crops): "
             "put PILToTensor before it to train on exactly what gpufeed computes"
         )
-    # PIL's resize always antialiases, whatever antialias= says; the tensor kernel follows the flag.
-    antialias = s.pil or bool(op.antialias)
-    return A.RandomResizedCrop(tuple(op.size), tuple(op.scale), tuple(op.ratio), antialias, interpolation=mode)
+    # PIL's resize always antialiases, whatever antialias= says; the tensor kernel follows the flag (timm's
+    # op passes none: torchvision's default, True).
+    antialias = s.pil or bool(getattr(op, "antialias", True))
+    size = tuple(op.size) if isinstance(op.size, (tuple, list)) else (op.size, op.size)
+    mode = modes[0] if len(modes) == 1 else modes
+    return A.RandomResizedCrop(size, tuple(op.scale), tuple(op.ratio), antialias, interpolation=mode)
 
 
 def _color_jitter(op: Any, s: _State) -> A.BatchTransform:
@@ -248,6 +253,20 @@ def _perspective(op: Any, s: _State) -> A.BatchTransform:
     return R.RandomPerspective(op.distortion_scale, op.p, _interpolation(op), _geometric_fill(op, s))
 
 
+def _timm_erasing(op: Any, s: _State) -> A.BatchTransform:
+    from .augment.timm_ops import TimmRandomErasing
+
+    if op.num_splits > 1:
+        raise UnsupportedTransformError(
+            f"{op!r}: num_splits={op.num_splits} leaves a share of each batch unerased (timm's augmentation "
+            "splits); gpufeed batches num_splits=0 or 1"
+        )
+    aspect = (math.exp(op.log_aspect_ratio[0]), math.exp(op.log_aspect_ratio[1]))
+    return TimmRandomErasing(
+        op.probability, op.min_area, op.max_area, aspect[0], aspect[1], op.mode or "const", op.min_count, op.max_count
+    )
+
+
 def _inner(op: Any, s: _State) -> tuple[A.BatchTransform, ...]:
     """A container's ops, converted in the state they run in (they may not change the image's size)."""
     out = []
@@ -333,6 +352,12 @@ CONVERTERS: dict[str, Callable[[Any, _State], A.BatchTransform | None]] = {
     "RandomVerticalFlip": lambda op, s: A.RandomVerticalFlip(op.p),
     "RandomErasing": _erasing,
     "RandomResizedCrop": _resized_crop,
+    # timm's: the same box distribution (its own copy of torchvision's get_params); "random" draws the
+    # interpolation per sample; MaybeToTensor is ToTensor on PIL images and passes tensors through.
+    "RandomResizedCropAndInterpolation": _resized_crop,
+    "MaybeToTensor": lambda op, s: _to_float(s) if s.pil else None,
+    "MaybePILToTensor": lambda op, s: None,
+    "TimmRandomErasing": _timm_erasing,
     "ColorJitter": _color_jitter,
     "RandomSolarize": _per_sample(R.RandomSolarize, "threshold"),
     "RandomPosterize": _per_sample(R.RandomPosterize, "bits"),
@@ -370,6 +395,7 @@ RANDOM_SUPPORTED = (
     "RandAugment",
     "AutoAugment",
     "AugMix",
+    "TimmRandomErasing",
 )
 
 
@@ -388,6 +414,22 @@ def _torchvision_classes() -> dict[type, str]:
     return table
 
 
+def _timm_classes() -> dict[type, str]:
+    """timm's transforms gpufeed converts, by class identity, when timm is in use (it is never imported here)."""
+    import sys
+
+    table: dict[type, str] = {}
+    for module_name, names in (
+        ("timm.data.transforms", ("RandomResizedCropAndInterpolation", "MaybeToTensor", "MaybePILToTensor")),
+        ("timm.data.random_erasing", ("RandomErasing",)),
+    ):
+        module = sys.modules.get(module_name)
+        for name in names if module is not None else ():
+            if isinstance(cls := getattr(module, name, None), type):
+                table[cls] = "TimmRandomErasing" if name == "RandomErasing" else name
+    return table
+
+
 def kind(op: Any) -> str | None:
     """The name of the torchvision op ``op`` is an instance of (by class identity), or ``None``.
 
@@ -399,7 +441,8 @@ def kind(op: Any) -> str | None:
         >>> kind(T.RandomCrop(8)), kind(type("RandomCrop", (), {})())
         ('RandomCrop', None)
     """
-    return _torchvision_classes().get(type(op))
+    cls = type(op)
+    return _torchvision_classes().get(cls) or _timm_classes().get(cls)
 
 
 def _expand_preset(op: Any) -> list[Any] | None:

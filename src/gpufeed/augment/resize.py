@@ -81,14 +81,16 @@ class RandomResizedCrop(BatchTransform):
     ratio: tuple[float, float] = (3 / 4, 4 / 3)
     antialias: bool = True
     attempts: int = 10
-    interpolation: str = "bilinear"
+    interpolation: str | tuple[str, ...] = "bilinear"  # several: one drawn per sample (timm's "random")
     ragged_input = True  # images of different sizes: each box drawn from its own image's size
     one_size_output = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "size", _pair(self.size, "size"))
-        if self.interpolation not in ("bilinear", "bicubic"):
+        modes = (self.interpolation,) if isinstance(self.interpolation, str) else tuple(self.interpolation)
+        if not modes or any(m not in ("bilinear", "bicubic") for m in modes):
             raise ConfigError(f"interpolation={self.interpolation!r}: gpufeed batches 'bilinear' and 'bicubic'")
+        object.__setattr__(self, "interpolation", modes[0] if len(modes) == 1 else modes)
         if not (0 < self.scale[0] <= self.scale[1]):
             raise ConfigError(f"scale={self.scale!r} must satisfy 0 < min <= max")
         if not (0 < self.ratio[0] <= self.ratio[1]):
@@ -105,7 +107,11 @@ class RandomResizedCrop(BatchTransform):
                 torch.full((n,), w, device=x.device),
                 x.device,
             )
-        return self.draw(heights, widths, generator, device)
+        params = self.draw(heights, widths, generator, device)
+        if not isinstance(self.interpolation, str):  # timm's random.choice of interpolation, per sample
+            modes = len(self.interpolation)
+            params["mode"] = torch.randint(modes, (heights.shape[0],), generator=generator, device=device)
+        return params
 
     def draw(
         self, heights: torch.Tensor, widths: torch.Tensor, generator: torch.Generator, device: torch.device
@@ -140,9 +146,22 @@ class RandomResizedCrop(BatchTransform):
     def apply(self, x: torch.Tensor | Ragged, params: Params) -> torch.Tensor:
         p = params
         box = (p["top"], p["left"], p["height"], p["width"])
-        if isinstance(x, Ragged):
-            return ragged_resized_crop(x, *box, self.size, self.antialias, self.interpolation)  # type: ignore[arg-type]
-        return resized_crop(x, *box, self.size, self.antialias, self.interpolation)  # type: ignore[arg-type]
+        crop = ragged_resized_crop if isinstance(x, Ragged) else resized_crop
+        if isinstance(self.interpolation, str):
+            return crop(x, *box, self.size, self.antialias, self.interpolation)  # type: ignore[arg-type]
+        out: torch.Tensor | None = None
+        for k, mode in enumerate(self.interpolation):  # each interpolation on the samples that drew it
+            idx = (p["mode"] == k).nonzero().flatten()
+            if idx.numel() == 0:
+                continue
+            part = x.select(idx.cpu()) if isinstance(x, Ragged) else x.index_select(0, idx)
+            t, left, h, w = (b.index_select(0, idx) for b in box)
+            done = crop(part, t, left, h, w, self.size, self.antialias, mode)  # type: ignore[arg-type]
+            if out is None:
+                out = torch.empty((len(p["mode"]), *done.shape[1:]), dtype=done.dtype, device=done.device)
+            out[idx.to(out.device)] = done
+        assert out is not None
+        return out
 
 
 def _central_box(

@@ -107,7 +107,8 @@ def _resized_crop(op: Any, s: _State) -> A.BatchTransform:
     modes = tuple(str(getattr(m, "value", m)) for m in given)
     if any(mode not in ("bilinear", "bicubic") for mode in modes):
         raise UnsupportedTransformError(
-            f"{op!r}: gpufeed batches RandomResizedCrop with bilinear or bicubic interpolation, not {modes}; "
+            f"{op!r}: gpufeed batches RandomResizedCrop with bilinear or bicubic interpolation, not "
+            f"{' or '.join(modes)}; "
             "use one of those or fallback='prefetch'"
         )
     if "bicubic" in modes and s.pil:

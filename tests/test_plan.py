@@ -181,3 +181,21 @@ def test_resized_crop_with_another_interpolation_is_refused():
     tf = T.RandomResizedCrop(24, interpolation=T.InterpolationMode.NEAREST)
     with pytest.raises(UnsupportedTransformError, match="bilinear or bicubic interpolation, not nearest"):
         build_batched(split_transform(tf).device, torch.uint8, (32, 32))
+
+
+def test_per_image_random_ops_on_pil_state_their_measured_difference_or_nothing_when_equal():
+    from gpufeed.plan import PIL_OP_DIFFERENCE
+
+    notes: list[str] = []
+    ops = [
+        T.RandomRotation(10, T.InterpolationMode.BILINEAR),
+        T.RandomSolarize(100),
+        T.RandomGrayscale(0.5),
+        T.ToTensor(),
+    ]
+    build_batched(ops, torch.uint8, (32, 32), pil=True, notes=notes)
+    assert len(notes) == 2  # solarize is equal on PIL: nothing to say
+    assert PIL_OP_DIFFERENCE[("RandomRotation", "bilinear")] in notes[0] and "RandomGrayscale" in notes[1]
+    tensors: list[str] = []
+    build_batched([T.PILToTensor(), *ops[:3]], torch.uint8, (32, 32), pil=True, notes=tensors)
+    assert tensors == []  # after PILToTensor the user's pipeline runs the tensor kernels too

@@ -56,3 +56,37 @@ def test_views_are_refused_with_mix_and_on_the_fallback():
     ds = cifar_like(16, transform=T.Compose([T.ElasticTransform(alpha=10.0, sigma=1.0), T.ToTensor()]))
     with pytest.raises(ConfigError, match="views=2 needs the batched path"):
         gf.accelerate(ds, batch_size=8, device="cpu", fallback="prefetch", views=2, progress=False)
+
+
+def _dino(size, scale, solarize=0.0):
+    return T.Compose(
+        [
+            T.RandomResizedCrop(size, scale=scale),
+            T.RandomHorizontalFlip(),
+            T.RandomApply([T.ColorJitter(0.4, 0.4, 0.2, 0.1)], p=0.8),
+            T.RandomGrayscale(p=0.2),
+            T.GaussianBlur(3, (0.1, 2.0)),
+            T.RandomSolarize(128, p=solarize),
+            T.ToTensor(),
+        ]
+    )
+
+
+def test_dino_multi_crop_views_each_with_its_own_pipeline_and_size(tmp_path):
+    from fakes import image_folder
+
+    views = [_dino(24, (0.4, 1.0)), _dino(24, (0.4, 1.0), solarize=0.2), _dino(12, (0.05, 0.4)), _dino(12, (0.05, 0.4))]
+    for ds in (cifar_like(40), image_folder(tmp_path, [(40, 30), (33, 50), (64, 48), (30, 30)] * 3)):
+        loader = gf.accelerate(ds, batch_size=8, device="cpu", seed=2, progress=False, cache=False, views=views)
+        assert sum(line.startswith("view ") for line in loader.plan.batched) == 4
+        crops, y = next(iter(loader))
+        assert [tuple(c.shape[1:]) for c in crops] == [(3, 24, 24)] * 2 + [(3, 12, 12)] * 2 and y.shape == (8,)
+        assert not torch.equal(crops[0], crops[1]) and not torch.equal(crops[2], crops[3])
+
+
+def test_views_with_different_deterministic_parts_are_refused():
+    ds = cifar_like(16)
+    one = T.Compose([T.Resize(30), T.RandomCrop(24), T.ToTensor()])
+    other = T.Compose([T.Resize(28), T.RandomCrop(24), T.ToTensor()])
+    with pytest.raises(ConfigError, match="deterministic parts differ"):
+        gf.accelerate(ds, batch_size=8, device="cpu", progress=False, cache=False, views=[one, other])

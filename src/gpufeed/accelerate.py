@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -100,7 +101,7 @@ def accelerate(
     store: str = "auto",
     max_side: int | None = None,
     mix: Any = None,
-    views: int = 1,
+    views: int | Sequence[Any] = 1,
 ) -> DeviceLoader | FallbackLoader:
     """A loader over ``dataset`` that yields what ``DataLoader(dataset, ...)`` would, many times faster.
 
@@ -148,7 +149,9 @@ def accelerate(
             ``(N, num_classes)`` soft targets.
         views: for self-supervised learning: each batch is ``([view_1, ..., view_k], labels)``, the same
             images through the transform ``views`` times with independent draws (the usual
-            ``TwoCropsTransform(base)`` is ``transform=base, views=2``).
+            ``TwoCropsTransform(base)`` is ``transform=base, views=2``). Or one torchvision pipeline per
+            view (DINO's two global crops and several local ones, each its own size): they replace
+            the dataset's transform and must share its deterministic part.
 
     Example:
         >>> import torch, torchvision.transforms.v2 as v2
@@ -183,7 +186,14 @@ def accelerate(
     num_classes = len(classes) if isinstance(classes, list) and classes else None
     mixer = as_mix(mix, num_classes)  # a bad mix= is refused before the data is read
 
-    views = as_int(views, "views", 1)
+    view_list = list(views) if isinstance(views, (list, tuple)) else None
+    if view_list is not None:
+        if len(view_list) < 2:
+            raise ConfigError(
+                f"views: {len(view_list)} pipeline(s); give an int, or one pipeline per view (two or more)"
+            )
+        transform = view_list[0]
+    views = len(view_list) if view_list is not None else as_int(views, "views", 1)
 
     def slow_path(why: Exception) -> FallbackLoader:
         if fallback != "prefetch":
@@ -216,6 +226,18 @@ def accelerate(
     try:
         split, probed = preflight(dataset, transform, cache_lambda)
         takes = takes_ragged(build_batched(split.device, probed.dtype, probed.size, probed.pil))
+        view_splits = [split]
+        for other in (view_list or [])[1:]:  # each view planned as the first; one stored part for all
+            other_split, other_probe = preflight(dataset, other, cache_lambda)
+            if [repr(op) for op in other_split.cached] != [repr(op) for op in split.cached]:
+                raise ConfigError(
+                    f"views: the pipelines' deterministic parts differ ({list(split.cached)} and "
+                    f"{list(other_split.cached)}); the images are stored once, so every view must start the same"
+                )
+            takes = takes and takes_ragged(
+                build_batched(other_split.device, other_probe.dtype, other_probe.size, other_probe.pil)
+            )
+            view_splits.append(other_split)
         if (store == "jpeg" or max_side is not None) and not takes:
             what = "store='jpeg'" if store == "jpeg" else f"max_side={max_side}"
             raise ConfigError(
@@ -262,6 +284,11 @@ def accelerate(
     notes: list[str] = []
     size = probed.size if isinstance(images, (Ragged, Encoded)) else (images.shape[2], images.shape[3])
     batched = build_batched(split.device, images.dtype, size, probed.pil, notes)
+    view_ops: int | list[Any] = views
+    if view_list is not None:
+        view_ops = [batched] + [build_batched(v.device, images.dtype, size, probed.pil, notes) for v in view_splits[1:]]
+        if any(ops is None for ops in view_ops):
+            raise ConfigError("views: every view's pipeline needs a random op after its deterministic part")
     loader = DeviceLoader(
         images,
         labels,
@@ -280,13 +307,17 @@ def accelerate(
         even=even,
         shard=shard,
         mix=mixer,
-        views=views,
+        views=view_ops,
     )
     loader.plan = Plan(
         cached=tuple(repr(op) for op in split.cached),
         batched=tuple(op.describe() for op in (batched.transforms if batched else []))
         + ((f"then per batch {mixer!r}",) if mixer is not None else ())
-        + ((f"all of it {views} times per batch, each view with its own draws",) if views > 1 else ()),
+        + ((f"all of it {views} times per batch, each view with its own draws",) if views > 1 and not view_list else ())
+        + tuple(
+            f"view {k + 1}: " + ", ".join(op.describe() for op in ops.transforms)
+            for k, ops in enumerate(view_ops if isinstance(view_ops, list) else [])
+        ),
         storage=tier,
         stored_shape=tuple(images.shape)
         if isinstance(images, torch.Tensor)

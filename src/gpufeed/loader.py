@@ -19,7 +19,7 @@ alone; that is what makes mid-epoch resume exact.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -172,15 +172,21 @@ class DeviceLoader(EpochLoader):
         even: bool = True,
         shard: str = "full",
         mix: Any = None,
-        views: int = 1,
+        views: int | Sequence[BatchTransform] = 1,
     ) -> None:
         batch_size, seed = as_int(batch_size, "batch_size", 1), as_int(seed, "seed")
         shuffle, drop_last = as_flag(shuffle, "shuffle"), as_flag(drop_last, "drop_last")
         channels_last, even = as_flag(channels_last, "channels_last"), as_flag(even, "even")
         labels = label_tensor(labels, "labels")
         store: torch.Tensor | Ragged | Encoded
+        # views as transforms (DINO's global and local crops): each view its own transform
+        view_transforms = list(views) if isinstance(views, (list, tuple)) else None
+        if view_transforms is not None:
+            if len(view_transforms) < 2 or not all(isinstance(t, BatchTransform) for t in view_transforms):
+                raise ConfigError("views: give an int, or two or more gpufeed transforms (one per view)")
+            transform = view_transforms[0]
         if isinstance(images, (Ragged, Encoded)):  # images of different sizes: the first op must make them one size
-            if not isinstance(transform, BatchTransform) or not takes_ragged(transform):
+            if not all(isinstance(t, BatchTransform) and takes_ragged(t) for t in view_transforms or [transform]):
                 raise ConfigError(
                     "images of different sizes need a transform that starts with RandomResizedCrop (it draws each "
                     "image's box from that image's size and makes the batch one size)"
@@ -228,8 +234,9 @@ class DeviceLoader(EpochLoader):
             store, labels = _take(store, local, compact=True), labels.index_select(0, local)
         self.transform = transform
         self.mix = as_mix(mix, num_classes)
-        self.views = as_int(views, "views", 1)
-        if self.views > 1 and (transform is None or not getattr(transform, "random", True)):
+        self.view_transforms = view_transforms
+        self.views = len(view_transforms) if view_transforms is not None else as_int(views, "views", 1)
+        if view_transforms is None and self.views > 1 and (transform is None or not getattr(transform, "random", True)):
             raise ConfigError(f"views={self.views} draws each view's own augmentation: it needs a random transform")
         if self.views > 1 and self.mix is not None:
             raise ConfigError("mix= mixes one batch of images with its labels; with views > 1 mix each view yourself")
@@ -347,7 +354,8 @@ class DeviceLoader(EpochLoader):
             c = self.config
             parts = (c.seed, epoch, c.rank, chunk) if view == 0 else (c.seed, epoch, c.rank, chunk, view)
             generator.manual_seed(derive_seed(*parts))
-            x = self.transform(x, generator=generator)
+            transform = self.view_transforms[view] if self.view_transforms is not None else self.transform
+            x = transform(x, generator=generator)
             if not isinstance(x, torch.Tensor) or x.dim() < 1 or x.shape[0] != count:
                 got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
                 raise DataError(f"transform returned {got} for a batch of {count}; it must keep the batch axis")

@@ -178,8 +178,8 @@ def test_resized_crop_and_color_jitter_convert_with_their_parameters():
 
 
 def test_resized_crop_with_another_interpolation_is_refused():
-    tf = T.RandomResizedCrop(24, interpolation=T.InterpolationMode.NEAREST)
-    with pytest.raises(UnsupportedTransformError, match="bilinear or bicubic interpolation, not nearest"):
+    tf = T.RandomResizedCrop(24, interpolation=T.InterpolationMode.LANCZOS)
+    with pytest.raises(UnsupportedTransformError, match="bilinear, bicubic or nearest interpolation, not lanczos"):
         build_batched(split_transform(tf).device, torch.uint8, (32, 32))
 
 

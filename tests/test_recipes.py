@@ -232,8 +232,8 @@ def _expected(dataset, loader_seed, epoch, batch_size, n):
 
 
 REFUSED = {
-    "nearest RandomResizedCrop": T.Compose(
-        [T.RandomResizedCrop(24, interpolation=InterpolationMode.NEAREST), T.ToTensor()]
+    "lanczos RandomResizedCrop (PIL only)": T.Compose(
+        [T.RandomResizedCrop(24, interpolation=InterpolationMode.LANCZOS), T.ToTensor()]
     ),
     "ToDtype(scale=False)": v2.Compose(
         [v2.ToImage(), v2.RandomHorizontalFlip(), v2.ToDtype(torch.float32, scale=False)]

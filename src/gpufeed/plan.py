@@ -105,9 +105,16 @@ def _erasing(op: Any, s: _State) -> A.BatchTransform:
 def _resized_crop(op: Any, s: _State) -> A.BatchTransform:
     given = op.interpolation if isinstance(op.interpolation, (tuple, list)) else (op.interpolation,)
     modes = tuple(str(getattr(m, "value", m)) for m in given)
-    if any(mode not in ("bilinear", "bicubic") for mode in modes):
+    if "nearest" in modes and s.pil:
+        s.notes.append(
+            "RandomResizedCrop(nearest) runs on PIL images in your pipeline: PIL's nearest takes the source pixel "
+            "under each output pixel's centre, torchvision's tensor kernel (which gpufeed batches) the one at its "
+            "corner, so the sampled grid is shifted by up to one source pixel (on noise nearly every pixel differs; "
+            "measured): put PILToTensor before it to train on exactly what gpufeed computes"
+        )
+    if any(mode not in ("bilinear", "bicubic", "nearest") for mode in modes):
         raise UnsupportedTransformError(
-            f"{op!r}: gpufeed batches RandomResizedCrop with bilinear or bicubic interpolation, not "
+            f"{op!r}: gpufeed batches RandomResizedCrop with bilinear, bicubic or nearest interpolation, not "
             f"{' or '.join(modes)}; "
             "use one of those or fallback='prefetch'"
         )

@@ -73,3 +73,18 @@ def test_bicubic_equals_torchvision_on_floats_and_within_one_level_on_uint8():
                 assert (out[i] - ref).abs().max() < 1e-4, (antialias, size, i)  # float rounding only
                 ref8 = TF.resized_crop(x8[i], *box, list(size), bicubic, antialias=antialias)
                 assert (out8[i].int() - ref8.int()).abs().max() <= 1, (antialias, size, i)
+
+
+def test_nearest_equals_torchvision_exactly_shrinking_and_growing():
+    from torchvision.transforms import InterpolationMode
+
+    x = torch.rand(60, 3, 37, 29, generator=_gen(7))
+    x8 = (x * 255).to(torch.uint8)
+    for size in ((16, 20), (50, 44), (74, 58)):  # 74 = 2 x 37 takes PyTorch's shift path
+        op = RandomResizedCrop(size, scale=(0.5, 1.0), interpolation="nearest")
+        params = op.sample(x, _gen(8))
+        out, out8 = op.apply(x, params), op.apply(x8, params)
+        for i in range(60):
+            box = [int(params[k][i]) for k in ("top", "left", "height", "width")]
+            assert torch.equal(out[i], TF.resized_crop(x[i], *box, list(size), InterpolationMode.NEAREST))
+            assert torch.equal(out8[i], TF.resized_crop(x8[i], *box, list(size), InterpolationMode.NEAREST))

@@ -88,8 +88,10 @@ class RandomResizedCrop(BatchTransform):
     def __post_init__(self) -> None:
         object.__setattr__(self, "size", _pair(self.size, "size"))
         modes = (self.interpolation,) if isinstance(self.interpolation, str) else tuple(self.interpolation)
-        if not modes or any(m not in ("bilinear", "bicubic") for m in modes):
-            raise ConfigError(f"interpolation={self.interpolation!r}: gpufeed batches 'bilinear' and 'bicubic'")
+        if not modes or any(m not in ("bilinear", "bicubic", "nearest") for m in modes):
+            raise ConfigError(
+                f"interpolation={self.interpolation!r}: gpufeed batches 'bilinear', 'bicubic' and 'nearest'"
+            )
         object.__setattr__(self, "interpolation", modes[0] if len(modes) == 1 else modes)
         if not (0 < self.scale[0] <= self.scale[1]):
             raise ConfigError(f"scale={self.scale!r} must satisfy 0 < min <= max")
@@ -218,6 +220,10 @@ def _taps(
     scale = length.double().view(-1, 1) / out_len
     i = torch.arange(out_len, dtype=torch.float64, device=dev).view(1, -1)
     last = length.view(-1, 1, 1) - 1
+    if mode == "nearest":  # PyTorch's "nearest" (torchvision's tensor kernel): floorf(i * scale) in float32
+        scale32 = length.to(torch.float32).view(-1, 1) / out_len
+        k = torch.floor(i.to(torch.float32) * scale32).long().unsqueeze(-1)
+        return torch.minimum(k, last), torch.ones(k.shape, dtype=torch.float32, device=dev)
     if mode == "bicubic" and not antialias:
         src = (i + 0.5) * scale - 0.5
         floor = torch.floor(src)

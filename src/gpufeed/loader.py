@@ -277,6 +277,8 @@ class DeviceLoader(EpochLoader):
             return None
         x = _take(self.images, torch.arange(min(2, _count(self.images))))
         x = decode(x, self.device) if isinstance(x, Encoded) else x.to(self.device)
+        for view in range(1, len(self.view_transforms or [])):  # every view's pipeline, not only the first
+            self._finish(x, epoch=0, chunk=0, generator=torch.Generator(device=self.device), view=view)
         return self._finish(x, epoch=0, chunk=0, generator=torch.Generator(device=self.device))
 
     def __len__(self) -> int:

@@ -171,12 +171,14 @@ AUTO_PIL_NOTE = (
 )
 
 
-# v2's kernels against v1's (which gpufeed batches) on uint8 tensors: equal for the geometric ops, blur,
-# equalize, sharpness, solarize, posterize, grayscale and brightness; within 1 level for autocontrast,
-# contrast and saturation (measured on random 20x28 images).
+# v2's kernels against v1's (which gpufeed batches) on uint8 tensors: equal for the geometric ops, equalize,
+# sharpness, solarize, posterize, grayscale and brightness; within 1 level for autocontrast, contrast and
+# saturation (measured on random 20x28 images). v2's auto-augment computes its solarize thresholds as
+# 255 x linspace(1, 0): gpufeed takes them the same way for a v2 op (``v2_thresholds``).
 V2_LEVEL_NOTE = (
     "v2's {name} computes autocontrast, contrast and saturation with kernels that round differently from v1's, "
-    "which gpufeed batches: within 1 intensity level (measured); its other ops are equal"
+    "which gpufeed batches: within 1 intensity level (measured); its solarize thresholds are taken as v2 takes "
+    "them (255 x a 0-1 table), so they match"
 )
 
 
@@ -188,21 +190,20 @@ def _auto_augment(op: Any, s: _State) -> A.BatchTransform:
             f"{op!r} comes after a conversion to {s.dtype}: torchvision's {name} needs uint8 images (PIL or "
             "uint8 tensors); put it before ToTensor/ToDtype"
         )
-    fill = None if op.fill is None else _fill(op.fill, s)
-    if isinstance(op.fill, dict) and fill == 0.0 and all(v is None for v in op.fill.values()):
-        fill = None  # v2 keeps fill=None as {type: None}
+    fill = _geometric_fill(op, s)
     out: A.BatchTransform
+    v2 = _is_v2(op)
     if name == "TrivialAugmentWide":
-        out = A.TrivialAugmentWide(op.num_magnitude_bins, fill, mode)
+        out = A.TrivialAugmentWide(op.num_magnitude_bins, fill, mode, v2_thresholds=v2)
     elif name == "AugMix":
         out = A.AugMix(op.severity, op.mixture_width, op.chain_depth, float(op.alpha), bool(op.all_ops), fill, mode)
     elif name == "RandAugment":
-        out = A.RandAugment(op.num_ops, op.magnitude, op.num_magnitude_bins, fill, mode)
+        out = A.RandAugment(op.num_ops, op.magnitude, op.num_magnitude_bins, fill, mode, v2_thresholds=v2)
     else:
-        out = A.AutoAugment(getattr(op.policy, "value", op.policy), fill, mode)
-    if s.pil:
+        out = A.AutoAugment(getattr(op.policy, "value", op.policy), fill, mode, v2_thresholds=v2)
+    if s.pil and name != "AugMix":  # torchvision's AugMix turns a PIL image into a tensor and runs tensor kernels
         s.notes.append(f"{name} {AUTO_PIL_NOTE}")
-    elif _is_v2(op):
+    elif _is_v2(op) and not s.pil:
         s.notes.append(V2_LEVEL_NOTE.format(name=name))
     return out
 
@@ -259,9 +260,18 @@ def _interpolation(op: Any) -> str:
     return str(mode)
 
 
-def _geometric_fill(op: Any, s: _State) -> float | tuple[float, ...]:
-    fill = _fill(op.fill, s)
-    return fill if fill is not None else 0.0
+def _geometric_fill(op: Any, s: _State) -> float | tuple[float, ...] | None:
+    """The fill of a rotation, affine map or perspective; None stays None (v2's ``fill=None``: no fill mask, the
+    outside is zero-padded before interpolating, which bilinear sampling shows at the border)."""
+    fill = op.fill
+    if isinstance(fill, dict):  # v2: by the image type at this point, else "others"; a missing entry is None
+        from torchvision import tv_tensors
+
+        key = tv_tensors.Image if s.tv_image else None if s.pil else torch.Tensor
+        fill = fill.get(key, fill.get("others")) if key is not None else fill.get("others")
+    if fill is None:
+        return None
+    return float(fill) if isinstance(fill, (int, float)) else tuple(float(v) for v in fill)
 
 
 def _rotation(op: Any, s: _State) -> A.BatchTransform:
@@ -309,8 +319,10 @@ def _timm_erasing(op: Any, s: _State) -> A.BatchTransform:
 
 
 def _inner(op: Any, s: _State) -> tuple[A.BatchTransform, ...]:
-    """A container's ops, converted in the state they run in (they may not change the image's size)."""
-    out = []
+    """A container's ops, converted in the state they run in; each keeps its place (an op with nothing to do
+    on the device stays as Identity, so that ``RandomChoice``'s weights still line up). They may not change
+    the image's size: the samples a container picks and the others would differ."""
+    out: list[A.BatchTransform] = []
     for inner in op.transforms:
         name = kind(inner)
         if name not in CONVERTERS:
@@ -318,9 +330,23 @@ def _inner(op: Any, s: _State) -> tuple[A.BatchTransform, ...]:
                 f"{type(op).__name__} holds {inner!r}, which gpufeed does not batch; pass fallback='prefetch'"
             )
         converted = CONVERTERS[name](inner, s)
-        if converted is not None:
-            out.append(converted)
+        if converted is not None and converted.output_size(*s.size) != tuple(s.size):
+            raise UnsupportedTransformError(
+                f"{type(op).__name__} holds {inner!r}, which changes the image size: the samples it picks and the "
+                "others would differ in size; pass fallback='prefetch' to run it per sample"
+            )
+        out.append(converted if converted is not None else R.Identity())
     return tuple(out)
+
+
+def _container(make: Callable[[Any, _State], A.BatchTransform]) -> Callable[[Any, _State], A.BatchTransform]:
+    def convert(op: Any, s: _State) -> A.BatchTransform:
+        try:
+            return make(op, s)
+        except ConfigError as e:  # what gpufeed's container refuses, the fallback can still run
+            raise UnsupportedTransformError(f"{op!r}: {e}") from e
+
+    return convert
 
 
 def _per_sample(cls: Any, *fields: str) -> Callable[[Any, _State], A.BatchTransform]:
@@ -412,9 +438,9 @@ CONVERTERS: dict[str, Callable[[Any, _State], A.BatchTransform | None]] = {
     "RandomRotation": _rotation,
     "RandomPerspective": _perspective,
     "RandomAffine": _affine,
-    "RandomApply": lambda op, s: R.RandomApply(_inner(op, s), op.p),
-    "RandomChoice": lambda op, s: R.RandomChoice(_inner(op, s), tuple(op.p) if op.p is not None else None),
-    "RandomOrder": lambda op, s: R.RandomOrder(_inner(op, s)),
+    "RandomApply": _container(lambda op, s: R.RandomApply(_inner(op, s), op.p)),
+    "RandomChoice": _container(lambda op, s: R.RandomChoice(_inner(op, s), tuple(op.p) if op.p is not None else None)),
+    "RandomOrder": _container(lambda op, s: R.RandomOrder(_inner(op, s))),
     "TrivialAugmentWide": _auto_augment,
     "RandAugment": _auto_augment,
     "AutoAugment": _auto_augment,

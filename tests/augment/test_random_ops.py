@@ -128,12 +128,16 @@ def test_random_apply_runs_its_ops_on_the_samples_its_coin_picks_and_nothing_els
     assert torch.equal(out, op.apply(x, params))  # a pure function of its parameters
 
 
-def test_a_container_with_an_op_that_changes_the_size_is_refused():
+def test_a_container_with_an_op_that_changes_the_size_is_refused_where_it_would():
     from gpufeed.augment.resize import RandomResizedCrop
-    from gpufeed.errors import ConfigError
+    from gpufeed.errors import DataError
 
-    with pytest.raises(ConfigError, match="changes the image size"):
-        R.RandomApply((RandomResizedCrop(8),), p=0.5)
+    x = torch.zeros(8, 3, 12, 12)
+    shrink = R.RandomApply((RandomResizedCrop(8),), p=1.0)
+    with pytest.raises(DataError, match=r"turn \(3, 12, 12\) images into \(3, 8, 8\)"):
+        shrink(x, generator=torch.Generator().manual_seed(0))
+    same = R.RandomApply((RandomResizedCrop(12),), p=1.0)  # the same size: fine
+    assert same(x, generator=torch.Generator().manual_seed(0)).shape == x.shape
 
 
 SSL = {

@@ -80,9 +80,14 @@ def _space(kind: str, bins: int, height: int, width: int) -> dict[str, torch.Ten
     return space
 
 
-def _table(kind: str, bins: int, height: int, width: int, ops: tuple[str, ...]) -> torch.Tensor:
-    """``(len(ops), bins)`` float64 magnitudes (0 for the ops without one)."""
+def _table(
+    kind: str, bins: int, height: int, width: int, ops: tuple[str, ...], v2_thresholds: bool = False
+) -> torch.Tensor:
+    """``(len(ops), bins)`` float64 magnitudes (0 for the ops without one). ``v2_thresholds``: solarize's as
+    torchvision v2 takes them, ``255 * linspace(1, 0)`` (v1: ``linspace(255, 0)``; a few differ in the last bit)."""
     space = _space(kind, bins, height, width)
+    if v2_thresholds:
+        space["Solarize"] = torch.tensor([255.0 * v for v in torch.linspace(1.0, 0.0, bins).tolist()])
     rows = [space[name].double() if name in space else torch.zeros(bins, dtype=torch.float64) for name in ops]
     return torch.stack(rows)
 
@@ -97,13 +102,14 @@ def inverse_affine(
     cx: torch.Tensor,
     cy: torch.Tensor,
 ) -> torch.Tensor:
-    """``(N, 6)`` float32: torchvision's ``_get_inverse_affine_matrix`` per sample (degrees; the centre relative
-    to the image centre), in Python's float arithmetic as torchvision computes it: torch's own trigonometry
+    """``(N, 6)`` float64: torchvision's ``_get_inverse_affine_matrix`` per sample (degrees; the centre relative
+    to the image centre), in Python's float arithmetic as torchvision computes it (cast, as it casts, to the
+    image's float dtype, float32 for uint8, by :func:`affine_sample`): torch's own trigonometry
     differs from ``math``'s in the last bit, which moves a bilinear sample by a level now and then. Six
     numbers per sample, read to the host once per batch."""
     columns = [t.double().tolist() for t in (angle, tx, ty, scale, shear_x, shear_y, cx, cy)]
     rows = [_inverse_affine(*sample) for sample in zip(*columns, strict=True)]
-    return torch.tensor(rows, dtype=torch.float32, device=angle.device).view(-1, 6)
+    return torch.tensor(rows, dtype=torch.float64, device=angle.device).view(-1, 6)
 
 
 def _inverse_affine(
@@ -152,12 +158,13 @@ def affine_sample(x: torch.Tensor, matrices: torch.Tensor, fill: tuple[float, ..
     tensor ``affine`` / ``rotate``: its sampling grid, its fill mask (a ones channel sampled alongside)."""
     n, c, h, w = x.shape
     dev = x.device
-    theta = matrices.view(n, 2, 3)
-    base = torch.empty(1, h, w, 3, dtype=torch.float32, device=dev)
+    work = x.dtype if x.dtype.is_floating_point else torch.float32  # torchvision's grid dtype
+    theta = matrices.view(n, 2, 3).to(work)
+    base = torch.empty(1, h, w, 3, dtype=work, device=dev)
     base[..., 0].copy_(torch.linspace(-w * 0.5 + 0.5, w * 0.5 + 0.5 - 1, steps=w, device=dev))
     base[..., 1].copy_(torch.linspace(-h * 0.5 + 0.5, h * 0.5 + 0.5 - 1, steps=h, device=dev).unsqueeze_(-1))
     base[..., 2].fill_(1)
-    rescaled = theta.transpose(1, 2) / torch.tensor([0.5 * w, 0.5 * h], dtype=torch.float32, device=dev)
+    rescaled = theta.transpose(1, 2) / torch.tensor([0.5 * w, 0.5 * h], dtype=work, device=dev)
     grid = base.view(1, h * w, 3).expand(n, h * w, 3).bmm(rescaled).view(n, h, w, 2)
     return sample_grid(x, grid, fill, mode)
 
@@ -325,6 +332,7 @@ class TrivialAugmentWide(BatchTransform):
     num_magnitude_bins: int = 31
     fill: float | tuple[float, ...] | None = None
     interpolation: str = "nearest"
+    v2_thresholds: bool = False  # torchvision v2's solarize thresholds (see _table)
 
     def __post_init__(self) -> None:
         _check_mode(self.interpolation)
@@ -337,7 +345,7 @@ class TrivialAugmentWide(BatchTransform):
         n, dev = x.shape[0], x.device
         op = torch.randint(14, (n,), generator=generator, device=dev)
         bins = torch.randint(self.num_magnitude_bins, (n,), generator=generator, device=dev)
-        table = _table("wide", self.num_magnitude_bins, x.shape[2], x.shape[3], OPS[:14]).to(dev)
+        table = _table("wide", self.num_magnitude_bins, x.shape[2], x.shape[3], OPS[:14], self.v2_thresholds).to(dev)
         return {"op": op, "magnitude": table[op, bins] * _signs(n, op, generator)}
 
     def apply(self, x: torch.Tensor, params: Params) -> torch.Tensor:
@@ -354,6 +362,7 @@ class RandAugment(BatchTransform):
     num_magnitude_bins: int = 31
     fill: float | tuple[float, ...] | None = None
     interpolation: str = "nearest"
+    v2_thresholds: bool = False
 
     def __post_init__(self) -> None:
         _check_mode(self.interpolation)
@@ -367,7 +376,7 @@ class RandAugment(BatchTransform):
     def sample(self, x: torch.Tensor, generator: torch.Generator) -> Params:
         _check_uint8(x, "RandAugment")
         n, dev = x.shape[0], x.device
-        table = _table("rand", self.num_magnitude_bins, x.shape[2], x.shape[3], OPS[:14]).to(dev)
+        table = _table("rand", self.num_magnitude_bins, x.shape[2], x.shape[3], OPS[:14], self.v2_thresholds).to(dev)
         rounds = []
         for _ in range(self.num_ops):
             op = torch.randint(14, (n,), generator=generator, device=dev)
@@ -400,6 +409,7 @@ class AutoAugment(BatchTransform):
     policy: str = "imagenet"
     fill: float | tuple[float, ...] | None = None
     interpolation: str = "nearest"
+    v2_thresholds: bool = False
     _rows: Any = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -415,7 +425,7 @@ class AutoAugment(BatchTransform):
         _check_uint8(x, "AutoAugment")
         n, dev = x.shape[0], x.device
         ops, probs, bins = (t.to(dev) for t in self._rows)
-        table = _table("auto", 10, x.shape[2], x.shape[3], OPS).to(dev)
+        table = _table("auto", 10, x.shape[2], x.shape[3], OPS, self.v2_thresholds).to(dev)
         which = torch.randint(len(ops), (n,), generator=generator, device=dev)
         chance = torch.rand((n, 2), generator=generator, device=dev, dtype=torch.float64)
         rounds = []

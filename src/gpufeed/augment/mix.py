@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -111,8 +111,12 @@ class MixChoice:
 def as_mix(mix: Any, num_classes: int | None) -> MixUp | CutMix | MixChoice | None:
     """gpufeed's mix for ``mix``: gpufeed's own, or torchvision v2's ``MixUp``, ``CutMix`` or a
     ``RandomChoice`` of them (its ``num_classes``, else ``num_classes`` from the dataset)."""
-    if mix is None or isinstance(mix, (MixUp, CutMix, MixChoice)):
-        return mix
+    if mix is None:
+        return None
+    if isinstance(mix, (MixUp, CutMix)):
+        return replace(mix, num_classes=num_classes) if mix.num_classes is None and num_classes else mix
+    if isinstance(mix, MixChoice):
+        return replace(mix, mixes=tuple(as_mix(m, num_classes) for m in mix.mixes))  # type: ignore[misc]
     import torchvision.transforms.v2 as v2
 
     def one(op: Any) -> MixUp | CutMix:

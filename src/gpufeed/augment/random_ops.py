@@ -18,7 +18,7 @@ from typing import Any
 import torch
 import torch.nn.functional as nnf
 
-from ..errors import ConfigError
+from ..errors import ConfigError, DataError
 from .auto import (
     _autocontrast,
     _equalize,
@@ -36,6 +36,7 @@ from .transforms import BatchTransform, Params
 __all__ = [
     "GaussianBlur",
     "Grayscale",
+    "Identity",
     "RandomAdjustSharpness",
     "RandomAffine",
     "RandomApply",
@@ -75,15 +76,14 @@ def _check_p(p: float, name: str) -> float:
 
 @dataclass(frozen=True)
 class _Sometimes(BatchTransform):
-    """An op with fixed arguments applied with probability ``p`` per sample."""
-
-    p: float = 0.5
+    """An op with fixed arguments applied with probability ``p`` per sample; subclasses declare their
+    arguments in torchvision's order (the op's own first, then ``p``: a field here would come first)."""
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "p", _check_p(self.p, type(self).__name__))
+        object.__setattr__(self, "p", _check_p(getattr(self, "p"), type(self).__name__))  # noqa: B009
 
     def sample(self, x: torch.Tensor, generator: torch.Generator) -> Params:
-        return {"apply": _coin(x, self.p, generator)}
+        return {"apply": _coin(x, getattr(self, "p"), generator)}  # noqa: B009
 
     def apply(self, x: torch.Tensor, params: Params) -> torch.Tensor:
         return _on(x, params["apply"], lambda part, idx: self.op(part))
@@ -99,7 +99,8 @@ def _uint8_only(x: torch.Tensor, name: str) -> None:
 
 @dataclass(frozen=True)
 class RandomSolarize(_Sometimes):
-    threshold: float = 128.0
+    threshold: float
+    p: float = 0.5
 
     def op(self, x: torch.Tensor) -> torch.Tensor:
         return _solarize(x, torch.full((x.shape[0],), float(self.threshold), device=x.device))
@@ -107,7 +108,8 @@ class RandomSolarize(_Sometimes):
 
 @dataclass(frozen=True)
 class RandomPosterize(_Sometimes):
-    bits: int = 4
+    bits: int
+    p: float = 0.5
 
     def op(self, x: torch.Tensor) -> torch.Tensor:
         _uint8_only(x, "RandomPosterize")
@@ -116,12 +118,16 @@ class RandomPosterize(_Sometimes):
 
 @dataclass(frozen=True)
 class RandomAutocontrast(_Sometimes):
+    p: float = 0.5
+
     def op(self, x: torch.Tensor) -> torch.Tensor:
         return _autocontrast(x)
 
 
 @dataclass(frozen=True)
 class RandomEqualize(_Sometimes):
+    p: float = 0.5
+
     def op(self, x: torch.Tensor) -> torch.Tensor:
         _uint8_only(x, "RandomEqualize")
         return _equalize(x)
@@ -129,13 +135,16 @@ class RandomEqualize(_Sometimes):
 
 @dataclass(frozen=True)
 class RandomInvert(_Sometimes):
+    p: float = 0.5
+
     def op(self, x: torch.Tensor) -> torch.Tensor:
         return (255 if x.dtype == torch.uint8 else 1.0) - x
 
 
 @dataclass(frozen=True)
 class RandomAdjustSharpness(_Sometimes):
-    sharpness_factor: float = 1.0
+    sharpness_factor: float
+    p: float = 0.5
 
     def op(self, x: torch.Tensor) -> torch.Tensor:
         factor = torch.full((x.shape[0],), float(self.sharpness_factor), dtype=torch.float64, device=x.device)
@@ -143,9 +152,10 @@ class RandomAdjustSharpness(_Sometimes):
 
 
 def grayscale(x: torch.Tensor, channels: int) -> torch.Tensor:
-    """torchvision's tensor ``rgb_to_grayscale``: the weighted sum, truncated to the dtype, repeated."""
-    gray = _gray(x)
-    return gray.expand(-1, channels, -1, -1).contiguous() if channels > 1 else gray
+    """torchvision's tensor ``rgb_to_grayscale``: the weighted sum, truncated to the dtype; with 3 output channels
+    it takes the input's channel count (a 1-channel image stays 1 channel, as torchvision's ``expand``)."""
+    gray = _gray(x) if x.shape[1] == 3 else x.clone()
+    return gray.expand(-1, x.shape[1], -1, -1).contiguous() if channels == 3 else gray
 
 
 @dataclass(frozen=True)
@@ -199,9 +209,10 @@ class GaussianBlur(BatchTransform):
         return gaussian_blur(x, self.kernel_size, params["sigma"])  # type: ignore[arg-type]
 
 
-def _kernel1d(size: int, sigma: torch.Tensor) -> torch.Tensor:
+def _kernel1d(size: int, sigma: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     half = (size - 1) * 0.5
-    grid = torch.linspace(-half, half, steps=size, dtype=torch.float32, device=sigma.device)
+    grid = torch.linspace(-half, half, steps=size, dtype=dtype, device=sigma.device)
+    sigma = sigma.to(dtype)
     pdf = torch.exp(-0.5 * (grid.view(1, -1) / sigma.view(-1, 1)).pow(2))
     return pdf / pdf.sum(1, keepdim=True)
 
@@ -209,10 +220,13 @@ def _kernel1d(size: int, sigma: torch.Tensor) -> torch.Tensor:
 def gaussian_blur(x: torch.Tensor, kernel_size: tuple[int, int], sigma: torch.Tensor) -> torch.Tensor:
     """Each image blurred with its own sigma (float32), as torchvision's tensor ``gaussian_blur``."""
     n, c, h, w = x.shape
-    kx, ky = _kernel1d(kernel_size[0], sigma), _kernel1d(kernel_size[1], sigma)
+    if n == 0:
+        return x.clone()
+    work = x.dtype if x.dtype.is_floating_point else torch.float32  # torchvision's: the image's float dtype
+    kx, ky = _kernel1d(kernel_size[0], sigma, work), _kernel1d(kernel_size[1], sigma, work)
     kernel = torch.bmm(ky.unsqueeze(2), kx.unsqueeze(1))  # (N, ky, kx): torch.mm(k_y[:, None], k_x[None, :])
     weight = kernel.repeat_interleave(c, 0).unsqueeze(1)  # (N*C, 1, ky, kx)
-    img = x.to(torch.float32) if not x.dtype.is_floating_point else x
+    img = x.to(work)
     pad = [kernel_size[0] // 2, kernel_size[0] // 2, kernel_size[1] // 2, kernel_size[1] // 2]
     img = nnf.pad(img, pad, mode="reflect")
     out = nnf.conv2d(img.reshape(1, n * c, *img.shape[2:]), weight, groups=n * c).view(n, c, h, w)
@@ -239,7 +253,7 @@ class RandomRotation(BatchTransform):
     degrees: float | tuple[float, float] = 0.0
     interpolation: str = "nearest"
     center: tuple[float, float] | None = None
-    fill: float | tuple[float, ...] = 0.0
+    fill: float | tuple[float, ...] | None = 0.0
 
     def __post_init__(self) -> None:
         d = self.degrees
@@ -271,7 +285,7 @@ class RandomAffine(BatchTransform):
     scale: tuple[float, float] | None = None
     shear: float | tuple[float, ...] | None = None
     interpolation: str = "nearest"
-    fill: float | tuple[float, ...] = 0.0
+    fill: float | tuple[float, ...] | None = 0.0
     center: tuple[float, float] | None = None
 
     def __post_init__(self) -> None:
@@ -326,10 +340,29 @@ def _run(op: BatchTransform, x: torch.Tensor, seed: int, salt: int) -> torch.Ten
 
 
 def _same_size(ops: Sequence[BatchTransform], name: str) -> tuple[BatchTransform, ...]:
-    for op in ops:
-        if op.output_size(64, 48) != (64, 48):
-            raise ConfigError(f"{name}: {op!r} changes the image size, so samples would differ in size")
+    """The ops; what they do to a size is checked where the size is known (the planner, and each run)."""
     return tuple(ops)
+
+
+def _kept_size(out: torch.Tensor, part: torch.Tensor, name: str) -> torch.Tensor:
+    if out.shape[1:] != part.shape[1:]:
+        raise DataError(
+            f"{name}: its ops turn {tuple(part.shape[1:])} images into {tuple(out.shape[1:])}, so the samples it "
+            "picks and the others would differ in size"
+        )
+    return out
+
+
+class Identity(BatchTransform):
+    """Nothing: stands for an op that changes nothing on the device (a conversion the state already has)."""
+
+    random = False
+
+    def apply(self, x: torch.Tensor, params: Params) -> torch.Tensor:
+        return x
+
+    def __repr__(self) -> str:
+        return "Identity()"
 
 
 @dataclass(frozen=True)
@@ -348,9 +381,10 @@ class RandomApply(BatchTransform):
 
     def apply(self, x: torch.Tensor, params: Params) -> torch.Tensor:
         def chain(part: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+            out = part
             for k, op in enumerate(self.transforms):
-                part = _run(op, part, params["seed"], k)
-            return part
+                out = _run(op, out, params["seed"], k)
+            return _kept_size(out, part, "RandomApply")
 
         return _on(x, params["apply"], chain)
 
@@ -371,12 +405,18 @@ class RandomChoice(BatchTransform):
 
     def sample(self, x: torch.Tensor, generator: torch.Generator) -> Params:
         weights = torch.tensor(self.p or [1.0] * len(self.transforms), dtype=torch.float64, device=x.device)
+        if x.shape[0] == 0:
+            return {"which": torch.zeros(0, dtype=torch.long, device=x.device), "seed": 0}
         which = torch.multinomial(weights, x.shape[0], replacement=True, generator=generator)
         return {"which": which, "seed": _seed(generator, x)}
 
     def apply(self, x: torch.Tensor, params: Params) -> torch.Tensor:
         for k, op in enumerate(self.transforms):
-            x = _on(x, params["which"] == k, lambda part, idx, op=op, k=k: _run(op, part, params["seed"], k))
+            x = _on(
+                x,
+                params["which"] == k,
+                lambda part, idx, op=op, k=k: _kept_size(_run(op, part, params["seed"], k), part, "RandomChoice"),
+            )
         return x
 
 
@@ -399,7 +439,11 @@ class RandomOrder(BatchTransform):
         for slot in range(order.shape[1]):
             for k, op in enumerate(self.transforms):
                 salt = slot * len(self.transforms) + k
-                x = _on(x, order[:, slot] == k, lambda part, idx, op=op, s=salt: _run(op, part, params["seed"], s))
+                x = _on(
+                    x,
+                    order[:, slot] == k,
+                    lambda part, idx, op=op, s=salt: _kept_size(_run(op, part, params["seed"], s), part, "RandomOrder"),
+                )
         return x
 
 
@@ -411,7 +455,7 @@ class RandomPerspective(BatchTransform):
     distortion_scale: float = 0.5
     p: float = 0.5
     interpolation: str = "bilinear"
-    fill: float | tuple[float, ...] = 0.0
+    fill: float | tuple[float, ...] | None = 0.0
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.distortion_scale <= 1.0:
@@ -473,15 +517,17 @@ def _perspective(x: torch.Tensor, coeffs: torch.Tensor, fill: tuple[float, ...] 
     """torchvision's tensor ``perspective``: its grid from the eight coefficients, then its fill mask."""
     n, c, h, w = x.shape
     dev = x.device
-    one = torch.ones(n, device=dev)
+    work = x.dtype if x.dtype.is_floating_point else torch.float32  # torchvision's grid dtype
+    coeffs = coeffs.to(work)
+    one = torch.ones(n, device=dev, dtype=work)
     theta1 = torch.stack([coeffs[:, 0:3], coeffs[:, 3:6]], 1)  # (N, 2, 3)
     theta2 = torch.stack([torch.stack([coeffs[:, 6], coeffs[:, 7], one], 1)] * 2, 1)
-    base = torch.empty(1, h, w, 3, dtype=torch.float32, device=dev)
+    base = torch.empty(1, h, w, 3, dtype=work, device=dev)
     base[..., 0].copy_(torch.linspace(0.5, w * 1.0 + 0.5 - 1.0, steps=w, device=dev))
     base[..., 1].copy_(torch.linspace(0.5, h * 1.0 + 0.5 - 1.0, steps=h, device=dev).unsqueeze_(-1))
     base[..., 2].fill_(1)
     flat = base.view(1, h * w, 3).expand(n, h * w, 3)
-    grid1 = flat.bmm(theta1.transpose(1, 2) / torch.tensor([0.5 * w, 0.5 * h], dtype=torch.float32, device=dev))
+    grid1 = flat.bmm(theta1.transpose(1, 2) / torch.tensor([0.5 * w, 0.5 * h], dtype=work, device=dev))
     grid2 = flat.bmm(theta2.transpose(1, 2))
     grid = (grid1 / grid2 - 1.0).view(n, h, w, 2)
     return sample_grid(x, grid, fill, mode)

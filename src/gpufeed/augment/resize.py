@@ -148,6 +148,10 @@ class RandomResizedCrop(BatchTransform):
     def apply(self, x: torch.Tensor | Ragged, params: Params) -> torch.Tensor:
         p = params
         box = (p["top"], p["left"], p["height"], p["width"])
+        if len(box[0]) == 0:  # an empty batch
+            ragged = isinstance(x, Ragged)
+            channels = (int(x.shapes[0, 0]) if len(x) else 3) if ragged else x.shape[1]  # type: ignore[union-attr]
+            return torch.empty((0, channels, *self.size), dtype=x.dtype, device=x.device)  # type: ignore[misc]
         crop = ragged_resized_crop if isinstance(x, Ragged) else resized_crop
         if isinstance(self.interpolation, str):
             return crop(x, *box, self.size, self.antialias, self.interpolation)  # type: ignore[arg-type]

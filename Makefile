@@ -21,6 +21,7 @@ bench: setup
 	$(VENV)/bin/gpufeed bench --out bench-out
 	$(PY) benchmarks/loader_throughput.py --out bench-out
 	$(PY) benchmarks/image_folder.py --out bench-out
+	$(PY) benchmarks/augment_recipes.py --out bench-out
 
 lint: setup
 	$(PY) -m ruff check src tests benchmarks

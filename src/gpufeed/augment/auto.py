@@ -1,10 +1,11 @@
-"""AutoAugment, RandAugment and TrivialAugmentWide, batched: one op per sample, each op run once per batch.
+"""AutoAugment, RandAugment, TrivialAugmentWide and AugMix, batched: ops drawn per sample, each run once per batch.
 
 torchvision draws, per image, which op to apply and at which magnitude and sign, then runs that
 op's tensor kernel on the one image. Here every sample draws the same way (same op table, same
 magnitude bins, same signs; from the loader's generator), then the batch is split by op and each
 op runs once on its subset: the geometric ones (shear, translate, rotate) in one ``grid_sample``
-with a matrix per sample, the colour ones with a factor per sample. Given the same op and
+with a matrix per sample (nearest or bilinear), the colour ones with a factor per sample. AugMix
+mixes chains of such rounds with Dirichlet weights. Given the same op and
 magnitude, each kernel follows torchvision's tensor kernel (``transforms.functional``) step for
 step -- the same inverse affine matrix and sampling grid, the same blend, blur, histogram and
 look-up table -- so uint8 outputs are equal (tests/augment/test_auto.py).

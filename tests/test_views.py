@@ -90,3 +90,20 @@ def test_views_with_different_deterministic_parts_are_refused():
     other = T.Compose([T.Resize(28), T.RandomCrop(24), T.ToTensor()])
     with pytest.raises(ConfigError, match="deterministic parts differ"):
         gf.accelerate(ds, batch_size=8, device="cpu", progress=False, cache=False, views=[one, other])
+
+
+def test_a_state_saved_with_other_views_or_mixing_is_refused():
+    from gpufeed.errors import StateError
+
+    two = _loader(2)
+    it = iter(two)
+    next(it)
+    state = two.state_dict()
+    assert state["views"] == 2 and state["mix"] is None
+    with pytest.raises(StateError, match="saved with views=2, but this loader has views=1"):
+        _loader(1).load_state_dict(state)
+    mixed = _loader(1, mix=gf.augment.MixUp(1.0, 10))
+    with pytest.raises(StateError, match="saved with mix=None"):
+        mixed.load_state_dict({**state, "views": 1})
+    legacy = {k: v for k, v in state.items() if k not in ("mix", "views")}  # saved before these were recorded
+    _loader(2).load_state_dict(legacy)

@@ -140,7 +140,12 @@ class EpochLoader:
 
         live = self._live_position()
         epoch, batch = (live.epoch, live.next_batch) if live is not None else (self._epoch, self._offset)
-        return {"version": STATE_VERSION, "loader": self.kind, "epoch": epoch, "batch": batch, **asdict(self.config)}
+        state = {"version": STATE_VERSION, "loader": self.kind, "epoch": epoch, "batch": batch, **asdict(self.config)}
+        return {**state, **self._batch_forms()}
+
+    def _batch_forms(self) -> dict[str, Any]:
+        """What else fixes the batches served: the mixing and the number of views."""
+        return {"mix": repr(self.mix) if self.mix is not None else None, "views": int(getattr(self, "views", 1))}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state`` (saved on any rank of the same world size): the next iteration yields
@@ -148,6 +153,12 @@ class EpochLoader:
         from dataclasses import asdict
 
         epoch, offset = resume_position(state, self.kind, asdict(self.config), len(self))
+        for key, mine in self._batch_forms().items():  # states saved before these were recorded have neither
+            if key in state and state[key] != mine:
+                raise StateError(
+                    f"state: saved with {key}={state[key]!r}, but this loader has {key}={mine!r}; the resumed "
+                    "batches would differ from the saved run's: build the loader as it was"
+                )
         self._live = None  # as set_epoch: a running iteration is detached, not cut short
         self._epoch, self._offset = epoch, offset
 

@@ -66,15 +66,23 @@ def _is_v2(op: Any) -> bool:
     return type(op).__module__.startswith("torchvision.transforms.v2")
 
 
-def _fill(fill: Any, s: _State) -> float | tuple[float, ...]:
-    if isinstance(fill, dict):  # v2: by the type of the image at this point, else "others"
+def _fill_or_none(fill: Any, s: _State) -> float | tuple[float, ...] | None:
+    """A fill as numbers; v2's dicts go by the image type at this point, else "others"; None (or no entry) stays
+    None."""
+    if isinstance(fill, dict):
         from torchvision import tv_tensors
 
         key = tv_tensors.Image if s.tv_image else None if s.pil else torch.Tensor
-        fill = fill.get(key, fill.get("others", 0)) if key is not None else fill.get("others", 0)
+        fill = fill.get(key, fill.get("others")) if key is not None else fill.get("others")
     if fill is None:
-        return 0.0
+        return None
     return float(fill) if isinstance(fill, (int, float)) else tuple(float(v) for v in fill)
+
+
+def _fill(fill: Any, s: _State) -> float | tuple[float, ...]:
+    """A padding fill: none is 0."""
+    value = _fill_or_none(fill, s)
+    return 0.0 if value is None else value
 
 
 def _random_crop(op: Any, s: _State) -> A.BatchTransform:
@@ -263,15 +271,7 @@ def _interpolation(op: Any) -> str:
 def _geometric_fill(op: Any, s: _State) -> float | tuple[float, ...] | None:
     """The fill of a rotation, affine map or perspective; None stays None (v2's ``fill=None``: no fill mask, the
     outside is zero-padded before interpolating, which bilinear sampling shows at the border)."""
-    fill = op.fill
-    if isinstance(fill, dict):  # v2: by the image type at this point, else "others"; a missing entry is None
-        from torchvision import tv_tensors
-
-        key = tv_tensors.Image if s.tv_image else None if s.pil else torch.Tensor
-        fill = fill.get(key, fill.get("others")) if key is not None else fill.get("others")
-    if fill is None:
-        return None
-    return float(fill) if isinstance(fill, (int, float)) else tuple(float(v) for v in fill)
+    return _fill_or_none(op.fill, s)
 
 
 def _rotation(op: Any, s: _State) -> A.BatchTransform:

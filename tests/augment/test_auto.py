@@ -9,7 +9,17 @@ import torchvision.transforms as T
 from torchvision.transforms import InterpolationMode
 from torchvision.transforms.autoaugment import _apply_op
 
-from gpufeed.augment.auto import OPS, AugMix, AutoAugment, RandAugment, TrivialAugmentWide, _table, apply_op, policies
+from gpufeed.augment.auto import (
+    _SIGNED,
+    OPS,
+    AugMix,
+    AutoAugment,
+    RandAugment,
+    TrivialAugmentWide,
+    _table,
+    apply_op,
+    policies,
+)
 
 from fakes import image_summaries, varied_cifar
 from stats import chi_square_p_value
@@ -28,17 +38,7 @@ def _images(n: int, h: int, w: int, seed: int = 0) -> torch.Tensor:
 def _magnitudes(kind: str, name: str, h: int, w: int, bins: int) -> list[float]:
     row = _table(kind, bins, h, w, OPS)[OPS.index(name)]
     values = sorted(set(row.tolist()))
-    signed = name in (
-        "ShearX",
-        "ShearY",
-        "TranslateX",
-        "TranslateY",
-        "Rotate",
-        "Brightness",
-        "Color",
-        "Contrast",
-        "Sharpness",
-    )
+    signed = name in _SIGNED
     return values + [-v for v in values if v] if signed else values
 
 
@@ -70,14 +70,31 @@ def test_a_batch_of_mixed_ops_equals_torchvision_sample_by_sample():
         assert torch.equal(got[i], _apply_op(x[i], name, m, InterpolationMode.NEAREST, None)), (i, name, m)
 
 
-def test_autoaugment_uses_torchvisions_policies():
-    for policy in ("imagenet", "cifar10", "svhn"):
-        tv = T.AutoAugment(T.AutoAugmentPolicy(policy))
-        assert [tuple(tuple(s) for s in sub) for sub in tv.policies] == [tuple(sub) for sub in policies(policy)]
-        ours = AutoAugment(policy)
-        x = _images(16, 32, 32)
-        out = ours(x, generator=torch.Generator().manual_seed(0))
-        assert out.shape == x.shape and out.dtype == torch.uint8
+@pytest.mark.parametrize("policy", ["imagenet", "cifar10", "svhn"])
+def test_autoaugment_applies_each_samples_sub_policy_as_torchvision_does(policy):
+    """Each sample's drawn rounds, replayed through torchvision's own ``_apply_op`` with the policy's
+    (name, magnitude bin) for that round, give the batched output exactly."""
+    x = _images(32, 32, 32, seed=4)
+    op = AutoAugment(policy)
+    params = op.sample(x, torch.Generator().manual_seed(3))
+    got = op.apply(x, params)
+    space = T.AutoAugment(T.AutoAugmentPolicy(policy))._augmentation_space(10, (32, 32))
+    steps = {OPS.index(name) for sub in policies(policy) for name, _, _ in sub}
+    applied = 0
+    for i in range(32):
+        want = x[i]
+        for ops, mags in params["rounds"]:
+            k, m = int(ops[i]), float(mags[i])
+            if k == 0:  # the sub-policy's step was skipped by its probability
+                continue
+            assert k in steps
+            name = OPS[k]
+            table, signed = space[name]
+            assert table.ndim == 0 or abs(m) in {float(v) for v in table}  # a magnitude of that op's bins
+            want = _apply_op(want, name, m, InterpolationMode.NEAREST, None)
+            applied += 1
+        assert torch.equal(got[i], want), i
+    assert applied > 16  # the steps ran, not only skips
 
 
 def test_float_batches_are_refused_with_the_fix():

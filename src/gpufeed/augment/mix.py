@@ -34,22 +34,34 @@ def _soft(labels: torch.Tensor, num_classes: int | None, lam: float) -> torch.Te
     return labels.roll(1, 0).mul_(1.0 - lam).add_(labels.mul(lam))
 
 
-def _check(alpha: float, num_classes: int | None, name: str) -> None:
-    if not alpha > 0:
-        raise ConfigError(f"{name}: alpha={alpha} must be > 0")
-    if num_classes is not None and num_classes < 1:
-        raise ConfigError(f"{name}: num_classes={num_classes} must be >= 1")
-
-
 @dataclass(frozen=True)
-class MixUp:
-    """torchvision v2's ``MixUp``: ``x * lam + roll(x, 1) * (1 - lam)``, labels alike."""
+class _BatchMix:
+    """What MixUp and CutMix share: ``alpha`` of the Beta draw, ``num_classes`` of the soft labels, and a call
+    that draws the batch's parameters, then applies them."""
 
     alpha: float = 1.0
     num_classes: int | None = None
 
     def __post_init__(self) -> None:
-        _check(self.alpha, self.num_classes, "MixUp")
+        name = type(self).__name__
+        if not self.alpha > 0:
+            raise ConfigError(f"{name}: alpha={self.alpha} must be > 0")
+        if self.num_classes is not None and self.num_classes < 1:
+            raise ConfigError(f"{name}: num_classes={self.num_classes} must be >= 1")
+
+    def sample(self, x: torch.Tensor, rng: np.random.Generator) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def apply(self, x: torch.Tensor, y: torch.Tensor, params: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+    def __call__(self, x: torch.Tensor, y: torch.Tensor, rng: np.random.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.apply(x, y, self.sample(x, rng))
+
+
+@dataclass(frozen=True)
+class MixUp(_BatchMix):
+    """torchvision v2's ``MixUp``: ``x * lam + roll(x, 1) * (1 - lam)``, labels alike."""
 
     def sample(self, x: torch.Tensor, rng: np.random.Generator) -> dict[str, Any]:
         return {"lam": float(rng.beta(self.alpha, self.alpha))}
@@ -58,19 +70,10 @@ class MixUp:
         lam = params["lam"]
         return x.roll(1, 0).mul_(1.0 - lam).add_(x.mul(lam)), _soft(y, self.num_classes, lam)
 
-    def __call__(self, x: torch.Tensor, y: torch.Tensor, rng: np.random.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.apply(x, y, self.sample(x, rng))
-
 
 @dataclass(frozen=True)
-class CutMix:
+class CutMix(_BatchMix):
     """torchvision v2's ``CutMix``: a box of ``roll(x, 1)`` pasted into every image, labels mixed by its area."""
-
-    alpha: float = 1.0
-    num_classes: int | None = None
-
-    def __post_init__(self) -> None:
-        _check(self.alpha, self.num_classes, "CutMix")
 
     def sample(self, x: torch.Tensor, rng: np.random.Generator) -> dict[str, Any]:
         lam = float(rng.beta(self.alpha, self.alpha))
@@ -87,9 +90,6 @@ class CutMix:
         out = x.clone()
         out[..., y1:y2, x1:x2] = x.roll(1, 0)[..., y1:y2, x1:x2]
         return out, _soft(y, self.num_classes, params["lam_adjusted"])
-
-    def __call__(self, x: torch.Tensor, y: torch.Tensor, rng: np.random.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.apply(x, y, self.sample(x, rng))
 
 
 @dataclass(frozen=True)

@@ -4,8 +4,9 @@ The synthetic CIFAR-10 (50,000 32x32 images; ``--n`` takes the first N), each re
 people write it, then ToTensor + Normalize, batch 256: the CIFAR recipe (RandomCrop(32, padding=4) +
 RandomHorizontalFlip) with TrivialAugmentWide, RandAugment, AutoAugment(cifar10) or AugMix after it, and a
 SimCLR view (RandomResizedCrop + flip + RandomApply(ColorJitter, 0.8) + RandomGrayscale(0.2) +
-GaussianBlur(3)). Side by side in one run: torchvision's DataLoader (PIL per sample in workers) and
-gpufeed.accelerate (each op once per batch on the samples that drew it).
+GaussianBlur(3)), and timm's RandAugment ``rand-m9-mstd0.5-inc1`` (when timm is installed). Side by side
+in one run: torchvision's DataLoader (PIL per sample in workers) and gpufeed.accelerate (each op once per
+batch on the samples that drew it).
 
     python benchmarks/augment_recipes.py [--device cuda] [--workers 2] [--n 10000] [--out DIR]
 """
@@ -43,6 +44,32 @@ RECIPES = {
         T.GaussianBlur(3, (0.1, 2.0)),
     ],
 }
+
+
+def _timm_rand_augment() -> list:
+    """timm's create_transform(32, auto_augment="rand-m9-mstd0.5-inc1") RandAugment after the CIFAR ops. Its
+    posterize can ask Pillow 13 for 0 bits, which raises; the per-sample side gets Pillow 12's answer (black)."""
+    from PIL import Image, ImageOps
+    from timm.data.auto_augment import rand_augment_transform
+
+    if not getattr(ImageOps.posterize, "zero_bits_black", False):
+        original = ImageOps.posterize
+
+        def posterize(img: Image.Image, bits: int) -> Image.Image:
+            return Image.new(img.mode, img.size, 0) if bits <= 0 else original(img, bits)
+
+        posterize.zero_bits_black = True  # type: ignore[attr-defined]
+        ImageOps.posterize = posterize
+    hparams = {"translate_const": int(32 * 0.45), "img_mean": tuple(round(255 * m) for m in MEAN)}
+    return [*CIFAR, rand_augment_transform("rand-m9-mstd0.5-inc1", {**hparams, "interpolation": Image.BILINEAR})]
+
+
+try:
+    import timm  # noqa: F401
+
+    RECIPES["timm RandAugment"] = _timm_rand_augment
+except ImportError:  # an optional row: the GPU machine has no timm
+    pass
 
 
 def recipe(ops: list) -> T.Compose:

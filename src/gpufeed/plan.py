@@ -318,6 +318,67 @@ def _timm_erasing(op: Any, s: _State) -> A.BatchTransform:
     )
 
 
+# Pillow's resampling filter numbers (Image.Resampling) that Image.transform takes.
+_PIL_FILTERS = {0: "nearest", 2: "bilinear", 3: "bicubic"}
+
+
+def _timm_auto(op: Any, s: _State) -> A.BatchTransform:
+    """timm's ``RandAugment`` / ``AutoAugment`` (``timm.data.auto_augment``): its ``AugmentOp`` list read back
+    into :class:`~gpufeed.augment.timm_auto.TimmOp` s; the hyper-parameters all its ops share."""
+    from .augment import timm_auto as TA
+
+    name = type(op).__name__
+    if not s.pil or s.dtype != torch.uint8:
+        raise UnsupportedTransformError(
+            f"timm's {name} runs PIL kernels (ImageOps, ImageEnhance) and needs PIL images, but the pipeline gives it "
+            "a tensor here; put it before ToTensor/MaybeToTensor, as timm's create_transform does"
+        )
+    if name == "RandAugment":
+        augment_ops = list(op.ops)
+    else:
+        augment_ops = list({id(a): a for sub in op.policy for a in sub}.values())
+    ops, hparams = [], set()
+    for a in augment_ops:
+        if a.name not in TA.NAMES:
+            raise UnsupportedTransformError(
+                f"timm's {name} holds {a.name}, which gpufeed does not batch (it batches {', '.join(TA.NAMES)}); "
+                "pass fallback='prefetch' to run it per sample"
+            )
+        resample = a.kwargs.get("resample", 3)
+        filters = tuple(resample) if isinstance(resample, (list, tuple)) else (resample,)
+        if any(int(f) not in _PIL_FILTERS for f in filters):
+            raise UnsupportedTransformError(f"timm's {name}: resample={resample!r} is not one Image.transform takes")
+        fill = a.kwargs.get("fillcolor", (128, 128, 128))
+        hparams.add(
+            (
+                tuple(fill) if isinstance(fill, (list, tuple)) else (fill,),
+                tuple(_PIL_FILTERS[int(f)] for f in filters),
+                float(a.hparams.get("translate_const", 250)),
+                float(a.hparams.get("translate_pct", 0.45)),
+            )
+        )
+        ops.append(TA.TimmOp(a.name, float(a.prob), float(a.magnitude), float(a.magnitude_std), a.magnitude_max))
+    if len(hparams) != 1:
+        raise UnsupportedTransformError(f"timm's {name}: its ops have different fills or interpolations ({hparams})")
+    hp = TA._Hparams.make(*hparams.pop())
+    if any(o.name.startswith("Posterize") for o in ops):
+        s.notes.append(TIMM_POSTERIZE_NOTE)
+    if name == "RandAugment":
+        weights = op.choice_weights
+        return TA.TimmRandAugment(
+            tuple(ops), int(op.num_layers), tuple(float(w) for w in weights) if weights is not None else None, hp
+        )
+    index = {id(a): i for i, a in enumerate(augment_ops)}
+    return TA.TimmAutoAugment(tuple(ops), tuple(tuple(index[id(a)] for a in sub) for sub in op.policy), hp)
+
+
+TIMM_POSTERIZE_NOTE = (
+    "timm's posterize can draw 0 bits (PosterizeIncreasing at magnitude 10, Posterize below 2.5), which Pillow 13 "
+    "refuses (ValueError in the per-sample pipeline); gpufeed keeps no bits there (a black image), as Pillow "
+    "before 13 computed"
+)
+
+
 def _inner(op: Any, s: _State) -> tuple[A.BatchTransform, ...]:
     """A container's ops, converted in the state they run in; each keeps its place (an op with nothing to do
     on the device stays as Identity, so that ``RandomChoice``'s weights still line up). They may not change
@@ -425,6 +486,8 @@ CONVERTERS: dict[str, Callable[[Any, _State], A.BatchTransform | None]] = {
     "MaybeToTensor": lambda op, s: _to_float(s) if s.pil else None,
     "MaybePILToTensor": lambda op, s: None,
     "TimmRandomErasing": _timm_erasing,
+    "TimmRandAugment": _timm_auto,
+    "TimmAutoAugment": _timm_auto,
     "ColorJitter": _color_jitter,
     "RandomSolarize": _per_sample(R.RandomSolarize, "threshold"),
     "RandomPosterize": _per_sample(R.RandomPosterize, "bits"),
@@ -463,6 +526,8 @@ RANDOM_SUPPORTED = (
     "AutoAugment",
     "AugMix",
     "TimmRandomErasing",
+    "TimmRandAugment",
+    "TimmAutoAugment",
 )
 
 
@@ -489,11 +554,12 @@ def _timm_classes() -> dict[type, str]:
     for module_name, names in (
         ("timm.data.transforms", ("RandomResizedCropAndInterpolation", "MaybeToTensor", "MaybePILToTensor")),
         ("timm.data.random_erasing", ("RandomErasing",)),
+        ("timm.data.auto_augment", ("RandAugment", "AutoAugment")),
     ):
         module = sys.modules.get(module_name)
         for name in names if module is not None else ():
             if isinstance(cls := getattr(module, name, None), type):
-                table[cls] = "TimmRandomErasing" if name == "RandomErasing" else name
+                table[cls] = name if module_name == "timm.data.transforms" else f"Timm{name}"
     return table
 
 

@@ -1,5 +1,5 @@
-"""timm's training recipes: its RandomResizedCropAndInterpolation (a random interpolation per sample too) and
-MaybeToTensor recognised by class identity and batched; its own auto-augment refused by name."""
+"""timm's training recipes: its RandomResizedCropAndInterpolation (a random interpolation per sample too),
+MaybeToTensor and RandomErasing recognised by class identity and batched (its auto-augment: test_timm_auto.py)."""
 
 from __future__ import annotations
 
@@ -46,13 +46,6 @@ def test_a_random_interpolation_is_drawn_per_sample_and_each_sample_matches_torc
         mode = InterpolationMode(("bilinear", "bicubic")[int(params["mode"][i])])
         ref = TF.resized_crop(x[i], *box, [16, 16], mode, antialias=True)
         assert (out[i] - ref).abs().max() < 1e-4, i
-
-
-def test_timms_own_auto_augment_is_refused_by_name():
-    ds = varied_cifar(8)
-    ds.transform = timm_data.create_transform(24, is_training=True, auto_augment="rand-m9-mstd0.5-inc1")
-    with pytest.raises(gf.UnsupportedTransformError, match="RandAugment"):
-        gf.accelerate(ds, batch_size=4, device="cpu", progress=False)
 
 
 @pytest.mark.parametrize("mode, count", [("const", 3), ("pixel", 1), ("rand", 1)])

@@ -1,0 +1,192 @@
+"""PIL's own kernels on uint8 batches, step for step, for pipelines that run on PIL images.
+
+torchvision's tensor kernels compute other numbers than PIL for some ops (a blend rounds in another
+order, a bilinear affine blends the border with the fill where PIL clamps to the edge, PIL's bicubic
+is another cubic). A recipe written for PIL images (timm's auto-augment runs only on PIL images)
+trains on what PIL computes, so these follow Pillow's C code (libImaging ``Geometry.c``,
+``Blend.c``, ``Convert.c``, and ``ImageOps``/``ImageEnhance``) in the same arithmetic: the same
+float32 or float64 operations in the same order, the same truncations. Outputs equal Pillow's on
+x86-64 (tests/augment/test_pil.py); where Pillow is built to fuse multiply-adds (some ARM builds)
+a coordinate can differ in its last bit.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+__all__ = ["affine", "autocontrast", "blend", "contrast_degenerate", "gray", "rotate", "rotate_matrix", "smooth"]
+
+Matrix = Sequence[float]  # PIL's affine data (a, b, c, d, e, f): output (x, y) reads input (ax+by+c, dx+ey+f)
+
+
+def rotate_matrix(degrees: float, width: int, height: int) -> tuple[float, ...]:
+    """The affine data ``Image.rotate(degrees)`` passes to ``Image.transform`` (about the image centre)."""
+    angle = -math.radians(degrees % 360.0)
+    m = [
+        round(math.cos(angle), 15),
+        round(math.sin(angle), 15),
+        0.0,
+        round(-math.sin(angle), 15),
+        round(math.cos(angle), 15),
+        0.0,
+    ]
+    cx, cy = width / 2.0, height / 2.0
+    m[2], m[5] = m[0] * -cx + m[1] * -cy + m[2], m[3] * -cx + m[4] * -cy + m[5]
+    m[2] += cx
+    m[5] += cy
+    return tuple(m)
+
+
+def _gather(x: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+    """``x[i, :, rows[i], cols[i]]`` for ``(K, H, W)`` index maps, as float64 ``(K, C, H, W)``."""
+    k, c, h, w = x.shape
+    flat = (rows * w + cols).view(k, 1, -1).expand(k, c, -1)
+    return x.reshape(k, c, h * w).gather(2, flat).view(k, c, *rows.shape[1:]).to(torch.float64)
+
+
+def _nearest_maps(matrices: Sequence[Matrix], h: int, w: int, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Input row and column (``-1`` or past the edge: outside) for each output pixel, as Pillow's nearest paths
+    find them: a pure translation/scale accumulates float64 offsets (``ImagingScaleAffine``), anything else
+    runs in 16.16 fixed point (``affine_fixed``)."""
+    rows, cols = [], []
+    for a in matrices:
+        if a[1] == 0 and a[3] == 0:
+            xs = np.cumsum(np.array([a[2] + a[0] * 0.5] + [a[0]] * (w - 1)))  # sequential, as the C loop adds
+            ys = np.cumsum(np.array([a[5] + a[4] * 0.5] + [a[4]] * (h - 1)))
+            coord = lambda v: np.where(v < 0, -1, np.trunc(v)).astype(np.int64)  # noqa: E731  PIL's COORD
+            cols.append(torch.from_numpy(coord(xs)).view(1, w).expand(h, w))
+            rows.append(torch.from_numpy(coord(ys)).view(h, 1).expand(h, w))
+            continue
+        fix = [math.floor(v * 65536.0 + 0.5) for v in (a[0], a[1], a[3], a[4])]
+        x0 = math.floor((a[2] + a[0] * 0.5 + a[1] * 0.5) * 65536.0 + 0.5)
+        y0 = math.floor((a[5] + a[3] * 0.5 + a[4] * 0.5) * 65536.0 + 0.5)
+        xi, yi = torch.arange(w, dtype=torch.int64).view(1, w), torch.arange(h, dtype=torch.int64).view(h, 1)
+        cols.append((x0 + yi * fix[1] + xi * fix[0]) >> 16)
+        rows.append((y0 + yi * fix[3] + xi * fix[2]) >> 16)
+    return torch.stack(rows).to(dev), torch.stack(cols).to(dev)
+
+
+def affine(x: torch.Tensor, matrices: Sequence[Matrix], mode: str, fill: Sequence[float]) -> torch.Tensor:
+    """``Image.transform(size, AFFINE, matrices[i], resample=mode, fillcolor=fill)`` on each uint8 image ``x[i]``
+    (``mode``: ``"nearest"``, ``"bilinear"`` or ``"bicubic"``). Pixels that read from outside the image take
+    ``fill`` (one value per channel); inside, bilinear and bicubic clamp their taps to the edge."""
+    k, c, h, w = x.shape
+    dev = x.device
+    values = torch.tensor(list(fill)[:c] if len(fill) >= c else [fill[0]] * c, dtype=torch.float64, device=dev)
+    values = values.view(1, c, 1, 1)
+    if k == 0:
+        return x.clone()
+    if mode == "nearest":
+        rows, cols = _nearest_maps(matrices, h, w, dev)
+        inside = ((rows >= 0) & (rows < h) & (cols >= 0) & (cols < w)).unsqueeze(1)
+        got = _gather(x, rows.clamp(0, h - 1), cols.clamp(0, w - 1))
+        return torch.where(inside, got, values).to(torch.uint8)
+    a = torch.tensor(matrices, dtype=torch.float64, device=dev).view(k, 6, 1, 1).unbind(1)
+    xin = torch.arange(w, dtype=torch.float64, device=dev).view(1, 1, w) + 0.5
+    yin = torch.arange(h, dtype=torch.float64, device=dev).view(1, h, 1) + 0.5
+    xo = a[0] * xin + a[1] * yin + a[2]  # affine_transform(): a0 * xin + a1 * yin + a2
+    yo = a[3] * xin + a[4] * yin + a[5]
+    inside = ((xo >= 0) & (xo < w) & (yo >= 0) & (yo < h)).unsqueeze(1)
+    xo, yo = xo - 0.5, yo - 0.5
+    fx, fy = torch.floor(xo), torch.floor(yo)
+    dx, dy = (xo - fx).unsqueeze(1), (yo - fy).unsqueeze(1)
+    ix, iy = fx.long(), fy.long()
+    if mode == "bilinear":
+        c0, c1 = ix.clamp(0, w - 1), (ix + 1).clamp(0, w - 1)
+        r0, r1 = iy.clamp(0, h - 1), (iy + 1).clamp(0, h - 1)
+        lerp = lambda p, q, d: p + (q - p) * d  # noqa: E731  BILINEAR(v, a, b, d)
+        top = lerp(_gather(x, r0, c0), _gather(x, r0, c1), dx)
+        bottom = lerp(_gather(x, r1, c0), _gather(x, r1, c1), dx)
+        out = torch.trunc(lerp(top, bottom, dy))
+    elif mode == "bicubic":
+        cs = [(ix - 1 + j).clamp(0, w - 1) for j in range(4)]
+        lines = [_cubic([_gather(x, (iy - 1 + i).clamp(0, h - 1), col) for col in cs], dx) for i in range(4)]
+        out = torch.trunc(_cubic(lines, dy).clamp(0, 255))
+    else:
+        raise ValueError(f"mode={mode!r} must be 'nearest', 'bilinear' or 'bicubic'")
+    return torch.where(inside, out, values).to(torch.uint8)
+
+
+def rotate(x: torch.Tensor, degrees: list[float], mode: str, fill: Sequence[float]) -> torch.Tensor:
+    """``Image.rotate(degrees[i], resample=mode, fillcolor=fill)`` on each image: a copy at 0 degrees, a flip at
+    180 and a transpose at 90 or 270 on square images (as Pillow shortcuts them), else :func:`affine`."""
+    h, w = x.shape[2:]
+    quarter = {0.0: 0, 90.0: 1, 180.0: 2, 270.0: 3}
+    turns = [quarter.get(d % 360.0) if (d % 360.0) in (0.0, 180.0) or h == w else None for d in degrees]
+    out = torch.empty_like(x)
+    rest = [i for i, t in enumerate(turns) if t is None]
+    if rest:
+        index = torch.tensor(rest, device=x.device)
+        matrices = [rotate_matrix(degrees[i], w, h) for i in rest]
+        out[index] = affine(x[index], matrices, mode, fill)
+    for i, t in enumerate(turns):
+        if t is not None:
+            out[i] = torch.rot90(x[i], t, dims=(1, 2))
+    return out
+
+
+def _cubic(taps: Sequence[torch.Tensor], d: torch.Tensor) -> torch.Tensor:
+    """Pillow's ``BICUBIC`` macro over four taps, in its order of operations."""
+    v1, v2, v3, v4 = taps
+    p1 = v2
+    p2 = -v1 + v3
+    p3 = 2 * (v1 - v2) + v3 - v4
+    p4 = -v1 + v2 - v3 + v4
+    return p1 + d * (p2 + d * (p3 + d * p4))
+
+
+def blend(degenerate: torch.Tensor, image: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
+    """``Image.blend(degenerate, image, alpha[i])`` per image (``ImageEnhance``'s ``enhance``): float32
+    ``in1 + alpha * (in2 - in1)``, clipped and truncated."""
+    a = alpha.to(torch.float32).view(-1, 1, 1, 1)
+    d = degenerate.to(torch.float32)
+    return (d + a * (image.to(torch.float32) - d)).clamp_(0, 255).trunc_().to(torch.uint8)
+
+
+def gray(x: torch.Tensor) -> torch.Tensor:
+    """``convert("L")`` of RGB images, ``(K, 1, H, W)`` uint8: Pillow's fixed-point ``L24`` weights."""
+    if x.shape[1] == 1:
+        return x
+    r, g, b = x.to(torch.int32).unbind(1)
+    return ((r * 19595 + g * 38470 + b * 7471 + 0x8000) >> 16).to(torch.uint8).unsqueeze(1)
+
+
+def contrast_degenerate(x: torch.Tensor) -> torch.Tensor:
+    """``ImageEnhance.Contrast``'s flat image: ``int(mean of convert("L") + 0.5)`` per image, ``(K, 1, 1, 1)``."""
+    lum = gray(x)
+    total = lum.to(torch.int64).sum(dim=(1, 2, 3)).to(torch.float64)
+    count = torch.full_like(total, lum.shape[2] * lum.shape[3])  # a tensor divisor: CUDA multiplies by 1/scalar
+    return torch.floor(total / count + 0.5).view(-1, 1, 1, 1)
+
+
+def smooth(x: torch.Tensor) -> torch.Tensor:
+    """``filter(ImageFilter.SMOOTH)`` (the 1-1-1/1-5-1/1-1-1 kernel over 13, rounded; the border kept), which
+    ``ImageEnhance.Sharpness`` blends with."""
+    if x.shape[-1] <= 2 or x.shape[-2] <= 2:
+        return x
+    kernel = torch.ones((3, 3), dtype=torch.float32, device=x.device)
+    kernel[1, 1] = 5.0
+    kernel /= kernel.sum()
+    out = x.clone()
+    blurred = torch.nn.functional.conv2d(x.to(torch.float32), kernel.expand(x.shape[1], 1, 3, 3), groups=x.shape[1])
+    out[..., 1:-1, 1:-1] = blurred.round_().to(torch.uint8)
+    return out
+
+
+def autocontrast(x: torch.Tensor) -> torch.Tensor:
+    """``ImageOps.autocontrast`` (no cutoff) per image and channel: a look-up table from the channel's lowest
+    and highest level, ``int(ix * scale + offset)`` in float64 as ``ImageOps`` computes it."""
+    k, c, h, w = x.shape
+    flat = x.reshape(k * c, h * w)
+    lo = flat.amin(1, keepdim=True).to(torch.float64)
+    hi = flat.amax(1, keepdim=True).to(torch.float64)
+    scale = torch.full_like(lo, 255.0) / (hi - lo).clamp(min=1)  # a true division (255.0 / t multiplies by 1/t)
+    offset = -lo * scale
+    ix = torch.arange(256, dtype=torch.float64, device=x.device).view(1, 256)
+    lut = torch.trunc(ix * scale + offset).clamp_(0, 255)
+    lut = torch.where(hi <= lo, ix, lut).to(torch.uint8)
+    return lut.gather(1, flat.long()).view(k, c, h, w)

@@ -357,11 +357,12 @@ def _timm_auto(op: Any, s: _State) -> A.BatchTransform:
                 float(a.hparams.get("translate_pct", 0.45)),
             )
         )
-        ops.append(TA.TimmOp(a.name, float(a.prob), float(a.magnitude), float(a.magnitude_std), a.magnitude_max))
+        prob = min(1.0, max(0.0, float(a.prob)))  # timm applies an op of prob >= 1 always, of prob <= 0 never
+        ops.append(TA.TimmOp(a.name, prob, float(a.magnitude), float(a.magnitude_std), a.magnitude_max))
     if len(hparams) != 1:
         raise UnsupportedTransformError(f"timm's {name}: its ops have different fills or interpolations ({hparams})")
     hp = TA._Hparams.make(*hparams.pop())
-    if any(o.name.startswith("Posterize") for o in ops):
+    if any(o.name in ("Posterize", "PosterizeIncreasing") for o in ops):
         s.notes.append(TIMM_POSTERIZE_NOTE)
     if name == "RandAugment":
         weights = op.choice_weights
@@ -373,9 +374,9 @@ def _timm_auto(op: Any, s: _State) -> A.BatchTransform:
 
 
 TIMM_POSTERIZE_NOTE = (
-    "timm's posterize can draw 0 bits (PosterizeIncreasing at magnitude 10, Posterize below 2.5), which Pillow 13 "
-    "refuses (ValueError in the per-sample pipeline); gpufeed keeps no bits there (a black image), as Pillow "
-    "before 13 computed"
+    "timm's posterize can draw 0 bits or fewer (PosterizeIncreasing at magnitude 10 or above, Posterize below "
+    "2.5), which Pillow 13 refuses (ValueError in the per-sample pipeline); gpufeed keeps no bits there (a black "
+    "image), as Pillow before 13 computed"
 )
 
 
@@ -486,8 +487,8 @@ CONVERTERS: dict[str, Callable[[Any, _State], A.BatchTransform | None]] = {
     "MaybeToTensor": lambda op, s: _to_float(s) if s.pil else None,
     "MaybePILToTensor": lambda op, s: None,
     "TimmRandomErasing": _timm_erasing,
-    "TimmRandAugment": _timm_auto,
-    "TimmAutoAugment": _timm_auto,
+    "TimmRandAugment": _container(_timm_auto),
+    "TimmAutoAugment": _container(_timm_auto),
     "ColorJitter": _color_jitter,
     "RandomSolarize": _per_sample(R.RandomSolarize, "threshold"),
     "RandomPosterize": _per_sample(R.RandomPosterize, "bits"),

@@ -229,3 +229,49 @@ def test_timms_auto_augment_on_tensors_is_refused_with_the_fix():
     ds.transform = T.Compose([T.PILToTensor(), AA.rand_augment_transform("rand-m9", _hparams())])
     with pytest.raises(gf.UnsupportedTransformError, match="needs PIL images"):
         gf.accelerate(ds, batch_size=4, device="cpu", progress=False)
+
+
+def test_a_probability_above_one_applies_always_and_no_layers_leave_the_image(pillow_12_posterize):
+    ds = varied_cifar(8)
+    ds.transform = timm_data.create_transform(24, is_training=True, auto_augment="rand-m9-p1.5")
+    loader = gf.accelerate(ds, batch_size=4, device="cpu", cache=False, progress=False)
+    assert "TimmRandAugment" in " ".join(loader.plan.batched)  # timm runs it (prob >= 1: always), so does gpufeed
+    theirs = AA.rand_augment_transform("rand-m9-n0-tweights", _hparams())
+    from gpufeed.plan import CONVERTERS, _State
+
+    ours = CONVERTERS["TimmRandAugment"](theirs, _State(torch.uint8, (8, 8), pil=True))
+    x = torch.randint(0, 256, (5, 3, 8, 8), dtype=torch.uint8)
+    assert torch.equal(ours(x, generator=torch.Generator().manual_seed(0)), x)  # timm: np.random.choice of 0 ops
+
+
+@pytest.mark.parametrize("fill", [(128,), (7, 9, 11)])
+def test_grey_images_and_short_fills_are_filled_as_pillow_fills_them(fill):
+    from gpufeed.augment import pil
+
+    rgb = _images()[2]
+    for a, mode_channels in ((rgb, 3), (rgb[..., 0].copy(), 1)):
+        if mode_channels == 1 and len(fill) > 1:
+            op = TA.TimmRandAugment((TA.TimmOp("ShearX"),), hparams=TA._Hparams.make(fill, ("bilinear",), 7, 0.45))
+            with pytest.raises(gf.ConfigError, match="TypeError"):  # Pillow refuses 3 values for an L image
+                op(torch.zeros(2, 1, 8, 8, dtype=torch.uint8), generator=torch.Generator())
+            continue
+        x = torch.from_numpy(a).view(1, *a.shape[:2], -1).permute(0, 3, 1, 2).contiguous()
+        got = pil.affine(x, [(1, 0.3, -9.5, 0.1, 1, 4)], "bilinear", fill)
+        ref = Image.fromarray(a).transform(
+            (a.shape[1], a.shape[0]), Image.Transform.AFFINE, (1, 0.3, -9.5, 0.1, 1, 4), Image.Resampling.BILINEAR,
+            fillcolor=fill if mode_channels == 3 else fill[0],
+        )  # fmt: skip
+        np.testing.assert_array_equal(got[0].permute(1, 2, 0).numpy().reshape(np.asarray(ref).shape), np.asarray(ref))
+
+
+def test_smooth_equals_pillows_filter_on_many_images():
+    from PIL import ImageFilter
+
+    from gpufeed.augment import pil
+
+    rng = np.random.default_rng(9)
+    for t in range(60):
+        h, w = int(rng.integers(3, 30)), int(rng.integers(3, 30))
+        a = rng.integers(0, 256, (h, w, 3), dtype=np.uint8) if t % 3 else np.full((h, w, 3), t * 4, np.uint8)
+        got = pil.smooth(torch.from_numpy(a).permute(2, 0, 1)[None].contiguous())[0].permute(1, 2, 0).numpy()
+        np.testing.assert_array_equal(got, np.asarray(Image.fromarray(a).filter(ImageFilter.SMOOTH)))

@@ -73,11 +73,12 @@ def _nearest_maps(matrices: Sequence[Matrix], h: int, w: int, dev: torch.device)
 def affine(x: torch.Tensor, matrices: Sequence[Matrix], mode: str, fill: Sequence[float]) -> torch.Tensor:
     """``Image.transform(size, AFFINE, matrices[i], resample=mode, fillcolor=fill)`` on each uint8 image ``x[i]``
     (``mode``: ``"nearest"``, ``"bilinear"`` or ``"bicubic"``). Pixels that read from outside the image take
-    ``fill`` (one value per channel); inside, bilinear and bicubic clamp their taps to the edge."""
+    ``fill`` (one value per channel; missing channels 0, as Pillow pads a short colour); inside, bilinear and
+    bicubic clamp their taps to the edge."""
     k, c, h, w = x.shape
     dev = x.device
-    values = torch.tensor(list(fill)[:c] if len(fill) >= c else [fill[0]] * c, dtype=torch.float64, device=dev)
-    values = values.view(1, c, 1, 1)
+    padded = list(fill)[:c] + [0] * (c - len(fill))  # Image.new(mode, size, (v,)) on RGB: (v, 0, 0)
+    values = torch.tensor(padded, dtype=torch.float64, device=dev).view(1, c, 1, 1)
     if k == 0:
         return x.clone()
     if mode == "nearest":
@@ -165,15 +166,16 @@ def contrast_degenerate(x: torch.Tensor) -> torch.Tensor:
 
 def smooth(x: torch.Tensor) -> torch.Tensor:
     """``filter(ImageFilter.SMOOTH)`` (the 1-1-1/1-5-1/1-1-1 kernel over 13, rounded; the border kept), which
-    ``ImageEnhance.Sharpness`` blends with."""
+    ``ImageEnhance.Sharpness`` blends with. The weighted sum is exact (integer weights; TF32 or any float
+    convolution keeps it) and rounded in integers: ``(2 * sum + 13) // 26`` (a sum over 13 is never k + 0.5)."""
     if x.shape[-1] <= 2 or x.shape[-2] <= 2:
         return x
     kernel = torch.ones((3, 3), dtype=torch.float32, device=x.device)
     kernel[1, 1] = 5.0
-    kernel /= kernel.sum()
     out = x.clone()
-    blurred = torch.nn.functional.conv2d(x.to(torch.float32), kernel.expand(x.shape[1], 1, 3, 3), groups=x.shape[1])
-    out[..., 1:-1, 1:-1] = blurred.round_().to(torch.uint8)
+    total = torch.nn.functional.conv2d(x.to(torch.float32), kernel.expand(x.shape[1], 1, 3, 3), groups=x.shape[1])
+    total = total.round_().to(torch.int32)
+    out[..., 1:-1, 1:-1] = torch.div(2 * total + 13, 26, rounding_mode="floor").to(torch.uint8)
     return out
 
 

@@ -15,6 +15,7 @@ does, the enhancements blend as ``Image.blend``; equalize is torchvision's port 
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -96,6 +97,19 @@ class _Hparams:
         return _Hparams(fills, modes, float(translate_const), float(translate_pct))
 
 
+@functools.lru_cache(maxsize=32)
+def _op_table(ops: tuple[TimmOp, ...], dev: torch.device) -> dict[str, torch.Tensor]:
+    """The ops' numbers as tensors on ``dev``, made once (a host-to-device copy per batch would sync)."""
+    f64 = lambda values: torch.tensor(values, dtype=torch.float64, device=dev)  # noqa: E731
+    return {
+        "kind": torch.tensor([NAMES.index(o.name) for o in ops], device=dev),
+        "prob": f64([o.prob for o in ops]),
+        "magnitude": f64([float(o.magnitude) for o in ops]),
+        "std": f64([float(o.magnitude_std) for o in ops]),
+        "upper": f64([float(o.magnitude_max or 10.0) for o in ops]),
+    }
+
+
 class _TimmAugment(BatchTransform):
     """The draw and the apply both timm containers share: rounds of (op per sample, or none)."""
 
@@ -103,14 +117,7 @@ class _TimmAugment(BatchTransform):
     hparams: _Hparams
 
     def _table(self, dev: torch.device) -> dict[str, torch.Tensor]:
-        ops = self.ops
-        return {
-            "kind": torch.tensor([NAMES.index(o.name) for o in ops], device=dev),
-            "prob": torch.tensor([o.prob for o in ops], dtype=torch.float64, device=dev),
-            "magnitude": torch.tensor([float(o.magnitude) for o in ops], dtype=torch.float64, device=dev),
-            "std": torch.tensor([float(o.magnitude_std) for o in ops], dtype=torch.float64, device=dev),
-            "upper": torch.tensor([float(o.magnitude_max or 10.0) for o in ops], dtype=torch.float64, device=dev),
-        }
+        return _op_table(self.ops, dev)
 
     def _round(self, pick: torch.Tensor, x: torch.Tensor, generator: torch.Generator) -> dict[str, torch.Tensor]:
         """Draw one round for op ``pick[i]`` (an index into ``ops``; -1: none) of each sample, as AugmentOp does."""
@@ -181,13 +188,24 @@ class _TimmAugment(BatchTransform):
                 f"timm's auto-augment runs on RGB or L PIL images (uint8, 3 or 1 channels); this batch is {x.dtype} "
                 f"with {x.shape[1]} channels: put it before ToTensor, as timm's create_transform does"
             )
+        if len(self.hparams.fill) > x.shape[1] and any(o.name in _GEOMETRIC for o in self.ops):
+            raise ConfigError(
+                f"timm's geometric ops fill with img_mean={self.hparams.fill}, but the images have {x.shape[1]} "
+                "channel: Pillow raises TypeError on them (3 values for an L image); give timm a one-value mean "
+                "(create_transform(..., mean=(m,)))"
+            )
 
     def _apply_round(self, x: torch.Tensor, r: dict[str, torch.Tensor]) -> torch.Tensor:
         kind = r["kind"]
         order = torch.argsort(kind, stable=True)
-        counts = torch.bincount(kind + 1, minlength=len(NAMES) + 1).tolist()  # one host read per round
+        counts_t = torch.bincount(kind + 1, minlength=len(NAMES) + 1)
+        args, modes = r["arg"].index_select(0, order), r["mode"].index_select(0, order)
+        # one host read per round: the op counts, and the arguments and filters PIL's matrices are built from
+        host = torch.cat([counts_t.double(), args, modes.double()]).tolist()
+        k, n = len(NAMES) + 1, x.shape[0]
+        counts = [int(v) for v in host[:k]]
+        host_args, host_modes = host[k : k + n], [int(v) for v in host[k + n :]]
         xs = x.index_select(0, order)
-        args = r["arg"].index_select(0, order)
         res = xs.clone()
         bounds = list(itertools.accumulate(counts))
         geometric = []
@@ -200,20 +218,15 @@ class _TimmAugment(BatchTransform):
             else:
                 res[start:end] = _colour(name, xs[start:end], args[start:end])
         if geometric:
-            self._geometric(xs, res, geometric, args, r["mode"].index_select(0, order))
+            self._geometric(xs, res, geometric, host_args, host_modes)
         return torch.empty_like(x).index_copy_(0, order, res)
 
     def _geometric(
-        self,
-        xs: torch.Tensor,
-        res: torch.Tensor,
-        parts: list[tuple[str, int, int]],
-        args: torch.Tensor,
-        mode: torch.Tensor,
+        self, xs: torch.Tensor, res: torch.Tensor, parts: list[tuple[str, int, int]], values: list, modes: list
     ) -> None:
-        """The affine ops, grouped by resampling filter: the matrices Image.transform / Image.rotate take."""
-        first, last = parts[0][1], parts[-1][2]
-        values, modes = args[first:last].tolist(), mode[first:last].tolist()  # PIL's matrices are built on the host
+        """The affine ops, grouped by resampling filter: the matrices Image.transform / Image.rotate take (built
+        on the host from ``values`` and ``modes``, the sorted batch's arguments and filter indices)."""
+        first = 0
         fill = self.hparams.fill
         for m, mode_name in enumerate(self.hparams.interpolation):
             rotations: list[tuple[int, float]] = []
@@ -301,6 +314,8 @@ class TimmRandAugment(_TimmAugment):
     def sample(self, x: torch.Tensor, generator: torch.Generator) -> Params:
         self._check(x)
         n, dev = x.shape[0], x.device
+        if self.num_layers == 0:  # timm's choice of no ops: the image as it is
+            return {"rounds": []}
         if self.choice_weights is None:
             picks = torch.randint(len(self.ops), (n, self.num_layers), generator=generator, device=dev)
         else:

@@ -7,7 +7,9 @@ are freed, unless its thresholds have grown past them, which depends on what the
 free before: the same loader ran at 1,770 or 2,950 images/s on 2 cores depending on it (about a
 million extra page faults per 6,000 images). Fixing the thresholds above the loader's largest
 buffer (twice the batches it makes at once, at least 32 MiB; trimming at twice that) makes freed
-buffers reused whatever came before; the process keeps that much freed heap.
+buffers reused whatever came before; the process keeps that much freed heap. The same holds for
+every batch a CPU loader makes: a 256x256 float batch (200 MB) from fresh pages cost 3x the crop,
+flip and Normalize that filled it (benchmarks/image_sizes.py).
 ``GPUFEED_KEEP_MALLOC=0`` leaves malloc as it is.
 """
 

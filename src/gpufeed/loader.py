@@ -265,8 +265,9 @@ class DeviceLoader(EpochLoader):
         check_epoch(n, batch_size, drop_last, world_size, even, local=shard == "local")
         probe = self._probe()
         self.host_memory_note: str | None = None
-        if self.device.type == "cpu" and isinstance(self.images, (Ragged, Encoded)) and probe is not None:
-            # made image by image, a chunk of batches at a time: see gpufeed.hostmem
+        if self.device.type == "cpu" and probe is not None:
+            # each chunk of batches is a fresh buffer (and ragged images are made image by image): freed ones
+            # reused, not page-faulted in again (256x256 batches: 3x faster); see gpufeed.hostmem
             chunk_bytes = self.config.chunk_batches * batch_size * probe[0].nbytes
             self.host_memory_note = keep_freed_buffers(chunk_bytes)
 

@@ -16,6 +16,7 @@ from functools import lru_cache
 import torch
 
 from ..errors import ConfigError, DataError
+from . import chunks as C
 from . import geometry as G
 from .geometry import PADDING_MODES, Padding
 
@@ -133,6 +134,14 @@ def normalize(
     equals ``F.normalize(F.to_tensor(img), mean, std)`` bit for bit before the final cast.
     """
     work = x.dtype if x.dtype.is_floating_point else torch.float32
+    if x.device.type == "cpu" and x.dtype == torch.uint8:  # a chunk at a time in the cache (gpufeed.augment.chunks)
+        return C.normalize_chunked(
+            x,
+            constant(tuple(mean), x.float()[:0], "mean"),
+            constant(tuple(std), x.float()[:0], "std"),
+            reciprocal,
+            dtype,
+        )
     y = convert_dtype(x, work, reciprocal)
     m, s = constant(tuple(mean), y, "mean"), constant(tuple(std), y, "std")
     # In place on the converted copy (a new tensor of a batch's size costs as much as the arithmetic), never

@@ -16,7 +16,7 @@ import torch
 
 from ..errors import ConfigError
 
-__all__ = ["PADDING_MODES", "IndexMap", "crop_map", "flip_map", "remap", "source_index"]
+__all__ = ["PADDING_MODES", "IndexMap", "crop_map", "fill_padding", "flip_map", "remap", "source_index"]
 
 PADDING_MODES = ("constant", "edge", "reflect", "symmetric")
 Padding = tuple[int, int, int, int]  # left, top, right, bottom, as torchvision
@@ -134,13 +134,23 @@ def flip_map(mask: torch.Tensor, length: int, axis: str) -> IndexMap:
     return IndexMap(rows=idx) if axis == "rows" else IndexMap(cols=idx)
 
 
-def remap(x: torch.Tensor, m: IndexMap, fill_tensor: torch.Tensor | None = None) -> torch.Tensor:
+def remap(
+    x: torch.Tensor, m: IndexMap, fill_tensor: torch.Tensor | None = None, rows_first: bool = False
+) -> torch.Tensor:
     """Read ``x`` through the map: one gather (per axis that moves), then the fill where padded.
 
     ``fill_tensor``: the map's fill as a tensor broadcastable to ``x`` (``(1, C, 1, 1)``).
+    ``rows_first``: when both axes move, copy whole source rows first (``index_select``), then gather the
+    columns through a broadcast index, instead of one gather through a flat index of 8 bytes per pixel:
+    on a CPU from 64x64 up (0.71 against 0.80 ms at 64x64, 2.8 against 3.8 at 128x128, batch 256, 2 cores).
     """
     n, c, h, w = x.shape
-    if m.rows is not None and m.cols is not None:
+    if rows_first and m.rows is not None and m.cols is not None:
+        out_h, out_w = m.rows.shape[1], m.cols.shape[1]
+        planes = torch.arange(n * c, device=x.device).view(n, c, 1) * h
+        whole = x.reshape(n * c * h, w).index_select(0, (planes + m.rows.view(n, 1, out_h)).view(-1))
+        out = whole.view(n, c, out_h, w).gather(3, m.cols.view(n, 1, 1, out_w).expand(n, c, out_h, out_w))
+    elif m.rows is not None and m.cols is not None:
         out_h, out_w = m.rows.shape[1], m.cols.shape[1]
         # One gather over the flattened image: cheaper than a row gather and then a column gather.
         flat = (m.rows.unsqueeze(2) * w + m.cols.unsqueeze(1)).view(n, 1, out_h * out_w)
@@ -151,18 +161,29 @@ def remap(x: torch.Tensor, m: IndexMap, fill_tensor: torch.Tensor | None = None)
         out = x.gather(3, m.cols.view(n, 1, 1, -1).expand(n, c, h, m.cols.shape[1]))
     else:
         out = x
-    inside = _and(
-        m.rows_in.view(n, 1, -1, 1) if m.rows_in is not None else None,
-        m.cols_in.view(n, 1, 1, -1) if m.cols_in is not None else None,
-    )
-    if inside is None:
+    return fill_padding(out, x, m, fill_tensor)
+
+
+def fill_padding(out: torch.Tensor, x: torch.Tensor, m: IndexMap, fill_tensor: torch.Tensor | None) -> torch.Tensor:
+    """``out`` (``x`` read through ``m``) with the map's fill where it reads padding (in place on ``out`` unless
+    ``out`` is ``x``)."""
+    n = out.shape[0]
+    rows_in = m.rows_in.view(n, 1, -1, 1) if m.rows_in is not None else None
+    cols_in = m.cols_in.view(n, 1, 1, -1) if m.cols_in is not None else None
+    if rows_in is None and cols_in is None:
         return out
     if not out.dtype.is_floating_point and not any(_values(m.fill)):
         # Zero fill on integer images: a multiply by the mask is several times faster than a
-        # broadcasting where() on the CPU, and exact (no -0.0 as floats would give).
-        return out * inside
+        # broadcasting where() on the CPU, and exact (no -0.0 as floats would give); by each axis's
+        # mask in place on the gathered copy, no (N, H, W) mask is made (a quarter faster at 64x64).
+        if out is x:
+            out = out.clone()
+        for mask in (rows_in, cols_in):
+            if mask is not None:
+                out.mul_(mask)
+        return out
     assert fill_tensor is not None, "a map with padding needs its fill"
-    return torch.where(inside, out, fill_tensor)
+    return torch.where(_and(rows_in, cols_in), out, fill_tensor)  # type: ignore[arg-type]
 
 
 def _values(fill: Fill | None) -> tuple[float, ...]:

@@ -16,6 +16,7 @@ from typing import Any, Literal
 import torch
 
 from ..errors import ConfigError, DataError, DeviceError
+from . import chunks as C
 from . import functional as F
 from . import geometry as G
 from .ragged import Ragged
@@ -423,18 +424,36 @@ class Compose(BatchTransform):
                 h, w = t.output_size(h, w)
                 fused = pending.then(m) if pending is not None else m
                 if fused is None:  # two paddings with different fills cannot share one map
-                    x, fused = F.remap(x, pending), m  # type: ignore[arg-type]
+                    x, _ = _remap(x, pending)  # type: ignore[arg-type]
+                    fused = m
                 pending = fused
                 continue
             if pending is not None:
-                x, pending = F.remap(x, pending), None
+                x, normalized = _remap(x, pending, t if isinstance(t, Normalize) else None)
+                pending = None
+                if normalized:
+                    continue
             x = t.apply(x, t.sample(x, generator) if t.random else {})  # type: ignore[arg-type]
             h, w = x.shape[-2:]  # a resize changes the size the next crop or flip draws for
-        return F.remap(x, pending) if pending is not None else x
+        return _remap(x, pending)[0] if pending is not None else x
 
     def __repr__(self) -> str:
         body = "".join(f"\n    {t!r}," for t in self.transforms)
         return f"Compose([{body}\n])"
+
+
+def _remap(x: torch.Tensor, m: G.IndexMap, then: Normalize | None = None) -> tuple[torch.Tensor, bool]:
+    """``x`` through the crops and flips of ``m``, and whether the ``Normalize`` that follows (``then``) was
+    applied too: on the CPU, a chunk of samples at a time, each sample's rows copied as slices and each chunk
+    normalised while it is in the cache (see :mod:`gpufeed.augment.chunks`)."""
+    if x.device.type != "cpu":
+        return F.remap(x, m), False
+    fill = F.constant(m.fill, x, "fill") if m.fill is not None else None
+    if then is None or x.dtype != torch.uint8:
+        return C.remap_chunked(x, m, fill), False
+    like = torch.empty((0, x.shape[1]), dtype=torch.float32)
+    stats = (F.constant(then.mean, like, "mean"), F.constant(then.std, like, "std"))
+    return C.remap_chunked(x, m, fill, (*stats, then.reciprocal, then.dtype)), True
 
 
 def takes_ragged(transform: BatchTransform | None) -> bool:

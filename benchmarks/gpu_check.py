@@ -14,6 +14,8 @@ Parts, most valuable first (``--parts`` runs a chosen few, in the order given):
 3b. ``image_folder``: nvJPEG against PIL, both folder stores against DataLoader(16), a ResNet-50 epoch;
 3c. ``augment_recipes``: TrivialAugmentWide, RandAugment, AutoAugment, a SimCLR view against
    DataLoader(16), and each one's cost per batch against a ResNet-50 bf16 step at 224;
+3d. ``image_sizes``: crop + flip + Normalize at 32, 64, 128, 224 and 256 px against DataLoader(16)
+   (and airbench's ``CifarLoader`` at 32), each row's fraction of the device's converting-copy bandwidth;
 4. ``bench_ladder``: VGG16 on 50,000 images, the gpufeed rungs and the model-alone floors first,
    the slow ``DataLoader`` rungs last -- one rung at a time;
 5. ``cuda_tests``: the CUDA-marked tests; 6. ``tier_fallback``: the memory-cap fallback to pinned
@@ -64,6 +66,7 @@ LIMITS = {
     "loader_throughput": 150,
     "image_folder": 90,
     "augment_recipes": 75,
+    "image_sizes": 90,
     "bench_ladder": 240,
     "cuda_tests": 150,
     "tier_fallback": 90,
@@ -203,6 +206,17 @@ def augment_recipes(c: Check) -> dict:
     full = ["--n", "10000", "--batch", "256", "--workers", "16", "--repeats", "3", "--cost", "224,256,resnet50"]
     recipes.main(["--device", c.device, "--out", str(c.out)] + (small if c.small else full))
     return json.loads((c.out / "augment_recipes.json").read_text())
+
+
+def image_sizes(c: Check) -> dict:
+    """The loader at 32-256 px against DataLoader(16) with PIL, bytes per second against a converting copy of
+    the same bytes on the device (goal: within 2x), airbench's CifarLoader at 32 px."""
+    import image_sizes as sizes
+
+    small = ["--sizes", "32,64", "--pixels", str(600 * 32 * 32), "--batch-size", "64", "--workers", "1"]
+    full = ["--sizes", "32,64,128,224,256", "--workers", "16", "--repeats", "3"]
+    sizes.main(["--device", c.device, "--out", str(c.out), "--repeats", "1"] + (small if c.small else full))
+    return json.loads((c.out / "image_sizes.json").read_text())
 
 
 def bench_ladder(c: Check) -> dict:
@@ -393,6 +407,7 @@ def main(argv: list[str] | None = None) -> int:
         "loader_throughput": loader_throughput,
         "image_folder": image_folder,
         "augment_recipes": augment_recipes,
+        "image_sizes": image_sizes,
         "bench_ladder": bench_ladder,
         "cuda_tests": cuda_tests,
         "tier_fallback": lambda c: tier_fallback(c, tier_data),  # type: ignore[arg-type]

@@ -31,7 +31,7 @@ import gpufeed as gf  # noqa: E402
 from gpufeed import augment as A  # noqa: E402
 from gpufeed.device import sync  # noqa: E402
 from gpufeed.workers import loader_kwargs  # noqa: E402
-from loader_throughput import PILDataset  # noqa: E402
+from loader_throughput import PILDataset, airbench_row  # noqa: E402
 
 from harness import Timing, environment, print_table, save_json, time_epochs  # noqa: E402
 
@@ -117,7 +117,13 @@ def rows_for(size: int, args: argparse.Namespace, device: torch.device) -> tuple
     }
     if device.type == "cpu" and args.paths:
         extra["crop_paths_ms"] = crop_paths(size, args.batch_size)
-    return [base, ours], extra
+    rows = [base, ours]
+    if size == 32 and device.type == "cuda":  # airbench's CifarLoader (crop + flip, whole epoch at once)
+        for _, measure in airbench_row(data, labels, args, device):
+            if (row := measure()) is not None:
+                rows.append(row)
+                extra["airbench_images_per_s"] = round(row.images_per_s)
+    return rows, extra
 
 
 def main(argv: list[str] | None = None) -> int:

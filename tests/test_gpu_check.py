@@ -23,8 +23,8 @@ def test_the_cpu_rehearsal_runs_every_cpu_part_and_records_each(tmp_path, monkey
     )
     assert run.returncode == 0, run.stderr[-3000:]
     summary = json.loads((tmp_path / "gpu_check.json").read_text())
-    parts = ["prefetch_race", "loader_throughput", "image_folder", "bench_ladder", "ddp_overhead", "accelerate_tiers"]
-    parts.append("tune")
+    parts = ["prefetch_race", "loader_throughput", "image_folder", "image_sizes", "bench_ladder", "ddp_overhead"]
+    parts += ["accelerate_tiers", "tune"]
     assert [k for k in summary if k in parts] == parts  # in the order of value, each recorded
     assert all("error" not in summary[p] for p in parts), {p: summary[p].get("error") for p in parts}
     assert summary["prefetch_race"]["ok"] and "shm" in summary["environment"]
@@ -37,6 +37,8 @@ def test_the_cpu_rehearsal_runs_every_cpu_part_and_records_each(tmp_path, monkey
     assert [r["name"].split(",")[0] for r in folder["rows"]][:3] == ["torchvision DataLoader + PIL"] + [
         "gpufeed accelerate"
     ] * 2
+    sizes = summary["image_sizes"]["sizes"]
+    assert [s["size"] for s in sizes] == [32, 64] and all(0 < s["fraction_of_copy"] for s in sizes)
     assert summary["total_seconds"] < 200
 
 

@@ -135,13 +135,8 @@ def normalize(
     """
     work = x.dtype if x.dtype.is_floating_point else torch.float32
     if x.device.type == "cpu" and x.dtype == torch.uint8:  # a chunk at a time in the cache (gpufeed.augment.chunks)
-        return C.normalize_chunked(
-            x,
-            constant(tuple(mean), x.float()[:0], "mean"),
-            constant(tuple(std), x.float()[:0], "std"),
-            reciprocal,
-            dtype,
-        )
+        like = torch.empty((0, x.shape[1]), dtype=torch.float32)  # the constants' dtype and channels
+        return C.normalize_chunked(x, constant(mean, like, "mean"), constant(std, like, "std"), reciprocal, dtype)
     y = convert_dtype(x, work, reciprocal)
     m, s = constant(tuple(mean), y, "mean"), constant(tuple(std), y, "std")
     # In place on the converted copy (a new tensor of a batch's size costs as much as the arithmetic), never

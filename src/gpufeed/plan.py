@@ -167,18 +167,6 @@ def _color_jitter(op: Any, s: _State) -> A.BatchTransform:
     return jitter
 
 
-# Where torchvision's PIL kernels differ from its tensor kernels (which gpufeed batches) for the auto-augment ops,
-# measured over every magnitude of TrivialAugmentWide and RandAugment on 24 noisy, smooth and dark 32x32 images:
-# colour ops within 1 level; posterize, solarize, equalize, brightness, translations exact; PIL's nearest
-# sampling picks another neighbour for up to 9% (shear) and 2% (rotate) of the pixels.
-AUTO_PIL_NOTE = (
-    "runs on PIL images in your pipeline, through PIL's kernels; gpufeed batches torchvision's tensor kernels: "
-    "colour ops within 1 intensity level of PIL's, posterize, solarize, equalize and translations equal, and "
-    "shear and rotation sample another nearest neighbour for up to 9% and 2% of the pixels (measured). Put "
-    "PILToTensor before it to train on exactly what gpufeed computes"
-)
-
-
 # v2's kernels against v1's (which gpufeed batches) on uint8 tensors: equal for the geometric ops, equalize,
 # sharpness, solarize, posterize, grayscale and brightness; within 1 level for autocontrast, contrast and
 # saturation (measured on random 20x28 images). v2's auto-augment computes its solarize thresholds as
@@ -201,23 +189,25 @@ def _auto_augment(op: Any, s: _State) -> A.BatchTransform:
     fill = _geometric_fill(op, s)
     out: A.BatchTransform
     v2 = _is_v2(op)
+    # On PIL images torchvision's _apply_op runs PIL's kernels: gpufeed computes those (pil=True), except for
+    # AugMix, which turns a PIL image into a tensor and runs tensor kernels.
+    pil = s.pil and name != "AugMix"
     if name == "TrivialAugmentWide":
-        out = A.TrivialAugmentWide(op.num_magnitude_bins, fill, mode, v2_thresholds=v2)
+        out = A.TrivialAugmentWide(op.num_magnitude_bins, fill, mode, v2_thresholds=v2, pil=pil)
     elif name == "AugMix":
         out = A.AugMix(op.severity, op.mixture_width, op.chain_depth, float(op.alpha), bool(op.all_ops), fill, mode)
     elif name == "RandAugment":
-        out = A.RandAugment(op.num_ops, op.magnitude, op.num_magnitude_bins, fill, mode, v2_thresholds=v2)
+        out = A.RandAugment(op.num_ops, op.magnitude, op.num_magnitude_bins, fill, mode, v2_thresholds=v2, pil=pil)
     else:
-        out = A.AutoAugment(getattr(op.policy, "value", op.policy), fill, mode, v2_thresholds=v2)
-    if s.pil and name != "AugMix":  # torchvision's AugMix turns a PIL image into a tensor and runs tensor kernels
-        s.notes.append(f"{name} {AUTO_PIL_NOTE}")
-    elif _is_v2(op) and not s.pil:
+        out = A.AutoAugment(getattr(op.policy, "value", op.policy), fill, mode, v2_thresholds=v2, pil=pil)
+    if _is_v2(op) and not s.pil:
         s.notes.append(V2_LEVEL_NOTE.format(name=name))
     return out
 
 
 # torchvision's PIL kernels against its tensor kernels (which gpufeed batches) for the per-image random ops,
 # measured on 24 noisy, smooth and dark 32x40 images, 3 draws each (levels of 255, share of pixels differing).
+# RandomRotation and RandomAffine on PIL images run Pillow's own kernels here (gpufeed.augment.pil): equal.
 PIL_OP_DIFFERENCE = {
     "RandomSolarize": None,  # None: equal
     "RandomPosterize": None,
@@ -228,13 +218,6 @@ PIL_OP_DIFFERENCE = {
     "RandomAutocontrast": "within 1 level (under 2% of the pixels)",
     "RandomGrayscale": "within 1 level (about half the pixels: PIL's conversion rounds, the tensor kernel truncates)",
     "Grayscale": "within 1 level (about half the pixels: PIL's conversion rounds, the tensor kernel truncates)",
-    ("RandomRotation", "nearest"): None,
-    (
-        "RandomRotation",
-        "bilinear",
-    ): "PIL's bilinear samples elsewhere: about half the pixels differ, by up to 177 levels",
-    ("RandomAffine", "nearest"): "another nearest neighbour for up to 0.2% of the pixels",
-    ("RandomAffine", "bilinear"): "PIL's bilinear samples elsewhere: about half the pixels differ, by up to 200 levels",
     ("RandomPerspective", "nearest"): None,
     (
         "RandomPerspective",
@@ -279,13 +262,12 @@ def _rotation(op: Any, s: _State) -> A.BatchTransform:
         raise UnsupportedTransformError(
             f"{op!r}: expand=True gives every angle its own output size; gpufeed batches expand=False"
         )
-    _pil_note(op, s, _interpolation(op))
     center = tuple(float(c) for c in op.center) if op.center is not None else None
-    return R.RandomRotation(tuple(op.degrees), _interpolation(op), center, _geometric_fill(op, s))  # type: ignore[arg-type]
+    fill = _geometric_fill(op, s)
+    return R.RandomRotation(tuple(op.degrees), _interpolation(op), center, fill, pil=s.pil)  # type: ignore[arg-type]
 
 
 def _affine(op: Any, s: _State) -> A.BatchTransform:
-    _pil_note(op, s, _interpolation(op))
     center = tuple(float(c) for c in op.center) if op.center is not None else None
     shear = tuple(op.shear) if op.shear is not None else None
     return R.RandomAffine(
@@ -296,6 +278,7 @@ def _affine(op: Any, s: _State) -> A.BatchTransform:
         _interpolation(op),
         _geometric_fill(op, s),
         center,  # type: ignore[arg-type]
+        pil=s.pil,
     )
 
 

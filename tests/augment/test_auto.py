@@ -59,6 +59,27 @@ def test_each_op_equals_torchvisions_tensor_kernel_at_every_magnitude(name, size
         assert torch.equal(got[i], want), (name, m, (got[i].int() - want.int()).abs().max())
 
 
+@pytest.mark.parametrize("mode", ["nearest", "bilinear"])
+@pytest.mark.parametrize("size", [(32, 32), (24, 41)])
+@pytest.mark.parametrize("fill", [None, (10.0, 20.0, 30.0)])
+@pytest.mark.parametrize("name", OPS)
+def test_on_pil_images_each_op_equals_torchvisions_pil_kernel_at_every_magnitude(name, size, fill, mode):
+    import numpy as np
+    from PIL import Image
+
+    h, w = size
+    mags = sorted(set(_magnitudes("wide", name, h, w, 31) + _magnitudes("rand", name, h, w, 31)))
+    mags = (mags * 8)[: max(8, len(mags))]
+    x = _images(len(mags), h, w)
+    op = torch.full((len(mags),), OPS.index(name))
+    got = apply_op(x, op, torch.tensor(mags, dtype=torch.float64), fill, mode, pil=True)
+    tv_fill = list(fill) if fill is not None else None
+    for i, m in enumerate(mags):
+        img = Image.fromarray(x[i].permute(1, 2, 0).numpy())
+        want = np.asarray(_apply_op(img, name, m, interpolation=InterpolationMode(mode), fill=tv_fill))
+        assert np.array_equal(got[i].permute(1, 2, 0).numpy(), want), (name, m)
+
+
 def test_a_batch_of_mixed_ops_equals_torchvision_sample_by_sample():
     x = _images(64, 32, 32, seed=1)
     g = torch.Generator().manual_seed(5)

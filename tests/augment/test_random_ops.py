@@ -84,6 +84,33 @@ def test_random_rotation_equals_torchvision_at_each_samples_angle(interpolation,
 
 
 @pytest.mark.parametrize("interpolation", ["nearest", "bilinear"])
+@pytest.mark.parametrize("center", [None, (3.0, 5.0)])
+def test_on_pil_images_rotation_and_affine_equal_torchvisions_pil_kernels(interpolation, center):
+    import numpy as np
+    from PIL import Image
+
+    x = _images()
+    mode = InterpolationMode(interpolation)
+    c = list(center) if center is not None else None
+    rotation = R.RandomRotation(40, interpolation=interpolation, center=center, fill=7.0, pil=True)
+    affine = R.RandomAffine(
+        25, (0.2, 0.1), (0.7, 1.3), (-10, 10, -5, 5), interpolation, fill=(7.0, 8.0, 9.0), center=center, pil=True
+    )
+    for op in (rotation, affine):
+        params = op.sample(x, torch.Generator().manual_seed(3))
+        out = op.apply(x, params)
+        for i in range(len(x)):
+            img = Image.fromarray(x[i].permute(1, 2, 0).numpy())
+            p = {k: float(v[i]) for k, v in params.items()}
+            if op is rotation:
+                want = TF.rotate(img, p["angle"], mode, center=c, fill=7)
+            else:
+                moves = [int(p["tx"]), int(p["ty"])]
+                want = TF.affine(img, p["angle"], moves, p["scale"], [p["sx"], p["sy"]], mode, [7, 8, 9], c)
+            assert np.array_equal(out[i].permute(1, 2, 0).numpy(), np.asarray(want)), (type(op).__name__, i)
+
+
+@pytest.mark.parametrize("interpolation", ["nearest", "bilinear"])
 def test_random_affine_equals_torchvision_with_each_samples_draws(interpolation):
     x = _images()
     op = R.RandomAffine(25, translate=(0.2, 0.1), scale=(0.7, 1.3), shear=(-10, 10, -5, 5), interpolation=interpolation)

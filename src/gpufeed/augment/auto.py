@@ -8,7 +8,8 @@ with a matrix per sample (nearest or bilinear), the colour ones with a factor pe
 mixes chains of such rounds with Dirichlet weights. Given the same op and
 magnitude, each kernel follows torchvision's tensor kernel (``transforms.functional``) step for
 step -- the same inverse affine matrix and sampling grid, the same blend, blur, histogram and
-look-up table -- so uint8 outputs are equal (tests/augment/test_auto.py).
+look-up table -- so uint8 outputs are equal (tests/augment/test_auto.py). On PIL images torchvision runs
+PIL's kernels instead; with ``pil=True`` each op computes those (:mod:`gpufeed.augment.pil`), equal too.
 """
 
 from __future__ import annotations
@@ -249,10 +250,13 @@ def apply_op(
     magnitude: torch.Tensor,
     fill: float | tuple[float, ...] | None = None,
     interpolation: str = "nearest",
+    pil: bool = False,
 ) -> torch.Tensor:
     """``x`` with op ``OPS[op[i]]`` at ``magnitude[i]`` (signed, as torchvision passes it) on each sample ``i``;
     each op runs once, on the samples that drew it. ``fill``: the geometric ops' outside (None: zeros);
-    ``interpolation``: theirs, ``"nearest"`` or ``"bilinear"``.
+    ``interpolation``: theirs, ``"nearest"`` or ``"bilinear"``. ``pil``: compute what torchvision computes on a
+    PIL image (its ``_apply_op`` calls PIL: ``Image.transform``/``rotate``, ``ImageEnhance``, ``ImageOps``),
+    with :mod:`gpufeed.augment.pil`'s kernels, instead of its tensor kernels.
 
     The batch is sorted by op once, so that each op reads and writes a contiguous slice (the geometric
     ops, neighbours in :data:`OPS`, one slice and one ``grid_sample``), and put back in order once."""
@@ -266,7 +270,10 @@ def apply_op(
     ends = dict(zip(OPS, itertools.accumulate(counts), strict=True))
     starts = {name: ends[name] - counts[k] for k, name in enumerate(OPS)}
     first, last = starts[_GEOMETRIC[0]], ends[_GEOMETRIC[-1]]
-    if last > first:
+    if last > first and pil:
+        part = slice(first, last)
+        res[part] = _pil_geometric(xs[part], op.index_select(0, order)[part], ms[part], fill, interpolation)
+    elif last > first:
         part = slice(first, last)
         m = _matrices(op.index_select(0, order)[part], ms[part], x.shape[2], x.shape[3])
         res[part] = affine_sample(xs[part], m, fill, interpolation)
@@ -274,8 +281,61 @@ def apply_op(
         if name in _GEOMETRIC or starts[name] == ends[name]:
             continue
         part = slice(starts[name], ends[name])
-        res[part] = _colour(name, xs[part], ms[part])
+        res[part] = _pil_colour(name, xs[part], ms[part]) if pil else _colour(name, xs[part], ms[part])
     return torch.empty_like(x).index_copy_(0, order, res)
+
+
+def _pil_geometric(
+    x: torch.Tensor, op: torch.Tensor, magnitude: torch.Tensor, fill: tuple[float, ...] | None, interpolation: str
+) -> torch.Tensor:
+    """torchvision's geometric ``_apply_op`` on PIL images: ``F.affine`` hands PIL the inverse matrix about the
+    absolute centre it is given ([0, 0] for a shear, the image centre for a translation), ``F.rotate`` calls
+    ``Image.rotate``; the fill as ``_parse_fill`` makes it (integers, one per channel, 0 when None)."""
+    from . import pil
+
+    c, h, w = x.shape[1:]
+    colour = pil.parse_fill(fill, c)
+    names, mags = [OPS[i] for i in op.tolist()], magnitude.double().tolist()
+    out = torch.empty_like(x)
+    rotate = [i for i, name in enumerate(names) if name == "Rotate"]
+    moves = [i for i, name in enumerate(names) if name != "Rotate"]
+    if rotate:
+        index = torch.tensor(rotate, device=x.device)
+        out[index] = pil.rotate(x[index], [mags[i] for i in rotate], interpolation, colour)
+    if moves:
+        matrices = []
+        for i in moves:
+            name, m = names[i], mags[i]
+            shear = math.degrees(math.atan(m))
+            if name in ("ShearX", "ShearY"):
+                sx, sy = (shear, 0.0) if name == "ShearX" else (0.0, shear)
+                matrices.append(_inverse_affine(0.0, 0.0, 0.0, 1.0, sx, sy, 0.0, 0.0))
+            else:
+                t = float(int(m))
+                tx, ty = (t, 0.0) if name == "TranslateX" else (0.0, t)
+                matrices.append(_inverse_affine(0.0, tx, ty, 1.0, 0.0, 0.0, w * 0.5, h * 0.5))
+        index = torch.tensor(moves, device=x.device)
+        out[index] = pil.affine(x[index], matrices, interpolation, colour)
+    return out
+
+
+def _pil_colour(name: str, x: torch.Tensor, mag: torch.Tensor) -> torch.Tensor:
+    """torchvision's colour ``_apply_op`` on PIL images: ``ImageEnhance`` blends and ``ImageOps``' autocontrast;
+    posterize, solarize, equalize and invert compute the same on PIL as the tensor kernels."""
+    from . import pil
+
+    factor = 1.0 + mag
+    if name == "Brightness":
+        return pil.blend(torch.zeros((), dtype=x.dtype), x, factor)
+    if name == "Color":
+        return pil.blend(pil.gray(x).expand_as(x), x, factor)
+    if name == "Contrast":
+        return pil.blend(pil.contrast_degenerate(x).expand_as(x), x, factor)
+    if name == "Sharpness":
+        return pil.blend(pil.smooth(x), x, factor)
+    if name == "AutoContrast":
+        return pil.autocontrast(x)
+    return _colour(name, x, mag)
 
 
 def _colour(name: str, x: torch.Tensor, mag: torch.Tensor) -> torch.Tensor:
@@ -334,6 +394,7 @@ class TrivialAugmentWide(BatchTransform):
     fill: float | tuple[float, ...] | None = None
     interpolation: str = "nearest"
     v2_thresholds: bool = False  # torchvision v2's solarize thresholds (see _table)
+    pil: bool = False  # torchvision's PIL kernels (see apply_op)
 
     def __post_init__(self) -> None:
         _check_mode(self.interpolation)
@@ -350,7 +411,7 @@ class TrivialAugmentWide(BatchTransform):
         return {"op": op, "magnitude": table[op, bins] * _signs(n, op, generator)}
 
     def apply(self, x: torch.Tensor, params: Params) -> torch.Tensor:
-        return apply_op(x, params["op"], params["magnitude"], self.fill, self.interpolation)
+        return apply_op(x, params["op"], params["magnitude"], self.fill, self.interpolation, self.pil)
 
 
 @dataclass(frozen=True)
@@ -364,6 +425,7 @@ class RandAugment(BatchTransform):
     fill: float | tuple[float, ...] | None = None
     interpolation: str = "nearest"
     v2_thresholds: bool = False
+    pil: bool = False
 
     def __post_init__(self) -> None:
         _check_mode(self.interpolation)
@@ -386,7 +448,7 @@ class RandAugment(BatchTransform):
 
     def apply(self, x: torch.Tensor, params: Params) -> torch.Tensor:
         for op, magnitude in params["rounds"]:
-            x = apply_op(x, op, magnitude, self.fill, self.interpolation)
+            x = apply_op(x, op, magnitude, self.fill, self.interpolation, self.pil)
         return x
 
 
@@ -411,6 +473,7 @@ class AutoAugment(BatchTransform):
     fill: float | tuple[float, ...] | None = None
     interpolation: str = "nearest"
     v2_thresholds: bool = False
+    pil: bool = False
     _rows: Any = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -439,7 +502,7 @@ class AutoAugment(BatchTransform):
 
     def apply(self, x: torch.Tensor, params: Params) -> torch.Tensor:
         for op, magnitude in params["rounds"]:
-            x = apply_op(x, op, magnitude, self.fill, self.interpolation)
+            x = apply_op(x, op, magnitude, self.fill, self.interpolation, self.pil)
         return x
 
 

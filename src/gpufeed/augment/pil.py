@@ -15,16 +15,26 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-import numpy as np
 import torch
 
-__all__ = ["affine", "autocontrast", "blend", "contrast_degenerate", "gray", "rotate", "rotate_matrix", "smooth"]
+__all__ = [
+    "affine",
+    "autocontrast",
+    "blend",
+    "contrast_degenerate",
+    "gray",
+    "parse_fill",
+    "rotate",
+    "rotate_matrix",
+    "smooth",
+]
 
 Matrix = Sequence[float]  # PIL's affine data (a, b, c, d, e, f): output (x, y) reads input (ax+by+c, dx+ey+f)
 
 
-def rotate_matrix(degrees: float, width: int, height: int) -> tuple[float, ...]:
-    """The affine data ``Image.rotate(degrees)`` passes to ``Image.transform`` (about the image centre)."""
+def rotate_matrix(degrees: float, width: int, height: int, center: Sequence[float] | None = None) -> tuple[float, ...]:
+    """The affine data ``Image.rotate(degrees, center=center)`` passes to ``Image.transform`` (about the image
+    centre when ``center`` is None)."""
     angle = -math.radians(degrees % 360.0)
     m = [
         round(math.cos(angle), 15),
@@ -34,40 +44,56 @@ def rotate_matrix(degrees: float, width: int, height: int) -> tuple[float, ...]:
         round(math.cos(angle), 15),
         0.0,
     ]
-    cx, cy = width / 2.0, height / 2.0
+    cx, cy = (width / 2.0, height / 2.0) if center is None else center
     m[2], m[5] = m[0] * -cx + m[1] * -cy + m[2], m[3] * -cx + m[4] * -cy + m[5]
     m[2] += cx
     m[5] += cy
     return tuple(m)
 
 
-def _gather(x: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
-    """``x[i, :, rows[i], cols[i]]`` for ``(K, H, W)`` index maps, as float64 ``(K, C, H, W)``."""
+def parse_fill(fill: float | Sequence[float] | None, channels: int) -> list[int]:
+    """``fillcolor`` as torchvision's ``_parse_fill`` makes it for a PIL image: integers, one per channel
+    (None: 0; one value: repeated)."""
+    values = [0.0] if fill is None else [float(fill)] if isinstance(fill, (int, float)) else list(fill)
+    return [int(v) for v in (values * channels if len(values) == 1 else values)]
+
+
+def _gather(
+    x: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, dtype: torch.dtype = torch.float64
+) -> torch.Tensor:
+    """``x[i, :, rows[i], cols[i]]`` for ``(K, H, W)`` index maps, ``(K, C, H, W)`` as ``dtype``."""
     k, c, h, w = x.shape
     flat = (rows * w + cols).view(k, 1, -1).expand(k, c, -1)
-    return x.reshape(k, c, h * w).gather(2, flat).view(k, c, *rows.shape[1:]).to(torch.float64)
+    return x.reshape(k, c, h * w).gather(2, flat).view(k, c, *rows.shape[1:]).to(dtype)
 
 
 def _nearest_maps(matrices: Sequence[Matrix], h: int, w: int, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """Input row and column (``-1`` or past the edge: outside) for each output pixel, as Pillow's nearest paths
-    find them: a pure translation/scale accumulates float64 offsets (``ImagingScaleAffine``), anything else
-    runs in 16.16 fixed point (``affine_fixed``)."""
-    rows, cols = [], []
-    for a in matrices:
-        if a[1] == 0 and a[3] == 0:
-            xs = np.cumsum(np.array([a[2] + a[0] * 0.5] + [a[0]] * (w - 1)))  # sequential, as the C loop adds
-            ys = np.cumsum(np.array([a[5] + a[4] * 0.5] + [a[4]] * (h - 1)))
-            coord = lambda v: np.where(v < 0, -1, np.trunc(v)).astype(np.int64)  # noqa: E731  PIL's COORD
-            cols.append(torch.from_numpy(coord(xs)).view(1, w).expand(h, w))
-            rows.append(torch.from_numpy(coord(ys)).view(h, 1).expand(h, w))
-            continue
-        fix = [math.floor(v * 65536.0 + 0.5) for v in (a[0], a[1], a[3], a[4])]
-        x0 = math.floor((a[2] + a[0] * 0.5 + a[1] * 0.5) * 65536.0 + 0.5)
-        y0 = math.floor((a[5] + a[3] * 0.5 + a[4] * 0.5) * 65536.0 + 0.5)
-        xi, yi = torch.arange(w, dtype=torch.int64).view(1, w), torch.arange(h, dtype=torch.int64).view(h, 1)
-        cols.append((x0 + yi * fix[1] + xi * fix[0]) >> 16)
-        rows.append((y0 + yi * fix[3] + xi * fix[2]) >> 16)
-    return torch.stack(rows).to(dev), torch.stack(cols).to(dev)
+    find them: a pure translation/scale accumulates float64 offsets pixel after pixel (``ImagingScaleAffine``;
+    a CPU ``cumsum`` adds in the same order), anything else runs in 16.16 fixed point (``affine_fixed``). Built
+    on the CPU, all samples at once, then moved."""
+    a = torch.tensor(matrices, dtype=torch.float64).view(-1, 6)
+    k = a.shape[0]
+    scale = (a[:, 1] == 0) & (a[:, 3] == 0)
+    rows = torch.empty((k, h, w), dtype=torch.int64)
+    cols = torch.empty((k, h, w), dtype=torch.int64)
+    if bool(scale.any()):
+        s = a[scale]
+        xs = torch.cumsum(torch.cat([(s[:, 2] + s[:, 0] * 0.5).view(-1, 1), s[:, :1].expand(-1, w - 1)], 1), 1)
+        ys = torch.cumsum(torch.cat([(s[:, 5] + s[:, 4] * 0.5).view(-1, 1), s[:, 4:5].expand(-1, h - 1)], 1), 1)
+        coord = lambda v: torch.where(v < 0, -1, torch.trunc(v)).to(torch.int64)  # noqa: E731  PIL's COORD
+        cols[scale] = coord(xs).view(-1, 1, w).expand(-1, h, w)
+        rows[scale] = coord(ys).view(-1, h, 1).expand(-1, h, w)
+    fixed = ~scale
+    if bool(fixed.any()):
+        f = a[fixed]
+        fix = lambda v: torch.floor(v * 65536.0 + 0.5).to(torch.int64).view(-1, 1, 1)  # noqa: E731  FIX()
+        x0 = fix(f[:, 2] + f[:, 0] * 0.5 + f[:, 1] * 0.5)
+        y0 = fix(f[:, 5] + f[:, 3] * 0.5 + f[:, 4] * 0.5)
+        xi, yi = torch.arange(w).view(1, 1, w), torch.arange(h).view(1, h, 1)
+        cols[fixed] = (x0 + yi * fix(f[:, 1]) + xi * fix(f[:, 0])) >> 16
+        rows[fixed] = (y0 + yi * fix(f[:, 4]) + xi * fix(f[:, 3])) >> 16
+    return rows.to(dev), cols.to(dev)
 
 
 def affine(x: torch.Tensor, matrices: Sequence[Matrix], mode: str, fill: Sequence[float]) -> torch.Tensor:
@@ -84,8 +110,8 @@ def affine(x: torch.Tensor, matrices: Sequence[Matrix], mode: str, fill: Sequenc
     if mode == "nearest":
         rows, cols = _nearest_maps(matrices, h, w, dev)
         inside = ((rows >= 0) & (rows < h) & (cols >= 0) & (cols < w)).unsqueeze(1)
-        got = _gather(x, rows.clamp(0, h - 1), cols.clamp(0, w - 1))
-        return torch.where(inside, got, values).to(torch.uint8)
+        got = _gather(x, rows.clamp(0, h - 1), cols.clamp(0, w - 1), torch.uint8)
+        return torch.where(inside, got, values.to(torch.uint8))
     a = torch.tensor(matrices, dtype=torch.float64, device=dev).view(k, 6, 1, 1).unbind(1)
     xin = torch.arange(w, dtype=torch.float64, device=dev).view(1, 1, w) + 0.5
     yin = torch.arange(h, dtype=torch.float64, device=dev).view(1, h, 1) + 0.5
@@ -112,17 +138,22 @@ def affine(x: torch.Tensor, matrices: Sequence[Matrix], mode: str, fill: Sequenc
     return torch.where(inside, out, values).to(torch.uint8)
 
 
-def rotate(x: torch.Tensor, degrees: list[float], mode: str, fill: Sequence[float]) -> torch.Tensor:
-    """``Image.rotate(degrees[i], resample=mode, fillcolor=fill)`` on each image: a copy at 0 degrees, a flip at
-    180 and a transpose at 90 or 270 on square images (as Pillow shortcuts them), else :func:`affine`."""
+def rotate(
+    x: torch.Tensor, degrees: list[float], mode: str, fill: Sequence[float], center: Sequence[float] | None = None
+) -> torch.Tensor:
+    """``Image.rotate(degrees[i], resample=mode, center=center, fillcolor=fill)`` on each image: without a centre,
+    a copy at 0 degrees, a flip at 180 and a transpose at 90 or 270 on square images (as Pillow shortcuts
+    them), else :func:`affine`."""
     h, w = x.shape[2:]
     quarter = {0.0: 0, 90.0: 1, 180.0: 2, 270.0: 3}
-    turns = [quarter.get(d % 360.0) if (d % 360.0) in (0.0, 180.0) or h == w else None for d in degrees]
+    turns = [
+        quarter.get(d % 360.0) if center is None and ((d % 360.0) in (0.0, 180.0) or h == w) else None for d in degrees
+    ]
     out = torch.empty_like(x)
     rest = [i for i, t in enumerate(turns) if t is None]
     if rest:
         index = torch.tensor(rest, device=x.device)
-        matrices = [rotate_matrix(degrees[i], w, h) for i in rest]
+        matrices = [rotate_matrix(degrees[i], w, h, center) for i in rest]
         out[index] = affine(x[index], matrices, mode, fill)
     for i, t in enumerate(turns):
         if t is not None:
@@ -142,8 +173,10 @@ def _cubic(taps: Sequence[torch.Tensor], d: torch.Tensor) -> torch.Tensor:
 
 def blend(degenerate: torch.Tensor, image: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
     """``Image.blend(degenerate, image, alpha[i])`` per image (``ImageEnhance``'s ``enhance``): float32
-    ``in1 + alpha * (in2 - in1)``, clipped and truncated."""
+    ``in1 + alpha * (in2 - in1)``, clipped and truncated. ``degenerate`` broadcasts (a single 0: black)."""
     a = alpha.to(torch.float32).view(-1, 1, 1, 1)
+    if degenerate.numel() == 1 and float(degenerate) == 0:  # Brightness: 0 + a * (x - 0) is a * x exactly
+        return (a * image).clamp_(0, 255).trunc_().to(torch.uint8)
     d = degenerate.to(torch.float32)
     return (d + a * (image.to(torch.float32) - d)).clamp_(0, 255).trunc_().to(torch.uint8)
 

@@ -23,6 +23,7 @@ from .auto import (
     _autocontrast,
     _equalize,
     _fill,
+    _inverse_affine,
     _posterize,
     _sharpness,
     _solarize,
@@ -254,6 +255,7 @@ class RandomRotation(BatchTransform):
     interpolation: str = "nearest"
     center: tuple[float, float] | None = None
     fill: float | tuple[float, ...] | None = 0.0
+    pil: bool = False  # what torchvision computes on PIL images (Pillow's kernels, gpufeed.augment.pil)
 
     def __post_init__(self) -> None:
         d = self.degrees
@@ -269,6 +271,16 @@ class RandomRotation(BatchTransform):
         return {"angle": _uniform(x.shape[0], lo, hi, x, generator)}
 
     def apply(self, x: torch.Tensor, params: Params) -> torch.Tensor:
+        if self.pil:  # F.rotate on a PIL image: Image.rotate about the given centre
+            from . import pil
+
+            return pil.rotate(
+                x,
+                params["angle"].double().tolist(),
+                self.interpolation,
+                pil.parse_fill(self.fill, x.shape[1]),
+                self.center,
+            )
         angle = params["angle"].double()
         zeros, ones = torch.zeros_like(angle), torch.ones_like(angle)
         cx, cy = _centre(self.center, x)
@@ -287,6 +299,7 @@ class RandomAffine(BatchTransform):
     interpolation: str = "nearest"
     fill: float | tuple[float, ...] | None = 0.0
     center: tuple[float, float] | None = None
+    pil: bool = False  # what torchvision computes on PIL images (Pillow's kernels, gpufeed.augment.pil)
 
     def __post_init__(self) -> None:
         d = self.degrees
@@ -322,6 +335,19 @@ class RandomAffine(BatchTransform):
         return {"angle": angle, "tx": tx, "ty": ty, "scale": scale, "sx": sx, "sy": sy}
 
     def apply(self, x: torch.Tensor, params: Params) -> torch.Tensor:
+        if self.pil:  # F.affine on a PIL image: the inverse matrix about the absolute centre, to Image.transform
+            from . import pil
+
+            h, w = x.shape[2:]
+            cx, cy = self.center if self.center is not None else (w * 0.5, h * 0.5)
+            angle, tx, ty, scale, sx, sy = (
+                params[k].double().tolist() for k in ("angle", "tx", "ty", "scale", "sx", "sy")
+            )
+            matrices = [
+                _inverse_affine(a, dx, dy, z, hx, hy, cx, cy)
+                for a, dx, dy, z, hx, hy in zip(angle, tx, ty, scale, sx, sy, strict=True)
+            ]
+            return pil.affine(x, matrices, self.interpolation, pil.parse_fill(self.fill, x.shape[1]))
         p = {k: v.double() for k, v in params.items()}
         cx, cy = _centre(self.center, x)
         zeros = torch.zeros_like(p["angle"])

@@ -281,7 +281,7 @@ def _colour(name: str, x: torch.Tensor, arg: torch.Tensor) -> torch.Tensor:
     elif base == "Contrast":
         degenerate = pil.contrast_degenerate(x).expand_as(x)
     elif base == "Brightness":
-        degenerate = torch.zeros_like(x)
+        degenerate = torch.zeros((), dtype=x.dtype)
     else:  # Sharpness
         degenerate = pil.smooth(x)
     return pil.blend(degenerate, x, arg)

@@ -80,15 +80,23 @@ def test_on_pil_images_each_op_equals_torchvisions_pil_kernel_at_every_magnitude
         assert np.array_equal(got[i].permute(1, 2, 0).numpy(), want), (name, m)
 
 
-def test_a_batch_of_mixed_ops_equals_torchvision_sample_by_sample():
-    x = _images(64, 32, 32, seed=1)
+@pytest.mark.parametrize("pil", [False, True])
+@pytest.mark.parametrize("mode", ["nearest", "bilinear"])
+def test_a_batch_of_mixed_ops_equals_torchvision_sample_by_sample(pil, mode):
+    import numpy as np
+    from PIL import Image
+
+    x = _images(96, 32, 30, seed=1)
     g = torch.Generator().manual_seed(5)
-    ta = TrivialAugmentWide()
+    ta = TrivialAugmentWide(interpolation=mode, fill=(5.0, 6.0, 7.0), pil=pil)
     params = ta.sample(x, g)
     got = ta.apply(x, params)
-    for i in range(64):
+    for i in range(96):
         name, m = OPS[int(params["op"][i])], float(params["magnitude"][i])
-        assert torch.equal(got[i], _apply_op(x[i], name, m, InterpolationMode.NEAREST, None)), (i, name, m)
+        img = Image.fromarray(x[i].permute(1, 2, 0).numpy()) if pil else x[i]
+        want = _apply_op(img, name, m, InterpolationMode(mode), [5.0, 6.0, 7.0])
+        want = torch.from_numpy(np.asarray(want)).permute(2, 0, 1) if pil else want
+        assert torch.equal(got[i], want), (i, name, m)
 
 
 @pytest.mark.parametrize("policy", ["imagenet", "cifar10", "svhn"])

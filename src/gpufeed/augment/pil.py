@@ -68,32 +68,37 @@ def _gather(
 
 
 def _nearest_maps(matrices: Sequence[Matrix], h: int, w: int, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Input row and column (``-1`` or past the edge: outside) for each output pixel, as Pillow's nearest paths
-    find them: a pure translation/scale accumulates float64 offsets pixel after pixel (``ImagingScaleAffine``;
-    a CPU ``cumsum`` adds in the same order), anything else runs in 16.16 fixed point (``affine_fixed``). Built
-    on the CPU, all samples at once, then moved."""
+    """Input row and column (``-1`` or past the edge: outside) for each output pixel, ``(K, H, W)`` (broadcast
+    views where a map is separable), as Pillow's nearest paths find them: a pure translation/scale accumulates
+    float64 offsets pixel after pixel (``ImagingScaleAffine``: a CPU ``cumsum`` over ``(K, W)`` and ``(K, H)``
+    adds in the same order), anything else runs in 16.16 fixed point (``affine_fixed``: per-sample integers
+    made on the CPU, the maps on ``dev``)."""
     a = torch.tensor(matrices, dtype=torch.float64).view(-1, 6)
     k = a.shape[0]
     scale = (a[:, 1] == 0) & (a[:, 3] == 0)
-    rows = torch.empty((k, h, w), dtype=torch.int64)
-    cols = torch.empty((k, h, w), dtype=torch.int64)
-    if bool(scale.any()):
-        s = a[scale]
-        xs = torch.cumsum(torch.cat([(s[:, 2] + s[:, 0] * 0.5).view(-1, 1), s[:, :1].expand(-1, w - 1)], 1), 1)
-        ys = torch.cumsum(torch.cat([(s[:, 5] + s[:, 4] * 0.5).view(-1, 1), s[:, 4:5].expand(-1, h - 1)], 1), 1)
-        coord = lambda v: torch.where(v < 0, -1, torch.trunc(v)).to(torch.int64)  # noqa: E731  PIL's COORD
-        cols[scale] = coord(xs).view(-1, 1, w).expand(-1, h, w)
-        rows[scale] = coord(ys).view(-1, h, 1).expand(-1, h, w)
-    fixed = ~scale
-    if bool(fixed.any()):
-        f = a[fixed]
-        fix = lambda v: torch.floor(v * 65536.0 + 0.5).to(torch.int64).view(-1, 1, 1)  # noqa: E731  FIX()
-        x0 = fix(f[:, 2] + f[:, 0] * 0.5 + f[:, 1] * 0.5)
-        y0 = fix(f[:, 5] + f[:, 3] * 0.5 + f[:, 4] * 0.5)
-        xi, yi = torch.arange(w).view(1, 1, w), torch.arange(h).view(1, h, 1)
-        cols[fixed] = (x0 + yi * fix(f[:, 1]) + xi * fix(f[:, 0])) >> 16
-        rows[fixed] = (y0 + yi * fix(f[:, 4]) + xi * fix(f[:, 3])) >> 16
-    return rows.to(dev), cols.to(dev)
+    if bool(scale.all()):
+        xs = torch.cumsum(torch.cat([(a[:, 2] + a[:, 0] * 0.5).view(-1, 1), a[:, :1].expand(-1, w - 1)], 1), 1)
+        ys = torch.cumsum(torch.cat([(a[:, 5] + a[:, 4] * 0.5).view(-1, 1), a[:, 4:5].expand(-1, h - 1)], 1), 1)
+        coord = lambda v: torch.where(v < 0, -1, torch.trunc(v)).to(torch.int64).to(dev)  # noqa: E731  COORD
+        return coord(ys).view(k, h, 1).expand(k, h, w), coord(xs).view(k, 1, w).expand(k, h, w)
+    fix = lambda v: torch.floor(v * 65536.0 + 0.5).to(torch.int64).view(-1, 1, 1)  # noqa: E731  FIX()
+    table = torch.cat(
+        [
+            fix(a[:, 2] + a[:, 0] * 0.5 + a[:, 1] * 0.5),
+            fix(a[:, 5] + a[:, 3] * 0.5 + a[:, 4] * 0.5),
+            *(fix(a[:, i]) for i in (0, 1, 3, 4)),
+        ],
+        1,
+    ).to(dev)  # (K, 6, 1): x0, y0, a0, a1, a3, a4 in 16.16
+    x0, y0, a0, a1, a3, a4 = table.unbind(1)
+    xi, yi = torch.arange(w, device=dev).view(1, 1, w), torch.arange(h, device=dev).view(1, h, 1)
+    cols = (x0.view(k, 1, 1) + yi * a1.view(k, 1, 1) + xi * a0.view(k, 1, 1)) >> 16
+    rows = (y0.view(k, 1, 1) + yi * a4.view(k, 1, 1) + xi * a3.view(k, 1, 1)) >> 16
+    if bool(scale.any()):  # a batch mixing both kinds: the scale-only samples as their own path finds them
+        idx = scale.nonzero().view(-1)
+        r, c = _nearest_maps([matrices[i] for i in idx.tolist()], h, w, dev)
+        rows[idx.to(dev)], cols[idx.to(dev)] = r, c
+    return rows, cols
 
 
 def affine(x: torch.Tensor, matrices: Sequence[Matrix], mode: str, fill: Sequence[float]) -> torch.Tensor:

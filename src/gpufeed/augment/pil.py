@@ -178,12 +178,15 @@ def _cubic(taps: Sequence[torch.Tensor], d: torch.Tensor) -> torch.Tensor:
 
 def blend(degenerate: torch.Tensor, image: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
     """``Image.blend(degenerate, image, alpha[i])`` per image (``ImageEnhance``'s ``enhance``): float32
-    ``in1 + alpha * (in2 - in1)``, clipped and truncated. ``degenerate`` broadcasts (a single 0: black)."""
+    ``in1 + alpha * (in2 - in1)``, clipped and truncated. ``degenerate`` broadcasts against ``image`` (a grey
+    ``(K, 1, H, W)``, a flat ``(K, 1, 1, 1)``, a single 0 for black) and is never expanded."""
     a = alpha.to(torch.float32).view(-1, 1, 1, 1)
+    out = image.to(torch.float32)
     if degenerate.numel() == 1 and float(degenerate) == 0:  # Brightness: 0 + a * (x - 0) is a * x exactly
-        return (a * image).clamp_(0, 255).trunc_().to(torch.uint8)
+        return out.mul_(a).clamp_(0, 255).trunc_().to(torch.uint8)
     d = degenerate.to(torch.float32)
-    return (d + a * (image.to(torch.float32) - d)).clamp_(0, 255).trunc_().to(torch.uint8)
+    # (in2 - in1) is exact in float32 (levels), then the same two roundings as Pillow's a * diff + in1
+    return out.sub_(d).mul_(a).add_(d).clamp_(0, 255).trunc_().to(torch.uint8)
 
 
 def gray(x: torch.Tensor) -> torch.Tensor:
@@ -204,15 +207,15 @@ def contrast_degenerate(x: torch.Tensor) -> torch.Tensor:
 
 def smooth(x: torch.Tensor) -> torch.Tensor:
     """``filter(ImageFilter.SMOOTH)`` (the 1-1-1/1-5-1/1-1-1 kernel over 13, rounded; the border kept), which
-    ``ImageEnhance.Sharpness`` blends with. The weighted sum is exact (integer weights; TF32 or any float
-    convolution keeps it) and rounded in integers: ``(2 * sum + 13) // 26`` (a sum over 13 is never k + 0.5)."""
-    if x.shape[-1] <= 2 or x.shape[-2] <= 2:
+    ``ImageEnhance.Sharpness`` blends with: the weighted sum in integers (a 3x3 box sum from shifted slices,
+    plus 4 times the centre), rounded as ``(2 * sum + 13) // 26`` (a sum over 13 is never k + 0.5)."""
+    h, w = x.shape[-2:]
+    if h <= 2 or w <= 2:
         return x
-    kernel = torch.ones((3, 3), dtype=torch.float32, device=x.device)
-    kernel[1, 1] = 5.0
+    v = x.to(torch.int16)
+    rows = v[..., :-2, :] + v[..., 1:-1, :] + v[..., 2:, :]
+    total = rows[..., :-2] + rows[..., 1:-1] + rows[..., 2:] + 4 * v[..., 1:-1, 1:-1]
     out = x.clone()
-    total = torch.nn.functional.conv2d(x.to(torch.float32), kernel.expand(x.shape[1], 1, 3, 3), groups=x.shape[1])
-    total = total.round_().to(torch.int32)
     out[..., 1:-1, 1:-1] = torch.div(2 * total + 13, 26, rounding_mode="floor").to(torch.uint8)
     return out
 

@@ -277,9 +277,9 @@ def _colour(name: str, x: torch.Tensor, arg: torch.Tensor) -> torch.Tensor:
             torch.uint8
         )
     if base in ("Color", "Desaturate"):
-        degenerate = pil.gray(x).expand_as(x)
+        degenerate = pil.gray(x)
     elif base == "Contrast":
-        degenerate = pil.contrast_degenerate(x).expand_as(x)
+        degenerate = pil.contrast_degenerate(x)
     elif base == "Brightness":
         degenerate = torch.zeros((), dtype=x.dtype)
     else:  # Sharpness

@@ -200,3 +200,13 @@ def test_per_image_random_ops_on_pil_state_their_measured_difference_or_nothing_
     tensors: list[str] = []
     build_batched([T.PILToTensor(), *ops[:3]], torch.uint8, (32, 32), pil=True, notes=tensors)
     assert tensors == []  # after PILToTensor the user's pipeline runs the tensor kernels too
+
+
+def test_a_v2_fill_dict_is_read_by_the_image_type_pil_included():
+    import PIL.Image
+    import torchvision.transforms.v2 as T2
+
+    fill = {PIL.Image.Image: 127, "others": 3}
+    on_pil = build_batched([T2.RandomRotation(30, fill=fill), T2.ToImage()], torch.uint8, (16, 16), pil=True)
+    on_tensor = build_batched([T2.RandomRotation(30, fill=fill)], torch.uint8, (16, 16))
+    assert on_pil.transforms[0].fill == (127.0,) and on_tensor.transforms[0].fill == (3.0,)

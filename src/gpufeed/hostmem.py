@@ -9,7 +9,9 @@ million extra page faults per 6,000 images). Fixing the thresholds above the loa
 buffer (twice the batches it makes at once, at least 32 MiB; trimming at twice that) makes freed
 buffers reused whatever came before; the process keeps that much freed heap. The same holds for
 every batch a CPU loader makes: a 256x256 float batch (200 MB) from fresh pages cost 3x the crop,
-flip and Normalize that filled it (benchmarks/image_sizes.py).
+flip and Normalize that filled it (benchmarks/image_sizes.py). The thresholds hold for the main heap: a
+loader iterated in another thread allocates from that thread's arena, where glibc still maps buffers
+above its heap size (64 MiB) fresh each time.
 ``GPUFEED_KEEP_MALLOC=0`` leaves malloc as it is.
 """
 

@@ -70,10 +70,12 @@ def _fill_or_none(fill: Any, s: _State) -> float | tuple[float, ...] | None:
     """A fill as numbers; v2's dicts go by the image type at this point, else "others"; None (or no entry) stays
     None."""
     if isinstance(fill, dict):
+        import PIL.Image
         from torchvision import tv_tensors
 
-        key = tv_tensors.Image if s.tv_image else None if s.pil else torch.Tensor
-        fill = fill.get(key, fill.get("others")) if key is not None else fill.get("others")
+        # v2 looks up type(image): PIL.Image.Image for the images PIL's own ops return
+        key = tv_tensors.Image if s.tv_image else PIL.Image.Image if s.pil else torch.Tensor
+        fill = fill.get(key, fill.get("others"))
     if fill is None:
         return None
     return float(fill) if isinstance(fill, (int, float)) else tuple(float(v) for v in fill)
@@ -279,6 +281,7 @@ def _affine(op: Any, s: _State) -> A.BatchTransform:
         _geometric_fill(op, s),
         center,  # type: ignore[arg-type]
         pil=s.pil,
+        v2=_is_v2(op),
     )
 
 

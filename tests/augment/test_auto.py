@@ -287,3 +287,22 @@ def test_the_classification_reference_preset_with_each_policy_runs_batched_as_to
     for key in ("mean", "std"):
         a, b = (getattr(t, key)((1, 2, 3)) for t in (ours, theirs))
         assert ks_statistic(a, b) < ks_critical(n, n), key
+
+
+def test_on_pil_images_v2s_solarize_thresholds_compare_in_float64_as_pillow_does():
+    import numpy as np
+    import torchvision.transforms.v2 as T2
+    from PIL import Image
+
+    ramp = torch.arange(256, dtype=torch.uint8).view(1, 1, 16, 16).expand(1, 3, 16, 16).contiguous()
+    table = _table("wide", 31, 16, 16, OPS, v2_thresholds=True)[OPS.index("Solarize")].tolist()
+    x = ramp.expand(len(table), 3, 16, 16).contiguous()
+    op = torch.full((len(table),), OPS.index("Solarize"))
+    got = apply_op(x, op, torch.tensor(table, dtype=torch.float64), pil=True, v2=True)
+    ta = T2.TrivialAugmentWide()
+    img = Image.fromarray(ramp[0].permute(1, 2, 0).numpy())
+    fractions = torch.linspace(1.0, 0.0, 31).tolist()  # v2's magnitudes; its threshold is 255.0 * fraction
+    assert table == [255.0 * f for f in fractions]
+    for i, f in enumerate(fractions):
+        want = ta._apply_image_or_video_transform(img, "Solarize", f, InterpolationMode.NEAREST, ta._fill)
+        assert np.array_equal(got[i].permute(1, 2, 0).numpy(), np.asarray(want)), f

@@ -129,3 +129,8 @@ def test_the_chunk_follows_the_cache_size(monkeypatch):
     monkeypatch.setattr(C, "cache_bytes", lambda: 32 << 20)
     assert C.chunk_samples(3 * 256 * 256 * 5) == 8  # 8 MiB (a quarter of 32 MiB) holds 8 samples of 960 KiB
     assert C.chunk_samples(1 << 30) == 1
+
+
+def test_an_empty_batch_normalises_to_an_empty_batch():
+    out = F.normalize(torch.zeros((0, 3, 8, 8), dtype=torch.uint8), MEAN, STD)
+    assert out.shape == (0, 3, 8, 8) and out.dtype == torch.float32

@@ -237,3 +237,32 @@ def test_random_perspective_equals_torchvision_with_each_samples_corners(interpo
     many = op.sample(torch.zeros(n, 3, h, w, dtype=torch.uint8), torch.Generator().manual_seed(8))["ends"]
     bw, bh = int(0.6 * (w // 2)) + 1, int(0.6 * (h // 2)) + 1
     assert set(many[:, 0, 0].tolist()) == set(range(bw)) and set(many[:, 2, 1].tolist()) == set(range(h - bh, h))
+
+
+def test_on_pil_images_v2s_affine_matrix_order_is_followed():
+    # v2 orders the inverse matrix's float64 arithmetic differently from v1: on PIL (float64 all the way) a
+    # bilinear sample moves now and then at odd sizes; gpufeed builds the matrix the op's way
+    import numpy as np
+    import torchvision.transforms.v2.functional as TF2
+    from PIL import Image
+
+    x = torch.randint(0, 256, (60, 3, 21, 21), dtype=torch.uint8, generator=torch.Generator().manual_seed(6))
+    op = R.RandomAffine(25, (0.2, 0.1), (0.7, 1.3), (-10, 10, -5, 5), "bilinear", fill=(7, 8, 9), pil=True, v2=True)
+    params = op.sample(x, torch.Generator().manual_seed(2))
+    out = op.apply(x, params)
+    for i in range(len(x)):
+        p = {k: float(v[i]) for k, v in params.items()}
+        img = Image.fromarray(x[i].permute(1, 2, 0).numpy())
+        moves = [int(p["tx"]), int(p["ty"])]
+        want = TF2.affine(img, p["angle"], moves, p["scale"], [p["sx"], p["sy"]], InterpolationMode.BILINEAR, [7, 8, 9])
+        assert np.array_equal(out[i].permute(1, 2, 0).numpy(), np.asarray(want)), i
+
+
+def test_pil_fills_are_clipped_as_pillow_stores_them_and_a_wrong_count_is_refused():
+    from gpufeed.augment import pil
+    from gpufeed.errors import ConfigError
+
+    assert pil.parse_fill(300, 3) == [255, 255, 255] and pil.parse_fill((-5, 7.9, 1), 3) == [0, 7, 1]
+    assert pil.parse_fill(None, 1) == [0]
+    with pytest.raises(ConfigError, match="ValueError"):
+        pil.parse_fill((1, 2, 3), 1)

@@ -36,6 +36,7 @@ __all__ = [
     "apply_op",
     "dirichlet",
     "inverse_affine",
+    "inverse_affine_v2",
     "policies",
     "sample_grid",
 ]
@@ -89,7 +90,9 @@ def _table(
     torchvision v2 takes them, ``255 * linspace(1, 0)`` (v1: ``linspace(255, 0)``; a few differ in the last bit)."""
     space = _space(kind, bins, height, width)
     if v2_thresholds:
-        space["Solarize"] = torch.tensor([255.0 * v for v in torch.linspace(1.0, 0.0, bins).tolist()])
+        space["Solarize"] = torch.tensor(
+            [255.0 * v for v in torch.linspace(1.0, 0.0, bins).tolist()], dtype=torch.float64
+        )
     rows = [space[name].double() if name in space else torch.zeros(bins, dtype=torch.float64) for name in ops]
     return torch.stack(rows)
 
@@ -127,6 +130,24 @@ def _inverse_affine(
     m[5] += m[3] * (-cx - tx) + m[4] * (-cy - ty)
     m[2] += cx
     m[5] += cy
+    return m
+
+
+def inverse_affine_v2(
+    angle: float, tx: float, ty: float, scale: float, shear_x: float, shear_y: float, cx: float, cy: float
+) -> list[float]:
+    """torchvision v2's ``_get_inverse_affine_matrix`` (the same matrix as v1's, its arithmetic in another order:
+    on PIL images, where the matrix is used in float64, the last bits move a bilinear sample now and then)."""
+    rot, sx, sy = math.radians(angle), math.radians(shear_x), math.radians(shear_y)
+    cos_sy, tan_sx, rot_minus_sy = math.cos(sy), math.tan(sx), rot - sy
+    cx_plus_tx, cy_plus_ty = cx + tx, cy + ty
+    a = math.cos(rot_minus_sy) / cos_sy
+    b = -(a * tan_sx + math.sin(rot))
+    c = math.sin(rot_minus_sy) / cos_sy
+    d = math.cos(rot) - c * tan_sx
+    m = [d / scale, -b / scale, 0.0, -c / scale, a / scale, 0.0]
+    m[2] += cx - m[0] * cx_plus_tx - m[1] * cy_plus_ty
+    m[5] += cy - m[3] * cx_plus_tx - m[4] * cy_plus_ty
     return m
 
 
@@ -253,12 +274,13 @@ def apply_op(
     fill: float | tuple[float, ...] | None = None,
     interpolation: str = "nearest",
     pil: bool = False,
+    v2: bool = False,
 ) -> torch.Tensor:
     """``x`` with op ``OPS[op[i]]`` at ``magnitude[i]`` (signed, as torchvision passes it) on each sample ``i``;
     each op runs once, on the samples that drew it. ``fill``: the geometric ops' outside (None: zeros);
     ``interpolation``: theirs, ``"nearest"`` or ``"bilinear"``. ``pil``: compute what torchvision computes on a
     PIL image (its ``_apply_op`` calls PIL: ``Image.transform``/``rotate``, ``ImageEnhance``, ``ImageOps``),
-    with :mod:`gpufeed.augment.pil`'s kernels, instead of its tensor kernels.
+    with :mod:`gpufeed.augment.pil`'s kernels, instead of its tensor kernels (``v2``: as v2 computes them).
 
     The batch is sorted by op once, so that each op reads and writes a contiguous slice (the geometric
     ops, neighbours in :data:`OPS`, one slice and one ``grid_sample``), and put back in order once."""
@@ -274,7 +296,7 @@ def apply_op(
     first, last = starts[_GEOMETRIC[0]], ends[_GEOMETRIC[-1]]
     if last > first and pil:
         part = slice(first, last)
-        res[part] = _pil_geometric(xs[part], op.index_select(0, order)[part], ms[part], fill, interpolation)
+        res[part] = _pil_geometric(xs[part], op.index_select(0, order)[part], ms[part], fill, interpolation, v2)
     elif last > first:
         part = slice(first, last)
         m = _matrices(op.index_select(0, order)[part], ms[part], x.shape[2], x.shape[3])
@@ -288,7 +310,12 @@ def apply_op(
 
 
 def _pil_geometric(
-    x: torch.Tensor, op: torch.Tensor, magnitude: torch.Tensor, fill: tuple[float, ...] | None, interpolation: str
+    x: torch.Tensor,
+    op: torch.Tensor,
+    magnitude: torch.Tensor,
+    fill: tuple[float, ...] | None,
+    interpolation: str,
+    v2: bool = False,
 ) -> torch.Tensor:
     """torchvision's geometric ``_apply_op`` on PIL images: ``F.affine`` hands PIL the inverse matrix about the
     absolute centre it is given ([0, 0] for a shear, the image centre for a translation), ``F.rotate`` calls
@@ -297,7 +324,9 @@ def _pil_geometric(
 
     c, h, w = x.shape[1:]
     colour = pil.parse_fill(fill, c)
-    names, mags = [OPS[i] for i in op.tolist()], magnitude.double().tolist()
+    host = torch.stack([op.double(), magnitude.double()]).tolist()  # one host read
+    names, mags = [OPS[int(i)] for i in host[0]], host[1]
+    matrix = inverse_affine_v2 if v2 else _inverse_affine
     out = torch.empty_like(x)
     rotate = [i for i, name in enumerate(names) if name == "Rotate"]
     moves = [i for i, name in enumerate(names) if name != "Rotate"]
@@ -311,11 +340,11 @@ def _pil_geometric(
             shear = math.degrees(math.atan(m))
             if name in ("ShearX", "ShearY"):
                 sx, sy = (shear, 0.0) if name == "ShearX" else (0.0, shear)
-                matrices.append(_inverse_affine(0.0, 0.0, 0.0, 1.0, sx, sy, 0.0, 0.0))
+                matrices.append(matrix(0.0, 0.0, 0.0, 1.0, sx, sy, 0.0, 0.0))
             else:
                 t = float(int(m))
                 tx, ty = (t, 0.0) if name == "TranslateX" else (0.0, t)
-                matrices.append(_inverse_affine(0.0, tx, ty, 1.0, 0.0, 0.0, w * 0.5, h * 0.5))
+                matrices.append(matrix(0.0, tx, ty, 1.0, 0.0, 0.0, w * 0.5, h * 0.5))
         index = torch.tensor(moves, device=x.device)
         out[index] = pil.affine(x[index], matrices, interpolation, colour)
     return out
@@ -327,8 +356,10 @@ def _pil_colour(name: str, x: torch.Tensor, mag: torch.Tensor) -> torch.Tensor:
     from . import pil
 
     factor = 1.0 + mag
+    if name == "Solarize":  # ImageOps.solarize compares each level with the Python float threshold
+        return torch.where(x.to(torch.float64) >= mag.view(-1, 1, 1, 1), 255 - x, x)
     if name == "Brightness":
-        return pil.blend(torch.zeros((), dtype=x.dtype), x, factor)
+        return pil.blend(None, x, factor)
     if name == "Color":
         return pil.blend(pil.gray(x), x, factor)
     if name == "Contrast":
@@ -395,7 +426,7 @@ class TrivialAugmentWide(BatchTransform):
     num_magnitude_bins: int = 31
     fill: float | tuple[float, ...] | None = None
     interpolation: str = "nearest"
-    v2_thresholds: bool = False  # torchvision v2's solarize thresholds (see _table)
+    v2_thresholds: bool = False  # torchvision v2's: solarize thresholds (see _table), on PIL its affine matrices
     pil: bool = False  # torchvision's PIL kernels (see apply_op)
 
     def __post_init__(self) -> None:
@@ -413,7 +444,9 @@ class TrivialAugmentWide(BatchTransform):
         return {"op": op, "magnitude": table[op, bins] * _signs(n, op, generator)}
 
     def apply(self, x: torch.Tensor, params: Params) -> torch.Tensor:
-        return apply_op(x, params["op"], params["magnitude"], self.fill, self.interpolation, self.pil)
+        return apply_op(
+            x, params["op"], params["magnitude"], self.fill, self.interpolation, self.pil, self.v2_thresholds
+        )
 
 
 @dataclass(frozen=True)
@@ -450,7 +483,7 @@ class RandAugment(BatchTransform):
 
     def apply(self, x: torch.Tensor, params: Params) -> torch.Tensor:
         for op, magnitude in params["rounds"]:
-            x = apply_op(x, op, magnitude, self.fill, self.interpolation, self.pil)
+            x = apply_op(x, op, magnitude, self.fill, self.interpolation, self.pil, self.v2_thresholds)
         return x
 
 
@@ -504,7 +537,7 @@ class AutoAugment(BatchTransform):
 
     def apply(self, x: torch.Tensor, params: Params) -> torch.Tensor:
         for op, magnitude in params["rounds"]:
-            x = apply_op(x, op, magnitude, self.fill, self.interpolation, self.pil)
+            x = apply_op(x, op, magnitude, self.fill, self.interpolation, self.pil, self.v2_thresholds)
         return x
 
 

@@ -79,7 +79,7 @@ def normalize_chunked(
 ) -> torch.Tensor:
     """Normalize of a uint8 CPU batch, a chunk of samples at a time (see :func:`normalize_into`)."""
     n = x.shape[0]
-    k = chunk_samples(x[0].numel() * 5)
+    k = chunk_samples(x[:1].numel() * 5)
     out = torch.empty(x.shape, dtype=dtype)
     work = torch.empty((min(k, n), *x.shape[1:]), dtype=torch.float32) if dtype != torch.float32 else None
     for s in range(0, n, k):

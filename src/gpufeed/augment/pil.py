@@ -17,6 +17,8 @@ from collections.abc import Sequence
 
 import torch
 
+from ..errors import ConfigError
+
 __all__ = [
     "affine",
     "autocontrast",
@@ -53,9 +55,15 @@ def rotate_matrix(degrees: float, width: int, height: int, center: Sequence[floa
 
 def parse_fill(fill: float | Sequence[float] | None, channels: int) -> list[int]:
     """``fillcolor`` as torchvision's ``_parse_fill`` makes it for a PIL image: integers, one per channel
-    (None: 0; one value: repeated)."""
+    (None: 0; one value: repeated; another count: the ValueError torchvision raises), clipped to 0-255 as
+    Pillow stores a colour."""
     values = [0.0] if fill is None else [float(fill)] if isinstance(fill, (int, float)) else list(fill)
-    return [int(v) for v in (values * channels if len(values) == 1 else values)]
+    if len(values) not in (1, channels):
+        raise ConfigError(
+            f"fill={fill!r} has {len(values)} values for images of {channels} channels; torchvision raises "
+            "ValueError on it: give one value or one per channel"
+        )
+    return [min(255, max(0, int(v))) for v in (values * channels if len(values) == 1 else values)]
 
 
 def _gather(
@@ -176,13 +184,13 @@ def _cubic(taps: Sequence[torch.Tensor], d: torch.Tensor) -> torch.Tensor:
     return p1 + d * (p2 + d * (p3 + d * p4))
 
 
-def blend(degenerate: torch.Tensor, image: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
+def blend(degenerate: torch.Tensor | None, image: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
     """``Image.blend(degenerate, image, alpha[i])`` per image (``ImageEnhance``'s ``enhance``): float32
     ``in1 + alpha * (in2 - in1)``, clipped and truncated. ``degenerate`` broadcasts against ``image`` (a grey
-    ``(K, 1, H, W)``, a flat ``(K, 1, 1, 1)``, a single 0 for black) and is never expanded."""
+    ``(K, 1, H, W)``, a flat ``(K, 1, 1, 1)``) and is never expanded; None is black (Brightness)."""
     a = alpha.to(torch.float32).view(-1, 1, 1, 1)
     out = image.to(torch.float32)
-    if degenerate.numel() == 1 and float(degenerate) == 0:  # Brightness: 0 + a * (x - 0) is a * x exactly
+    if degenerate is None:  # Brightness: 0 + a * (x - 0) is a * x exactly
         return out.mul_(a).clamp_(0, 255).trunc_().to(torch.uint8)
     d = degenerate.to(torch.float32)
     # (in2 - in1) is exact in float32 (levels), then the same two roundings as Pillow's a * diff + in1

@@ -29,6 +29,7 @@ from .auto import (
     _solarize,
     affine_sample,
     inverse_affine,
+    inverse_affine_v2,
     sample_grid,
 )
 from .color import _gray
@@ -300,6 +301,7 @@ class RandomAffine(BatchTransform):
     fill: float | tuple[float, ...] | None = 0.0
     center: tuple[float, float] | None = None
     pil: bool = False  # what torchvision computes on PIL images (Pillow's kernels, gpufeed.augment.pil)
+    v2: bool = False  # on PIL images, v2's order of the matrix arithmetic
 
     def __post_init__(self) -> None:
         d = self.degrees
@@ -340,13 +342,10 @@ class RandomAffine(BatchTransform):
 
             h, w = x.shape[2:]
             cx, cy = self.center if self.center is not None else (w * 0.5, h * 0.5)
-            angle, tx, ty, scale, sx, sy = (
-                params[k].double().tolist() for k in ("angle", "tx", "ty", "scale", "sx", "sy")
-            )
-            matrices = [
-                _inverse_affine(a, dx, dy, z, hx, hy, cx, cy)
-                for a, dx, dy, z, hx, hy in zip(angle, tx, ty, scale, sx, sy, strict=True)
-            ]
+            keys = ("angle", "tx", "ty", "scale", "sx", "sy")
+            host = torch.stack([params[k].double() for k in keys]).tolist()  # one host read
+            matrix = inverse_affine_v2 if self.v2 else _inverse_affine
+            matrices = [matrix(a, dx, dy, z, hx, hy, cx, cy) for a, dx, dy, z, hx, hy in zip(*host, strict=True)]
             return pil.affine(x, matrices, self.interpolation, pil.parse_fill(self.fill, x.shape[1]))
         p = {k: v.double() for k, v in params.items()}
         cx, cy = _centre(self.center, x)

@@ -276,12 +276,13 @@ def _colour(name: str, x: torch.Tensor, arg: torch.Tensor) -> torch.Tensor:
         return torch.where(x < 128, (x.to(torch.int16) + arg.view(-1, 1, 1, 1).to(torch.int16)).clamp(max=255), x).to(
             torch.uint8
         )
+    degenerate: torch.Tensor | None
     if base in ("Color", "Desaturate"):
         degenerate = pil.gray(x)
     elif base == "Contrast":
         degenerate = pil.contrast_degenerate(x)
     elif base == "Brightness":
-        degenerate = torch.zeros((), dtype=x.dtype)
+        degenerate = None
     else:  # Sharpness
         degenerate = pil.smooth(x)
     return pil.blend(degenerate, x, arg)

@@ -351,21 +351,14 @@ def _pil_geometric(
 
 
 def _pil_colour(name: str, x: torch.Tensor, mag: torch.Tensor) -> torch.Tensor:
-    """torchvision's colour ``_apply_op`` on PIL images: ``ImageEnhance`` blends and ``ImageOps``' autocontrast;
-    posterize, solarize, equalize and invert compute the same on PIL as the tensor kernels."""
+    """torchvision's colour ``_apply_op`` on PIL images: ``ImageEnhance`` and ``ImageOps``; posterize, equalize
+    and invert compute the same on PIL as the tensor kernels."""
     from . import pil
 
-    factor = 1.0 + mag
-    if name == "Solarize":  # ImageOps.solarize compares each level with the Python float threshold
-        return torch.where(x.to(torch.float64) >= mag.view(-1, 1, 1, 1), 255 - x, x)
-    if name == "Brightness":
-        return pil.blend(None, x, factor)
-    if name == "Color":
-        return pil.blend(pil.gray(x), x, factor)
-    if name == "Contrast":
-        return pil.blend(pil.contrast_degenerate(x), x, factor)
-    if name == "Sharpness":
-        return pil.blend(pil.smooth(x), x, factor)
+    if name in ("Brightness", "Color", "Contrast", "Sharpness"):
+        return pil.enhance(name, x, 1.0 + mag)
+    if name == "Solarize":  # ImageOps compares each level with the Python float threshold
+        return pil.solarize(x, mag)
     if name == "AutoContrast":
         return pil.autocontrast(x)
     return _colour(name, x, mag)

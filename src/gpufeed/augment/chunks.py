@@ -17,6 +17,7 @@ The arithmetic is unchanged (the same copies; Normalize in torchvision's order: 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -78,17 +79,8 @@ def normalize_chunked(
     x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor, reciprocal: bool, dtype: torch.dtype
 ) -> torch.Tensor:
     """Normalize of a uint8 CPU batch, a chunk of samples at a time (see :func:`normalize_into`)."""
-    n = x.shape[0]
     k = chunk_samples(x[:1].numel() * 5)
-    out = torch.empty(x.shape, dtype=dtype)
-    work = torch.empty((min(k, n), *x.shape[1:]), dtype=torch.float32) if dtype != torch.float32 else None
-    for s in range(0, n, k):
-        e = min(n, s + k)
-        if work is None:
-            normalize_into(out[s:e], x[s:e], mean, std, reciprocal)
-        else:
-            out[s:e].copy_(normalize_into(work[: e - s], x[s:e], mean, std, reciprocal))
-    return out
+    return _chunks(x.shape, dtype, k, lambda s, e: x[s:e], (mean, std, reciprocal, dtype))
 
 
 def remap_chunked(
@@ -97,30 +89,44 @@ def remap_chunked(
     fill: torch.Tensor | None,
     normalize: tuple[torch.Tensor, torch.Tensor, bool, torch.dtype] | None = None,
 ) -> torch.Tensor:
-    """:func:`gpufeed.augment.geometry.remap` (rows first) on a CPU batch, a chunk of samples at a time; then, if
-    given, ``normalize = (mean, std, reciprocal, dtype)`` on each chunk while it is in the cache (uint8 ``x``:
-    the chunk is converted to float32 as it is copied into the output and normalised in place)."""
+    """:func:`gpufeed.augment.geometry.remap` on a CPU batch (whole-row windows, :func:`remap_windows`), a chunk
+    of samples at a time; then, if given, ``normalize = (mean, std, reciprocal, dtype)`` on each chunk while it is
+    in the cache (uint8 ``x``: converted to float32 as it is copied into the output, normalised in place)."""
     n, c = x.shape[:2]
     out_h = m.rows.shape[1] if m.rows is not None else x.shape[2]
     out_w = m.cols.shape[1] if m.cols is not None else x.shape[3]
-    out_dtype = normalize[3] if normalize is not None else x.dtype
     k = chunk_samples(c * out_h * out_w * (x.element_size() + (4 if normalize is not None else 0)))
     if normalize is None and k >= n:
         return remap_windows(x, m, fill)
-    out = torch.empty((n, c, out_h, out_w), dtype=out_dtype)
-    work = None  # where a chunk is normalised when the output is not float32
-    if normalize is not None and out_dtype != torch.float32:
-        work = torch.empty((min(k, n), c, out_h, out_w), dtype=torch.float32)
+    shape = (n, c, out_h, out_w)
+    dtype = normalize[3] if normalize is not None else x.dtype
+    return _chunks(shape, dtype, k, lambda s, e: remap_windows(x[s:e], _slice(m, s, e), fill), normalize)
+
+
+def _chunks(
+    shape: tuple[int, ...],
+    dtype: torch.dtype,
+    k: int,
+    part: Callable[[int, int], torch.Tensor],
+    normalize: tuple[torch.Tensor, torch.Tensor, bool, torch.dtype] | None,
+) -> torch.Tensor:
+    """The batch of ``shape`` and ``dtype`` made ``k`` samples at a time: ``part(s, e)`` is samples ``s:e`` (uint8 when
+    normalised), copied into the output, and normalised there while in the cache. A non-float32 output is
+    normalised in a float32 chunk first, then cast, as Normalize computes it."""
+    n = shape[0]
+    out = torch.empty(shape, dtype=dtype)
+    work = None
+    if normalize is not None and normalize[3] != torch.float32:
+        work = torch.empty((min(k, n), *shape[1:]), dtype=torch.float32)
     for s in range(0, n, k):
         e = min(n, s + k)
-        target = out[s:e] if work is None else work[: e - s]
-        moved = remap_windows(x[s:e], _slice(m, s, e), fill)
         if normalize is None:
-            target.copy_(moved)
+            out[s:e] = part(s, e)
             continue
-        normalize_into(target, moved, *normalize[:3])
+        target = out[s:e] if work is None else work[: e - s]
+        normalize_into(target, part(s, e), *normalize[:3])
         if work is not None:
-            out[s:e].copy_(target)
+            out[s:e] = target
     return out
 
 

@@ -27,6 +27,7 @@ __all__ = [
     "convert_dtype",
     "crop",
     "erase",
+    "float_constants",
     "hflip",
     "normalize",
     "remap",
@@ -64,6 +65,12 @@ def constant(values: float | Sequence[float], x: torch.Tensor, name: str = "valu
     if x.dtype == torch.uint8 and not all(float(v).is_integer() and 0 <= v <= 255 for v in vals):
         raise ConfigError(f"{name}={values!r} must be integers in [0, 255] for uint8 images (pixel values)")
     return _cached_constant(tuple(float(v) for v in vals), x.device, x.dtype)
+
+
+def float_constants(mean: Sequence[float], std: Sequence[float], channels: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Normalize's mean and std as float32 CPU constants for uint8 images of ``channels`` (made once)."""
+    like = torch.empty((0, channels), dtype=torch.float32)  # the constants' dtype, device and channels
+    return constant(mean, like, "mean"), constant(std, like, "std")
 
 
 def crop(
@@ -135,8 +142,7 @@ def normalize(
     """
     work = x.dtype if x.dtype.is_floating_point else torch.float32
     if x.device.type == "cpu" and x.dtype == torch.uint8:  # a chunk at a time in the cache (gpufeed.augment.chunks)
-        like = torch.empty((0, x.shape[1]), dtype=torch.float32)  # the constants' dtype and channels
-        return C.normalize_chunked(x, constant(mean, like, "mean"), constant(std, like, "std"), reciprocal, dtype)
+        return C.normalize_chunked(x, *float_constants(mean, std, x.shape[1]), reciprocal, dtype)
     y = convert_dtype(x, work, reciprocal)
     m, s = constant(tuple(mean), y, "mean"), constant(tuple(std), y, "std")
     # In place on the converted copy (a new tensor of a batch's size costs as much as the arithmetic), never

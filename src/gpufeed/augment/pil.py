@@ -24,11 +24,13 @@ __all__ = [
     "autocontrast",
     "blend",
     "contrast_degenerate",
+    "enhance",
     "gray",
     "parse_fill",
     "rotate",
     "rotate_matrix",
     "smooth",
+    "solarize",
 ]
 
 Matrix = Sequence[float]  # PIL's affine data (a, b, c, d, e, f): output (x, y) reads input (ax+by+c, dx+ey+f)
@@ -195,6 +197,20 @@ def blend(degenerate: torch.Tensor | None, image: torch.Tensor, alpha: torch.Ten
     d = degenerate.to(torch.float32)
     # (in2 - in1) is exact in float32 (levels), then the same two roundings as Pillow's a * diff + in1
     return out.sub_(d).mul_(a).add_(d).clamp_(0, 255).trunc_().to(torch.uint8)
+
+
+def enhance(kind: str, x: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
+    """``ImageEnhance.<kind>(img).enhance(factor[i])`` per image, ``kind`` one of Brightness (black), Color (the
+    L conversion), Contrast (the flat mean) and Sharpness (SMOOTH)."""
+    if kind not in ("Brightness", "Color", "Contrast", "Sharpness"):
+        raise ValueError(f"kind={kind!r} is not one of ImageEnhance's Brightness, Color, Contrast, Sharpness")
+    degenerate = {"Color": gray, "Contrast": contrast_degenerate, "Sharpness": smooth}.get(kind)
+    return blend(degenerate(x) if degenerate is not None else None, x, factor)
+
+
+def solarize(x: torch.Tensor, threshold: torch.Tensor) -> torch.Tensor:
+    """``ImageOps.solarize(img, threshold[i])``: levels at or above the (float64) threshold inverted."""
+    return torch.where(x.to(torch.float64) >= threshold.view(-1, 1, 1, 1), 255 - x, x)
 
 
 def gray(x: torch.Tensor) -> torch.Tensor:

@@ -24,7 +24,7 @@ import torch
 
 from ..errors import ConfigError
 from . import pil
-from .auto import _equalize, _posterize, _solarize
+from .auto import _equalize, _posterize
 from .transforms import BatchTransform, Params
 
 __all__ = ["NAMES", "TimmAutoAugment", "TimmOp", "TimmRandAugment"]
@@ -202,9 +202,9 @@ class _TimmAugment(BatchTransform):
         args, modes = r["arg"].index_select(0, order), r["mode"].index_select(0, order)
         # one host read per round: the op counts, and the arguments and filters PIL's matrices are built from
         host = torch.cat([counts_t.double(), args, modes.double()]).tolist()
-        k, n = len(NAMES) + 1, x.shape[0]
-        counts = [int(v) for v in host[:k]]
-        host_args, host_modes = host[k : k + n], [int(v) for v in host[k + n :]]
+        kinds, n = len(NAMES) + 1, x.shape[0]
+        counts = [int(v) for v in host[:kinds]]
+        host_args, host_modes = host[kinds : kinds + n], [int(v) for v in host[kinds + n :]]
         xs = x.index_select(0, order)
         res = xs.clone()
         bounds = list(itertools.accumulate(counts))
@@ -226,16 +226,15 @@ class _TimmAugment(BatchTransform):
     ) -> None:
         """The affine ops, grouped by resampling filter: the matrices Image.transform / Image.rotate take (built
         on the host from ``values`` and ``modes``, the sorted batch's arguments and filter indices)."""
-        first = 0
         fill = self.hparams.fill
         for m, mode_name in enumerate(self.hparams.interpolation):
             rotations: list[tuple[int, float]] = []
             affine: list[tuple[int, tuple[float, ...]]] = []
             for name, start, end in parts:
                 for i in range(start, end):
-                    if modes[i - first] != m:
+                    if modes[i] != m:
                         continue
-                    v = values[i - first]
+                    v = values[i]
                     if name == "Rotate":
                         rotations.append((i, v))
                     else:
@@ -271,21 +270,12 @@ def _colour(name: str, x: torch.Tensor, arg: torch.Tensor) -> torch.Tensor:
     if base == "Posterize":
         return _posterize(x, arg.clamp(max=8))  # bits >= 8: the image as it is
     if base == "Solarize":
-        return _solarize(x, arg)
+        return pil.solarize(x, arg)
     if base == "SolarizeAdd":  # below 128: + add, capped at 255
         return torch.where(x < 128, (x.to(torch.int16) + arg.view(-1, 1, 1, 1).to(torch.int16)).clamp(max=255), x).to(
             torch.uint8
         )
-    degenerate: torch.Tensor | None
-    if base in ("Color", "Desaturate"):
-        degenerate = pil.gray(x)
-    elif base == "Contrast":
-        degenerate = pil.contrast_degenerate(x)
-    elif base == "Brightness":
-        degenerate = None
-    else:  # Sharpness
-        degenerate = pil.smooth(x)
-    return pil.blend(degenerate, x, arg)
+    return pil.enhance("Color" if base == "Desaturate" else base, x, arg)
 
 
 @dataclass(frozen=True)

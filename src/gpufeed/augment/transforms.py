@@ -444,15 +444,14 @@ class Compose(BatchTransform):
 
 def _remap(x: torch.Tensor, m: G.IndexMap, then: Normalize | None = None) -> tuple[torch.Tensor, bool]:
     """``x`` through the crops and flips of ``m``, and whether the ``Normalize`` that follows (``then``) was
-    applied too: on the CPU, a chunk of samples at a time, each sample's rows copied as slices and each chunk
-    normalised while it is in the cache (see :mod:`gpufeed.augment.chunks`)."""
+    applied too: on the CPU, a chunk of samples at a time, each output row one window of the batch, and each
+    chunk normalised while it is in the cache (see :mod:`gpufeed.augment.chunks`)."""
     if x.device.type != "cpu":
         return F.remap(x, m), False
     fill = F.constant(m.fill, x, "fill") if m.fill is not None else None
     if then is None or x.dtype != torch.uint8:
         return C.remap_chunked(x, m, fill), False
-    like = torch.empty((0, x.shape[1]), dtype=torch.float32)
-    stats = (F.constant(then.mean, like, "mean"), F.constant(then.std, like, "std"))
+    stats = F.float_constants(then.mean, then.std, x.shape[1])
     return C.remap_chunked(x, m, fill, (*stats, then.reciprocal, then.dtype)), True
 
 

@@ -386,6 +386,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--parts", nargs="*", default=None, help="run these parts, in this order (default: all)")
     p.add_argument("--budget", type=float, default=480, help="seconds for all parts together")
     p.add_argument("--cpu-rehearsal", action="store_true", help="the CPU-capable parts on the CPU, small")
+    p.add_argument(
+        "--no-time-limits",
+        action="store_true",
+        help="run every part to its end, ignoring LIMITS and --budget (CI's rehearsal: its sizes bound its work, "
+        "and a loaded machine must not fail it by the clock)",
+    )
     args = p.parse_args(argv)
     c = Check(args.out, args.cpu_rehearsal, 2000 if args.cpu_rehearsal else args.n)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -424,12 +430,12 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGALRM, _alarm)
     for name in order:
         left = args.budget - (time.perf_counter() - t_start)
-        if left < 10:
+        if left < 10 and not args.no_time_limits:
             c.summary[name] = {"skipped": f"out of the {args.budget:.0f} s budget"}
             continue
         limit = int(min(LIMITS[name], left))
         t = time.perf_counter()
-        signal.alarm(limit)
+        signal.alarm(0 if args.no_time_limits else limit)  # (0: no alarm)
         try:
             c.summary[name] = parts[name](c)
         except PartTimeout:

@@ -33,3 +33,26 @@ def test_speedups_and_floor_ratios_relate_each_rung_to_the_first_and_to_its_floo
     _relate(rows)
     assert [r.speedup for r in rows] == [1.0, 4.0, None, 5.0]
     assert rows[1].floor_ratio == 1.25 and rows[0].floor_ratio is None and rows[2].speedup is None
+
+
+def test_the_summary_compares_gpufeed_with_the_best_dataloader_rung_not_only_num_workers_0():
+    import torch
+
+    from gpufeed.bench import BASELINE, Row, summary
+
+    tuned = "torchvision DataLoader, num_workers=4, persistent"
+    rows = [Row(BASELINE, 8.0, data_wait_fraction=0.8), Row(tuned, 2.0), Row("gpufeed", 1.0), Row(FP32, 0.8)]
+    text = summary(rows, torch.device("cpu"))
+    assert f"(2.0x the best DataLoader rung ({tuned}), 8.0x num_workers=0)" in text
+
+
+def test_a_batch_size_larger_than_the_training_images_is_refused_before_any_rung(tmp_path):
+    import pytest
+
+    from gpufeed import ConfigError
+
+    from fakes import image_folder
+
+    folder = image_folder(tmp_path / "photos", [(20, 20)] * 10)
+    with pytest.raises(ConfigError, match=r"batch_size=64 is more than the 10 training images.*batch_size <= 10"):
+        run_bench("cpu", batch_size=64, datasets=(folder, None), data=str(tmp_path / "photos"), image_size=32)

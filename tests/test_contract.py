@@ -123,17 +123,25 @@ def position(loader):
 
 
 @pytest.mark.parametrize("kind", list(LOADERS))
-def test_a_loop_that_breaks_early_ends_its_epoch_and_the_state_says_what_comes_next(kind):
+def test_a_state_saved_after_a_break_finishes_that_epoch_while_a_new_loop_starts_the_next(kind):
+    # The preemption pattern: a SIGTERM handler sets a flag, the loop breaks, the state is saved, the job exits.
     loader = make(kind)
     for step, _ in enumerate(loader):
         assert position(loader) == (0, step + 1)
         if step == 1:
-            break  # limit_train_batches, or `if step == limit: break` then save_state
-    assert position(loader) == (1, 0)
+            break
+    assert position(loader) == (0, 2)  # 2 of epoch 0's 6 batches served
     saved = loader.state_dict()
+    epoch0, epoch1 = (gf.sampling.epoch_order(3, e, 23).tolist() for e in (0, 1))
     resumed = make(kind)
     resumed.load_state_dict(saved)
-    assert labels(list(resumed)) == labels(list(loader)) == gf.sampling.epoch_order(3, 1, 23).tolist()
+    assert labels(list(resumed)) == epoch0[8:]  # the 15 samples the interrupted epoch had left, none lost
+    assert labels(list(resumed)) == epoch1
+    assert labels(list(loader)) == epoch1 and position(loader) == (2, 0)  # the same loader: a new for, a new epoch
+    shortened = make(kind)  # limit_train_batches: a trainer that ends epochs early moves on with set_epoch(e + 1)
+    shortened.load_state_dict(saved)
+    shortened.sampler.set_epoch(1)
+    assert labels(list(shortened)) == epoch1
 
 
 @pytest.mark.parametrize("kind", list(LOADERS))
@@ -211,3 +219,96 @@ def test_a_loader_for_one_process_is_refused_in_a_group_of_several(kind, monkeyp
     with pytest.raises(gf.ConfigError, match="group of 4 processes: every rank would train on every sample"):
         next(iter(loader))
     assert len(list(given)) == 6
+
+
+@pytest.mark.parametrize("kind", list(LOADERS))
+def test_loader_epoch_reads_the_epoch_being_served_through_its_last_batch(kind):
+    loader = make(kind)
+    seen = [(loader.epoch, position(loader)) for _ in loader]
+    assert seen == [(0, (0, b)) for b in range(1, 6)] + [(0, (1, 0))]  # the last batch is still epoch 0's
+    assert loader.epoch == 1
+    it = iter(loader)
+    for _ in range(6):
+        next(it)  # every batch of epoch 1 handed out, the iterator not yet exhausted
+    assert loader.epoch == 1 and labels(list(loader)) == gf.sampling.epoch_order(3, 2, 23).tolist()
+
+
+def _other_data(kind):
+    """The same length, another dataset: Numbered's images drawn from another seed."""
+    options = dict(LOADERS[kind])
+    ds = Numbered(23, options.pop("transform"))
+    rng = np.random.default_rng(1)
+    ds.images = [Image.fromarray(a) for a in rng.integers(0, 256, (23, 8, 8, 3), dtype=np.uint8)]
+    if kind != "device":
+        ds = type("OtherNumbered", (Numbered,), {})(23, ds.transform)  # the fallback names the dataset's class
+    kw = {"batch_size": 4, "device": "cpu", "seed": 3, "cache": False, "progress": False, **options}
+    with pytest.warns(UserWarning, match="falls back") if "fallback" in options else nullcontext():
+        return gf.accelerate(ds, **kw)
+
+
+@pytest.mark.parametrize("kind", list(LOADERS))
+def test_a_state_of_other_data_or_another_pipeline_is_refused_naming_what_differs(kind):
+    run = make(kind)
+    it = iter(run)
+    next(it), next(it)
+    state = run.state_dict()
+    per_sample = kind != "device"
+    crop = (
+        T.Compose([T.ElasticTransform(alpha=10.0, sigma=1.0), T.RandomCrop(6), T.ToTensor()])
+        if per_sample
+        else (T.Compose([T.RandomCrop(6, padding=2), T.RandomHorizontalFlip(), T.ToTensor()]))
+    )
+    no_flip = (
+        T.Compose([T.ElasticTransform(alpha=5.0, sigma=1.0), T.ToTensor()])
+        if per_sample
+        else (T.Compose([T.RandomCrop(8, padding=2), T.ToTensor()]))
+    )
+    others = {
+        "another crop size": (make(kind, transform=crop), "transform="),
+        "no flip": (make(kind, transform=no_flip), "transform="),
+        "another dtype": (make(kind, dtype=torch.float16), "dtype='torch.float16'"),
+        "channels_last": (make(kind, channels_last=True), "channels_last=True"),
+        "another dataset of the same length": (_other_data(kind), "OtherNumbered" if per_sample else "pixels="),
+    }
+    for name, (other, names) in others.items():
+        with pytest.raises(gf.StateError, match="belongs to other data or another pipeline") as error:
+            other.load_state_dict(state)
+        assert names in str(error.value) and "strict=False" in str(error.value), name
+    changed, _ = others["another dtype"]
+    changed.load_state_dict(state, strict=False)  # changed on purpose: the position is kept
+    assert labels(list(changed)) == gf.sampling.epoch_order(3, 0, 23).tolist()[8:]
+    changed.strict_state = False  # for a trainer that calls load_state_dict(state) itself
+    changed.load_state_dict(state)
+    assert position(changed) == (0, 2)
+    legacy = {k: v for k, v in state.items() if k != "fingerprint"}  # saved before gpufeed recorded it
+    fresh = make(kind)
+    fresh.load_state_dict(legacy)
+    assert position(fresh) == (0, 2)
+
+
+def test_the_device_loader_names_the_transform_where_it_differs():
+    state = make("device").state_dict()
+    other = make("device", transform=T.Compose([T.RandomCrop(6, padding=2), T.RandomHorizontalFlip(), T.ToTensor()]))
+    with pytest.raises(
+        gf.StateError,
+        match=r"saved with transform='.*RandomCrop\(size=\(8, 8\).*but this loader "
+        r"has transform='.*RandomCrop\(size=\(6, 6\)",
+    ):
+        other.load_state_dict(state)
+
+
+@pytest.mark.parametrize("kind", ["device", "fallback"])
+def test_accelerates_skip_first_batches_is_a_typed_error_naming_set_epoch(kind):
+    accelerate = pytest.importorskip("accelerate")
+    loader = make(kind)
+    assert not hasattr(loader, "dataset") and getattr(loader, "dataset", None) is None  # still an AttributeError
+    accelerator = accelerate.Accelerator(cpu=True)
+    try:
+        with pytest.raises(gf.NotADataLoaderError, match=r"loader\.set_epoch\(epoch, batch=n\)"):
+            accelerator.skip_first_batches(loader, 2)
+    finally:
+        accelerator.free_memory()
+        accelerate.state.AcceleratorState._reset_state(True)
+        accelerate.state.GradientState._reset_state()
+    loader.set_epoch(0, batch=2)  # the way it names
+    assert labels(list(loader)) == gf.sampling.epoch_order(3, 0, 23).tolist()[8:]

@@ -15,12 +15,10 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 @pytest.mark.slow
 def test_the_cpu_rehearsal_runs_every_cpu_part_and_records_each(tmp_path, monkeypatch):
     monkeypatch.setenv("GPUFEED_CACHE_DIR", str(tmp_path / "home"))
-    run = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--cpu-rehearsal", "--out", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
+    # No time limits: the rehearsal's sizes bound its work, so a loaded machine makes it slower, never failed (it
+    # failed `make test` once by the clock, at 240 s). The timeout only guards against a hang: 30x a normal run.
+    script = [sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--cpu-rehearsal", "--no-time-limits"]
+    run = subprocess.run([*script, "--out", str(tmp_path)], capture_output=True, text=True, timeout=3600)
     assert run.returncode == 0, run.stderr[-3000:]
     summary = json.loads((tmp_path / "gpu_check.json").read_text())
     parts = ["prefetch_race", "loader_throughput", "image_folder", "image_sizes", "bench_ladder", "ddp_overhead"]
@@ -39,7 +37,7 @@ def test_the_cpu_rehearsal_runs_every_cpu_part_and_records_each(tmp_path, monkey
     ] * 2
     sizes = summary["image_sizes"]["sizes"]
     assert [s["size"] for s in sizes] == [32, 64] and all(0 < s["fraction_of_copy"] for s in sizes)
-    assert summary["total_seconds"] < 200
+    assert summary["total_seconds"] > 0
 
 
 def test_a_part_that_fails_or_times_out_is_recorded_and_the_next_runs(tmp_path, monkeypatch):
@@ -62,6 +60,16 @@ def test_a_part_that_fails_or_times_out_is_recorded_and_the_next_runs(tmp_path, 
     summary = json.loads((tmp_path / "gpu_check.json").read_text())
     assert "ZeroDivisionError" in summary["prefetch_race"]["error"]
     assert summary["tune"]["error"] == "timed out after 1 s" and summary["tune"]["part_seconds"] < 3
+
+
+def test_without_time_limits_a_slow_part_runs_to_its_end(tmp_path, monkeypatch):
+    import gpu_check
+
+    monkeypatch.setitem(gpu_check.LIMITS, "tune", 1)
+    monkeypatch.setattr(gpu_check, "tune", lambda c: (__import__("time").sleep(2), {"done": True})[1])
+    gpu_check.main(["--cpu-rehearsal", "--out", str(tmp_path), "--parts", "tune", "--budget", "1", "--no-time-limits"])
+    summary = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert summary["tune"]["done"] is True and "error" not in summary["tune"]  # past its 1 s limit and the budget
 
 
 @pytest.mark.cuda

@@ -293,3 +293,45 @@ def test_a_transform_that_cannot_run_on_this_data_fails_at_construction():
         _loader(transform=Compose([Normalize([0.5, 0.5], [0.2, 0.2])]))  # 3-channel images
     with pytest.raises(ConfigError, match="larger than the padded image"):
         _loader(transform=RandomCrop(12))  # 8x8 images
+
+
+def test_a_changed_world_size_advises_the_epoch_that_comes_next():
+    def world(size):
+        return _loader(rank=0, world_size=size)
+
+    run = world(2)
+    list(run)  # epoch 0 done: the state points at epoch 1's start, and epoch 1 is the way forward, whole
+    with pytest.raises(StateError, match=r"world_size=2 but this run has world_size=3.*loader\.set_epoch\(1\)$"):
+        world(3).load_state_dict(run.state_dict())
+    it = iter(run)
+    next(it), next(it)  # 2 batches into epoch 1: its rest cannot be mapped, epoch 2 is the next start
+    with pytest.raises(StateError, match=r"set_epoch\(2\) \(the rest of epoch 1, from batch 2 on, is skipped\)"):
+        world(3).load_state_dict(run.state_dict())
+
+
+def test_a_state_records_the_data_it_belongs_to_and_refuses_other_labels_or_pixels():
+    state = _loader().state_dict()
+    assert set(state["fingerprint"]) == {"images", "pixels", "labels", "transform", "dtype", "channels_last"}
+    assert state["fingerprint"]["images"] == "50 images of (3, 8, 8) torch.uint8"
+    shuffled = DeviceLoader(indexed_images(50), torch.arange(50).flip(0), batch_size=8, device="cpu")
+    with pytest.raises(StateError, match=r"saved with labels='[0-9a-f]{16}', but this loader has labels="):
+        shuffled.load_state_dict(state)
+    other = indexed_images(50)
+    other[49] = 255 - other[49]  # the last image is one of the sampled ones
+    with pytest.raises(StateError, match=r"saved with pixels="):
+        DeviceLoader(other, torch.arange(50), batch_size=8, device="cpu").load_state_dict(state)
+    with pytest.raises(
+        StateError,
+        match=r"saved with images='50 images of \(3, 8, 8\) torch.uint8', but this "
+        r"loader has images='50 images of \(3, 8, 8\) torch.float32'",
+    ):
+        DeviceLoader(indexed_images(50) / 255, torch.arange(50), batch_size=8, device="cpu").load_state_dict(state)
+
+
+def test_a_local_shard_state_belongs_to_the_whole_dataset_so_every_rank_loads_it():
+    ranks = [_loader(rank=r, world_size=2, shard="local", transform=AUG) for r in range(2)]
+    it = iter(ranks[0])
+    next(it)
+    state = ranks[0].state_dict()
+    ranks[1].load_state_dict(state)  # rank 1 holds other images, but of the same dataset
+    assert (ranks[1].state_dict()["epoch"], ranks[1].state_dict()["batch"]) == (0, 1)

@@ -1,10 +1,20 @@
+import numpy as np
 import pytest
 import torch
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from gpufeed.errors import ConfigError
-from gpufeed.sampling import derive_seed, epoch_order, local_indices, rank_indices, shard_batches
+from gpufeed.sampling import (
+    as_even,
+    derive_seed,
+    epoch_order,
+    gather_remainder,
+    local_indices,
+    rank_indices,
+    real_counts,
+    shard_batches,
+)
 
 
 @given(seed=st.integers(0, 2**40), epoch=st.integers(0, 10_000), n=st.integers(0, 3000))
@@ -113,3 +123,70 @@ def test_local_shards_cover_their_samples_and_equalise_batch_counts(n, bs, world
         shares.append(-(-len(mine) // bs))
     if even:
         assert len(set(shares)) == 1
+
+
+@given(n=st.integers(1, 400), bs=st.integers(1, 32), world=st.integers(1, 5), seed=st.integers(0, 100))
+def test_padded_evaluation_gives_equal_full_batches_and_its_real_parts_are_the_order_once(n, bs, world, seed):
+    order = epoch_order(seed, 0, n)
+    shares = [rank_indices(order, bs, r, world, drop_last=False, even="pad") for r in range(world)]
+    counts = [real_counts(n, bs, r, world, drop_last=False, even="pad") for r in range(world)]
+    batches = -(-n // (bs * world))  # rounds of one batch per rank
+    if world > 1:
+        assert [len(s) for s in shares] == [batches * bs] * world  # full batches, the same number on every rank
+    else:
+        assert torch.equal(shares[0], order)  # one rank: nothing repeated, only the last batch short
+    assert [len(c) for c in counts] == [batches] * world
+    # Round by round, rank after rank (the order a gather concatenates in), the real parts are the order.
+    real = [s[j * bs : j * bs + cs[j]] for j in range(batches) for s, cs in zip(shares, counts, strict=True)]
+    assert torch.equal(torch.cat(real), order)
+    # Accelerate keeps the first `remainder` samples of the last gathered round: exactly its real ones.
+    remainder = gather_remainder(n, bs, world, even="pad")
+    last_round_real = sum(cs[-1] for cs in counts)
+    assert last_round_real == (remainder or min(n, world * bs))
+    assert all(c == bs for cs in counts for c in cs[:-1])  # repeats only in the last round
+
+
+@given(
+    n=st.integers(1, 300),
+    bs=st.integers(1, 16),
+    world=st.integers(1, 4),
+    drop_last=st.booleans(),
+    even=st.booleans(),
+    local=st.booleans(),
+)
+def test_real_counts_match_the_batches_served_and_count_every_sample_once(n, bs, world, drop_last, even, local):
+    assume(not local or n >= world)
+    seen = []
+    for r in range(world):
+        if local:
+            size = len(range(r, n, world))
+            mine = local_indices(epoch_order(0, 0, size), bs, n, world, drop_last, even) * world + r  # global ids
+        else:
+            mine = rank_indices(epoch_order(0, 0, n), bs, r, world, drop_last, even)
+        counts = real_counts(n, bs, r, world, drop_last, even, shard="local" if local else "full")
+        assert len(counts) == -(-len(mine) // bs)
+        seen += [i for j, c in enumerate(counts) for i in mine[j * bs : j * bs + c].tolist()]
+    assert len(seen) == len(set(seen))  # no repeat counted
+    if not drop_last:
+        assert sorted(seen) == list(range(n))  # every sample counted
+
+
+def test_real_counts_and_remainder_at_the_readme_sizes():
+    # 2 ranks, batches of 8: 90 samples -> 6 rounds of 16 with 6 repeats; 96 -> none; 101 -> 7 rounds, 11 repeats.
+    assert [real_counts(90, 8, r, 2, False, "pad") for r in range(2)] == [(8,) * 6, (8,) * 5 + (2,)]
+    assert [real_counts(96, 8, r, 2, False, "pad") for r in range(2)] == [(8,) * 6, (8,) * 6]
+    assert [real_counts(101, 8, r, 2, False, "pad") for r in range(2)] == [(8,) * 6 + (5,), (8,) * 6 + (0,)]
+    assert [gather_remainder(n, 8, 2, "pad") for n in (90, 96, 101)] == [10, 0, 5]
+    assert gather_remainder(101, 8, 2, even=True) == gather_remainder(101, 8, 2, even=False) == -1
+    # Training's padding: a whole batch of repeats, then the ragged tail (9 samples, batches of 2, 3 ranks).
+    assert [real_counts(9, 2, r, 3, False, True) for r in range(3)] == [(2, 2), (2, 0), (2, 1)]
+
+
+def test_even_modes_are_checked_with_the_fix_in_the_message():
+    assert as_even(True) is True and as_even(np.bool_(False)) is False and as_even("pad") == "pad"
+    with pytest.raises(ConfigError, match=r"even='yes' must be True .*'pad' .*False"):
+        as_even("yes")
+    with pytest.raises(ConfigError, match=r"even='pad' .*drop_last=True.*pass drop_last=False"):
+        as_even("pad", drop_last=True)
+    with pytest.raises(ConfigError, match=r"even='pad' with shard='local'.*use shard='full'"):
+        as_even("pad", shard="local")

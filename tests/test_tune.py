@@ -111,3 +111,40 @@ def test_no_trial_reports_more_than_the_cores_can_compute():
     cfg = tune_dataloader(BusyDataset(225, 0.002), batch_size=32, time_budget_s=5, max_workers=2, progress=False)
     for t in cfg.table:
         assert t.images_per_s < 1.25 * 500 * min(max(1, t.num_workers), usable_cores()), cfg.table
+
+
+def _fixed_trials(monkeypatch, rates: dict[int, tuple[float, float]]):
+    """Trials with set results: ``{num_workers: (images/s, spread)}`` (prefetch and pinning as fast as their count)."""
+    from gpufeed import tune as tune_module
+    from gpufeed.tune import Trial
+
+    def trial(dataset, batch_size, workers, pin, prefetch, device, batches, collate_fn):
+        rate, spread = rates[workers]
+        return Trial(workers, pin, prefetch if workers else None, rate, 0.01, spread)
+
+    monkeypatch.setattr(tune_module, "_trial", trial)
+
+
+def test_a_gain_inside_the_noise_is_no_gain_and_the_defaults_are_kept(monkeypatch):
+    # the issue's case: 1.15x beside trials that differed by up to 42%
+    _fixed_trials(monkeypatch, {0: (1000.0, 0.42), 1: (1150.0, 0.1), 2: (1100.0, 0.2)})
+    cfg = tune_dataloader(TensorDataset(torch.zeros(64, 2)), batch_size=8, time_budget_s=5, max_workers=2)
+    assert cfg.kwargs == {"batch_size": 8, "num_workers": 0, "pin_memory": False} and cfg.speedup == 1.0
+    assert cfg.noise == 0.42 and max(t.images_per_s for t in cfg.table) == 1150.0
+    note = next(n for n in cfg.notes if n.startswith("no gain measured"))
+    assert "(num_workers=1, 1.15x the defaults) is within the 42% noise" in note
+
+
+def test_a_gain_beyond_the_noise_is_kept(monkeypatch):
+    _fixed_trials(monkeypatch, {0: (1000.0, 0.42), 1: (1900.0, 0.1), 2: (3000.0, 0.3)})
+    cfg = tune_dataloader(TensorDataset(torch.zeros(64, 2)), batch_size=8, time_budget_s=5, max_workers=2)
+    assert cfg.num_workers == 2 and cfg.speedup == 3.0 and cfg.noise == 0.42
+    assert not any(n.startswith("no gain measured") for n in cfg.notes)
+
+
+def test_tune_caps_a_huge_max_workers_with_a_warning(monkeypatch):
+    monkeypatch.setattr("gpufeed.device.usable_cores", lambda: 1)
+    _fixed_trials(monkeypatch, {w: (1000.0 * (1 + w), 0.01) for w in range(5)})
+    with pytest.warns(UserWarning, match=r"max_workers=1000000 is more than 4 per usable core .*: using 4"):
+        cfg = tune_dataloader(TensorDataset(torch.zeros(64, 2)), batch_size=8, time_budget_s=5, max_workers=10**6)
+    assert max(t.num_workers for t in cfg.table) == 4

@@ -1,6 +1,8 @@
 """Bad input a person hands gpufeed: a typed error naming the argument or sample and the fix, or a warning
 where the input is legal but suspicious."""
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -62,9 +64,11 @@ def test_an_epoch_empty_on_every_rank_names_the_ranks_but_evaluation_shares_may_
 @pytest.mark.parametrize("name", ["shuffle", "drop_last", "channels_last", "even"])
 @pytest.mark.parametrize("value", ["no", "False", 1, None])
 def test_flags_must_be_bools(name, value):
-    with pytest.raises(ConfigError, match=rf"{name}={value!r} must be True or False"):
+    # even= also takes 'pad' (evaluation), listed between True and False in its message
+    message = rf"{name}={value!r} must be True (or False|.*'pad'.* or False)"
+    with pytest.raises(ConfigError, match=message):
         _loader(**{name: value})
-    with pytest.raises(ConfigError, match=rf"{name}={value!r} must be True or False"):
+    with pytest.raises(ConfigError, match=message):
         gf.accelerate(cifar_like(8, transform=T.ToTensor()), batch_size=4, device="cpu", **{name: value})
 
 
@@ -202,3 +206,81 @@ def test_tensor_dataset_labels_keep_working():
     ds = TensorDataset(indexed_images(6), torch.arange(6, dtype=torch.int32))
     loader = gf.accelerate(ds, batch_size=3, device="cpu", shuffle=False, dtype=None, progress=False)
     assert [y.tolist() for _, y in loader] == [[0, 1, 2], [3, 4, 5]]
+
+
+# -- arguments that raised raw Python errors, or were served silently ----------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", ["float32", np.float32, float])
+def test_a_dtype_that_is_not_a_torch_dtype_is_a_config_error_naming_it(dtype):
+    with pytest.raises(ConfigError, match=r"dtype=.* must be a torch.dtype \(e.g. torch.float32\)"):
+        _loader(dtype=dtype)
+
+
+class _Length(Dataset):
+    def __init__(self, length):
+        self.length = length
+
+    def __len__(self):
+        return self.length
+
+    def __getitem__(self, i):
+        return torch.zeros(3, 4, 4, dtype=torch.uint8), 0
+
+
+@pytest.mark.parametrize("length, kind", [(2.5, "float"), (-1, "int"), (None, "NoneType")])
+@pytest.mark.parametrize("call", ["accelerate", "tune"])
+def test_a_len_that_is_not_a_count_is_a_data_error_naming_len(length, kind, call):
+    run = {
+        "accelerate": lambda ds: gf.accelerate(ds, batch_size=2, device="cpu", cache=False, progress=False),
+        "tune": lambda ds: gf.tune_dataloader(ds, batch_size=2, time_budget_s=1, max_workers=0, progress=False),
+    }[call]
+    with pytest.raises(DataError, match=rf"len\(dataset\) is {length!r} \(_Length.__len__ returned a {kind}\)"):
+        run(_Length(length))
+
+
+def test_a_len_that_raises_keeps_the_user_s_own_error():
+    class Broken(_Length):
+        def __len__(self):
+            raise TypeError("my bug")
+
+    with pytest.raises(TypeError, match="my bug"):
+        gf.accelerate(Broken(3), batch_size=2, device="cpu", cache=False, progress=False)
+
+
+@pytest.mark.parametrize("shape, axis", [((4, 3, 0, 5), "height"), ((4, 3, 5, 0), "width"), ((4, 0, 5, 5), "channels")])
+def test_images_with_an_axis_of_zero_are_refused_not_served_as_empty_batches(shape, axis):
+    with pytest.raises(DataError, match=re.escape(f"images has shape {shape} (N, C, H, W): a {axis} of 0")):
+        DeviceLoader(torch.zeros(shape, dtype=torch.uint8), torch.arange(4), batch_size=2, device="cpu")
+
+
+def test_a_ragged_image_of_height_zero_names_the_image():
+    from gpufeed.augment import RandomResizedCrop
+    from gpufeed.augment.ragged import Ragged
+
+    shapes = torch.tensor([[3, 4, 4], [3, 0, 6], [3, 5, 5]])
+    sizes = shapes.prod(1)
+    ragged = Ragged(torch.zeros(int(sizes.sum()), dtype=torch.uint8), torch.cumsum(sizes, 0) - sizes, shapes)
+    with pytest.raises(DataError, match=r"ragged image 1 has shape \(3, 0, 6\)"):
+        DeviceLoader(ragged, torch.arange(3), batch_size=2, transform=RandomResizedCrop(4), device="cpu")
+
+
+def test_a_worker_count_past_four_per_core_is_capped_with_a_warning(monkeypatch):
+    from gpufeed.validate import as_workers
+
+    monkeypatch.setattr("gpufeed.device.usable_cores", lambda: 2)
+    with pytest.warns(
+        UserWarning, match=r"num_workers=1000000 is more than 4 per usable core \(2 cores here\): using 8"
+    ):
+        assert as_workers(10**6) == 8
+    assert as_workers(8) == 8
+    with pytest.raises(ConfigError, match="num_workers=-1 must be >= 0"):
+        as_workers(-1)
+
+
+def test_accelerate_with_a_million_workers_starts_a_few_and_says_so(monkeypatch):
+    monkeypatch.setattr("gpufeed.device.usable_cores", lambda: 1)
+    ds = cifar_like(40, transform=T.Compose([T.RandomCrop(32, padding=4), T.ToTensor()]))
+    with pytest.warns(UserWarning, match=r"num_workers=1000000 .* using 4"):
+        loader = gf.accelerate(ds, batch_size=8, device="cpu", cache=False, num_workers=10**6, progress=False)
+    assert sum(y.shape[0] for _, y in loader) == 40

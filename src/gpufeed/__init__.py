@@ -22,8 +22,10 @@ from .errors import (
     DataError,
     DeviceError,
     GpufeedError,
+    NotADataLoaderError,
     StateError,
     UnsupportedTransformError,
+    WorkerError,
 )
 from .fallback import FallbackLoader
 from .findings import Finding
@@ -46,10 +48,12 @@ __all__ = [
     "Finding",
     "GpufeedError",
     "LoaderConfig",
+    "NotADataLoaderError",
     "Plan",
     "Report",
     "StateError",
     "UnsupportedTransformError",
+    "WorkerError",
     "accelerate",
     "augment",
     "build_cache",

@@ -21,16 +21,18 @@ import torch
 
 from .augment.mix import as_mix
 from .augment.ragged import Ragged
-from .device import resolve_device
+from .device import host_available, resolve_device
 from .encoded import Encoded, file_samples
 from .errors import CacheWriteError, ConfigError, DataError, UnsupportedTransformError
 from .fallback import FallbackLoader
 from .ingest import Probe, RaggedError, UnbatchableError, probe
 from .loader import DeviceLoader
 from .plan import Plan, Split, build_batched, split_transform
+from .sampling import as_even
 from .sources import STORES, describe_store, fmt_bytes, load, load_ragged, takes_ragged
 from .spill import spill
-from .validate import as_flag, as_int, check_dataset, check_epoch
+from .validate import as_flag, as_int, as_workers, check_dataset, check_epoch
+from .wrappers import unwrap
 
 __all__ = ["DEVICE_BUDGET_FRACTION", "HOST_BUDGET_FRACTION", "STORES", "accelerate", "preflight"]
 
@@ -41,18 +43,26 @@ HOST_BUDGET_FRACTION = 0.5  # of the host memory available, for the pinned tier
 _DATASET = object()
 
 
-def _host_available() -> int:
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return 0
+def _share(fraction: float) -> str:
+    return "half" if fraction == 0.5 else f"{fraction:.0%}"
+
+
+def _host_budget() -> tuple[int, str]:
+    """The host tiers' budget and the sentence that says where it comes from (for the plan's note)."""
+    available, what = host_available()
+    return int(available * HOST_BUDGET_FRACTION), f"{_share(HOST_BUDGET_FRACTION)} of {what}"
 
 
 def _device_budget(device: torch.device, memory_budget: int | None) -> int:
+    return _budget(device, memory_budget)[0]
+
+
+def _budget(device: torch.device, memory_budget: int | None) -> tuple[int, str]:
+    """The device's budget in bytes and where the figure comes from."""
     if memory_budget is not None:
         if memory_budget < 0:
             raise ConfigError(f"{memory_budget=} must be >= 0 bytes")
-        return memory_budget
+        return memory_budget, "memory_budget"
     if device.type == "cuda":
         free, total = torch.cuda.mem_get_info(device)
         allocated, reserved = torch.cuda.memory_allocated(device), torch.cuda.memory_reserved(device)
@@ -60,20 +70,25 @@ def _device_budget(device: torch.device, memory_budget: int | None) -> int:
         get_fraction = getattr(torch.cuda, "get_per_process_memory_fraction", None)
         fraction = get_fraction(device) if get_fraction is not None else 1.0
         usable = min(free + reserved - allocated, int(fraction * total) - allocated)
-        return max(0, int(usable * DEVICE_BUDGET_FRACTION))
-    return int(_host_available() * HOST_BUDGET_FRACTION)
+        source = f"{_share(DEVICE_BUDGET_FRACTION)} of {device}'s free memory"
+        return max(0, int(usable * DEVICE_BUDGET_FRACTION)), source
+    return _host_budget()
 
 
 def _choose_tier(nbytes: int, device: torch.device, memory_budget: int | None) -> tuple[str, str]:
-    budget = _device_budget(device, memory_budget)
-    size, limit = fmt_bytes(nbytes), fmt_bytes(budget)
+    budget, source = _budget(device, memory_budget)
+    size, limit = fmt_bytes(nbytes), f"{fmt_bytes(budget)} ({source})"
     if nbytes <= budget:
         return "device", f"{size} fits the {device.type} budget of {limit}"
     if device.type != "cuda":  # the CPU's budget is host memory already
-        return "mmap", f"{size} exceeds the device budget of {limit} (host memory, on the CPU); memory-mapped file"
-    if nbytes <= int(_host_available() * HOST_BUDGET_FRACTION):
-        return "pinned", f"{size} exceeds the device budget of {limit}; fits pinned host memory"
-    return "mmap", f"{size} exceeds the device budget of {limit} and host memory; memory-mapped file"
+        return "mmap", f"{size} exceeds the device budget of {limit} (host memory on the CPU); memory-mapped file"
+    host, host_source = _host_budget()
+    if nbytes <= host:
+        return "pinned", f"{size} exceeds the device budget of {limit}; fits pinned host memory ({host_source})"
+    return "mmap", (
+        f"{size} exceeds the device budget of {limit} and the host budget of {fmt_bytes(host)} ({host_source}); "
+        "memory-mapped file"
+    )
 
 
 def accelerate(
@@ -95,13 +110,14 @@ def accelerate(
     progress: bool = True,
     rank: int | None = None,
     world_size: int | None = None,
-    even: bool = True,
+    even: bool | str = True,
     shard: str = "full",
     lock_timeout: float | None = None,
     store: str = "auto",
     max_side: int | None = None,
     mix: Any = None,
     views: int | Sequence[Any] = 1,
+    on_error: str = "error",
 ) -> DeviceLoader | FallbackLoader:
     """A loader over ``dataset`` that yields what ``DataLoader(dataset, ...)`` would, many times faster.
 
@@ -111,10 +127,12 @@ def accelerate(
 
     Args:
         dataset: a map-style dataset: torchvision's CIFAR10/100, MNIST, SVHN, STL10, ImageFolder,
-            a ``TensorDataset``, any dataset returning ``(image, label)``.
+            a ``TensorDataset``, any dataset returning ``(image, label)``; or torch's ``Subset`` (a
+            ``random_split`` part) or ``ConcatDataset`` of them, read as the datasets they wrap (the inner
+            transform is split, arrays and files read and cached as the inner dataset's).
         batch_size, shuffle, drop_last, seed: as for :class:`DeviceLoader`.
         device: where batches are made; ``None``: CUDA if available, else CPU.
-        transform: overrides ``dataset.transform``.
+        transform: overrides ``dataset.transform`` (for a ``Subset`` or ``ConcatDataset``, the inner datasets').
         dtype: the images' output dtype; ``None`` (default): what the pipeline itself returns (uint8
             for a pipeline that ends in uint8, float for one that ends in ToTensor/ToDtype/Normalize).
         channels_last: return images in ``torch.channels_last`` memory format.
@@ -152,6 +170,10 @@ def accelerate(
             ``TwoCropsTransform(base)`` is ``transform=base, views=2``). Or one torchvision pipeline per
             view (DINO's two global crops and several local ones, each its own size): they replace
             the dataset's transform and must share its deterministic part.
+        on_error: files of a folder that cannot be read or decoded (truncated, garbled, a header that
+            claims more than the file holds) are all found while the store is built: ``"error"``
+            (default) names every one in one DataError; ``"skip"`` leaves them out, with one warning
+            that lists them and a line in ``loader.plan`` (labels stay with their images).
 
     Example:
         >>> import torch, torchvision.transforms.v2 as v2
@@ -169,17 +191,25 @@ def accelerate(
         raise ConfigError("max_side shrinks a pixel store as it is decoded; store='jpeg' keeps the files as they are")
     if fallback not in ("error", "prefetch"):
         raise ConfigError(f"fallback={fallback!r} must be 'error' or 'prefetch'")
+    if on_error not in ("error", "skip"):
+        raise ConfigError(f"on_error={on_error!r} must be 'error' or 'skip'")
     # Checked before the data is read: a bad argument must not cost an ingest.
     check_dataset(dataset)
     batch_size, seed = as_int(batch_size, "batch_size", 1), as_int(seed, "seed")
     shuffle, drop_last = as_flag(shuffle, "shuffle"), as_flag(drop_last, "drop_last")
-    channels_last, even = as_flag(channels_last, "channels_last"), as_flag(even, "even")
+    channels_last, even = as_flag(channels_last, "channels_last"), as_even(even, drop_last, shard)
     check_epoch(len(dataset), batch_size, drop_last)  # the rank-aware check follows in the loader
     cache = _cache_option(cache)
     if dtype is not None and not isinstance(dtype, torch.dtype):
         raise ConfigError(f"dtype={dtype!r} must be a torch.dtype (e.g. torch.float32) or None")
     memory_budget = None if memory_budget is None else as_int(memory_budget, "memory_budget (bytes)", 0)
-    num_workers = None if num_workers is None else as_int(num_workers, "num_workers", 0)
+    num_workers = None if num_workers is None else as_workers(num_workers)
+    try:  # torch's Subset / random_split parts / ConcatDataset: their inner transform, files and arrays
+        dataset = unwrap(dataset)
+    except UnbatchableError as e:  # parts with different transforms: only the per-sample pipeline runs them
+        unwrapped_error: UnbatchableError | None = e
+    else:
+        unwrapped_error = None
     transform = getattr(dataset, "transform", None) if transform is _DATASET else transform
     dev = resolve_device(device)
     classes = getattr(dataset, "classes", None)  # torchvision datasets: labels must index it
@@ -200,6 +230,11 @@ def accelerate(
             raise why
         if views > 1:
             raise ConfigError(f"views={views} needs the batched path, and this pipeline is not batched: {why}")
+        if on_error == "skip":  # the per-sample pipeline reads the files as the user's DataLoader would
+            raise ConfigError(
+                f"on_error='skip' leaves bad files out of a store gpufeed builds, and this pipeline runs per sample "
+                f"instead ({why}); remove the bad files, or drop on_error"
+            )
         warnings.warn(
             f"gpufeed.accelerate falls back to per-sample DataLoader workers (slow path): {why}", stacklevel=3
         )
@@ -224,11 +259,13 @@ def accelerate(
     # Planned in full on a few samples before the dataset is read, so that anything the batched path
     # cannot do takes the fallback without an ingest (and fails fast without one).
     try:
-        split, probed = preflight(dataset, transform, cache_lambda)
+        if unwrapped_error is not None:
+            raise unwrapped_error
+        split, probed = preflight(dataset, transform, cache_lambda, on_error)
         takes = takes_ragged(build_batched(split.device, probed.dtype, probed.size, probed.pil))
         view_splits = [split]
         for other in (view_list or [])[1:]:  # each view planned as the first; one stored part for all
-            other_split, other_probe = preflight(dataset, other, cache_lambda)
+            other_split, other_probe = preflight(dataset, other, cache_lambda, on_error)
             if [repr(op) for op in other_split.cached] != [repr(op) for op in split.cached]:
                 raise ConfigError(
                     f"views: the pipelines' deterministic parts differ ({list(split.cached)} and "
@@ -240,22 +277,31 @@ def accelerate(
             view_splits.append(other_split)
         if (store == "jpeg" or max_side is not None) and not takes:
             what = "store='jpeg'" if store == "jpeg" else f"max_side={max_side}"
+            first = split.cached[0] if split.cached else (split.device[0] if split.device else None)
+            starts = f"this one starts with {type(first).__name__}" if first is not None else "this one is empty"
+            if transform is None:
+                starts = f"{type(dataset).__name__} has no transform (pass transform=, or the dataset's own)"
             raise ConfigError(
-                f"{what} keeps each image at its own size: it needs a recipe that starts with RandomResizedCrop"
+                f"{what} keeps each image at its own size: it needs a recipe that starts with RandomResizedCrop; "
+                f"{starts}"
             )
         budget = _device_budget(dev, memory_budget)
         # A folder read by torchvision's loader always goes by its files' headers: three probed samples of one
         # size say nothing about the rest.
         folder = takes and not split.cached and file_samples(dataset) is not None
         if probed.ragged is not None or folder or store == "jpeg" or max_side is not None:
-            src = load_ragged(dataset, split, cache, num_workers, progress, lock_timeout, store, budget, max_side)
+            src = load_ragged(
+                dataset, split, cache, num_workers, progress, lock_timeout, store, budget, max_side, on_error
+            )
         else:
             try:
-                src = load(dataset, split, cache, num_workers, progress, lock_timeout)
+                src = load(dataset, split, cache, num_workers, progress, lock_timeout, on_error)
             except RaggedError as e:  # sizes the probe did not see: kept as they are if the recipe allows
                 if not (e.sizes_only and takes):
                     raise
-                src = load_ragged(dataset, split, cache, num_workers, progress, lock_timeout, store, budget)
+                src = load_ragged(
+                    dataset, split, cache, num_workers, progress, lock_timeout, store, budget, on_error=on_error
+                )
     except (UnsupportedTransformError, UnbatchableError) as e:  # after the probe: what its samples did not show
         return slow_path(e)
     images, labels = src.images, src.labels
@@ -333,12 +379,14 @@ def accelerate(
     return loader
 
 
-def preflight(dataset: Any, transform: Any, cache_lambda: bool = False) -> tuple[Split, Probe]:
+def preflight(dataset: Any, transform: Any, cache_lambda: bool = False, on_error: str = "error") -> tuple[Split, Probe]:
     """The plan, checked on a few samples before the dataset is read: the split of ``transform``, and what
     the probed samples say. Raises UnsupportedTransformError or UnbatchableError for what the batched
     path cannot run (the fallback's cases), DataError for samples no loader could use."""
     split = split_transform(transform, cache_lambda)
-    probed = probe(dataset, split.cached_transform())
+    # A folder's bad files are all found while its store is built (and named in one error, or left out): the probe
+    # reads past them rather than failing on the first.
+    probed = probe(dataset, split.cached_transform(), "skip" if file_samples(dataset) is not None else on_error)
     batched = build_batched(split.device, probed.dtype, probed.size, probed.pil)
     if probed.ragged is not None and not (probed.sizes_only and takes_ragged(batched)):
         crop = next((op for op in getattr(batched, "transforms", []) if op.one_size_output), None)

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from .device import environment, resolve_device
+from .errors import ConfigError
 from .report import bar_chart, format_table
 from .train.loop import TrainConfig, train
 from .workers import default_workers
@@ -163,8 +164,24 @@ def run_bench(
     dev = resolve_device(device)
     base, sizing = sized_config(dev, model, train_size, test_size, batch_size, seed, data, image_size, val_data)
     datasets = datasets or load_datasets(base)
-    sizing = sizing.format(n=f"{min(base.train_size or len(datasets[0]), len(datasets[0])):,}")
-    log(f"gpufeed bench: {sizing}, batch {batch_size}, 2 epochs per rung (the second is timed)")
+    images = min(base.train_size or len(datasets[0]), len(datasets[0]))
+    if batch_size > images:  # every rung drops its last, partial batch: its epochs would be empty
+        raise ConfigError(
+            f"batch_size={batch_size} is more than the {images:,} training images: every epoch would be empty (the "
+            f"last, partial batch is dropped); use batch_size <= {images} (gpufeed bench --batch-size)"
+        )
+    sizing = sizing.format(n=f"{images:,}")
+    kept = images // batch_size * batch_size
+    dropped = f"; {images - kept:,} of them dropped by drop_last each epoch" if kept < images else ""
+    log(f"gpufeed bench: {sizing}, batch {batch_size} ({images // batch_size:,} batches per epoch{dropped}), "
+        "2 epochs per rung (the second is timed)")  # fmt: skip
+    shown: list[bool] = []
+
+    def show_plan(run: Any) -> None:  # once: the gpufeed rungs share the store and cache
+        if getattr(run.loader, "plan", None) is not None and not shown:
+            shown.append(True)
+            log("  gpufeed's plan:\n" + "\n".join(f"    {line}" for line in str(run.loader.plan).splitlines()))
+
     rows: list[Row] = []
     by_name = {r.name: r for r in ladder(default_workers())}
     rungs = [by_name[n] for n in only if n in by_name] if only else list(by_name.values())
@@ -188,7 +205,7 @@ def run_bench(
         )
         started = time.perf_counter()
         try:
-            records = train(cfg, datasets=datasets)
+            records = train(cfg, datasets=datasets, on_ready=show_plan)
         except Exception as e:
             if not keep_going:
                 raise
@@ -254,19 +271,31 @@ def _relate(rows: list[Row]) -> None:
         r.floor_ratio = r.epoch_s / floor.epoch_s if floor and floor.epoch_s else None
 
 
+def _best_dataloader(rows: list[Row]) -> Row | None:
+    """The fastest plain DataLoader rung that ran (tuned workers usually), the fair comparison for gpufeed."""
+    ran = [r for r in rows if r.name.startswith("torchvision DataLoader") and r.epoch_s]
+    return min(ran, key=lambda r: r.epoch_s or 0.0) if ran else None
+
+
 def summary(rows: list[Row], device: torch.device) -> str:
-    """One sentence: what the ladder shows on this machine (data-bound or model-bound, the loader's share)."""
+    """One sentence: what the ladder shows on this machine (data-bound or model-bound, the loader's share), gpufeed
+    compared with the best DataLoader rung (not only with ``num_workers=0``)."""
     by_name = {r.name: r for r in rows if r.epoch_s is not None}
     first = _baseline(rows)
     base, ours, floor = (by_name.get(n) for n in (first.name if first else "", "gpufeed", FP32))
     if base is None or ours is None or floor is None or not (base.epoch_s and ours.epoch_s and floor.epoch_s):
         return "(too few rungs ran to say what limits training here)"
+    best = _best_dataloader(rows) or base
+    assert best.epoch_s is not None
     bound = "data-bound" if (base.data_wait_fraction or 0) >= 0.25 else "model-bound"
+    versus = f"{best.epoch_s / ours.epoch_s:.1f}x the best DataLoader rung ({best.name})"
+    if best is not base:
+        versus += f", {base.epoch_s / ours.epoch_s:.1f}x num_workers=0"
     return (
         f"On this {device.type.upper()}, the plain DataLoader epoch is {bound}: it waits for data "
         f"{base.data_wait_fraction or 0:.0%} of its {base.epoch_s:.2f} s, where the model alone takes "
         f"{floor.epoch_s:.2f} s; gpufeed waits {ours.data_wait_fraction or 0:.1%} and runs at "
-        f"{ours.epoch_s / floor.epoch_s:.2f}x the model alone ({base.epoch_s / ours.epoch_s:.1f}x the DataLoader)"
+        f"{ours.epoch_s / floor.epoch_s:.2f}x the model alone ({versus})"
         + (": the model, not the data, is the cost here" if bound == "model-bound" else "")
         + "."
     )

@@ -59,8 +59,10 @@ def build_cache(
     """
     from .plan import split_transform
     from .validate import check_dataset
+    from .wrappers import unwrap
 
     check_dataset(dataset)
+    dataset = unwrap(dataset)  # a Subset / ConcatDataset: the samples and transform of what it wraps
     split = split_transform(getattr(dataset, "transform", None) if transform is _DATASET else transform, cache_lambda)
     key = cache_key(dataset, split.cached)
     if key is None:
@@ -69,8 +71,13 @@ def build_cache(
             "or an opaque transform such as a Lambda), so a cache on disk could later be matched to other data; "
             "use gpufeed.accelerate(..., cache=False) to keep it in memory instead"
         )
+    from .sources import describe_source
+
     target = Path(path).expanduser() if path is not None else entry_path(dataset, key, root)
-    cache, _ = load_or_ingest(dataset, split, target, key, lambda data: True, num_workers, progress, lock_timeout)
+    meta = {"source": describe_source(dataset), "pipeline": {"cached": [repr(op) for op in split.cached]}}
+    cache, _ = load_or_ingest(
+        dataset, split, target, key, lambda data: True, num_workers, progress, lock_timeout, meta=meta
+    )
     assert cache is not None
     return cache
 
@@ -108,6 +115,7 @@ def load_or_ingest(
     strict: bool = True,
     read: Callable[[], Any] | None = None,
     resume: Callable[[Path, str], Any] | None = None,
+    meta: dict[str, Any] | None = None,
 ) -> tuple[Cache | None, Any]:
     """The entry at ``target`` if it is valid and has ``key``; else a fresh ingest, stored when ``persist(data)``.
 
@@ -122,8 +130,15 @@ def load_or_ingest(
     build once. A damaged entry is rebuilt with a warning; a path that is not gpufeed's is refused
     before anything is created beside it. ``strict=False`` (accelerate): a location that cannot be
     written gives ``(None, data)`` and one warning instead of a CacheWriteError.
+
+    ``meta``: what the entry records besides (``"source"``, ``"pipeline"``). Once it is written, the entries
+    beside it of the same source and pipeline under another key are removed, then the least recently used
+    ones while the root is over ``$GPUFEED_CACHE_LIMIT`` (:mod:`gpufeed.cache.usage`; never one in use).
     """
+    from .cache.usage import cache_limit, enforce_limit, remove_superseded
     from .ingest import ingest
+
+    cache_limit()  # a bad limit is an error before anything is read
 
     lock_timeout = resolve_lock_timeout(lock_timeout)  # a bad value is an error even on a hit
     hit = _current(target, key, announce=False)  # entries appear by one rename: no lock needed to read
@@ -162,7 +177,7 @@ def load_or_ingest(
         try:
             # Verified when asked for a cache; accelerate skips the re-read: the bytes were hashed as they
             # were written, and reading them back would hold a second copy of the images in memory.
-            cache = store(target, key, split, data, verify=strict, adopt=data.files)
+            cache = store(target, key, split, data, verify=strict, adopt=data.files, meta=meta)
         except CacheWriteError as e:
             _drop_progress(target, resume)  # no room or no right to write: give the room back
             if strict:
@@ -170,6 +185,9 @@ def load_or_ingest(
             _in_memory(e)
             return None, data
         _drop_progress(target, resume)
+        # Under the new entry's build lock: no other build of it runs. The old ones go only when unused.
+        remove_superseded(target, cache.manifest)
+        enforce_limit(target.parent, keep=target)
         return cache, data
 
 
@@ -207,28 +225,39 @@ def _check_outside_dataset(dataset: Any, target: Path) -> None:
 
 
 def store(
-    target: Path, key: str, split: Any, data: Any, verify: bool = True, adopt: dict[str, Path] | None = None
+    target: Path,
+    key: str,
+    split: Any,
+    data: Any,
+    verify: bool = True,
+    adopt: dict[str, Path] | None = None,
+    meta: dict[str, Any] | None = None,
 ) -> Cache:
     """Write ingested data (:class:`gpufeed.ingest.Ingested`) as the entry ``target`` and open it (``adopt``:
-    see :func:`gpufeed.cache.write_cache`)."""
+    see :func:`gpufeed.cache.write_cache`; ``meta``: recorded besides). A folder's read
+    (:class:`gpufeed.sources.FolderRead`) adds the files it left out and its files' names and hashes."""
     from .augment.ragged import Ragged
     from .encoded import Encoded
 
-    meta: dict[str, Any] = {
+    record: dict[str, Any] = {
         "cached": [repr(op) for op in split.cached],
         "ingest": data.path,
         "ingest_seconds": round(data.seconds, 3),
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
+        **(meta or {}),
     }
+    skipped = getattr(data, "skipped", ())
+    if skipped:
+        record["skipped"] = [{"path": p, "why": why} for p, why in skipped]
     images = data.images
     if isinstance(images, Ragged):
-        meta.update(store="pixels", hwc=images.hwc)
+        record.update(store="pixels", hwc=images.hwc)
         arrays = {"pixels": images.data, "starts": images.starts, "shapes": images.shapes}
     elif isinstance(images, Encoded):
-        meta["store"] = "jpeg"
+        record["store"] = "jpeg"
         arrays = {k: getattr(images, k) for k in ("starts", "lengths", "shapes", "jpeg")} | {"bytes": images.data}
     else:
-        meta["store"] = "dense"
+        record["store"] = "dense"
         arrays = {"images": images}
-    write_cache(target, key, {**arrays, "labels": data.labels}, meta, adopt)
+    write_cache(target, key, {**arrays, **getattr(data, "extra", {}), "labels": data.labels}, record, adopt)
     return open_cache(target, verify=verify)

@@ -3,17 +3,114 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import torch
 
 from .errors import DeviceError
 
-__all__ = ["environment", "resolve_device", "sync", "usable_cores"]
+__all__ = ["environment", "host_available", "resolve_device", "sync", "usable_cores"]
+
+# A cgroup v1 "no limit" is a huge number (9223372036854771712), not a word: past this, it is no limit.
+_NO_LIMIT = 1 << 60
 
 
 def usable_cores() -> int:
     """CPU cores this process may run on (its affinity mask, which containers narrow), at least 1."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None  # "max" (cgroup v2's no limit) or unreadable: None
+
+
+def _mem_available(meminfo: Path) -> int | None:
+    """``MemAvailable`` from ``/proc/meminfo``: free memory plus the page cache and slabs the kernel can reclaim.
+    ``MemFree`` leaves the cache out: after reading files it fell to 107 MiB on a 24 GiB machine whose
+    ``MemAvailable`` stayed near 23 GB."""
+    try:
+        for line in meminfo.read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024  # kB
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _cgroup_paths(root: Path, self_cgroup: Path) -> list[Path]:
+    """The folders that may hold this process's memory controller: its own cgroup, then the mount's root (what
+    a container sees when the cgroup namespace puts it at the root)."""
+    found: list[Path] = []
+    try:
+        for line in self_cgroup.read_text().splitlines():
+            _, controllers, rel = line.split(":", 2)
+            if controllers == "":  # cgroup v2
+                found.append(root / rel.lstrip("/"))
+            elif "memory" in controllers.split(","):  # cgroup v1
+                found.append(root / "memory" / rel.lstrip("/"))
+    except (OSError, ValueError):
+        pass
+    return [*found, root, root / "memory"]
+
+
+def _cgroup_room(root: Path, self_cgroup: Path) -> tuple[int, int] | None:
+    """``(limit - usage, limit)`` of this process's memory cgroup (v2 ``memory.max``/``memory.current``, v1
+    ``memory.limit_in_bytes``/``memory.usage_in_bytes``), the inactive page cache counted as free, as the
+    kernel reclaims it before the limit bites; ``None`` without a limit."""
+    for folder in _cgroup_paths(root, self_cgroup):
+        for limit_name, usage_name, cache_name in (
+            ("memory.max", "memory.current", "inactive_file"),
+            ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file"),
+        ):
+            limit, usage = _read_int(folder / limit_name), _read_int(folder / usage_name)
+            if limit is None or usage is None or limit >= _NO_LIMIT:
+                continue
+            cache = 0
+            try:
+                for line in (folder / "memory.stat").read_text().splitlines():
+                    key, _, value = line.partition(" ")
+                    if key == cache_name and value.strip().isdigit():
+                        cache = int(value)
+            except OSError:
+                pass
+            return max(0, limit - max(0, usage - cache)), limit
+    return None
+
+
+def fmt_bytes(nbytes: int) -> str:
+    return f"{nbytes / 2**30:.2f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.1f} MiB"
+
+
+def host_available(
+    meminfo: str | Path = "/proc/meminfo",
+    cgroup_root: str | Path = "/sys/fs/cgroup",
+    self_cgroup: str | Path = "/proc/self/cgroup",
+) -> tuple[int, str]:
+    """Host memory this process can still use, in bytes, and which figure that is (for the plan to say).
+
+    The smaller of the kernel's ``MemAvailable`` (psutil's ``available`` where there is no ``/proc``) and the
+    room left under this process's cgroup memory limit, if it has one. The paths are arguments so a test can
+    give fake files.
+
+    Example:
+        >>> nbytes, what = host_available()
+        >>> nbytes > 0 and ("MemAvailable" in what or "available" in what or "cgroup" in what)
+        True
+    """
+    available = _mem_available(Path(meminfo))
+    what = "MemAvailable"
+    if available is None:
+        import psutil
+
+        available, what = int(psutil.virtual_memory().available), "available memory (psutil)"
+    room = _cgroup_room(Path(cgroup_root), Path(self_cgroup))
+    if room is not None and room[0] < available:
+        return room[0], f"the room left under the cgroup memory limit of {fmt_bytes(room[1])}, {fmt_bytes(room[0])}"
+    return available, f"{what} {fmt_bytes(available)}"
 
 
 def sync(device: torch.device) -> None:

@@ -6,9 +6,19 @@ NOTE [ When an epoch is claimed ]
   which must not cost an epoch.
 - Claiming advances the loader to the next epoch, so a loop that never calls ``set_epoch`` still
   sees a new order each pass.
-- An iterator dropped part-way (``break``, Lightning's ``limit_train_batches``) ends its epoch:
-  ``state_dict()`` then says what the next iteration will serve (the next epoch), not where the
-  abandoned one stopped.
+- An iteration interrupted part-way -- its iterator dropped (``break``, Lightning's
+  ``limit_train_batches``) or an exception raised through it (a dead worker) -- ends its epoch in
+  this process: a new ``for`` on the same loader serves the next epoch. But the position where it
+  stopped is remembered: ``state_dict()`` records (that epoch, the batches served), so a fresh loader
+  that loads it finishes the epoch first (the preemption pattern: a SIGTERM handler sets a flag, the
+  loop breaks, the state is saved, the job exits; as torchdata's ``StatefulDataLoader``). A new
+  iteration, ``set_epoch`` or ``load_state_dict`` forgets it; a trainer that shortened the epoch on
+  purpose resumes with ``set_epoch(e + 1)`` (Lightning does), which starts the next epoch.
+  ``set_epoch(e, batch=n)`` (or ``load_state_dict(loader.state_dict())``) continues the interrupted
+  epoch in the same process.
+- ``loader.epoch`` is the epoch being iterated up to and including its last batch, then the next one.
+  An epoch whose batches have all been handed out holds nothing more: a new iteration started then
+  (its iterator not yet exhausted) claims the next epoch, not a side pass.
 - While an iteration is in progress (its iterator still referenced and not exhausted), a second
   one -- ``next(iter(loader))`` inside the loop to log a batch, ``zip(loader, loader)`` -- is a
   side pass: it serves the same epoch from its start, as a ``DataLoader`` whose sampler's epoch
@@ -31,6 +41,7 @@ end_of_dataloader`` turns true on an epoch's last batch and gradient accumulatio
 
 from __future__ import annotations
 
+import os
 import sys
 import weakref
 from collections.abc import Iterator
@@ -40,13 +51,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from .errors import ConfigError, DataError, StateError
-from .sampling import derive_seed
-from .validate import as_int
+from .errors import ConfigError, DataError, NotADataLoaderError, StateError
+from .identity import differences
+from .sampling import derive_seed, gather_remainder, real_counts
+from .validate import as_flag, as_int
 
 _MIX_STREAM = 0x4D4958  # "MIX": keeps the mixing draws apart from every other stream of the seed
 
-__all__ = ["STATE_VERSION", "EpochLoader", "check_world", "resume_position"]
+__all__ = ["STATE_VERSION", "EpochLoader", "check_explicit_world", "check_world", "resume_position"]
 
 STATE_VERSION = 1
 
@@ -70,6 +82,10 @@ class EpochLoader:
     config: Any  # loader._Config: what fixes the sequence of batches
     _explicit_world: bool  # rank and world_size were given, not read from the process group
     mix: Any = None  # batch-level MixUp / CutMix (gpufeed.augment.mix), applied to every batch served
+    # load_state_dict's default for strict= (NOTE [ What a state belongs to ] in gpufeed.identity): a trainer
+    # calls load_state_dict(state) itself, so this is where its user says that a changed transform is on purpose.
+    strict_state: bool = True
+    _stopped: tuple[int, int] | None = None  # (epoch, batches served) of an interrupted epoch, until a new claim
 
     def _mixed(self, batch: Any, epoch: int, index: int) -> Any:
         """``batch`` mixed by ``mix``, with draws from (seed, epoch, rank, batch): a resumed epoch mixes alike."""
@@ -87,10 +103,23 @@ class EpochLoader:
         # The claimed epoch's position, shared with its iterator, until the iterator is exhausted or dropped,
         # or set_epoch / load_state_dict detach it.
         self._live: _Position | None = None
+        self._stopped = None
+        self._built_pid = os.getpid()  # a loader iterated in another process was copied there (ddp_spawn)
 
     @property
     def sampler(self) -> _EpochControl:
         return _EpochControl(self)
+
+    # Lightning reads ``batch_sampler`` of every evaluation loader (to warn about shuffling); None: batches
+    # come from the loader itself, as a DataLoader built with batch_size=None says.
+    batch_sampler = None
+
+    @property
+    def real_counts(self) -> tuple[int, ...]:
+        """Per batch of an epoch on this rank: how many of its first samples are real, the rest repeats that
+        pad the epoch (``even=True`` or ``"pad"``); see :func:`gpufeed.sampling.real_counts`."""
+        c = self.config
+        return real_counts(c.n, c.batch_size, c.rank, c.world_size, c.drop_last, c.even, c.shard)
 
     def __len__(self) -> int:
         raise NotImplementedError
@@ -101,9 +130,9 @@ class EpochLoader:
 
     @property
     def epoch(self) -> int:
-        """The epoch being iterated, or the one the next iteration will serve."""
-        live = self._live_position()
-        return live.epoch if live is not None else self._epoch
+        """The epoch being iterated (up to and including its last batch), or the one the next iteration serves."""
+        live = self._live
+        return live.epoch if live is not None and not live.done else self._epoch
 
     def set_epoch(self, epoch: int, batch: int | None = None) -> None:
         """Serve ``epoch`` on the next iteration (as ``DistributedSampler.set_epoch``); see NOTE [ When an
@@ -115,7 +144,7 @@ class EpochLoader:
                 raise ConfigError(f"batch={offset} is past the end of an epoch of {len(self)} batches")
         else:
             offset = self._offset if epoch == self._epoch else 0  # keep a position loaded for this epoch
-        self._live = None  # a running iteration serves the rest of its epoch, detached
+        self._live, self._stopped = None, None  # a running iteration serves the rest of its epoch, detached
         self._epoch, self._offset = epoch, offset
 
     def __iter__(self) -> Iterator[Any]:
@@ -124,49 +153,92 @@ class EpochLoader:
     def _claim(self) -> tuple[_Position, bool]:
         """The position a new iteration serves, and whether it is a side pass (NOTE [ When an epoch is claimed ])."""
         check_world(self.config.world_size, self._explicit_world, type(self).__name__)
+        check_explicit_world(self.config, self._explicit_world, self._built_pid, type(self).__name__)
         live = self._live_position()
         if live is not None:
             return _Position(live.epoch, 0, done=True), True
+        self._stopped = None
         self._live = _Position(self._epoch, self._offset)
         self._epoch, self._offset = self._epoch + 1, 0
         return self._live, False
 
     def _live_position(self) -> _Position | None:
-        return self._live if self._live is not None and not self._live.done else None
+        """The claimed epoch, while it still has batches to hand out."""
+        live = self._live
+        return live if live is not None and not live.done and live.next_batch < len(self) else None
+
+    def _interrupted(self, position: _Position) -> None:
+        """``position``'s iteration was dropped or failed part-way: remember where, for ``state_dict``."""
+        if self._live is position and position.next_batch < len(self):
+            self._stopped = (position.epoch, position.next_batch)
 
     def state_dict(self) -> dict[str, Any]:
         """Where the loader stands: the epoch and the next batch within it, plus what fixes them."""
         from dataclasses import asdict
 
         live = self._live_position()
-        epoch, batch = (live.epoch, live.next_batch) if live is not None else (self._epoch, self._offset)
+        if live is not None:
+            epoch, batch = live.epoch, live.next_batch
+        elif self._stopped is not None:  # NOTE [ When an epoch is claimed ]: an interrupted epoch resumes there
+            epoch, batch = self._stopped
+        else:
+            epoch, batch = self._epoch, self._offset
         state = {"version": STATE_VERSION, "loader": self.kind, "epoch": epoch, "batch": batch, **asdict(self.config)}
-        return {**state, **self._batch_forms()}
+        return {**state, **self._batch_forms(), "fingerprint": self._fingerprint()}
 
     def _batch_forms(self) -> dict[str, Any]:
         """What else fixes the batches served: the mixing and the number of views."""
         return {"mix": repr(self.mix) if self.mix is not None else None, "views": int(getattr(self, "views", 1))}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def _fingerprint(self) -> dict[str, Any]:
+        """What the batches are made of and how, as ``gpufeed.identity`` describes them (subclasses fill it)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any], strict: bool | None = None) -> None:
         """Continue from ``state`` (saved on any rank of the same world size): the next iteration yields
-        exactly the batches the saved run had left."""
+        exactly the batches the saved run had left.
+
+        A state of other data or another pipeline is refused, naming what differs (NOTE [ What a state
+        belongs to ] in :mod:`gpufeed.identity`); ``strict=False`` (default: ``loader.strict_state``) loads
+        its position anyway, for a pipeline changed on purpose. The order's configuration must always match.
+        """
         from dataclasses import asdict
 
         epoch, offset = resume_position(state, self.kind, asdict(self.config), len(self))
-        for key, mine in self._batch_forms().items():  # states saved before these were recorded have neither
-            if key in state and state[key] != mine:
-                raise StateError(
-                    f"state: saved with {key}={state[key]!r}, but this loader has {key}={mine!r}; the resumed "
-                    "batches would differ from the saved run's: build the loader as it was"
-                )
-        self._live = None  # as set_epoch: a running iteration is detached, not cut short
+        strict = self.strict_state if strict is None else as_flag(strict, "strict")
+        saved = state.get("fingerprint")
+        # States saved before these were recorded have none of them; each key is compared where both have it.
+        found = differences(state, self._batch_forms()) + differences(
+            saved if isinstance(saved, dict) else {}, self._fingerprint()
+        )
+        if strict and found:
+            raise StateError(
+                f"state: {'; '.join(found)}. It belongs to other data or another pipeline, and the resumed batches "
+                "would differ from the saved run's: build the loader as it was (images and pixels: the dataset and "
+                "the cached part of its transform; transform, dtype, channels_last: the batched part). If you "
+                "changed it on purpose, load the position anyway with loader.load_state_dict(state, strict=False), "
+                "or set loader.strict_state = False before a trainer (Lightning, Accelerate) loads it"
+            )
+        self._live, self._stopped = None, None  # as set_epoch: a running iteration is detached, not cut short
         self._epoch, self._offset = epoch, offset
+
+    def __getattr__(self, name: str) -> Any:
+        # Only called for attributes the loader lacks. Code written for a DataLoader reads these; a typed error
+        # names gpufeed's way (still an AttributeError, so hasattr() and getattr(loader, name, default) work).
+        if name == "dataset":  # accelerator.skip_first_batches(loader, n) reads it first, to rebuild a DataLoader
+            raise NotADataLoaderError(
+                f"{type(self).__name__} has no .dataset: it is not a torch DataLoader, so Accelerate's "
+                "skip_first_batches cannot rebuild it. To skip the first n batches of an epoch, call "
+                "loader.set_epoch(epoch, batch=n) and iterate the loader itself (a state loaded with "
+                "load_state_dict, e.g. by accelerator.load_state, already resumes mid-epoch)"
+            )
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
 
 @dataclass
 class _Position:
     """Where a claimed epoch stands: the next batch it yields, and whether it no longer holds the loader's
-    bookkeeping (exhausted, or its iterator dropped; a side pass never holds it)."""
+    bookkeeping (exhausted, its iterator dropped or failed; a side pass never holds it)."""
 
     epoch: int
     next_batch: int
@@ -193,16 +265,27 @@ class _Epoch:
             self._source = self.loader._batches(self.position.epoch, self.position.next_batch, side)
             self._accelerate = _gradient_state(self)
         p = self.position
-        if p.next_batch >= self.total:
+        if self._source is None or p.next_batch >= self.total:  # exhausted, or failed before (as a generator)
             p.done = True
             self._release()
             raise StopIteration
-        batch = self.loader._mixed(next(self._source), p.epoch, p.next_batch)  # type: ignore[arg-type]
+        try:
+            batch = self.loader._mixed(next(self._source), p.epoch, p.next_batch)
+        except BaseException:  # a dead worker, a sample that raised, Ctrl-C: this iteration is over
+            self._stop()
+            raise
         p.next_batch += 1
+        # Still this epoch's (loader.epoch reads it) until exhausted; Accelerate keeps it registered until then.
         self.end_of_dataloader = p.next_batch >= self.total
-        # At the end the position is the next epoch's start; Accelerate keeps this registered until exhausted.
-        p.done = p.done or self.end_of_dataloader
         return batch
+
+    def _stop(self) -> None:
+        """Dropped or failed part-way: the loader remembers where (NOTE [ When an epoch is claimed ])."""
+        p = self.position
+        if p is not None and not p.done:
+            p.done = True
+            self.loader._interrupted(p)
+        self._release()
 
     def _release(self) -> None:
         self._source = None
@@ -214,9 +297,7 @@ class _Epoch:
         # Dropped part-way (``break``): the epoch is over for the bookkeeping, and Accelerate must not keep
         # it as its active loader.
         try:
-            if self.position is not None:
-                self.position.done = True
-            self._release()
+            self._stop()
         except Exception:  # at interpreter shutdown there is nothing left to clean up
             pass
 
@@ -225,10 +306,11 @@ class _AccelerateView:
     """What Accelerate's GradientState holds while an epoch runs. It reads the iterator through a weak
     reference: a strong one would keep a dropped iterator alive, and with it its epoch."""
 
-    remainder = -1  # gather_for_metrics: unknown padding, keep every gathered sample
-
     def __init__(self, it: _Epoch) -> None:
         self._it = weakref.ref(it)
+        # gather_for_metrics keeps this many samples of the last gathered batch (-1: all of them)
+        c = it.loader.config
+        self.remainder = gather_remainder(c.n, c.batch_size, c.world_size, c.even)
 
     @property
     def end_of_dataloader(self) -> bool:
@@ -265,6 +347,30 @@ def check_world(world_size: int, explicit: bool, what: str) -> None:
         )
 
 
+def check_explicit_world(config: Any, explicit: bool, built_pid: int, what: str) -> None:
+    """``rank=``/``world_size=`` given, but the process group says this process is another rank: two ranks would
+    train on the same share, silently. A loader built in one process and copied into every rank (Lightning's
+    ddp_spawn pickles it) is the usual way there. ``world_size=1`` (every rank everything) is always allowed, and so
+    is another world size set in this very process (the data-parallel ranks of a model-parallel job)."""
+    if not explicit or config.world_size == 1:
+        return
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    rank, world = dist.get_rank(), dist.get_world_size()
+    copied = built_pid != os.getpid()
+    if (rank, world) == (config.rank, config.world_size) or (world != config.world_size and not copied):
+        return
+    where = " in another process and copied here (as Lightning's ddp_spawn does)" if copied else ""
+    raise ConfigError(
+        f"this {what} was built{where} with rank={config.rank}, world_size={config.world_size}, but it is iterated "
+        f"by rank {rank} of a process group of {world}: ranks would train on the same share. Build the loader in "
+        "each process after the group exists (in Lightning's train_dataloader(), after Accelerator()) and leave "
+        "rank= and world_size= out so it reads them, or pass rank=dist.get_rank(), world_size=dist.get_world_size()"
+    )
+
+
 def resume_position(state: Any, loader: str, config: dict[str, Any], batches: int) -> tuple[int, int]:
     """``(epoch, batch)`` to continue from a saved ``state``; a StateError if it cannot be resumed here.
 
@@ -285,10 +391,15 @@ def resume_position(state: Any, loader: str, config: dict[str, Any], batches: in
             "the per-sample fallback augment differently); rebuild the loader the way it was saved"
         )
     if state.get("world_size", 1) != config["world_size"]:
+        epoch, batch = state.get("epoch"), state.get("batch")
+        if type(epoch) is int and type(batch) is int and batch > 0:
+            way = f"loader.set_epoch({epoch + 1}) (the rest of epoch {epoch}, from batch {batch} on, is skipped)"
+        else:  # at an epoch's start: that epoch is the next one whole
+            way = f"loader.set_epoch({epoch if type(epoch) is int else 0})"
         raise StateError(
             f"state was saved with world_size={state.get('world_size')} but this run has "
             f"world_size={config['world_size']}: per-rank positions do not map onto another world size; "
-            f"continue from the next epoch instead with loader.set_epoch({state.get('epoch', 0) + 1})"
+            f"continue from the next epoch start instead with {way}"
         )
     for key, current in config.items():
         if key == "rank":

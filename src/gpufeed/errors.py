@@ -14,8 +14,10 @@ __all__ = [
     "DataError",
     "DeviceError",
     "GpufeedError",
+    "NotADataLoaderError",
     "StateError",
     "UnsupportedTransformError",
+    "WorkerError",
 ]
 
 
@@ -37,6 +39,17 @@ class DeviceError(GpufeedError, RuntimeError):
 
 class StateError(GpufeedError, RuntimeError):
     """A loader state cannot be restored (taken with another configuration, or loaded mid-epoch)."""
+
+
+class WorkerError(GpufeedError, RuntimeError):
+    """A ``DataLoader`` worker of the per-sample fallback died (a signal such as the out-of-memory killer's
+    SIGKILL, or an exit); the message names the worker, the position kept and how to continue."""
+
+
+class NotADataLoaderError(GpufeedError, AttributeError):
+    """A ``DataLoader`` attribute a gpufeed loader does not have, read by code written for ``DataLoader``
+    (``accelerator.skip_first_batches`` reads ``dataset``); the message names gpufeed's way to do it. An
+    ``AttributeError``, so ``hasattr`` and ``getattr(loader, name, default)`` still answer as before."""
 
 
 class UnsupportedTransformError(ConfigError):

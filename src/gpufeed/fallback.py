@@ -11,7 +11,11 @@ transform unchanged (no ingestion), and keeps gpufeed's contract:
   from (seed, epoch, index), and restored afterwards: a batch depends on nothing but those, not on
   the worker count or which worker ran it, so a state saved mid-epoch resumes bit for bit;
 - workers are never forked from a process with CUDA state, and copies overlap compute through
-  :func:`gpufeed.prefetch`.
+  :func:`gpufeed.prefetch`;
+- a worker that dies (SIGKILL from the out-of-memory killer, a crash) surfaces as a
+  :class:`gpufeed.WorkerError` naming it; the iteration ends there as after a ``break`` (the state keeps
+  the failed position), and the next iteration starts fresh workers. A persistent ``DataLoader`` left
+  as it is would fail every later epoch: its one iterator keeps waiting for the dead worker.
 """
 
 from __future__ import annotations
@@ -25,13 +29,15 @@ from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
 from .augment.functional import convert_dtype
 from .augment.mix import as_mix
 from .epochs import EpochLoader
+from .errors import WorkerError
+from .identity import describe
 from .ingest import _with_transform
 from .loader import _Config, distributed_rank
 from .plan import Plan
 from .prefetch import prefetch
-from .sampling import derive_seed, epoch_order, global_seed, rank_indices
+from .sampling import as_even, derive_seed, epoch_order, global_seed, rank_indices
 from .validate import Guarded, SampleFailure, as_flag, as_int, check_epoch
-from .workers import default_workers, loader_kwargs
+from .workers import dead_workers, default_workers, loader_kwargs, stop_workers
 
 __all__ = ["FallbackLoader"]
 
@@ -106,7 +112,7 @@ class FallbackLoader(EpochLoader):
         reason: str,
         rank: int | None = None,
         world_size: int | None = None,
-        even: bool = True,
+        even: bool | str = True,
         mix: Any = None,
     ) -> None:
         ds = Guarded(_with_transform(dataset, transform), type(dataset).__name__)
@@ -114,7 +120,8 @@ class FallbackLoader(EpochLoader):
         explicit_world = rank is not None and world_size is not None
         rank, world_size = distributed_rank(rank, world_size)
         n = len(ds)
-        shuffle, drop_last, even = as_flag(shuffle, "shuffle"), as_flag(drop_last, "drop_last"), as_flag(even, "even")
+        shuffle, drop_last = as_flag(shuffle, "shuffle"), as_flag(drop_last, "drop_last")
+        even = as_even(even, drop_last)  # True, False or "pad": see gpufeed.sampling
         self.config = _Config(n, batch_size, shuffle, drop_last, seed, 1, rank, world_size, even)
         self.mix = as_mix(mix, None)
         self._sampler = _Batches(self.config)
@@ -124,6 +131,10 @@ class FallbackLoader(EpochLoader):
         self.loader = self._data_loader(self._sampler, persistent=True)
         self._shared_in_use = False  # the persistent loader's one iterator is serving an iteration
         self.device, self.dtype, self.channels_last = device, dtype, channels_last
+        # What a state belongs to (NOTE [ What a state belongs to ] in gpufeed.identity): the dataset is not
+        # read for it (each sample costs a decode and a transform), only named by its class and length.
+        kind = type(dataset)
+        self._identity = {"dataset": f"{kind.__module__}.{kind.__qualname__} of {n}", "transform": describe(transform)}
         self._explicit_world = explicit_world
         self._start_epochs()
         self.plan = Plan(
@@ -144,6 +155,10 @@ class FallbackLoader(EpochLoader):
     def __len__(self) -> int:
         return len(self._sampler)
 
+    def _fingerprint(self) -> dict[str, Any]:
+        """The dataset and the per-sample pipeline a state of this loader belongs to."""
+        return {**self._identity, "dtype": str(self.dtype), "channels_last": self.channels_last}
+
     def _data_loader(self, sampler: _Batches, persistent: bool) -> DataLoader:
         return DataLoader(
             self._seeded,
@@ -159,16 +174,43 @@ class FallbackLoader(EpochLoader):
         if self._shared_in_use:
             sampler = _Batches(self.config)
             sampler.epoch, sampler.start = epoch, start
-            return self._serve(self._data_loader(sampler, persistent=False), shared=False)
+            return self._serve(self._data_loader(sampler, persistent=False), False, epoch, start)
+        self._replace_dead_workers()  # one died in an earlier iteration (its error maybe raised outside it)
         self._sampler.epoch, self._sampler.start = epoch, start
-        return self._serve(self.loader, shared=True)
+        return self._serve(self.loader, True, epoch, start)
 
-    def _serve(self, loader: DataLoader, shared: bool) -> Iterator[Any]:
+    def _replace_dead_workers(self) -> None:
+        """A new persistent DataLoader (its workers start on first use) if a worker of the current one died:
+        resetting its iterator would wait for the dead worker and fail every epoch from then on."""
+        iterator = getattr(self.loader, "_iterator", None)  # where torch keeps a persistent DataLoader's iterator
+        if iterator is not None and dead_workers(iterator):
+            stop_workers(iterator)
+            self.loader = self._data_loader(self._sampler, persistent=True)
+
+    def _serve(self, loader: DataLoader, shared: bool, epoch: int, start: int) -> Iterator[Any]:
         self._shared_in_use = self._shared_in_use or shared
+        served, source = start, None
         try:
-            for batch in prefetch(loader, self.device):
+            source = iter(loader)
+            for batch in prefetch(source, self.device):
                 yield self._finish(batch)
-        finally:  # exhausted, or the generator closed when its iteration was dropped
+                served += 1
+        except Exception as e:
+            dead = dead_workers(source)
+            if not dead:
+                raise
+            stop_workers(source)  # the others too: torch's own error would otherwise repeat on every later epoch
+            if shared:
+                self.loader = self._data_loader(self._sampler, persistent=True)
+            raise WorkerError(
+                f"a DataLoader worker of the per-sample fallback died during epoch {epoch}, after {served} of its "
+                f"{len(self)} batches were served: worker {'; worker '.join(dead)}. gpufeed stopped the other "
+                f"workers; the next iteration starts fresh ones and serves epoch {epoch + 1}, as after a break. "
+                f"loader.state_dict() keeps epoch {epoch} at batch {served}, and loader.set_epoch({epoch}, "
+                f"batch={served}) continues it in this process. A SIGKILL is usually the out-of-memory killer: give "
+                "the job more host memory or pass fewer workers (num_workers=)"
+            ) from e
+        finally:  # exhausted, failed, or the generator closed when its iteration was dropped
             if shared:
                 self._shared_in_use = False
 

@@ -30,6 +30,7 @@ from .errors import DataError
 from .sampling import global_seed
 from .validate import Guarded, SampleFailure, UnbatchableError, check_dataset, check_label, label_tensor
 from .workers import default_workers, loader_kwargs
+from .wrappers import ConcatView, IndexedView, hidden_transforms, map_parts
 
 __all__ = ["Ingested", "Probe", "RaggedError", "UnbatchableError", "exposes_arrays", "ingest", "probe", "to_chw"]
 
@@ -77,16 +78,37 @@ def _varies(read: Callable[[], tuple[torch.Tensor, Any]], image: torch.Tensor, l
     for seed in range(reads):
         with global_seed(seed):
             again, label_again = read()
-        if not (torch.equal(image, again) and torch.equal(torch.as_tensor(label), torch.as_tensor(label_again))):
+        if not (_same(image, again) and _same(torch.as_tensor(label), torch.as_tensor(label_again))):
             return True
     return False
 
 
-def probe(dataset: Any, cached: Callable[[Any], Any] | None) -> Probe:
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal values, NaN equal to NaN (a NaN in the data is the checks' business, not a sign of randomness)."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    return torch.equal(a, b) or (a.is_floating_point() and torch.allclose(a, b, rtol=0, atol=0, equal_nan=True))
+
+
+def _deterministic(transform: Any) -> bool:
+    """Whether every op of ``transform`` is one gpufeed knows to give the same output for the same input."""
+    from .plan import RANDOM_SUPPORTED, flatten, kind
+
+    try:
+        ops = flatten(transform)
+    except Exception:  # a container gpufeed cannot read: nothing is proved
+        return False
+    return all(kind(op) not in (None, "Lambda", *RANDOM_SUPPORTED) for op in ops)
+
+
+def probe(dataset: Any, cached: Callable[[Any], Any] | None, on_error: str = "error") -> Probe:
     """Read samples 0, n/2 and n-1 through ``cached``: their dtype and size, PIL or not, sizes that differ.
 
-    A dataset whose own ``__getitem__`` draws random numbers (outside its transform) would be read
-    once and its randomness frozen; sample 0 is read under two seeds to catch that (UnbatchableError).
+    Randomness the transform split cannot see is never frozen. A transform inside a wrapper gpufeed does not
+    know (not torch's ``Subset`` or ``ConcatDataset``, which :func:`gpufeed.wrappers.unwrap` sees through)
+    runs on every read and cannot be stripped: unless each of its ops is known to be deterministic it is
+    refused (UnbatchableError, the fallback's case). And sample 0 is read again under eight different
+    random states: a ``__getitem__`` that draws random numbers of its own is refused the same way.
 
     Example:
         >>> p = probe(TensorDataset(torch.zeros(4, 3, 5, 6, dtype=torch.uint8), torch.arange(4)), None)
@@ -99,6 +121,15 @@ def probe(dataset: Any, cached: Callable[[Any], Any] | None) -> Probe:
     n, source = len(dataset), type(dataset).__name__
     if n == 0:
         raise DataError(f"the dataset ({source}) is empty (len 0); nothing to load")
+    for where, inner in hidden_transforms(dataset):
+        if not _deterministic(inner):
+            described = " ".join(repr(inner).split())
+            raise UnbatchableError(
+                f"{where} has the transform {described}, which runs inside {source}[i] where gpufeed cannot replace "
+                "it: reading each sample once would freeze its random ops. Pass the inner dataset (torch's Subset "
+                "and ConcatDataset are seen through) with its transform, or pass fallback='prefetch' to run the "
+                "dataset as a DataLoader does"
+            )
     raw = Guarded(_with_transform(dataset, None), source)
 
     def read(i: int) -> tuple[Any, torch.Tensor, Any]:
@@ -113,8 +144,18 @@ def probe(dataset: Any, cached: Callable[[Any], Any] | None) -> Probe:
             raise DataError(f"{source}[{i}]: the cached ops raised {type(e).__name__}: {e}") from e
         return out, to_chw(out), label
 
-    first_out, first, label = read(0)
-    if not standard_getitem(dataset) and _varies(lambda: read(0)[1:], first, label):
+    first_at = 0
+    while True:  # on_error="skip": a file that cannot be read is left out by the store's build, so probe others
+        try:
+            first_out, first, label = read(first_at)
+            break
+        except DataError:
+            if on_error != "skip" or first_at + 1 >= n:
+                raise
+            first_at += 1
+    # Every dataset, torchvision's too: its transform is stripped, but what else it (or what it wraps) runs is
+    # not known to be deterministic until reads under other random states agree.
+    if _varies(lambda: read(first_at)[1:], first, label):
         raise UnbatchableError(
             f"{source}[0] differs between two reads: its __getitem__ draws random numbers outside its transform, "
             "and gpufeed, which reads each sample once, would freeze that randomness. Move the random ops into "
@@ -126,8 +167,13 @@ def probe(dataset: Any, cached: Callable[[Any], Any] | None) -> Probe:
             "or float images: convert them (image.convert('RGB'), or a ToDtype first), or pass fallback='prefetch'"
         )
     stored, ragged, sizes_only = [first], None, True
-    for i in sorted({n // 2, n - 1} - {0}):
-        _, image, _ = read(i)
+    for i in sorted({n // 2, n - 1} - {first_at}):
+        try:
+            _, image, _ = read(i)
+        except DataError:
+            if on_error != "skip":
+                raise
+            continue
         if image.shape != first.shape or image.dtype != first.dtype:
             ragged = ragged or _ragged(source, i, tuple(image.shape), image.dtype, tuple(first.shape), first.dtype)
             sizes_only = sizes_only and image.shape[0] == first.shape[0] and image.dtype == first.dtype
@@ -235,8 +281,11 @@ def _with_transform(dataset: Any, transform: Callable[[Any], Any] | None) -> Any
     """``dataset`` with its per-sample transform replaced by ``transform``; the caller's object is untouched.
 
     torchvision datasets get a shallow copy with ``.transform`` set; others (``TensorDataset``,
-    custom ones) are wrapped so that ``transform`` applies to the image of each ``(image, label)``.
+    custom ones) are wrapped so that ``transform`` applies to the image of each ``(image, label)``; a view
+    of :mod:`gpufeed.wrappers` has the transform of each dataset it holds replaced.
     """
+    if isinstance(dataset, (IndexedView, ConcatView)):
+        return map_parts(dataset, lambda part: _with_transform(part, transform))
     if not hasattr(dataset, "transform"):
         return dataset if transform is None else _Mapped(dataset, transform)
     ds = copy.copy(dataset)

@@ -35,8 +35,9 @@ from .encoded import Encoded, decode
 from .epochs import EpochLoader
 from .errors import ConfigError, DataError
 from .hostmem import keep_freed_buffers
+from .identity import data_identity, describe
 from .prefetch import prefetch
-from .sampling import derive_seed, epoch_order, local_indices, rank_indices
+from .sampling import Even, as_even, derive_seed, epoch_order, local_indices, rank_indices
 from .validate import (
     as_flag,
     as_int,
@@ -86,7 +87,7 @@ class _Config:
     chunk_batches: int
     rank: int = 0
     world_size: int = 1
-    even: bool = True
+    even: Even = True  # True, False or "pad": NOTE [ Sharing an epoch out to ranks ] in gpufeed.sampling
     shard: str = "full"
 
     def __post_init__(self) -> None:
@@ -134,14 +135,21 @@ class DeviceLoader(EpochLoader):
             ``torch.distributed`` when it is initialised, else one rank.
         even: ``True`` (training): every rank gets the same number of batches, padding with
             repeated samples (fewer than ``world_size * batch_size``) or dropping with ``drop_last``.
-            ``False`` (evaluation): every sample exactly once across ranks.
+            ``"pad"`` (evaluation): every sample once, then repeats at the very end so that every rank
+            gets the same number of full batches (a collective per batch never waits); the repeats are
+            known: Accelerate's ``gather_for_metrics`` drops them, and :attr:`real_counts` says how many
+            of each batch's first samples are real. ``False`` (evaluation): every sample exactly once
+            across ranks, no repeats, but ranks may get different numbers of batches.
         shard: ``"full"``: every rank holds the whole dataset and takes a different share of the
             same global order each epoch. ``"local"``: each rank holds only samples ``rank::world_size``
             (a 1/world_size of the memory) and shuffles within them, so samples never change rank.
 
     Each pass is the next epoch, claimed when its first batch is taken; :meth:`set_epoch` picks one
     explicitly, :meth:`state_dict` / :meth:`load_state_dict` resume mid-epoch (a state saved on any
-    rank resumes every rank). See NOTE [ When an epoch is claimed ] in :mod:`gpufeed.epochs`.
+    rank resumes every rank; one saved after a ``break`` finishes the interrupted epoch). See NOTE [ When
+    an epoch is claimed ] in :mod:`gpufeed.epochs`. A state of other data or another transform is refused
+    (``load_state_dict(state, strict=False)`` overrides): NOTE [ What a state belongs to ] in
+    :mod:`gpufeed.identity`.
 
     Example:
         >>> import torch
@@ -169,14 +177,14 @@ class DeviceLoader(EpochLoader):
         storage: str = "device",
         rank: int | None = None,
         world_size: int | None = None,
-        even: bool = True,
+        even: bool | str = True,
         shard: str = "full",
         mix: Any = None,
         views: int | Sequence[BatchTransform] = 1,
     ) -> None:
         batch_size, seed = as_int(batch_size, "batch_size", 1), as_int(seed, "seed")
         shuffle, drop_last = as_flag(shuffle, "shuffle"), as_flag(drop_last, "drop_last")
-        channels_last, even = as_flag(channels_last, "channels_last"), as_flag(even, "even")
+        channels_last, even = as_flag(channels_last, "channels_last"), as_even(even, drop_last, shard)
         labels = label_tensor(labels, "labels")
         store: torch.Tensor | Ragged | Encoded
         # views as transforms (DINO's global and local crops): each view its own transform
@@ -195,6 +203,13 @@ class DeviceLoader(EpochLoader):
                 raise DataError(
                     f"images: {len(images)} ragged images of {images.dtype}; need at least one, uint8 or float"
                 )
+            empty = (images.shapes == 0).any(dim=1).nonzero().flatten()
+            if empty.numel():  # served silently as empty images otherwise
+                i = int(empty[0])
+                raise DataError(
+                    f"images: ragged image {i} has shape {tuple(images.shapes[i].tolist())} (C, H, W), an axis of 0; "
+                    "every image needs at least one channel and one pixel: remove or fix that sample"
+                )
             channels = images.shapes[:, 0].unique().tolist()
             if len(channels) != 1:
                 raise DataError(
@@ -209,6 +224,8 @@ class DeviceLoader(EpochLoader):
         check_labels(labels, n, num_classes)
         if transform is not None:
             check_transform(transform)
+        if dtype is not None and not isinstance(dtype, torch.dtype):  # "float32" has no .is_floating_point
+            raise ConfigError(f"dtype={dtype!r} must be a torch.dtype (e.g. torch.float32), torch.uint8 or None")
         if dtype is not None and dtype != torch.uint8 and not dtype.is_floating_point:
             raise ConfigError(f"dtype={dtype} must be None, torch.uint8 or a floating dtype")
         self.device = resolve_device(device)
@@ -229,6 +246,9 @@ class DeviceLoader(EpochLoader):
         self.config = _Config(
             n, batch_size, shuffle, drop_last, seed, chunk_batches or 1, rank, world_size, even, shard
         )
+        # What a state belongs to (NOTE [ What a state belongs to ] in gpufeed.identity): taken from the whole
+        # dataset, before a local shard keeps a part, so that a state saved on any rank matches every rank.
+        self._data_id = data_identity(store, labels)
         if shard == "local" and world_size > 1:  # keep only this rank's samples
             local = torch.arange(rank, n, world_size)
             store, labels = _take(store, local, compact=True), labels.index_select(0, local)
@@ -281,6 +301,12 @@ class DeviceLoader(EpochLoader):
         for view in range(1, len(self.view_transforms or [])):  # every view's pipeline, not only the first
             self._finish(x, epoch=0, chunk=0, generator=torch.Generator(device=self.device), view=view)
         return self._finish(x, epoch=0, chunk=0, generator=torch.Generator(device=self.device))
+
+    def _fingerprint(self) -> dict[str, Any]:
+        """The data and the batched pipeline a state of this loader belongs to."""
+        transforms = self.view_transforms if self.view_transforms is not None else [self.transform]
+        pipeline = {"transform": " | ".join(describe(t) for t in transforms), "dtype": str(self.dtype)}
+        return {**self._data_id, **pipeline, "channels_last": self.channels_last}
 
     def __len__(self) -> int:
         if self._length is None:

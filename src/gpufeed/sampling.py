@@ -2,6 +2,20 @@
 
 Everything here is a function of its integer arguments only, computed on the CPU, so the same
 (seed, epoch, n) gives the same order on every device, rank, process and storage tier.
+
+NOTE [ Sharing an epoch out to ranks: the three ``even`` modes ]
+- ``even=True`` (training): every rank the same number of batches, so no rank waits in a collective
+  (DDP's gradient all-reduce). Whole batches of repeats, or ``drop_last`` drops whole batches; only
+  a rank's last batch can be short.
+- ``even="pad"`` (evaluation with collectives): every sample once, then repeats of the order's first
+  samples at the very end, up to ``world * batch_size`` per round: every rank the same number of
+  batches, each a full ``batch_size`` (one rank: only the last batch short, nothing repeated). The
+  repeats sit at the end of the last round, so a gather of that round in rank order holds the real
+  samples first: Accelerate's ``gather_for_metrics`` keeps the first ``n % (world * batch_size)``
+  (:func:`gather_remainder`), as it does for its own padded loaders; a plain loop keeps the first
+  :func:`real_counts` samples of each batch.
+- ``even=False``: every sample exactly once, ranks' batch counts differ by at most one; a collective
+  per batch (``all_reduce`` of a running metric) then waits forever on the rank with more batches.
 """
 
 from __future__ import annotations
@@ -15,7 +29,22 @@ import torch
 
 from .errors import ConfigError
 
-__all__ = ["derive_seed", "epoch_order", "global_seed", "local_indices", "rank_indices", "shard_batches"]
+__all__ = [
+    "EVEN_MODES",
+    "as_even",
+    "derive_seed",
+    "epoch_order",
+    "gather_remainder",
+    "global_seed",
+    "local_indices",
+    "rank_indices",
+    "real_counts",
+    "shard_batches",
+]
+
+EVEN_MODES = (True, False, "pad")  # NOTE [ Sharing an epoch out to ranks: the three ``even`` modes ]
+Even = bool | str
+
 
 _MASK64 = (1 << 64) - 1
 
@@ -79,7 +108,44 @@ def epoch_order(seed: int, epoch: int, n: int, shuffle: bool = True) -> torch.Te
     return torch.randperm(n, generator=g, dtype=torch.int64)
 
 
-def shard_batches(n: int, batch_size: int, world: int, drop_last: bool, even: bool) -> tuple[int, int, int]:
+def as_even(value: object, drop_last: bool = False, shard: str = "full") -> Even:
+    """``value`` as one of :data:`EVEN_MODES`, or a ConfigError saying what each mode does.
+
+    Example:
+        >>> as_even("pad")
+        'pad'
+    """
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if value != "pad":
+        raise ConfigError(
+            f"even={value!r} must be True (training: equal batch counts), 'pad' (evaluation: equal batch counts, "
+            "the repeats at the end and known) or False (evaluation: every sample once, batch counts may differ)"
+        )
+    if drop_last:
+        raise ConfigError(
+            "even='pad' serves every sample and pads the last batches; drop_last=True drops the ragged tail: "
+            "pass drop_last=False to evaluate every sample, or even=True to train on full batches"
+        )
+    if shard != "full":
+        raise ConfigError(
+            f"even='pad' with shard={shard!r}: the ranks' local shares differ in size, so the repeats would sit "
+            "between ranks in a gathered batch where gather_for_metrics cannot drop them; use shard='full', or "
+            "even=False and sum per-rank counts"
+        )
+    return "pad"
+
+
+def _padded_total(n: int, batch_size: int, world: int) -> int:
+    """Samples served per epoch under ``even="pad"``: ``n`` rounded up to whole rounds of ``world`` full
+    batches (one rank: ``n``, its last batch short)."""
+    if world == 1:
+        return n
+    per_round = world * batch_size
+    return -(-n // per_round) * per_round
+
+
+def shard_batches(n: int, batch_size: int, world: int, drop_last: bool, even: Even) -> tuple[int, int, int]:
     """How an epoch of ``n`` samples is cut for ``world`` ranks: ``(slots, full_used, padded)``.
 
     The global sequence is ``full_used`` full batches of the order, then ``padded`` full batches of
@@ -90,6 +156,8 @@ def shard_batches(n: int, batch_size: int, world: int, drop_last: bool, even: bo
     batches are dropped (fewer than ``world * batch_size`` samples), else batches of repeats are
     added (fewer than ``world * batch_size`` samples). ``even=False`` (evaluation): no padding, each
     sample once; rank counts differ by at most one batch. With one rank, nothing is padded.
+    ``even="pad"``: the whole order, then ``padded`` *samples* (not batches) of repeats, in ``slots``
+    batches; ``full_used`` is ``n // batch_size`` (see NOTE [ Sharing an epoch out to ranks ]).
 
     Example:
         >>> shard_batches(10, 2, 3, drop_last=False, even=True)   # 5 batches + 1 padded = 2 per rank
@@ -100,6 +168,9 @@ def shard_batches(n: int, batch_size: int, world: int, drop_last: bool, even: bo
     if world < 1:
         raise ConfigError(f"world_size={world} must be >= 1")
     full, tail = divmod(n, batch_size)
+    if even == "pad":
+        total = _padded_total(n, batch_size, world)
+        return -(-total // batch_size), full, total - n
     real = full + (1 if tail and not drop_last else 0)
     if not even:
         return (full if drop_last else real), full, 0
@@ -111,7 +182,7 @@ def shard_batches(n: int, batch_size: int, world: int, drop_last: bool, even: bo
 
 
 def rank_indices(
-    order: torch.Tensor, batch_size: int, rank: int, world: int, drop_last: bool, even: bool
+    order: torch.Tensor, batch_size: int, rank: int, world: int, drop_last: bool, even: Even
 ) -> torch.Tensor:
     """The part of the global ``order`` that ``rank`` visits, batch after batch (see :func:`shard_batches`).
 
@@ -126,20 +197,70 @@ def rank_indices(
         raise ConfigError(f"rank={rank} must be in [0, world_size={world})")
     n = order.shape[0]
     slots, full, padded = shard_batches(n, batch_size, world, drop_last, even)
+    if even == "pad":  # the whole order, then the repeats: they end the last round
+        parts = [order] if not padded else [order, order.repeat(-(-padded // n))[:padded]]
+        return _slots_of(torch.cat(parts), batch_size, rank, world, slots)
     parts = [order[: full * batch_size]]
     if padded:
         parts.append(order.repeat(-(-padded * batch_size // n))[: padded * batch_size])
     if slots > full + padded:  # the ragged tail, last
         parts.append(order[full * batch_size :])
-    seq = torch.cat(parts)
+    return _slots_of(torch.cat(parts), batch_size, rank, world, slots)
+
+
+def _slots_of(seq: torch.Tensor, batch_size: int, rank: int, world: int, slots: int) -> torch.Tensor:
+    """Batch slots ``rank, rank + world, ...`` of the global sequence ``seq``, concatenated."""
     mine = range(rank, slots, world)
     if not mine:
-        return order[:0]
+        return seq[:0]
     return torch.cat([seq[j * batch_size : (j + 1) * batch_size] for j in mine])
 
 
+def real_counts(
+    n: int, batch_size: int, rank: int, world: int, drop_last: bool, even: Even, shard: str = "full"
+) -> tuple[int, ...]:
+    """For each batch ``rank`` serves in an epoch: how many of its first samples are real, the rest being repeats
+    that pad the epoch (see NOTE [ Sharing an epoch out to ranks ]). The same every epoch.
+
+    Under ``even="pad"`` the real samples of all ranks together are the epoch's order, each once: an evaluation
+    loop keeps ``x[:count]`` (or the mask ``torch.arange(len(x)) < count``).
+
+    Example:
+        >>> real_counts(10, 4, 1, 2, drop_last=False, even="pad")   # rank 1: samples 4-7, then 4 repeats
+        (4, 0)
+    """
+    if shard == "local":  # local_indices: full batches, whole batches of repeats, then the ragged tail
+        local = len(range(rank, n, world))
+        full, tail = divmod(local, batch_size)
+        if drop_last:
+            return (batch_size,) * ((n // world) // batch_size if even else full)
+        if not even:
+            return (batch_size,) * full + ((tail,) if tail else ())
+        largest = -(-n // world)
+        missing = max(0, -(-largest // batch_size) - (full + (1 if tail else 0)))
+        return (batch_size,) * full + (0,) * missing + ((tail,) if tail else ())
+    slots, full, padded = shard_batches(n, batch_size, world, drop_last, even)
+    if even == "pad":
+        return tuple(max(0, min(batch_size, n - j * batch_size)) for j in range(rank, slots, world))
+    tail = n - full * batch_size
+    counts = [batch_size] * full + [0] * padded + ([tail] if slots > full + padded else [])
+    return tuple(counts[j] for j in range(rank, slots, world))
+
+
+def gather_remainder(n: int, batch_size: int, world: int, even: Even) -> int:
+    """What Accelerate's ``GradientState.remainder`` holds for its own loaders: the real samples in the last
+    gathered round, ``n % (world * batch_size)`` (0: the round is all real), under ``even="pad"``, whose repeats
+    end that round; -1 (keep every gathered sample) otherwise, where no prefix of the round is the real part.
+
+    Example:
+        >>> gather_remainder(101, 8, 2, even="pad")   # 6 rounds of 16, then 5 real samples and 11 repeats
+        5
+    """
+    return n % (world * batch_size) if even == "pad" else -1
+
+
 def local_indices(
-    order: torch.Tensor, batch_size: int, n: int, world: int, drop_last: bool, even: bool
+    order: torch.Tensor, batch_size: int, n: int, world: int, drop_last: bool, even: Even
 ) -> torch.Tensor:
     """A rank's visiting order over its *local* share (``shard="local"``), equalised across ranks.
 

@@ -32,7 +32,7 @@ from tqdm.auto import tqdm
 
 from .device import resolve_device, usable_cores
 from .errors import ConfigError
-from .validate import as_int, check_dataset
+from .validate import as_int, as_workers, check_dataset
 from .workers import loader_kwargs, start_method
 
 __all__ = ["LoaderConfig", "Trial", "tune_dataloader"]
@@ -58,9 +58,10 @@ class LoaderConfig:
     prefetch_factor: int | None
     persistent_workers: bool
     multiprocessing_context: str | None
-    speedup: float  # over DataLoader's defaults (num_workers=0, pin_memory=False)
+    speedup: float  # over DataLoader's defaults (num_workers=0, pin_memory=False); 1.0 when within the noise
     table: tuple[Trial, ...] = field(repr=False, default=())
     notes: tuple[str, ...] = ()
+    noise: float = 0.0  # the largest spread of the trials compared: gains below it are not counted
 
     def __post_init__(self) -> None:
         if self.num_workers < 0 or (self.num_workers == 0 and (self.persistent_workers or self.prefetch_factor)):
@@ -208,7 +209,7 @@ def tune_dataloader(
     if time_budget_s <= 0:
         raise ConfigError(f"time_budget_s={time_budget_s} must be > 0")
     dev = resolve_device(device)
-    cores = usable_cores() if max_workers is None else max_workers
+    cores = usable_cores() if max_workers is None else as_workers(max_workers, "max_workers")
     ctx = start_method()
     clock = _Clock(time_budget_s)
     state = (random.getstate(), np.random.get_state())
@@ -259,6 +260,13 @@ def tune_dataloader(
         bar.close()
     random.setstate(state[0])
     np.random.set_state(state[1])
+    base = table[0]
+    # A gain no larger than the noise of the two trials compared is not a gain: the defaults are kept.
+    compared = max(best.spread, base.spread)
+    within_noise = best is not base and best.images_per_s / base.images_per_s - 1 <= compared
+    if within_noise:
+        fastest = best
+        best = base
     memory = _memory_notes(dataset)
     for note in memory:
         warnings.warn(note, stacklevel=2)
@@ -270,6 +278,13 @@ def tune_dataloader(
         "trials smaller than that are not real"
         + (f" (its {len(dataset)} samples were measured over several passes)" if passes else "")
     )
+    if within_noise:
+        notes.append(
+            f"no gain measured: the fastest trial (num_workers={fastest.num_workers}, "
+            f"{fastest.images_per_s / base.images_per_s:.2f}x the defaults) is within the {compared:.0%} noise of "
+            "the trials compared, so the default settings are kept; rerun with a larger time budget to measure "
+            "a smaller difference"
+        )
     if best.num_workers > 0:
         why = "forkserver, since CUDA is initialised here" if ctx else "the platform's default start method"
         notes.append(
@@ -289,7 +304,8 @@ def tune_dataloader(
         best.prefetch_factor,
         best.num_workers > 0,
         ctx if best.num_workers > 0 else None,
-        best.images_per_s / table[0].images_per_s,
+        best.images_per_s / base.images_per_s,
         tuple(table),
         tuple(notes),
+        compared,
     )

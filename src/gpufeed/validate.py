@@ -23,14 +23,20 @@ __all__ = [
     "as_flag",
     "as_int",
     "as_tensor",
+    "as_workers",
     "check_dataset",
     "check_epoch",
     "check_images",
     "check_label",
     "check_labels",
     "check_transform",
+    "dataset_length",
     "label_tensor",
 ]
+
+# Workers (processes or threads) per usable core that a caller may ask for: past a few per core they only compete
+# for it, and a typo (num_workers=10**6) would start processes until the machine stops.
+WORKERS_PER_CORE = 4
 
 
 class UnbatchableError(DataError):
@@ -58,8 +64,30 @@ def as_int(value: Any, name: str, minimum: int | None = None) -> int:
     return number
 
 
+def as_workers(value: Any, name: str = "num_workers") -> int:
+    """``value`` as a count of workers (an int >= 0), capped at :data:`WORKERS_PER_CORE` per usable core with a
+    warning that names the cap.
+
+    Example:
+        >>> as_workers(2)
+        2
+    """
+    from .device import usable_cores
+
+    number = as_int(value, name, 0)
+    cap = WORKERS_PER_CORE * usable_cores()
+    if number > cap:
+        warnings.warn(
+            f"{name}={number} is more than {WORKERS_PER_CORE} per usable core ({usable_cores()} cores here): "
+            f"using {cap}; more would only compete for the cores (pass {name} <= {cap} to silence this)",
+            stacklevel=3,
+        )
+        return cap
+    return number
+
+
 def check_epoch(
-    n: int, batch_size: int, drop_last: bool, world_size: int = 1, even: bool = True, local: bool = False
+    n: int, batch_size: int, drop_last: bool, world_size: int = 1, even: bool | str = True, local: bool = False
 ) -> None:
     """An epoch of zero batches (``drop_last`` with ``batch_size`` over the samples) is an error, not a silent no-op.
 
@@ -91,6 +119,22 @@ def check_dataset(dataset: Any) -> None:
             "For an iterable or generator, collect it (a list of pairs) or keep your DataLoader and use "
             "gpufeed.prefetch(loader)"
         )
+    dataset_length(dataset)
+
+
+def dataset_length(dataset: Any) -> int:
+    """``len(dataset)``; a ``__len__`` that returns no count (2.5, -1, None) is a DataError that names it."""
+    try:
+        return len(dataset)
+    except (TypeError, ValueError, OverflowError) as e:  # what len() raises for a float, a negative or a huge value
+        try:
+            got = type(dataset).__len__(dataset)
+        except Exception:
+            raise e from None  # __len__ itself raised: the user's own error, as it was
+        raise DataError(
+            f"len(dataset) is {got!r} ({type(dataset).__name__}.__len__ returned a {type(got).__name__}): __len__ "
+            "must return the number of samples, an int >= 0; fix the dataset's __len__"
+        ) from None
 
 
 def label_tensor(labels: Sequence[Any] | np.ndarray | torch.Tensor, source: str) -> torch.Tensor:
@@ -192,6 +236,12 @@ def check_images(images: torch.Tensor) -> None:
         raise DataError(f"images must have shape (N, C, H, W), got {tuple(images.shape)}{fix}")
     if images.shape[0] == 0:
         raise DataError("images is empty (N=0); a loader needs at least one sample")
+    if 0 in images.shape[1:]:  # would be served as batches of empty images, silently
+        axis = ("channels", "height", "width")[list(images.shape[1:]).index(0)]
+        raise DataError(
+            f"images has shape {tuple(images.shape)} (N, C, H, W): a {axis} of 0; every image needs at least one "
+            "channel and one pixel: check how the images were read or cropped"
+        )
     if images.dtype != torch.uint8 and not images.dtype.is_floating_point:
         raise DataError(f"images has dtype={images.dtype}; use uint8 (preferred: 4x smaller) or a floating dtype")
     if images.dtype.is_floating_point:

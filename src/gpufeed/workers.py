@@ -8,18 +8,21 @@ all start worker processes; they share these rules:
 - a process whose CUDA is initialised never forks workers (a forked child with live CUDA state
   crashed in a measured run): ``forkserver`` then;
 - persistent workers where a loader runs several epochs, so start-up (seconds with forkserver) is
-  paid once.
+  paid once;
+- a worker that died is found by :func:`dead_workers` and its iterator's other workers stopped by
+  :func:`stop_workers`, so that the loader can start fresh ones (torch's persistent iterator never does).
 """
 
 from __future__ import annotations
 
+import signal
 from typing import Any
 
 import torch
 
 from .device import usable_cores
 
-__all__ = ["MAX_WORKERS", "default_workers", "loader_kwargs", "start_method"]
+__all__ = ["MAX_WORKERS", "dead_workers", "default_workers", "loader_kwargs", "start_method", "stop_workers"]
 
 MAX_WORKERS = 16
 _SMALL_JOB = 2048  # samples: below this, starting workers costs more than they save
@@ -60,3 +63,32 @@ def loader_kwargs(num_workers: int, *, persistent: bool = False, prefetch_factor
         if method is not None:
             kwargs["multiprocessing_context"] = method
     return kwargs
+
+
+def dead_workers(iterator: Any) -> list[str]:
+    """The workers of a ``DataLoader`` ``iterator`` that died, each as ``"<index> (pid <pid>) <cause>"``.
+
+    ``[]`` for an iterator without workers, or one that stopped them itself. Reads torch's private
+    ``_workers`` / ``_shutdown``: there is no public way to ask a ``DataLoader`` about its workers.
+    """
+    if iterator is None or getattr(iterator, "_shutdown", False):
+        return []
+    dead = []
+    for index, worker in enumerate(getattr(iterator, "_workers", [])):
+        if worker.is_alive():
+            continue
+        code = worker.exitcode
+        if code is not None and code < 0:
+            name = signal.Signals(-code).name if -code in signal.valid_signals() else f"signal {-code}"
+            cause = f"was killed by {name}"
+        else:
+            cause = f"exited with code {code}"
+        dead.append(f"{index} (pid {worker.pid}) {cause}")
+    return dead
+
+
+def stop_workers(iterator: Any) -> None:
+    """Stop the remaining workers of a ``DataLoader`` ``iterator`` and unregister them from torch's SIGCHLD check."""
+    shutdown = getattr(iterator, "_shutdown_workers", None)
+    if shutdown is not None:
+        shutdown()

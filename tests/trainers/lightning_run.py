@@ -1,10 +1,17 @@
 """A Lightning run over a gpufeed loader whose labels are the sample indices, tracing every batch.
 
 Usage: python lightning_run.py OUT_DIR MODE [--devices N] [--ckpt PATH] [--limit K] [--epochs E]
-  [--every K] [--outside] [--explicit] [--fallback]
+  [--every K] [--outside] [--explicit] [--fallback] [--evaluate]
 
 Writes OUT_DIR/trace-<rank>.json: one [epoch, batch_idx, labels, pixel sum] per training step, and
 the checkpoints ModelCheckpoint saved (every --every steps, or at epoch ends).
+
+``--evaluate`` adds gpufeed loaders of N_EVAL samples (labels: their indices) from
+``val_dataloader()`` (``even="pad"``, validation every half epoch), ``test_dataloader()``
+(``even=False``) and ``predict_dataloader()`` (``even=False``), runs ``trainer.test`` and
+``trainer.predict`` after ``fit``, and writes OUT_DIR/eval-<rank>.json: one [stage, labels served,
+labels kept (the first ``loader.real_counts[batch_idx]`` of each batch)] per evaluation run, and the
+metrics logged with ``sync_dist`` (real samples summed over steps and ranks).
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from torch.utils.data import TensorDataset
 import gpufeed as gf
 
 N, BATCH = 40, 4
+N_EVAL = 26  # not a multiple of BATCH * 2: two ranks get padded (even="pad") or unequal (even=False) shares
 
 
 def make_loader(args: argparse.Namespace, explicit_world: int | None = None) -> object:
@@ -40,6 +48,14 @@ def make_loader(args: argparse.Namespace, explicit_world: int | None = None) -> 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return gf.accelerate(ds, transform=v2.Compose(ops), **kwargs)
+
+
+def make_eval_loader(even: bool | str) -> object:
+    images = torch.arange(N_EVAL * 3 * 8 * 8, dtype=torch.int64).remainder(241).to(torch.uint8).view(N_EVAL, 3, 8, 8)
+    ds = TensorDataset(images, torch.arange(N_EVAL))
+    tf = v2.Compose([v2.ToDtype(torch.float32, scale=True)])
+    kwargs = {"batch_size": BATCH, "device": "cpu", "seed": 3, "cache": False, "progress": False}
+    return gf.accelerate(ds, transform=tf, shuffle=False, even=even, **kwargs)
 
 
 class Traced(L.LightningModule):
@@ -64,6 +80,43 @@ class Traced(L.LightningModule):
         out.write_text(json.dumps(self.trace))
 
 
+class Evaluated(Traced):
+    """Traced, with gpufeed loaders for validation, test and predict, recording every evaluation run."""
+
+    def __init__(self, args: argparse.Namespace, loader: object | None) -> None:
+        super().__init__(args, loader)
+        self.evaluation: list[list] = []  # [stage, labels served, labels kept] per evaluation run
+
+    def val_dataloader(self):  # type: ignore[no-untyped-def]
+        return make_eval_loader("pad")
+
+    def test_dataloader(self):  # type: ignore[no-untyped-def]
+        return make_eval_loader(False)
+
+    def predict_dataloader(self):  # type: ignore[no-untyped-def]
+        return make_eval_loader(False)
+
+    def _evaluate(self, stage: str, batch, batch_idx: int, loader) -> torch.Tensor:  # type: ignore[no-untyped-def]
+        x, y = batch
+        if batch_idx == 0:
+            self.evaluation.append([stage, [], []])
+        real = loader.real_counts[batch_idx]  # the rest of the batch repeats samples to even the ranks out
+        self.evaluation[-1][1].extend(y.tolist())
+        self.evaluation[-1][2].extend(y[:real].tolist())
+        if stage != "predict":
+            self.log(f"{stage}_real", float(real), reduce_fx="sum", sync_dist=True, on_step=False, on_epoch=True)
+        return self.layer(x.flatten(1))[:real]
+
+    def validation_step(self, batch, batch_idx):  # type: ignore[no-untyped-def]
+        self._evaluate("val", batch, batch_idx, self.trainer.val_dataloaders)
+
+    def test_step(self, batch, batch_idx):  # type: ignore[no-untyped-def]
+        self._evaluate("test", batch, batch_idx, self.trainer.test_dataloaders)
+
+    def predict_step(self, batch, batch_idx):  # type: ignore[no-untyped-def]
+        return self._evaluate("predict", batch, batch_idx, self.trainer.predict_dataloaders)
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("out")
@@ -74,6 +127,7 @@ def main() -> None:
     p.add_argument("--every", type=int, default=None)
     p.add_argument("--outside", action="store_true", help="build the loader before Trainer.fit")
     p.add_argument("--explicit", action="store_true", help="outside, with rank= and world_size= given")
+    p.add_argument("--evaluate", action="store_true", help="validate every half epoch, then test and predict")
     p.add_argument("--fallback", action="store_true")
     args = p.parse_args()
     Path(args.out).mkdir(parents=True, exist_ok=True)
@@ -91,9 +145,17 @@ def main() -> None:
         enable_progress_bar=False,
         enable_model_summary=False,
         num_sanity_val_steps=0,
+        **({"val_check_interval": 0.5} if args.evaluate else {}),
     )
     torch.manual_seed(0)
-    trainer.fit(Traced(args, loader), ckpt_path=args.ckpt)
+    model = (Evaluated if args.evaluate else Traced)(args, loader)
+    trainer.fit(model, ckpt_path=args.ckpt)
+    if args.evaluate:
+        metrics = {"val_real": float(trainer.callback_metrics["val_real"])}
+        metrics.update({k: float(v) for k, v in trainer.test(model, verbose=False)[0].items()})
+        trainer.predict(model, return_predictions=False)
+        record = {"evaluation": model.evaluation, "metrics": metrics}
+        (Path(args.out) / f"eval-{trainer.global_rank}.json").write_text(json.dumps(record))
     if torch.distributed.is_initialized():  # gloo's threads must not outlive the interpreter (SIGABRT)
         torch.distributed.destroy_process_group()
 

@@ -1,6 +1,7 @@
 """gpufeed loaders under Hugging Face Accelerate and a plain DDP loop, both on 2 CPU processes over gloo
 (``torch.distributed.run``): state saved by one rank resumes every rank; shares are disjoint and cover
-the dataset; Accelerate's gradient accumulation syncs at the end of each epoch."""
+the dataset; Accelerate's gradient accumulation syncs at the end of each epoch; evaluation with a
+collective every batch serves every sample once at any dataset size."""
 
 import json
 import subprocess
@@ -14,8 +15,9 @@ N = 40
 
 def _launch(script, out, *args):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-    run = subprocess.run([*cmd, str(Path(__file__).with_name(script)), str(out), *args], capture_output=True, text=True)
-    return run
+    script = str(Path(__file__).with_name(script))
+    # The timeout is generous (the runs take seconds): a rank left waiting in a collective must fail, not hang.
+    return subprocess.run([*cmd, script, str(out), *args], capture_output=True, text=True, timeout=300)
 
 
 def _traces(out):
@@ -88,9 +90,55 @@ def test_under_an_accelerator_a_loop_that_breaks_ends_its_epoch_and_leaves_accel
             if step == 1:
                 break
         assert not accelerator.gradient_state.in_dataloader
-        assert (loader.state_dict()["epoch"], loader.state_dict()["batch"]) == (1, 0)
+        # the state keeps where the interrupted epoch stopped (a resumed run finishes it); this loop moves on
+        assert (loader.state_dict()["epoch"], loader.state_dict()["batch"]) == (0, 2)
         ends = [accelerator.gradient_state.end_of_dataloader for _ in loader]
         assert ends == [False] * 4 + [True] and loader.epoch == 2
+    finally:
+        accelerator.free_memory()
+        accelerate.state.AcceleratorState._reset_state(True)
+        accelerate.state.GradientState._reset_state()
+
+
+@pytest.mark.slow
+def test_padded_evaluation_with_a_collective_every_batch_counts_every_sample_once_at_any_size(tmp_path):
+    # even=False gives 101 samples in batches of 8 to 2 ranks as 7 and 6 batches: a collective per batch (the
+    # README recipe's gather_for_metrics) waited forever. even="pad" gives 7 and 7, its repeats known.
+    pytest.importorskip("accelerate")
+    from gpufeed.sampling import epoch_order
+
+    sizes = (90, 96, 101)
+    run = _launch("evaluate_run.py", tmp_path, *map(str, sizes))
+    assert run.returncode == 0, run.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"eval-{r}.json").read_text()) for r in range(2)]
+    for n in sizes:
+        per_rank = [r[str(n)] for r in ranks]
+        for result in per_rank:  # gather_for_metrics dropped the repeats: the epoch's order, each sample once
+            assert result["gathered"] == epoch_order(5, 0, n).tolist() and result["count"] == n, n
+        kept = per_rank[0]["kept"] + per_rank[1]["kept"]  # the plain loop's second pass: epoch 1
+        assert sorted(kept) == list(range(n)), n
+        batches = -(-n // 8)  # of the whole epoch: even="pad" gives each rank half, rounded up; even=False splits them
+        assert per_rank[0]["batches"] == [[-(-batches // 2), batches - batches // 2], [-(-batches // 2), batches // 2]]
+    assert ranks[0]["101"]["batches"] == [[7, 7], [7, 6]]  # where even=False left one rank waiting
+
+
+def test_under_an_accelerator_a_padded_loader_tells_gather_for_metrics_what_to_drop():
+    accelerate = pytest.importorskip("accelerate")
+    import torch
+
+    import gpufeed as gf
+
+    accelerator = accelerate.Accelerator(cpu=True)
+    try:
+        images = torch.zeros(10, 1, 2, 2, dtype=torch.uint8)
+        loader = gf.DeviceLoader(images, torch.arange(10), batch_size=4, device="cpu", shuffle=False, even="pad")
+        seen = []
+        for _, y in loader:
+            assert accelerator.gradient_state.remainder == 2  # 10 % (1 rank * 4): Accelerate's own convention
+            seen += accelerator.gather_for_metrics(y).tolist()
+        assert seen == list(range(10))
+        training = gf.DeviceLoader(images, torch.arange(10), batch_size=4, device="cpu")
+        assert [accelerator.gradient_state.remainder for _ in training] == [-1] * 3  # unknown: keep everything
     finally:
         accelerator.free_memory()
         accelerate.state.AcceleratorState._reset_state(True)

@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("lightning")
 
 SCRIPT = str(Path(__file__).with_name("lightning_run.py"))
-N = 40
+N, N_EVAL = 40, 26
 
 
 def _run(out, *args):
@@ -88,3 +88,50 @@ def test_a_shortened_epoch_resumes_with_the_next_epoch(tmp_path):
     full, resumed = _traces(first, 1)[0], _traces(second, 1)[0]
     assert [step[:2] for step in resumed] == [[1, 0], [1, 1], [1, 2], [2, 0], [2, 1], [2, 2]]
     assert resumed == full[3:]
+
+
+def test_lightning_can_inspect_a_gpufeed_loader_as_an_evaluation_loader():
+    # Lightning reads `batch_sampler` of every evaluation loader (to warn if it shuffles); it used to raise
+    # AttributeError before the first batch.
+    import torch
+    from lightning.pytorch.utilities.data import _is_dataloader_shuffled
+
+    import gpufeed as gf
+
+    loader = gf.DeviceLoader(torch.zeros(6, 1, 2, 2, dtype=torch.uint8), torch.arange(6), batch_size=4, device="cpu")
+    assert loader.batch_sampler is None and _is_dataloader_shuffled(loader) is False
+
+
+def _evaluation_runs(out, ranks):
+    return [json.loads((out / f"eval-{r}.json").read_text()) for r in range(ranks)]
+
+
+@pytest.mark.slow
+def test_validation_every_half_epoch_test_and_predict_each_see_the_dataset_once_in_one_process(tmp_path):
+    run = _run(tmp_path, "--epochs", "1", "--evaluate")
+    assert run.returncode == 0, run.stderr[-3000:]
+    (record,) = _evaluation_runs(tmp_path, 1)
+    everything = list(range(N_EVAL))  # shuffle=False: the dataset in order, each sample once, nothing repeated
+    stages = ["val", "val", "test", "predict"]  # 10 training batches, validation every 5
+    assert record["evaluation"] == [[stage, everything, everything] for stage in stages]
+    assert record["metrics"] == {"val_real": N_EVAL, "test_real": N_EVAL}
+
+
+@pytest.mark.slow
+def test_under_ddp_evaluation_loaders_share_the_dataset_out_once_with_known_padding(tmp_path):
+    run = _run(tmp_path, "--epochs", "1", "--evaluate", "--devices", "2")
+    assert run.returncode == 0, run.stderr[-3000:]
+    records = _evaluation_runs(tmp_path, 2)
+    runs = [[stage for stage, *_ in r["evaluation"]] for r in records]
+    assert runs == [["val", "val", "test", "predict"]] * 2  # 5 training batches per rank, validation every 2.5
+    for i, stage in enumerate(runs[0]):
+        served = [r["evaluation"][i][1] for r in records]
+        kept = [r["evaluation"][i][2] for r in records]
+        assert sorted(kept[0] + kept[1]) == list(range(N_EVAL)), stage  # the real samples: each once
+        if stage == "val":  # even="pad": 4 full batches on each rank, the last 6 samples repeats of the first
+            assert [len(s) for s in served] == [16, 16]
+            assert served[0][14:] == [0, 1] and served[1][12:] == [2, 3, 4, 5]
+        else:  # even=False, as Lightning's predict sampler: no repeats, 14 and 12 samples
+            assert served == kept and [len(s) for s in served] == [14, 12]
+    # Metrics logged with sync_dist: the real samples summed over steps and ranks, on every rank.
+    assert [r["metrics"] for r in records] == [{"val_real": N_EVAL, "test_real": N_EVAL}] * 2

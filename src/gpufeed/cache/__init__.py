@@ -3,6 +3,9 @@
 Pure storage: nothing here reads a dataset or plans a transform. Filling an entry from a dataset
 (``build_cache``, and the open-or-build ``accelerate`` uses) lives in :mod:`gpufeed.caching`, so
 data flows one way: dataset -> ingest -> cache -> loader.
+
+:mod:`.usage` marks the entries in use and their last use, and removes superseded entries and those
+over ``GPUFEED_CACHE_LIMIT``; :mod:`.content` compares a folder's entry with the folder's files.
 """
 
 from __future__ import annotations

@@ -66,7 +66,10 @@ def dataset_identity(dataset: Any) -> dict[str, Any] | None:
     Only datasets that read samples with torchvision's or torch's own code qualify
     (:func:`standard_getitem`, and a torchvision file loader). Array datasets are identified by a
     hash of their content; file datasets (``ImageFolder`` and friends, anything with ``.samples``)
-    by each file's path, size and mtime.
+    by each file's path, size, mtime, inode change time and inode number. The last two are what
+    ``os.utime`` (``rsync -t``, backup restores) cannot set back: a file replaced by one of the same
+    size with its mtime restored still changes the key. (A file rewritten in place keeps its inode but
+    gets a new ctime; a copy or a rename onto it gets a new inode.)
     """
     if not (standard_getitem(dataset) and _standard_loader(dataset)):
         return None
@@ -85,7 +88,7 @@ def dataset_identity(dataset: Any) -> dict[str, Any] | None:
         files = []
         for path, target in dataset.samples:
             st = os.stat(path)
-            files.append([str(Path(path).resolve()), st.st_size, st.st_mtime_ns, target])
+            files.append([str(Path(path).resolve()), st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, target])
         ident["files"] = hashlib.blake2b(json.dumps(files).encode(), digest_size=16).hexdigest()
     else:
         return None

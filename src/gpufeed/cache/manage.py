@@ -16,7 +16,8 @@ __all__ = ["BUILD_FILES", "is_leftover", "leftover_target", "leftovers", "list_e
 # ``.old-<rand>`` without a pid.
 _LEFTOVER = re.compile(r"^\.(?P<name>.+)\.(?P<kind>building|old)-(?:(?P<pid>\d+)-)?[0-9a-f]{8}$")
 # Dense entries hold images and labels; ragged ones pixels (or the files' bytes), starts, shapes, ...
-ARRAY_FILES = ("images", "labels", "pixels", "bytes", "starts", "lengths", "shapes", "jpeg")
+# and a folder's entry the names of its files and the hashes of their bytes (``cache verify --data``).
+ARRAY_FILES = ("images", "labels", "pixels", "bytes", "starts", "lengths", "shapes", "jpeg", "digests", "names")
 BUILD_FILES = frozenset({*(f"{name}.bin" for name in ARRAY_FILES), MANIFEST, f"{MANIFEST}.tmp"})
 
 

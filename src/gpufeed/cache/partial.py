@@ -70,6 +70,9 @@ class Partial:
         self.data = torch.from_numpy(data)
         self.done: int = record["done"]
         self.resumed: int = self.done  # what an earlier build had done
+        # images of the done part that did not decode (position -> why): a resumed build still names them
+        bad = record.get("bad", {})
+        self.bad: dict[int, str] = {int(k): str(v) for k, v in bad.items()} if isinstance(bad, dict) else {}
 
     @classmethod
     def open(cls, target: Path, key: str, nbytes: int, images: int, source: str = "") -> Partial:
@@ -114,10 +117,12 @@ class Partial:
             ) from None
         return partial
 
-    def commit(self, done: int) -> None:
-        """Images ``[0, done)`` are in ``data``: flush them, then record it."""
+    def commit(self, done: int, bad: dict[int, str] | None = None) -> None:
+        """Images ``[0, done)`` are in ``data`` (but ``bad``, which did not decode): flush them, then record it."""
         self._map.flush()
         self.done = self.record["done"] = done
+        self.bad = dict(bad or {})
+        self.record["bad"] = {str(k): v for k, v in self.bad.items()}
         self._write_record()
         _checkpoint(done)
 

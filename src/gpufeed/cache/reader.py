@@ -17,7 +17,7 @@ import torch
 from ..errors import CacheError
 from .format import BLOCK_BYTES, Manifest, block_hashes
 
-__all__ = ["Cache", "open_cache", "verify_cache"]
+__all__ = ["Cache", "open_cache", "read_array", "verify_cache"]
 
 _ARRAYS = {
     "dense": ("images", "labels"),
@@ -84,8 +84,11 @@ def open_cache(path: str | Path, verify: bool = True) -> Cache:
     """Open the cache directory ``path``; with ``verify`` every byte is checked against its hash first.
 
     Sizes are always checked. Hashing costs one read of the files (about 1 GB/s per core, blocks
-    hashed in parallel); ``verify=False`` skips it for trusted storage.
+    hashed in parallel); ``verify=False`` skips it for trusted storage. The entry is marked in use for
+    as long as its arrays live, and its last use recorded (NOTE [ Entries in use ]).
     """
+    from .usage import hold
+
     path = Path(path)
     manifest = Manifest.read(path)
     kind = manifest.meta.get("store", "dense")
@@ -93,7 +96,12 @@ def open_cache(path: str | Path, verify: bool = True) -> Cache:
         raise CacheError(
             f"{path}: store kind {kind!r} is not one gpufeed writes ({', '.join(_ARRAYS)}); {_remedy(path)}"
         )
-    a = {name: torch.from_numpy(_map(path, name, manifest, verify)) for name in _ARRAYS[kind]}
+    mapped = {name: _map(path, name, manifest, verify) for name in _ARRAYS[kind]}
+    if verify:  # the arrays an entry holds besides (a folder's file names and hashes) are checked too
+        for name in sorted(set(manifest.arrays) - set(mapped)):
+            _map(path, name, manifest, verify)
+    hold(path, list(mapped.values()))
+    a = {name: torch.from_numpy(array) for name, array in mapped.items()}
     labels = a["labels"]
     if kind == "dense":
         if a["images"].dim() != 4 or labels.shape[:1] != a["images"].shape[:1]:
@@ -126,3 +134,11 @@ def _ragged(path: Path, kind: str, a: dict[str, torch.Tensor], hwc: bool) -> Any
 def verify_cache(path: str | Path) -> Cache:
     """Open with every hash checked; raises :class:`~gpufeed.errors.CacheError` on the first fault."""
     return open_cache(path, verify=True)
+
+
+def read_array(path: str | Path, name: str, verify: bool = True) -> np.ndarray | None:
+    """The array ``name`` of the entry ``path`` (mapped, checked as :func:`open_cache` checks), or None if the
+    entry has none (an entry built before gpufeed recorded it)."""
+    path = Path(path)
+    manifest = Manifest.read(path)
+    return _map(path, name, manifest, verify) if name in manifest.arrays else None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .common import add_data_arguments, load_train_test, output_dir, positive
+from .common import add_batch_size, add_data_arguments, load_train_test, output_dir, positive, settle_batch_size
 
 HELP = "the speed ladder: DataLoader -> cached -> GPU-resident -> gpufeed -> AMP -> CUDA graphs, vs the model alone"
 
@@ -20,10 +20,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--train-size",
         type=positive,
         default=None,
-        help="default: all on a GPU; on a CPU 5,000 CIFAR-10 images or 512 of a folder",
+        help="default: all on a GPU; on a CPU CIFAR-10's first 5,000 images or 512 of a folder, evenly spaced",
     )
     p.add_argument("--test-size", type=positive, default=None)
-    p.add_argument("--batch-size", type=int, default=256)
+    add_batch_size(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=output_dir, default=Path("bench-out"), help="folder for bench.json and bench.png")
 
@@ -33,11 +33,13 @@ def run(args: argparse.Namespace) -> int:
     from ..device import resolve_device
 
     where = resolve_device(args.device)
+    # only its sizes are used here: the batch size is settled once the data is known
     sized, _ = sized_config(
-        where, args.model, args.train_size, args.test_size, args.batch_size, args.seed, args.data, args.image_size,
-        args.val_data,
+        where, args.model, args.train_size, args.test_size, args.batch_size or 1, args.seed, args.data,
+        args.image_size, args.val_data,
     )  # fmt: skip
     datasets = load_train_test(args, sized.train_size, sized.test_size)
+    settle_batch_size(args, datasets[0], sized.train_size)
     run_bench(
         args.device,
         args.model,

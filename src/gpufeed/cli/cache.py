@@ -36,12 +36,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "if available)",
     )
     for name, text in [
-        ("info", "describe entries"),
-        ("verify", "check every byte of entries against their hashes"),
+        ("info", "list entries: size, the data each holds (folder or dataset), store kind, last use"),
+        ("verify", "check every byte of entries against their hashes (--data DIR: and against the folder's files)"),
         ("clear", "delete entries and leftovers of interrupted builds"),
     ]:
         q = sub.add_parser(name, help=text)
         q.add_argument("paths", nargs="*", type=Path, help="entries (default: all under the cache root)")
+    sub.choices["verify"].add_argument(
+        "--data",
+        type=lambda t: Path(t).expanduser(),
+        default=None,
+        metavar="DIR",
+        help="also re-read the image folder DIR and compare its files with what its entries were built from "
+        "(names the files replaced, changed, removed or added since)",
+    )
     for q in sub.choices.values():  # also after the action; SUPPRESS keeps a value given before it
         q.add_argument("--cache-dir", type=lambda t: Path(t).expanduser(), default=argparse.SUPPRESS, help=root_help)
 
@@ -117,28 +125,46 @@ def _build_folder(args: argparse.Namespace) -> int:
 
 
 def _info(args: argparse.Namespace) -> int:
+    from datetime import datetime
+
     from ..cache.format import Manifest
+    from ..cache.usage import LIMIT_ENV, cache_limit, describe, entry_bytes, last_use
     from ..errors import CacheError
 
-    entries, invalid = _entries(args), 0
+    entries, invalid, total = _entries(args), 0, 0
     if not entries:
         print(f"no cache entries under {_root(args)}")
+    kinds = {
+        "pixels": "decoded pixels, each image its own size",
+        "jpeg": "the image files' bytes",
+        "dense": "images of one size",
+    }
     for path in entries:
+        size = entry_bytes(path)
+        total += size
         try:
             m = Manifest.read(path)
         except CacheError as e:
             print(f"{path}\n  INVALID: {e}")
             invalid += 1
             continue
+        used = datetime.fromtimestamp(last_use(path)).isoformat(sep=" ", timespec="seconds")
+        kind = m.meta.get("store", "dense")
+        print(f"{path}\n  source: {describe(path)}")
+        print(f"  {size / 2**20:.1f} MiB  last use {used}  created {m.meta.get('created', '?')}  key {m.key[:20]}")
         images = m.arrays.get("images")
-        size = sum(a.nbytes for a in m.arrays.values()) / 2**20
-        print(f"{path}\n  key {m.key[:20]}  created {m.meta.get('created', '?')}  {size:.1f} MiB")
-        store = {"pixels": "decoded pixels, each image its own size", "jpeg": "the image files' bytes"}
-        if m.meta.get("store") in store:
-            print(f"  store: {store[m.meta['store']]}, {m.arrays['labels'].shape[0]:,} images")
+        if kind in ("pixels", "jpeg"):
+            print(f"  store: {kinds[kind]}, {m.arrays['labels'].shape[0]:,} images")
         elif images is not None:
-            print(f"  images {images.dtype} {tuple(images.shape)}  ingest: {m.meta.get('ingest', '?')}")
+            ingest = m.meta.get("ingest", "?")
+            print(f"  store: {kinds['dense']}, {images.dtype} {tuple(images.shape)}  ingest: {ingest}")
+        if m.meta.get("skipped"):
+            print(f"  skipped: {len(m.meta['skipped']):,} files that cannot be used (on_error='skip')")
         print(f"  cached: {', '.join(m.meta.get('cached', [])) or 'nothing (stored as read)'}")
+    limit = cache_limit()
+    if entries:
+        bound = f", {LIMIT_ENV}={limit / 2**30:.2f} GiB" if limit is not None else f" (no {LIMIT_ENV})"
+        print(f"{len(entries)} entries, {total / 2**30:.2f} GiB{bound}")
     return 1 if invalid else 0
 
 
@@ -146,6 +172,8 @@ def _verify(args: argparse.Namespace) -> int:
     from ..cache import verify_cache
     from ..errors import CacheError
 
+    if args.data is not None:
+        return _verify_data(args)
     bad = 0
     for path in _entries(args):
         try:
@@ -154,6 +182,55 @@ def _verify(args: argparse.Namespace) -> int:
         except CacheError as e:
             bad += 1
             print(f"BAD  {path}: {e}", file=sys.stderr)
+    return 1 if bad else 0
+
+
+def _verify_data(args: argparse.Namespace) -> int:
+    """The entries of the folder ``--data`` (and its splits), each checked and compared with its files."""
+    from ..cache import verify_cache
+    from ..cache.content import compare_folder, entry_folder
+    from ..cache.format import Manifest
+    from ..errors import CacheError, ConfigError
+
+    data = args.data.resolve()
+    if not data.is_dir():
+        raise ConfigError(f"--data {args.data}: not a directory; give the image folder the entries were built from")
+    checked, bad = 0, 0
+    for path in _entries(args):
+        try:
+            folder = entry_folder(path)
+        except CacheError:
+            folder = None
+        if folder is None or not folder.is_relative_to(data):
+            continue
+        if "names" not in Manifest.read(path).arrays:
+            print(
+                f"SKIP {path}: it records no hashes of its files (built before gpufeed recorded them, or not a "
+                f"folder's files); clear it (gpufeed cache clear {path}) and build it again to compare it",
+                file=sys.stderr,
+            )
+            continue
+        checked += 1
+        try:
+            verify_cache(path)
+            result = compare_folder(path)
+        except CacheError as e:
+            bad += 1
+            print(f"BAD  {path}: {e}", file=sys.stderr)
+            continue
+        if result.ok:
+            print(f"OK   {path}: its {result.files:,} files in {folder} are the ones it was built from")
+            continue
+        bad += 1
+        lines = "\n".join(f"  {why}" for why in result.changed)
+        print(
+            f"DIFFERS {path}: {len(result.changed):,} files of {folder} are not what it was built from:\n{lines}\n"
+            f"  remove the entry (gpufeed cache clear {path}); the next run builds it from the files as they are",
+            file=sys.stderr,
+        )
+    if not checked:
+        print(f"no cache entry under {_root(args)} holds hashes of files of {data} to compare", file=sys.stderr)
+        return 1
     return 1 if bad else 0
 
 

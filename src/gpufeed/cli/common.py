@@ -20,14 +20,17 @@ def positive(text: str) -> int:
 
 
 def count(text: str) -> int:
-    """An argparse type: an int >= 0 (a number of workers)."""
+    """An argparse type: an int >= 0 (a number of workers), capped at a few per usable core with a warning (a
+    typo such as 1000000 would start processes until the machine stops)."""
+    from ..validate import as_workers
+
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
     if value < 0:
         raise argparse.ArgumentTypeError(f"{value} must be >= 0")
-    return value
+    return as_workers(value, "--num-workers")
 
 
 def output_dir(text: str) -> Path:
@@ -187,3 +190,88 @@ def subset_note(
         if n and n < total
     ]
     return f" (using {' and '.join(parts)})" if parts else ""
+
+
+DEFAULT_BATCH_SIZE = 256
+
+
+def add_batch_size(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--batch-size",
+        type=positive,
+        default=None,
+        help=f"images per batch (default {DEFAULT_BATCH_SIZE}, or all the training images when there are fewer)",
+    )
+
+
+def world_size() -> int:
+    """Processes sharing each epoch (torch.distributed.run sets WORLD_SIZE), 1 for a plain process."""
+    return max(1, int(os.environ.get("WORLD_SIZE", "1")))
+
+
+def choose_batch_size(requested: int | None, images: int, world: int = 1) -> tuple[int, str | None]:
+    """``--batch-size``, or the default one that fits ``images`` training images shared by ``world`` processes,
+    with the line that says so. Training drops each rank's last, partial batch (static shapes): a batch size
+    larger than a rank's share would give epochs of no batch, so it is refused, naming the option.
+
+    Example:
+        >>> choose_batch_size(None, 10)
+        (10, 'batch size 10: the default 256 is more than the 10 training images (set --batch-size)')
+    """
+    from ..errors import ConfigError
+
+    share = images // world
+    across = f" per process ({images:,} over {world})" if world > 1 else ""
+    if requested is None:
+        if share >= DEFAULT_BATCH_SIZE:
+            return DEFAULT_BATCH_SIZE, None
+        if share < 1:
+            raise ConfigError(f"{images} training images cannot be shared by {world} processes; use fewer processes")
+        what = f"{share:,} training images{across}"
+        return share, f"batch size {share}: the default {DEFAULT_BATCH_SIZE} is more than the {what} (set --batch-size)"
+    if requested > share:
+        raise ConfigError(
+            f"--batch-size {requested} is more than the {share:,} training images{across}: each epoch drops its last, "
+            f"partial batch, so it would have none; use --batch-size {max(1, share)} or less"
+        )
+    return requested, None
+
+
+def describe_epoch(loader: Any, images: int, batch_size: int, world: int = 1) -> list[str]:
+    """What a run will train on: gpufeed's plan (store, cache, what runs batched) when the loader has one, and
+    the images each epoch uses and drops."""
+    lines = []
+    plan = getattr(loader, "plan", None)
+    if plan is not None:
+        if plan.ingest.startswith("cache hit"):
+            cache = "hit"
+        elif plan.cache_path:
+            cache = "built by this run"
+        else:
+            cache = "none (read for this run, not kept)"
+        lines.append(f"plan: store {plan.storage}, cache {cache}")
+        lines += [f"  {line}" for line in str(plan).splitlines()]
+    batches = len(loader)  # this process's batches per epoch
+    used = min(images, batches * batch_size * world)
+    dropped = images - used
+    total = batches * world
+    line = f"per epoch: {used:,} of {images:,} training images, {total:,} batch{'es' * (total != 1)} of {batch_size}"
+    if dropped:
+        line += (
+            f"; {dropped:,} dropped by drop_last (each epoch's last, partial batch, dropped for static shapes; "
+            "another shuffle drops others next epoch)"
+        )
+    lines.append(line)
+    return lines
+
+
+def training_images(train: Any, train_size: int | None) -> int:
+    """The training images a run uses: ``--train-size`` of them, or all."""
+    return min(len(train), train_size) if train_size else len(train)
+
+
+def settle_batch_size(args: argparse.Namespace, train: Any, train_size: int | None) -> None:
+    """Set ``args.batch_size`` to what the run uses (see :func:`choose_batch_size`), printing why if it was chosen."""
+    args.batch_size, why = choose_batch_size(args.batch_size, training_images(train, train_size), world_size())
+    if why and lead():
+        print(why, flush=True)

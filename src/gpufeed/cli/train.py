@@ -7,7 +7,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from .common import add_data_arguments, count, output_dir, positive
+from .common import add_batch_size, add_data_arguments, count, output_dir, positive
 
 HELP = "train a model on CIFAR-10 or an image folder with a chosen loader and precision; records to DIR/train.json"
 
@@ -88,12 +88,22 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--channels-last", action="store_true")
     p.add_argument("--cuda-graphs", action="store_true", help="capture forward, backward and step in a CUDA graph")
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
-    p.add_argument("--batch-size", type=int, default=256)
+    add_batch_size(p)
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda if available)")
-    p.add_argument("--train-size", type=positive, default=None, help="train on the first N images")
-    p.add_argument("--test-size", type=positive, default=None, help="test on the first N images")
+    p.add_argument(
+        "--train-size",
+        type=positive,
+        default=None,
+        help="train on N images: CIFAR-10's first N; of an image folder, N evenly spaced (all its classes)",
+    )
+    p.add_argument(
+        "--test-size",
+        type=positive,
+        default=None,
+        help="test on N images: CIFAR-10's first N; of an image folder, N evenly spaced",
+    )
 
 
 def config_from(args: argparse.Namespace, **overrides: object) -> Any:
@@ -131,13 +141,22 @@ def run(args: argparse.Namespace) -> int:
 
     from ..report import format_table
     from ..train import train
-    from .common import lead, load_train_test
+    from .common import DEFAULT_BATCH_SIZE, describe_epoch, lead, load_train_test, settle_batch_size, training_images
 
     if args.nproc_per_node and "LOCAL_RANK" not in os.environ:
         return _launch(args)
-    cfg = config_from(args, epochs=args.epochs, progress=not args.no_progress)
+    # checked before the data is read (the batch size that fits is known after)
+    config_from(args, epochs=args.epochs, batch_size=args.batch_size or DEFAULT_BATCH_SIZE)
     datasets = load_train_test(args, args.train_size, args.test_size)
-    records = train(cfg, args.out, datasets)
+    settle_batch_size(args, datasets[0], args.train_size)
+    cfg = config_from(args, epochs=args.epochs, progress=not args.no_progress)
+    images = training_images(datasets[0], args.train_size)
+
+    def announce(run: Any) -> None:  # before the first epoch: what it trains on, and what it drops
+        if lead():
+            print("\n".join(describe_epoch(run.loader, images, cfg.batch_size, run.world_size)), flush=True)
+
+    records = train(cfg, args.out, datasets, on_ready=announce)
     if not lead():
         return 0  # rank 0 reports for everyone
     columns = [

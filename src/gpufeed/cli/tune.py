@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import argparse
 
-from .common import add_data_arguments, positive
+from .common import add_batch_size, add_data_arguments, positive
 
 HELP = "measure num_workers, prefetch_factor, pin_memory for the DataLoader of a dataset and print the best"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_data_arguments(p)
-    p.add_argument("--batch-size", type=int, default=256)
+    add_batch_size(p)
     p.add_argument("--time-budget", type=float, default=60, help="seconds the search may take")
     p.add_argument("--device", default="cpu", help="where batches go (cuda: the copy is timed, pinning tried)")
     p.add_argument(
@@ -25,9 +25,14 @@ def run(args: argparse.Namespace) -> int:
     from ..report import table_rows
     from ..train.loaders import train_transform
     from ..tune import tune_dataloader
-    from .common import load_data
+    from .common import DEFAULT_BATCH_SIZE, load_data
 
     dataset = load_data(args, train=True, transform=train_transform())
+    if args.batch_size is None:  # (a DataLoader keeps its last, partial batch: any size runs; the default fits)
+        args.batch_size = min(DEFAULT_BATCH_SIZE, len(dataset))
+        if args.batch_size < DEFAULT_BATCH_SIZE:
+            print(f"batch size {args.batch_size}: the default {DEFAULT_BATCH_SIZE} is more than the "
+                  f"{len(dataset)} images (set --batch-size)")  # fmt: skip
     columns = [
         ("num_workers", "workers", "d"),
         ("prefetch_factor", "prefetch", "d"),
@@ -46,7 +51,13 @@ def run(args: argparse.Namespace) -> int:
         max_workers=args.max_workers,
         on_trial=lambda trial: print(row(asdict(trial)), flush=True),  # each trial as it is measured
     )
-    print(f"\nbest: DataLoader(dataset, **{cfg.kwargs})  -> {cfg.speedup:.2f}x the default settings")
+    fastest = max(cfg.table, key=lambda t: t.images_per_s)
+    if any(note.startswith("no gain measured") for note in cfg.notes):  # the defaults kept: a gain within the noise
+        print(f"\nbest: DataLoader(dataset, **{cfg.kwargs})  -> no gain measured over the default settings "
+              f"(the fastest trial's {fastest.images_per_s / cfg.table[0].images_per_s:.2f}x is within the "
+              f"{cfg.noise:.0%} noise)")  # fmt: skip
+    else:
+        print(f"\nbest: DataLoader(dataset, **{cfg.kwargs})  -> {cfg.speedup:.2f}x the default settings")
     for note in cfg.notes:
         print(f"note: {note}")
     return 0

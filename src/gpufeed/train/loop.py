@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, cast
@@ -248,19 +249,30 @@ def _distributed(cfg: TrainConfig) -> tuple[torch.device, int, int]:
 
 
 def train(
-    cfg: TrainConfig, out: str | Path | None = None, datasets: tuple[Any, Any] | None = None
+    cfg: TrainConfig,
+    out: str | Path | None = None,
+    datasets: tuple[Any, Any] | None = None,
+    on_ready: Callable[[Prepared], None] | None = None,
 ) -> list[EpochRecord]:
     """Train ``cfg.model`` on ``cfg.data`` (CIFAR-10 or an image folder) and return one record per epoch;
-    ``out/train.json`` if given."""
+    ``out/train.json`` if given. ``on_ready`` is called with the prepared run before the first epoch (the CLI
+    prints the loader's plan)."""
     previous = torch.backends.cudnn.benchmark  # prepare() turns it on for the run; the caller's value returns after
     try:
-        return _train(cfg, out, datasets)
+        return _train(cfg, out, datasets, on_ready)
     finally:
         torch.backends.cudnn.benchmark = previous
 
 
-def _train(cfg: TrainConfig, out: str | Path | None, datasets: tuple[Any, Any] | None) -> list[EpochRecord]:
+def _train(
+    cfg: TrainConfig,
+    out: str | Path | None,
+    datasets: tuple[Any, Any] | None,
+    on_ready: Callable[[Prepared], None] | None = None,
+) -> list[EpochRecord]:
     run = prepare(cfg, datasets)
+    if on_ready is not None:
+        on_ready(run)
     records: list[EpochRecord] = []
     total_steps, done = cfg.epochs * len(run.loader), 0
     lead = run.rank == 0

@@ -204,3 +204,10 @@ def test_a_spill_left_by_a_killed_process_is_removed_by_the_next(tmp_path, monke
     images, _ = spill(torch.ones(2, 1, 4, 4, dtype=torch.uint8), torch.arange(2))
     assert not left[0].exists() and mine.exists()
     assert remove_dead_spills(tmp_path) == [] and int(images.sum()) == 32
+
+
+def test_an_erase_value_per_channel_of_the_wrong_length_is_refused_from_the_pipeline_not_a_lucky_draw():
+    # p=0.01: the dry run on three probed samples would almost never draw it; the plan knows the channel count.
+    ds = cifar_like(8, transform=T.Compose([T.ToTensor(), T.RandomErasing(p=0.01, value=(0.1, 0.2))]))
+    with pytest.raises(ConfigError, match=r"value=\(0.1, 0.2\).*either a single value or 3.*give one value or 3"):
+        accelerate(ds, batch_size=4, device="cpu", cache=False, progress=False)

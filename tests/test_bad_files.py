@@ -178,3 +178,32 @@ def test_on_error_skip_is_refused_where_no_folder_store_is_built():
     ds = torch.utils.data.TensorDataset(torch.zeros(4, 3, 8, 8, dtype=torch.uint8), torch.arange(4))
     with pytest.raises(gf.ConfigError, match=r"on_error='skip' leaves out the files of a folder"):
         gf.accelerate(ds, transform=T.RandomHorizontalFlip(), on_error="skip", **KW)
+
+
+def test_a_jpeg_store_decodes_the_folder_to_check_it_once_per_state_of_its_files(tmp_path, monkeypatch):
+    # cache="auto" keeps no JPEG entry (the bytes are the files): without a record every start would decode the
+    # whole folder again to find the bad files.
+    import os
+
+    import gpufeed.sources as sources
+
+    root = _folder(tmp_path / "data")
+    cut = root / "c1" / "04.jpg"
+    cut.write_bytes(cut.read_bytes()[:-200])  # header intact: only a decode finds it
+    ds = ImageFolder(str(root), transform=RECIPE)
+    decoded = []
+    real = sources.undecodable
+    monkeypatch.setattr(sources, "undecodable", lambda enc, *a: decoded.append(len(enc)) or real(enc, *a))
+
+    def start(**kw):
+        with pytest.warns(UserWarning, match=f"(?s)on_error='skip'.*{cut}"):
+            loader = gf.accelerate(ds, store="jpeg", on_error="skip", **KW, **kw)
+        return loader.labels.tolist()
+
+    first = start()
+    assert decoded == [12] and first == [t for p, t in ds.samples if p != str(cut)]
+    assert start() == first and decoded == [12]  # the files are as they were: the record says which is bad
+    st = os.stat(root / "c0" / "00.jpg")
+    os.utime(root / "c0" / "00.jpg", ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    assert start() == first and decoded == [12, 12]  # a file changed: checked again
+    assert start(cache=False) == first and decoded == [12, 12, 12]  # no disk: nothing recorded or read

@@ -297,6 +297,18 @@ def test_the_device_loader_names_the_transform_where_it_differs():
         other.load_state_dict(state)
 
 
+def test_a_state_from_another_gpufeed_release_reports_a_changed_transform_description_but_checks_the_data():
+    # A release may describe the same op otherwise (a new field in its repr): that alone must not strand states.
+    state = make("device").state_dict()
+    assert state["fingerprint"]["gpufeed"] == gf.__version__
+    older = {**state, "fingerprint": {**state["fingerprint"], "gpufeed": "0.0.1", "transform": "RandomCrop(old)"}}
+    with pytest.warns(UserWarning, match=r"saved by gpufeed 0\.0\.1.*check that it is the same pipeline"):
+        make("device").load_state_dict(older)
+    wrong_data = {**older, "fingerprint": {**older["fingerprint"], "labels": "0" * 32}}
+    with pytest.raises(gf.StateError, match="labels"), pytest.warns(UserWarning):
+        make("device").load_state_dict(wrong_data)
+
+
 @pytest.mark.parametrize("kind", ["device", "fallback"])
 def test_accelerates_skip_first_batches_is_a_typed_error_naming_set_epoch(kind):
     accelerate = pytest.importorskip("accelerate")

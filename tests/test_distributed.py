@@ -138,6 +138,23 @@ def test_padded_evaluation_gives_every_rank_the_same_full_batches_and_says_which
     assert batches[0][-1][5:] == [0, 1, 2] and batches[1][-1] == list(range(3, 11))  # the repeats: the order's start
 
 
+def test_real_counts_follow_an_evaluation_resumed_part_way_as_enumerate_counts_it():
+    # The README's plain loop: for i, (x, y) in enumerate(loader): keep y[: loader.real_counts[i]].
+    def kept(loader):
+        return sum((y[: loader.real_counts[i]].tolist() for i, (_, y) in enumerate(loader)), [])
+
+    loaders = _ranks(n=101, world=2, even="pad", shuffle=False)
+    whole = [kept(lo) for lo in loaders]
+    assert sorted(whole[0] + whole[1]) == list(range(101))
+    for r, lo in enumerate(_ranks(n=101, world=2, even="pad", shuffle=False)):
+        it = iter(lo)
+        first = [next(it)[1][: lo.real_counts[i]].tolist() for i in range(3)]
+        state = lo.state_dict()
+        fresh = _ranks(n=101, world=2, even="pad", shuffle=False)[r]
+        fresh.load_state_dict(state)
+        assert sum(first, []) + kept(fresh) == whole[r]  # the repeats of the last batch are not counted as real
+
+
 def test_the_per_sample_fallback_pads_evaluation_as_the_batched_loader_does():
     import warnings
 

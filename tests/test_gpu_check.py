@@ -48,7 +48,7 @@ def test_a_part_that_fails_or_times_out_is_recorded_and_the_next_runs(tmp_path, 
     def hangs(c):  # records a failure and goes on, as the bench ladder does: the timeout must get through
         import time
 
-        for _ in range(5):
+        for _ in range(120):  # two minutes unless the timeout cuts it: the bound below holds at any load
             try:
                 time.sleep(1)
             except Exception:
@@ -59,7 +59,7 @@ def test_a_part_that_fails_or_times_out_is_recorded_and_the_next_runs(tmp_path, 
     gpu_check.main(["--cpu-rehearsal", "--out", str(tmp_path), "--parts", "prefetch_race", "tune"])
     summary = json.loads((tmp_path / "gpu_check.json").read_text())
     assert "ZeroDivisionError" in summary["prefetch_race"]["error"]
-    assert summary["tune"]["error"] == "timed out after 1 s" and summary["tune"]["part_seconds"] < 3
+    assert summary["tune"]["error"] == "timed out after 1 s" and summary["tune"]["part_seconds"] < 60
 
 
 def test_without_time_limits_a_slow_part_runs_to_its_end(tmp_path, monkeypatch):

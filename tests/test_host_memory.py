@@ -62,6 +62,20 @@ def test_a_cgroup_v1_limit_in_the_process_s_own_cgroup_is_read(proc):
     assert _available(proc)[0] == 23488512 * 1024
 
 
+def test_a_limit_on_a_parent_cgroup_binds_when_the_own_one_has_none(proc):
+    # systemd: MemoryMax= on the slice, the service's own cgroup at "max"
+    slice_, own = proc / "fs" / "user.slice", proc / "fs" / "user.slice" / "job.scope"
+    own.mkdir(parents=True)
+    (own / "memory.max").write_text("max\n")
+    (own / "memory.current").write_text(f"{GIB}\n")
+    (slice_ / "memory.max").write_text(f"{5 * GIB}\n")
+    (slice_ / "memory.current").write_text(f"{2 * GIB}\n")
+    (proc / "cgroup").write_text("0::/user.slice/job.scope\n")
+    assert _available(proc)[0] == 3 * GIB
+    (own / "memory.max").write_text(f"{10 * GIB}\n")  # a looser own limit: the parent's is still the tighter
+    assert _available(proc)[0] == 3 * GIB
+
+
 def test_without_proc_meminfo_psutil_s_available_is_used(proc, monkeypatch):
     import psutil
 

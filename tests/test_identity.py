@@ -1,10 +1,19 @@
 """What a loader state belongs to: the data fingerprint of every store kind, and how a difference is shown."""
 
-import torch
+import shutil
 
+import pytest
+import torch
+import torchvision.transforms as T
+from torch.utils.data import TensorDataset, random_split
+from torchvision.datasets import ImageFolder
+
+import gpufeed as gf
 from gpufeed.augment.ragged import Ragged
 from gpufeed.encoded import Encoded
-from gpufeed.identity import data_identity, describe, differences
+from gpufeed.identity import data_identity, dataset_identity, describe, differences
+
+from fakes import cifar_like, image_folder
 
 
 def test_every_store_kind_is_fingerprinted_by_its_shape_and_sampled_bytes():
@@ -20,7 +29,7 @@ def test_every_store_kind_is_fingerprinted_by_its_shape_and_sampled_bytes():
 
     ragged = Ragged.stack([torch.full((3, 1 + i % 3, 2), i, dtype=torch.uint8) for i in range(20)])
     r = data_identity(ragged, labels)
-    assert r["images"] == "20 ragged images of torch.uint8" and r == data_identity(
+    assert r["images"] == "20 images of different sizes, torch.uint8" and r == data_identity(
         ragged.select(torch.arange(20)), labels
     )
     other = Ragged.stack([torch.full((3, 1 + i % 3, 2), i + (i == 19), dtype=torch.uint8) for i in range(20)])
@@ -30,7 +39,7 @@ def test_every_store_kind_is_fingerprinted_by_its_shape_and_sampled_bytes():
     starts, lengths = torch.arange(0, 60, 3), torch.full((20,), 3)
     encoded = Encoded(data, starts, lengths, torch.tensor([[3, 8, 8]] * 20), torch.ones(20, dtype=torch.bool))
     e = data_identity(encoded, labels)
-    assert e["images"] == "20 encoded images of torch.uint8"
+    assert e["images"] == "20 images of different sizes, torch.uint8"
     flipped = Encoded(data.flip(0), starts, lengths, encoded.shapes, encoded.jpeg)
     assert data_identity(flipped, labels)["pixels"] != e["pixels"]
 
@@ -47,3 +56,51 @@ def test_descriptions_drop_memory_addresses_and_long_differences_are_shown_where
     assert differences({"mix": None}, {"mix": "MixUp(alpha=0.2)", "views": 2}) == [
         "saved with mix=None, but this loader has mix='MixUp(alpha=0.2)'"
     ]
+
+
+def _fallback(dataset) -> gf.FallbackLoader:
+    return gf.FallbackLoader(
+        dataset, T.ToTensor(), 4, True, False, torch.device("cpu"), 0,
+        dtype=None, channels_last=False, num_workers=0, reason="a test",
+    )  # fmt: skip
+
+
+def test_the_fallback_tells_apart_datasets_of_one_class_and_length():
+    # The per-sample fallback reads no sample for its fingerprint, but what the dataset holds per sample (indices,
+    # files, arrays, labels) tells the two halves of a random_split, or CIFAR-like arrays of another seed, apart.
+    ds = cifar_like(16, seed=0)
+    first, second = random_split(ds, [8, 8], generator=torch.Generator().manual_seed(0))
+    state = _fallback(first).state_dict()
+    for other in (second, random_split(cifar_like(16, seed=1), [8, 8], generator=torch.Generator().manual_seed(0))[0]):
+        with pytest.raises(gf.StateError, match="belongs to other data"):
+            _fallback(other).load_state_dict(state)
+    again = _fallback(random_split(cifar_like(16, seed=0), [8, 8], generator=torch.Generator().manual_seed(0))[0])
+    again.load_state_dict(state)  # the same data, rebuilt: its state loads
+    assert dataset_identity(TensorDataset(torch.zeros(3, 2))) != dataset_identity(TensorDataset(torch.ones(3, 2)))
+
+
+def test_a_folder_s_pixel_store_and_its_jpeg_store_are_the_same_data(tmp_path):
+    # store="auto" picks the pixel store or the JPEG store by the memory budget, which differs from machine to
+    # machine: a state saved with one resumes with the other (on the CPU their batches are the same).
+    recipe = T.Compose([T.RandomResizedCrop(12), T.RandomHorizontalFlip(), T.PILToTensor()])
+    ds = image_folder(tmp_path / "photos", [(30, 20), (17, 25), (40, 33), (21, 21), (28, 19)], transform=recipe)
+    kw = dict(batch_size=2, device="cpu", num_workers=0, progress=False, cache=False, seed=1)
+    saved = gf.accelerate(ds, store="pixels", **kw)
+    it = iter(saved)
+    next(it)
+    state, rest = saved.state_dict(), [x for x, _ in it]
+    resumed = gf.accelerate(ds, store="jpeg", **kw)
+    resumed.load_state_dict(state)
+    assert [x.tolist() for x, _ in resumed] == [x.tolist() for x in rest]
+    other = image_folder(tmp_path / "other", [(30, 20), (17, 25), (40, 33), (21, 21), (28, 19)], recipe, seed=1)
+    with pytest.raises(gf.StateError, match="pixels="):
+        gf.accelerate(other, store="jpeg", **kw).load_state_dict(state)  # same sizes, other pixels
+
+
+def test_the_fallback_s_fingerprint_of_a_folder_survives_a_move_but_not_another_file_list(tmp_path):
+    # A preempted job resumed on another machine reads the same folder from another mount.
+    ds = image_folder(tmp_path / "a" / "photos", [(20, 20)] * 5)
+    shutil.copytree(tmp_path / "a" / "photos", tmp_path / "b" / "photos")
+    assert dataset_identity(ds) == dataset_identity(ImageFolder(str(tmp_path / "b" / "photos")))
+    (tmp_path / "b" / "photos" / "class0" / "0000.png").rename(tmp_path / "b" / "photos" / "class0" / "9999.png")
+    assert dataset_identity(ds) != dataset_identity(ImageFolder(str(tmp_path / "b" / "photos")))

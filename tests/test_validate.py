@@ -284,3 +284,18 @@ def test_accelerate_with_a_million_workers_starts_a_few_and_says_so(monkeypatch)
     with pytest.warns(UserWarning, match=r"num_workers=1000000 .* using 4"):
         loader = gf.accelerate(ds, batch_size=8, device="cpu", cache=False, num_workers=10**6, progress=False)
     assert sum(y.shape[0] for _, y in loader) == 40
+
+
+def test_every_entry_point_that_starts_workers_caps_them(monkeypatch, tmp_path):
+    # The cap belongs wherever a count of workers comes in, not in accelerate only: the fallback loader and
+    # build_cache are public and start DataLoader workers themselves.
+    monkeypatch.setattr("gpufeed.device.usable_cores", lambda: 1)
+    with pytest.warns(UserWarning, match=r"num_workers=1000000 .* using 4"):
+        loader = gf.FallbackLoader(
+            cifar_like(8), T.ToTensor(), 4, False, False, torch.device("cpu"), 0,
+            dtype=None, channels_last=False, num_workers=10**6, reason="a test",
+        )  # fmt: skip
+    assert loader.plan.workers == 4
+    with pytest.raises(ConfigError, match="num_workers=-1 must be >= 0"):
+        gf.build_cache(cifar_like(8, transform=T.ToTensor()), tmp_path / "entry", num_workers=-1, progress=False)
+    assert not (tmp_path / "entry").exists()

@@ -106,6 +106,21 @@ def test_concat_parts_with_different_transforms_are_refused_or_run_per_sample():
     assert torch.equal(x[8:], torch.stack([b[i][0] for i in range(8)]))
 
 
+@pytest.mark.parametrize("fallback", ["error", "prefetch"])
+def test_transform_given_replaces_every_part_s_own_even_when_the_parts_differ(fallback):
+    # accelerate(..., transform=) replaces the inner datasets' transforms: the parts' own, different ones neither
+    # make the ConcatDataset unbatchable nor run under the given one (ToTensor twice would fail on every sample).
+    a = cifar_like(8, transform=TRAIN, seed=1)
+    b = cifar_like(8, transform=T.Compose([T.ToTensor(), T.Normalize(*CIFAR)]), seed=2)
+    given = T.Compose([T.RandomHorizontalFlip(p=1.0), T.ToTensor()])
+    loader = gf.accelerate(
+        ConcatDataset([a, b]), transform=given, batch_size=4, shuffle=False, cache=False, fallback=fallback, **KW
+    )
+    assert isinstance(loader, gf.DeviceLoader)
+    raw = torch.from_numpy(np.concatenate([a.data, b.data])).permute(0, 3, 1, 2).flip(-1).float() / 255
+    assert torch.allclose(torch.cat([x for x, _ in loader]), raw)
+
+
 @pytest.mark.parametrize("store", ["pixels", "jpeg"])
 @pytest.mark.parametrize("wrap", ["subset", "random_split", "concat"])
 def test_a_wrapped_folder_is_stored_and_cached_as_the_folder_of_its_files(tmp_path, store, wrap):
@@ -224,9 +239,13 @@ def test_a_subset_of_a_users_dataset_strips_the_inner_transform_through_a_view()
     assert isinstance(unwrap(ConcatDataset([inner, Plain(3, tf)])), ConcatView)
 
 
-def test_a_subset_index_out_of_range_is_named():
-    with pytest.raises(DataError, match="Subset index 40 is out of range for its dataset of 10 samples"):
-        gf.accelerate(Subset(cifar_like(10, transform=TRAIN), [1, 40]), batch_size=2, cache=False, **KW)
+def test_a_subset_index_out_of_range_is_named_and_no_fallback_is_taken_for_it():
+    part = Subset(cifar_like(10, transform=TRAIN), [1, 40])
+    for fallback in ("error", "prefetch"):  # bad input: the per-sample fallback would only fail on it mid-epoch
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # no "falls back" warning either
+            with pytest.raises(DataError, match="Subset index 40 is out of range for its dataset of 10 samples"):
+                gf.accelerate(part, batch_size=2, cache=False, fallback=fallback, **KW)
 
 
 def test_build_cache_of_a_subset_stores_the_inner_deterministic_part_of_those_samples(tmp_path):

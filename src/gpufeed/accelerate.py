@@ -29,7 +29,7 @@ from .ingest import Probe, RaggedError, UnbatchableError, probe
 from .loader import DeviceLoader
 from .plan import Plan, Split, build_batched, split_transform
 from .sampling import as_even
-from .sources import STORES, describe_store, fmt_bytes, load, load_ragged, takes_ragged
+from .sources import ON_ERROR, STORES, describe_store, fmt_bytes, load, load_ragged, takes_ragged
 from .spill import spill
 from .validate import as_flag, as_int, as_workers, check_dataset, check_epoch
 from .wrappers import unwrap
@@ -191,8 +191,8 @@ def accelerate(
         raise ConfigError("max_side shrinks a pixel store as it is decoded; store='jpeg' keeps the files as they are")
     if fallback not in ("error", "prefetch"):
         raise ConfigError(f"fallback={fallback!r} must be 'error' or 'prefetch'")
-    if on_error not in ("error", "skip"):
-        raise ConfigError(f"on_error={on_error!r} must be 'error' or 'skip'")
+    if on_error not in ON_ERROR:
+        raise ConfigError(f"on_error={on_error!r} must be one of {ON_ERROR}")
     # Checked before the data is read: a bad argument must not cost an ingest.
     check_dataset(dataset)
     batch_size, seed = as_int(batch_size, "batch_size", 1), as_int(seed, "seed")
@@ -205,7 +205,7 @@ def accelerate(
     memory_budget = None if memory_budget is None else as_int(memory_budget, "memory_budget (bytes)", 0)
     num_workers = None if num_workers is None else as_workers(num_workers)
     try:  # torch's Subset / random_split parts / ConcatDataset: their inner transform, files and arrays
-        dataset = unwrap(dataset)
+        dataset = unwrap(dataset, own_transforms=transform is _DATASET)  # transform= replaces them all
     except UnbatchableError as e:  # parts with different transforms: only the per-sample pipeline runs them
         unwrapped_error: UnbatchableError | None = e
     else:
@@ -262,7 +262,9 @@ def accelerate(
         if unwrapped_error is not None:
             raise unwrapped_error
         split, probed = preflight(dataset, transform, cache_lambda, on_error)
-        takes = takes_ragged(build_batched(split.device, probed.dtype, probed.size, probed.pil))
+        takes = takes_ragged(
+            build_batched(split.device, probed.dtype, probed.size, probed.pil, channels=probed.channels)
+        )
         view_splits = [split]
         for other in (view_list or [])[1:]:  # each view planned as the first; one stored part for all
             other_split, other_probe = preflight(dataset, other, cache_lambda, on_error)
@@ -272,7 +274,9 @@ def accelerate(
                     f"{list(other_split.cached)}); the images are stored once, so every view must start the same"
                 )
             takes = takes and takes_ragged(
-                build_batched(other_split.device, other_probe.dtype, other_probe.size, other_probe.pil)
+                build_batched(
+                    other_split.device, other_probe.dtype, other_probe.size, other_probe.pil, channels=probed.channels
+                )
             )
             view_splits.append(other_split)
         if (store == "jpeg" or max_side is not None) and not takes:
@@ -329,10 +333,12 @@ def accelerate(
             warnings.warn(f"gpufeed.accelerate: {e}; the data stays in host memory", stacklevel=2)
     notes: list[str] = []
     size = probed.size if isinstance(images, (Ragged, Encoded)) else (images.shape[2], images.shape[3])
-    batched = build_batched(split.device, images.dtype, size, probed.pil, notes)
+    batched = build_batched(split.device, images.dtype, size, probed.pil, notes, probed.channels)
     view_ops: int | list[Any] = views
     if view_list is not None:
-        view_ops = [batched] + [build_batched(v.device, images.dtype, size, probed.pil, notes) for v in view_splits[1:]]
+        view_ops = [batched] + [
+            build_batched(v.device, images.dtype, size, probed.pil, notes, probed.channels) for v in view_splits[1:]
+        ]
         if any(ops is None for ops in view_ops):
             raise ConfigError("views: every view's pipeline needs a random op after its deterministic part")
     loader = DeviceLoader(
@@ -387,7 +393,7 @@ def preflight(dataset: Any, transform: Any, cache_lambda: bool = False, on_error
     # A folder's bad files are all found while its store is built (and named in one error, or left out): the probe
     # reads past them rather than failing on the first.
     probed = probe(dataset, split.cached_transform(), "skip" if file_samples(dataset) is not None else on_error)
-    batched = build_batched(split.device, probed.dtype, probed.size, probed.pil)
+    batched = build_batched(split.device, probed.dtype, probed.size, probed.pil, channels=probed.channels)
     if probed.ragged is not None and not (probed.sizes_only and takes_ragged(batched)):
         crop = next((op for op in getattr(batched, "transforms", []) if op.one_size_output), None)
         if probed.sizes_only and crop is not None:  # the recipe could keep them as they are, with its ops reordered

@@ -58,11 +58,13 @@ def build_cache(
         CacheWriteError: the disk is full or the location not writable (nothing partial is left).
     """
     from .plan import split_transform
-    from .validate import check_dataset
+    from .validate import as_workers, check_dataset
     from .wrappers import unwrap
 
     check_dataset(dataset)
-    dataset = unwrap(dataset)  # a Subset / ConcatDataset: the samples and transform of what it wraps
+    num_workers = None if num_workers is None else as_workers(num_workers)  # a typo must not start 10**6 workers
+    # a Subset / ConcatDataset: the samples and transform of what it wraps (transform= replaces its transforms)
+    dataset = unwrap(dataset, own_transforms=transform is _DATASET)
     split = split_transform(getattr(dataset, "transform", None) if transform is _DATASET else transform, cache_lambda)
     key = cache_key(dataset, split.cached)
     if key is None:

@@ -9,7 +9,7 @@ import torch
 
 from .errors import DeviceError
 
-__all__ = ["environment", "host_available", "resolve_device", "sync", "usable_cores"]
+__all__ = ["environment", "fmt_bytes", "host_available", "resolve_device", "sync", "usable_cores"]
 
 # A cgroup v1 "no limit" is a huge number (9223372036854771712), not a word: past this, it is no limit.
 _NO_LIMIT = 1 << 60
@@ -42,25 +42,32 @@ def _mem_available(meminfo: Path) -> int | None:
 
 
 def _cgroup_paths(root: Path, self_cgroup: Path) -> list[Path]:
-    """The folders that may hold this process's memory controller: its own cgroup, then the mount's root (what
-    a container sees when the cgroup namespace puts it at the root)."""
+    """The folders that may hold a memory limit on this process: its own cgroup and every parent up to the
+    mount (a limit set on a parent, e.g. a systemd slice's MemoryMax, binds too), then the mount's root (what a
+    container sees when the cgroup namespace puts it at the root)."""
     found: list[Path] = []
     try:
         for line in self_cgroup.read_text().splitlines():
             _, controllers, rel = line.split(":", 2)
             if controllers == "":  # cgroup v2
-                found.append(root / rel.lstrip("/"))
+                base = root
             elif "memory" in controllers.split(","):  # cgroup v1
-                found.append(root / "memory" / rel.lstrip("/"))
+                base = root / "memory"
+            else:
+                continue
+            parts = [p for p in rel.split("/") if p]
+            found += [base.joinpath(*parts[:k]) for k in range(len(parts), 0, -1)]
     except (OSError, ValueError):
         pass
-    return [*found, root, root / "memory"]
+    return list(dict.fromkeys([*found, root, root / "memory"]))
 
 
 def _cgroup_room(root: Path, self_cgroup: Path) -> tuple[int, int] | None:
     """``(limit - usage, limit)`` of this process's memory cgroup (v2 ``memory.max``/``memory.current``, v1
     ``memory.limit_in_bytes``/``memory.usage_in_bytes``), the inactive page cache counted as free, as the
-    kernel reclaims it before the limit bites; ``None`` without a limit."""
+    kernel reclaims it before the limit bites; the tightest of its own and its parents' limits; ``None`` without
+    a limit."""
+    rooms: list[tuple[int, int]] = []
     for folder in _cgroup_paths(root, self_cgroup):
         for limit_name, usage_name, cache_name in (
             ("memory.max", "memory.current", "inactive_file"),
@@ -77,11 +84,12 @@ def _cgroup_room(root: Path, self_cgroup: Path) -> tuple[int, int] | None:
                         cache = int(value)
             except OSError:
                 pass
-            return max(0, limit - max(0, usage - cache)), limit
-    return None
+            rooms.append((max(0, limit - max(0, usage - cache)), limit))
+    return min(rooms) if rooms else None
 
 
 def fmt_bytes(nbytes: int) -> str:
+    """``nbytes`` as a person reads it: GiB from 1 GiB up, else MiB (the plan, the cache's messages)."""
     return f"{nbytes / 2**30:.2f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.1f} MiB"
 
 

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -116,10 +117,14 @@ class EpochLoader:
 
     @property
     def real_counts(self) -> tuple[int, ...]:
-        """Per batch of an epoch on this rank: how many of its first samples are real, the rest repeats that
-        pad the epoch (``even=True`` or ``"pad"``); see :func:`gpufeed.sampling.real_counts`."""
+        """Per batch of the iteration in progress (or of the next one), counted from its first batch as
+        ``enumerate(loader)`` counts: how many of the batch's first samples are real, the rest repeats that pad
+        the epoch (``even=True`` or ``"pad"``); see :func:`gpufeed.sampling.real_counts`. An iteration resumed
+        part-way (a loaded state, ``set_epoch(e, batch=n)``) begins at its own batch, so index 0 is that one."""
         c = self.config
-        return real_counts(c.n, c.batch_size, c.rank, c.world_size, c.drop_last, c.even, c.shard)
+        counts = real_counts(c.n, c.batch_size, c.rank, c.world_size, c.drop_last, c.even, c.shard)
+        live = self._live
+        return counts[live.start if live is not None and not live.done else self._offset :]
 
     def __len__(self) -> int:
         raise NotImplementedError
@@ -158,7 +163,7 @@ class EpochLoader:
         if live is not None:
             return _Position(live.epoch, 0, done=True), True
         self._stopped = None
-        self._live = _Position(self._epoch, self._offset)
+        self._live = _Position(self._epoch, self._offset, start=self._offset)
         self._epoch, self._offset = self._epoch + 1, 0
         return self._live, False
 
@@ -184,7 +189,9 @@ class EpochLoader:
         else:
             epoch, batch = self._epoch, self._offset
         state = {"version": STATE_VERSION, "loader": self.kind, "epoch": epoch, "batch": batch, **asdict(self.config)}
-        return {**state, **self._batch_forms(), "fingerprint": self._fingerprint()}
+        from . import __version__
+
+        return {**state, **self._batch_forms(), "fingerprint": {**self._fingerprint(), "gpufeed": __version__}}
 
     def _batch_forms(self) -> dict[str, Any]:
         """What else fixes the batches served: the mixing and the number of views."""
@@ -206,16 +213,28 @@ class EpochLoader:
 
         epoch, offset = resume_position(state, self.kind, asdict(self.config), len(self))
         strict = self.strict_state if strict is None else as_flag(strict, "strict")
-        saved = state.get("fingerprint")
+        from . import __version__
+
+        saved = dict(state["fingerprint"]) if isinstance(state.get("fingerprint"), dict) else {}
+        mine = self._fingerprint()
+        if saved.pop("gpufeed", __version__) != __version__ and saved.get("transform") != mine.get("transform"):
+            # Another gpufeed release may describe the same ops otherwise (a new field in an op's repr): the data
+            # keys still guard the state, the transform's description is only reported.
+            warnings.warn(
+                f"state: saved by gpufeed {state['fingerprint'].get('gpufeed')} (this is {__version__}) with "
+                f"transform={saved.pop('transform')!r}; this loader has transform={mine['transform']!r}: check that "
+                "it is the same pipeline",
+                stacklevel=2,
+            )
         # States saved before these were recorded have none of them; each key is compared where both have it.
-        found = differences(state, self._batch_forms()) + differences(
-            saved if isinstance(saved, dict) else {}, self._fingerprint()
-        )
+        found = differences(state, self._batch_forms()) + differences(saved, mine)
         if strict and found:
             raise StateError(
                 f"state: {'; '.join(found)}. It belongs to other data or another pipeline, and the resumed batches "
                 "would differ from the saved run's: build the loader as it was (images and pixels: the dataset and "
-                "the cached part of its transform; transform, dtype, channels_last: the batched part). If you "
+                "the cached part of its transform; dataset and samples, for the per-sample fallback: the dataset's "
+                "files, arrays, labels and a Subset's or random_split's indices; transform, dtype, channels_last: "
+                "the batched part). If you "
                 "changed it on purpose, load the position anyway with loader.load_state_dict(state, strict=False), "
                 "or set loader.strict_state = False before a trainer (Lightning, Accelerate) loads it"
             )
@@ -243,6 +262,7 @@ class _Position:
     epoch: int
     next_batch: int
     done: bool = False
+    start: int = 0  # the batch the iteration began at (a resumed epoch begins part-way)
 
 
 class _Epoch:

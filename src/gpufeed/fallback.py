@@ -30,13 +30,13 @@ from .augment.functional import convert_dtype
 from .augment.mix import as_mix
 from .epochs import EpochLoader
 from .errors import WorkerError
-from .identity import describe
+from .identity import dataset_identity, describe
 from .ingest import _with_transform
 from .loader import _Config, distributed_rank
 from .plan import Plan
 from .prefetch import prefetch
 from .sampling import as_even, derive_seed, epoch_order, global_seed, rank_indices
-from .validate import Guarded, SampleFailure, as_flag, as_int, check_epoch
+from .validate import Guarded, SampleFailure, as_flag, as_int, as_workers, check_epoch
 from .workers import dead_workers, default_workers, loader_kwargs, stop_workers
 
 __all__ = ["FallbackLoader"]
@@ -126,15 +126,14 @@ class FallbackLoader(EpochLoader):
         self.mix = as_mix(mix, None)
         self._sampler = _Batches(self.config)
         check_epoch(n, batch_size, drop_last, world_size, even)
-        workers = default_workers() if num_workers is None else num_workers
+        workers = default_workers() if num_workers is None else as_workers(num_workers)  # capped, as accelerate's
         self._seeded, self._workers, self._pin = _Seeded(ds, seed), workers, device.type == "cuda"
         self.loader = self._data_loader(self._sampler, persistent=True)
         self._shared_in_use = False  # the persistent loader's one iterator is serving an iteration
         self.device, self.dtype, self.channels_last = device, dtype, channels_last
-        # What a state belongs to (NOTE [ What a state belongs to ] in gpufeed.identity): the dataset is not
-        # read for it (each sample costs a decode and a transform), only named by its class and length.
-        kind = type(dataset)
-        self._identity = {"dataset": f"{kind.__module__}.{kind.__qualname__} of {n}", "transform": describe(transform)}
+        # What a state belongs to (NOTE [ What a state belongs to ] in gpufeed.identity): no sample is read for it
+        # (each costs a decode and a transform), only what the dataset holds per sample (files, arrays, indices).
+        self._identity = {**dataset_identity(dataset), "transform": describe(transform)}
         self._explicit_world = explicit_world
         self._start_epochs()
         self.plan = Plan(
@@ -174,10 +173,10 @@ class FallbackLoader(EpochLoader):
         if self._shared_in_use:
             sampler = _Batches(self.config)
             sampler.epoch, sampler.start = epoch, start
-            return self._serve(self._data_loader(sampler, persistent=False), False, epoch, start)
+            return self._serve(self._data_loader(sampler, persistent=False), False, epoch, start, side)
         self._replace_dead_workers()  # one died in an earlier iteration (its error maybe raised outside it)
         self._sampler.epoch, self._sampler.start = epoch, start
-        return self._serve(self.loader, True, epoch, start)
+        return self._serve(self.loader, True, epoch, start, side)
 
     def _replace_dead_workers(self) -> None:
         """A new persistent DataLoader (its workers start on first use) if a worker of the current one died:
@@ -187,7 +186,7 @@ class FallbackLoader(EpochLoader):
             stop_workers(iterator)
             self.loader = self._data_loader(self._sampler, persistent=True)
 
-    def _serve(self, loader: DataLoader, shared: bool, epoch: int, start: int) -> Iterator[Any]:
+    def _serve(self, loader: DataLoader, shared: bool, epoch: int, start: int, side: bool = False) -> Iterator[Any]:
         self._shared_in_use = self._shared_in_use or shared
         served, source = start, None
         try:
@@ -202,13 +201,19 @@ class FallbackLoader(EpochLoader):
             stop_workers(source)  # the others too: torch's own error would otherwise repeat on every later epoch
             if shared:
                 self.loader = self._data_loader(self._sampler, persistent=True)
+            if not side:
+                after = (
+                    f"the next iteration starts fresh ones and serves epoch {epoch + 1}, as after a break. "
+                    f"loader.state_dict() keeps epoch {epoch} at batch {served}, and loader.set_epoch({epoch}, "
+                    f"batch={served}) continues it in this process"
+                )
+            else:  # NOTE [ When an epoch is claimed ]: a side pass holds none of the loader's position
+                after = "this iteration was a side pass and held none of the loader's position, which is unchanged"
             raise WorkerError(
                 f"a DataLoader worker of the per-sample fallback died during epoch {epoch}, after {served} of its "
                 f"{len(self)} batches were served: worker {'; worker '.join(dead)}. gpufeed stopped the other "
-                f"workers; the next iteration starts fresh ones and serves epoch {epoch + 1}, as after a break. "
-                f"loader.state_dict() keeps epoch {epoch} at batch {served}, and loader.set_epoch({epoch}, "
-                f"batch={served}) continues it in this process. A SIGKILL is usually the out-of-memory killer: give "
-                "the job more host memory or pass fewer workers (num_workers=)"
+                f"workers; {after}. A SIGKILL is usually the out-of-memory killer: give the job more host memory "
+                "or pass fewer workers (num_workers=)"
             ) from e
         finally:  # exhausted, failed, or the generator closed when its iteration was dropped
             if shared:

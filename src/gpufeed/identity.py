@@ -7,7 +7,9 @@ another dtype), would otherwise load and resume into different batches without a
 ``state_dict()`` records, under ``"fingerprint"``:
 
 - the data, cheaply (no pass over it): the stored images' count, per-sample shape and dtype, a digest
-  of 16 samples spread over the dataset (first and last included), and a digest of every label;
+  of 16 samples spread over the dataset (first and last included; a JPEG store's decoded, so that it
+  matches the pixel store of the same files), and a digest of every label;
+  for the per-sample fallback, which stores nothing, :func:`dataset_identity` (no sample read);
 - the pipeline, readably: the batched transform's ``repr`` (gpufeed's ops print their parameters)
   with memory addresses removed (they differ between runs), the output dtype and layout. ``mix``
   and ``views`` are recorded beside it, as they were before.
@@ -22,12 +24,14 @@ change confined to unsampled images; it is a guard against the wrong dataset, no
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 from typing import Any
 
+import numpy as np
 import torch
 
-__all__ = ["data_identity", "describe", "differences", "digest"]
+__all__ = ["data_identity", "dataset_identity", "describe", "differences", "digest"]
 
 _SAMPLES = 16  # images hashed per dataset: enough to tell datasets apart, cheap on every storage tier
 _ADDRESS = re.compile(r"\s+at\s+0x[0-9a-fA-F]+")  # "<function f at 0x7f...>": differs from run to run
@@ -65,10 +69,108 @@ def data_identity(images: Any, labels: torch.Tensor) -> dict[str, str]:
     if dense:
         what = f"{n} images of {tuple(images.shape[1:])} {images.dtype}"
         sampled = digest(images.index_select(0, idx.to(images.device)))
-    else:  # each image's shape is metadata (cheap to hash in full); the bytes only for the sampled images
-        what = f"{n} {type(images).__name__.lower()} images of {images.dtype}"
-        sampled = digest(images.shapes, images.select(idx).compact().data)
+    else:  # each image's shape is metadata (cheap to hash in full); the pixels only for the sampled images
+        what = f"{n} images of different sizes, {images.dtype}"
+        sampled = digest(images.shapes, *_pixels(images, idx))
     return {"images": what, "pixels": sampled, "labels": digest(labels)}
+
+
+def _pixels(images: Any, idx: torch.Tensor) -> list[torch.Tensor]:
+    """The images at ``idx`` of a ``Ragged`` or ``Encoded`` store, each ``(C, H, W)``: a folder's pixel store and
+    its JPEG store give the same (a file store's are decoded on the CPU, as a pixel store's were), so a state
+    saved with one resumes with the other (``store="auto"`` picks by the memory budget, which differs by machine).
+    """
+    from .encoded import Encoded, decode
+    from .errors import DataError
+
+    picked = images.select(idx)
+    if isinstance(picked, Encoded):
+        try:
+            picked = decode(picked, torch.device("cpu"), threads=1)
+        except DataError:  # not decodable here: its bytes, then (a store of such files fails when served anyway)
+            return [picked.compact().data]
+    return [picked.image(i).contiguous() for i in range(len(picked))]
+
+
+def _spread(n: int) -> list[int]:
+    """Up to ``_SAMPLES`` positions spread over ``n``, first and last included."""
+    return torch.linspace(0, max(n - 1, 0), steps=min(n, _SAMPLES)).round().long().unique().tolist()
+
+
+def _metadata(dataset: Any, depth: int = 0) -> list[Any]:
+    """What a dataset holds per sample without reading a sample: the wrappers' indices and parts, the file list
+    (sampled), the arrays (sampled rows) and the labels (all), each where the dataset has it."""
+    from .wrappers import selection
+
+    if depth > 4:
+        return []
+    parts: list[Any] = [type(dataset).__qualname__]
+    try:
+        parts.append(len(dataset))
+    except Exception:  # a dataset whose len() fails is refused elsewhere
+        pass
+    indices: Any = getattr(dataset, "indices", None)
+    if isinstance(indices, (list, tuple, range, torch.Tensor, np.ndarray)):
+        parts.append(_as_tensor(list(indices)))
+    part_of = selection(dataset)  # a copy gpufeed.wrappers.unwrap made of a part of the dataset(s)
+    if part_of is not None:
+        parts.append(part_of)
+    samples: Any = getattr(dataset, "samples", None)
+    if isinstance(samples, list):  # (path, target): paths relative to the root, so a folder moved still matches
+        root = getattr(dataset, "root", None)
+        picked = [samples[i] for i in _spread(len(samples))]
+        parts.append([_relative(s, root) for s in picked])
+    data: Any = getattr(dataset, "data", None)
+    if isinstance(data, (torch.Tensor, np.ndarray)):
+        parts.append(_as_tensor(data[_spread(len(data))] if data.ndim else data))
+    tensors: Any = getattr(dataset, "tensors", None)  # TensorDataset
+    if isinstance(tensors, tuple) and all(isinstance(t, torch.Tensor) for t in tensors):
+        parts += [t[_spread(len(t))] if t.dim() else t for t in tensors]
+    for name in ("targets", "labels"):
+        values: Any = getattr(dataset, name, None)
+        if isinstance(values, (list, torch.Tensor, np.ndarray)):
+            parts.append(_as_tensor(values))
+            break
+    inner = getattr(dataset, "dataset", None)  # Subset, gpufeed's IndexedView, Guarded...
+    if inner is not None and inner is not dataset:
+        parts += ["(", *_metadata(inner, depth + 1), ")"]  # flat: digest() hashes tensors by their bytes
+    for part in getattr(dataset, "datasets", None) or ():  # ConcatDataset, gpufeed's ConcatView
+        parts += ["(", *_metadata(part, depth + 1), ")"]
+    return parts
+
+
+def _relative(sample: Any, root: Any) -> Any:
+    """A ``(path, target)`` sample with its path relative to ``root`` (as given, or resolved: a job resumed on
+    another machine reads the same folder from another mount)."""
+    if not (isinstance(sample, tuple) and sample and isinstance(sample[0], (str, os.PathLike))):
+        return sample
+    if isinstance(root, (str, os.PathLike)):
+        return (os.path.relpath(sample[0], root), *sample[1:])
+    return (os.path.basename(sample[0]), *sample[1:])
+
+
+def _as_tensor(values: Any) -> Any:
+    """``values`` as a tensor to digest, or as they are where they hold no numbers (paths, names: by ``repr``)."""
+    try:
+        return torch.as_tensor(values)
+    except (TypeError, ValueError, RuntimeError):
+        return values.tolist() if isinstance(values, np.ndarray) else list(values)
+
+
+def dataset_identity(dataset: Any) -> dict[str, str]:
+    """The data part of a fingerprint for a dataset gpufeed does not read into a store (the per-sample
+    fallback): its class and length, and a digest of what it holds per sample that needs no sample read
+    (:func:`_metadata`), so another dataset of the same class and length -- another folder, the other part of
+    a ``random_split`` -- is told apart.
+
+    Example:
+        >>> from torch.utils.data import Subset, TensorDataset
+        >>> ds = TensorDataset(torch.zeros(4, 1))
+        >>> dataset_identity(Subset(ds, [0, 1])) != dataset_identity(Subset(ds, [2, 3]))
+        True
+    """
+    kind = f"{type(dataset).__module__}.{type(dataset).__qualname__}"
+    return {"dataset": f"{kind} of {len(dataset)}", "samples": digest(*_metadata(dataset))}
 
 
 def _excerpt(a: str, b: str, width: int = 100) -> tuple[str, str]:

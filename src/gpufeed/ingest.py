@@ -70,6 +70,7 @@ class Probe:
     ragged: str | None  # why the images cannot be stacked into one tensor (differing sizes), or None
     samples: torch.Tensor | Ragged | None = None  # the probed images after the cached part
     sizes_only: bool = False  # ragged, but only in height and width (one channel count and dtype): a Ragged store
+    channels: int | None = None  # of an image after the cached part (sample 0's)
 
 
 def _varies(read: Callable[[], tuple[torch.Tensor, Any]], image: torch.Tensor, label: Any, reads: int = 8) -> bool:
@@ -180,9 +181,10 @@ def probe(dataset: Any, cached: Callable[[Any], Any] | None, on_error: str = "er
         stored.append(image)
     pil = isinstance(first_out, Image.Image)
     size = (first.shape[1], first.shape[2])
+    channels = int(first.shape[0])
     if ragged is None:
-        return Probe(first.dtype, size, pil, None, torch.stack(stored))
-    return Probe(first.dtype, size, pil, ragged, Ragged.stack(stored) if sizes_only else None, sizes_only)
+        return Probe(first.dtype, size, pil, None, torch.stack(stored), channels=channels)
+    return Probe(first.dtype, size, pil, ragged, Ragged.stack(stored) if sizes_only else None, sizes_only, channels)
 
 
 @dataclass(frozen=True)

@@ -18,13 +18,21 @@ so the planner follows the image size through crops and resizes without classify
 Where the dataset yields PIL images, the ops before the first tensor conversion run on PIL images
 in the user's pipeline, through PIL's kernels. The batched ops follow them where they differ in
 kind (``RandomResizedCrop`` always antialiases on PIL); where they differ by rounding beyond one
-intensity level (``ColorJitter``), the plan states the measured bound (``PIL_BOUNDS``).
+intensity level (``ColorJitter``), the plan states the measured bound (``PIL_BOUNDS``). A resize of uint8
+images follows the kernel the user's pipeline runs there: Pillow's integers on PIL images, v2's fixed-point
+uint8 kernel on uint8 tensors (on the CPU, where DataLoader workers run it), v1's float one otherwise.
+
+What torchvision itself refuses at an op's place in the pipeline (a solarize threshold above the image's
+maximum, v1's posterize on float images, a fill a uint8 tensor cannot hold, ...) is refused here, from the
+op and the value space alone, with torchvision's own words (:mod:`gpufeed.refusals`): never found by a
+lucky draw on a few probed samples, nor run into something else.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+import platform
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,6 +40,7 @@ from typing import Any
 import torch
 
 from . import augment as A
+from . import refusals
 from .augment import random_ops as R
 from .errors import ConfigError, UnsupportedTransformError
 
@@ -59,6 +68,8 @@ class _State:
     size: tuple[int, int]  # (height, width) at this point
     pil: bool = False  # the user's pipeline has PIL images at this point
     tv_image: bool = False  # ... or a v2 tv_tensors.Image (after ToImage), which v2's fill dicts key on
+    tensor: bool = False  # known to be a tensor (after a conversion; before one it may be a PIL image or an ndarray)
+    channels: int | None = None  # the images' channel count, when the caller knows it
     notes: list[str] = field(default_factory=list)
 
 
@@ -96,20 +107,45 @@ def _random_crop(op: Any, s: _State) -> A.BatchTransform:
             dh = max(0, h - (s.size[0] + top + bottom))
             dw = max(0, w - (s.size[1] + left + right))
             top, bottom, left, right = top + dh, bottom + dh, left + dw, right + dw
-        crop = A.RandomCrop((h, w), (left, top, right, bottom), False, _fill(op.fill, s), op.padding_mode)
+        crop = A.RandomCrop((h, w), (left, top, right, bottom), False, _crop_fill(op, s), op.padding_mode)
     else:
-        crop = A.RandomCrop((h, w), op.padding, op.pad_if_needed, _fill(op.fill, s), op.padding_mode)
+        crop = A.RandomCrop((h, w), op.padding, op.pad_if_needed, _crop_fill(op, s), op.padding_mode)
     return crop
 
 
+def _crop_fill(op: Any, s: _State) -> float | tuple[float, ...]:
+    """The fill torchvision pads with at this point (refusals.crop_fill: casts, clips, refusals); none is 0."""
+    if op.padding_mode != "constant" or not (op.padding or op.pad_if_needed):
+        return _fill(op.fill, s)  # never padded with it: torchvision never reads it
+    value = refusals.crop_fill(op, _fill_or_none(op.fill, s), s.dtype, s.pil)
+    return 0.0 if value is None else value
+
+
 def _erasing(op: Any, s: _State) -> A.BatchTransform:
+    refusals.check_erasing(op, s.dtype, s.pil, s.channels)
     value = op.value
     if value is None or value == "random":
         value = "random"
     elif not isinstance(value, (int, float)):
         value = tuple(float(v) for v in value)
         value = value[0] if len(value) == 1 else value
+    if s.dtype == torch.uint8 and op.p > 0:
+        _erase_in_uint8(op, value)
     return A.RandomErasing(op.p, tuple(op.scale), tuple(op.ratio), value)
+
+
+def _erase_in_uint8(op: Any, value: Any) -> None:
+    """torchvision writes the erase value into a uint8 image with a cast (0.5 becomes 0, 300 becomes 44, "random"
+    normal draws truncate): no error, and no value anyone meant. gpufeed refuses it before reading the data, so the
+    fallback (torchvision itself) runs it unchanged if asked."""
+    values = () if value == "random" else value if isinstance(value, tuple) else (value,)
+    bad = value == "random" or any(not (float(v).is_integer() and 0 <= v <= 255) for v in values)
+    if bad:
+        raise UnsupportedTransformError(
+            f"{op!r} erases uint8 pixels with value={value!r}, which torchvision casts into 0-255 (truncating and "
+            "wrapping: 0.5 is 0, 300 is 44, -1 is 255): gpufeed does not batch that; give whole levels in 0-255, "
+            "erase after ToTensor/ToDtype (values in the float space), or pass fallback='prefetch'"
+        )
 
 
 def _resized_crop(op: Any, s: _State) -> A.BatchTransform:
@@ -128,19 +164,29 @@ def _resized_crop(op: Any, s: _State) -> A.BatchTransform:
             f"{' or '.join(modes)}; "
             "use one of those or fallback='prefetch'"
         )
-    if "bicubic" in modes and s.pil:
-        s.notes.append(
-            "RandomResizedCrop(bicubic) runs on PIL images in your pipeline, through PIL's bicubic; gpufeed batches "
-            "torchvision's tensor kernel (PyTorch's antialiased bicubic), which differs from PIL's by up to 23 "
-            "intensity levels on noise-like content (a quarter of the pixels by at least one; measured on 60 crops): "
-            "put PILToTensor before it to train on exactly what gpufeed computes"
-        )
     # PIL's resize always antialiases, whatever antialias= says; the tensor kernel follows the flag (timm's
     # op passes none: torchvision's default, True).
     antialias = s.pil or bool(getattr(op, "antialias", True))
     size = tuple(op.size) if isinstance(op.size, (tuple, list)) else (op.size, op.size)
     mode = modes[0] if len(modes) == 1 else modes
-    return A.RandomResizedCrop(size, tuple(op.scale), tuple(op.ratio), antialias, interpolation=mode)
+    kernel = _resize_kernel(op, s, modes)
+    return A.RandomResizedCrop(size, tuple(op.scale), tuple(op.ratio), antialias, interpolation=mode, kernel=kernel)
+
+
+def _resize_kernel(op: Any, s: _State, modes: tuple[str, ...]) -> str:
+    """How the user's pipeline resamples uint8 images at this point (see gpufeed.augment.fixed_point): Pillow's
+    integers on PIL images; v2's on uint8 tensors on the CPU, where DataLoader workers run it; else through float
+    (v1, and timm's op, which calls v1's functional)."""
+    if s.dtype != torch.uint8:
+        return "float"
+    if s.pil:
+        return "pil"
+    if not _is_v2(op):
+        return "float"
+    # torchvision v2 (resize_image, _do_native_uint8_resize_on_cpu): bicubic always takes PyTorch's uint8 kernel
+    # on the CPU; bilinear only where the CPU has AVX2/AVX512 or is ARM -- the machine this plan is made on.
+    native = torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512") or platform.machine() in ("aarch64", "arm64")
+    return "float" if modes == ("bilinear",) and not native else "torch"
 
 
 def _color_jitter(op: Any, s: _State) -> A.BatchTransform:
@@ -184,10 +230,21 @@ def _auto_augment(op: Any, s: _State) -> A.BatchTransform:
     name = type(op).__name__
     mode = _interpolation(op)
     if s.dtype != torch.uint8:
-        raise ConfigError(
-            f"{op!r} comes after a conversion to {s.dtype}: torchvision's {name} needs uint8 images (PIL or "
-            "uint8 tensors); put it before ToTensor/ToDtype"
+        if _is_v2(op):  # v2 runs its ops on float images too (posterize and equalize as floats): not batched here
+            raise UnsupportedTransformError(
+                f"{op!r} comes after a conversion to {s.dtype}: torchvision v2 runs {name} on float images, gpufeed "
+                "batches it on uint8 only; put it before ToDtype, or pass fallback='prefetch'"
+            )
+        raise refusals.refusal(
+            op,
+            s.dtype,
+            s.pil,
+            "'Only torch.uint8 image tensors are supported' on every sample that draws Posterize or Equalize, and "
+            "'Threshold should be less than bound of img.' on every Solarize",
+            "put it before ToTensor/ConvertImageDtype",
         )
+    if name == "RandAugment":
+        refusals.check_magnitude(op, s.dtype, s.pil)
     fill = _geometric_fill(op, s)
     out: A.BatchTransform
     v2 = _is_v2(op)
@@ -392,22 +449,30 @@ def _container(make: Callable[[Any, _State], A.BatchTransform]) -> Callable[[Any
         try:
             return make(op, s)
         except ConfigError as e:  # what gpufeed's container refuses, the fallback can still run
+            if refusals.is_refusal(e):  # ... unless torchvision refuses the inner op itself
+                raise
             raise UnsupportedTransformError(f"{op!r}: {e}") from e
 
     return convert
 
 
-def _per_sample(cls: Any, *fields: str) -> Callable[[Any, _State], A.BatchTransform]:
+def _per_sample(
+    cls: Any, *fields: str, check: Callable[[Any, torch.dtype, bool], None] | None = None
+) -> Callable[[Any, _State], A.BatchTransform]:
     def convert(op: Any, s: _State) -> A.BatchTransform:
+        if check is not None:  # what torchvision refuses at this point of the pipeline (gpufeed.refusals)
+            check(op, s.dtype, s.pil)
         _pil_note(op, s)
         if cls is R.RandomAutocontrast and _is_v2(op) and not s.pil:
             s.notes.append(V2_LEVEL_NOTE.format(name="RandomAutocontrast"))
-        return cls(p=op.p, **{f: getattr(op, f) for f in fields})
+        extra = {"pil": s.pil} if cls is R.RandomSolarize else {}  # Pillow's LUT compares levels in Python
+        return cls(p=op.p, **{f: getattr(op, f) for f in fields}, **extra)
 
     return convert
 
 
 def _grayscale(op: Any, s: _State) -> A.BatchTransform:
+    refusals.check_grayscale(op, s.dtype, s.pil)
     _pil_note(op, s)
     return R.Grayscale(op.num_output_channels)
 
@@ -432,6 +497,12 @@ def _to_float(
 
 
 def _to_dtype(op: Any, s: _State) -> A.BatchTransform | None:
+    if s.pil:  # a PIL image here: v1's refuses it, v2's passes it through unchanged (no scaling)
+        if not _is_v2(op):
+            raise refusals.refusal(
+                op, s.dtype, s.pil, "TypeError: 'Input img should be Tensor Image'", "put PILToTensor before it"
+            )
+        return None
     dtype = op.dtype
     if isinstance(dtype, dict):
         from torchvision import tv_tensors
@@ -451,12 +522,27 @@ def _to_dtype(op: Any, s: _State) -> A.BatchTransform | None:
     return _to_float(s, dtype, scale=getattr(op, "scale", True), reciprocal=_is_v2(op))
 
 
+def _to_tensor(op: Any, s: _State, name: str) -> A.BatchTransform | None:
+    refusals.check_to_tensor(op, name, s.dtype, s.tensor)  # v1's take PIL images (and ndarrays), not tensors
+    if name == "PILToTensor" or s.dtype.is_floating_point or s.tensor:  # v2's pass a tensor through; float arrays
+        return None  # stay as they are
+    return _to_float(s)
+
+
 def _normalize(op: Any, s: _State) -> A.BatchTransform:
+    if s.pil:
+        said = (
+            "TypeError: 'Normalize() does not support PIL images.'"
+            if _is_v2(op)
+            else "TypeError: \"img should be Tensor Image. Got <class 'PIL.Image.Image'>\""
+        )
+        raise refusals.refusal(op, s.dtype, s.pil, said, "put ToTensor (or PILToTensor and ToDtype) before it")
     if not s.dtype.is_floating_point:
         raise ConfigError(
             f"{op!r} comes before any ToTensor/ToDtype(scale=True): torchvision itself rejects Normalize on uint8 "
             "images; put ToTensor() first"
         )
+    refusals.check_normalize(op, s.dtype)
     return A.Normalize(tuple(op.mean), tuple(op.std), dtype=s.dtype)
 
 
@@ -476,12 +562,12 @@ CONVERTERS: dict[str, Callable[[Any, _State], A.BatchTransform | None]] = {
     "TimmRandAugment": _container(_timm_auto),
     "TimmAutoAugment": _container(_timm_auto),
     "ColorJitter": _color_jitter,
-    "RandomSolarize": _per_sample(R.RandomSolarize, "threshold"),
-    "RandomPosterize": _per_sample(R.RandomPosterize, "bits"),
+    "RandomSolarize": _per_sample(R.RandomSolarize, "threshold", check=refusals.check_solarize),
+    "RandomPosterize": _per_sample(R.RandomPosterize, "bits", check=refusals.check_posterize),
     "RandomAutocontrast": _per_sample(R.RandomAutocontrast),
-    "RandomEqualize": _per_sample(R.RandomEqualize),
+    "RandomEqualize": _per_sample(R.RandomEqualize, check=refusals.check_equalize),
     "RandomInvert": _per_sample(R.RandomInvert),
-    "RandomAdjustSharpness": _per_sample(R.RandomAdjustSharpness, "sharpness_factor"),
+    "RandomAdjustSharpness": _per_sample(R.RandomAdjustSharpness, "sharpness_factor", check=refusals.check_sharpness),
     "RandomGrayscale": _per_sample(R.RandomGrayscale),
     "Grayscale": _grayscale,  # after a random op; before one it is cached
     "GaussianBlur": _blur,
@@ -495,8 +581,8 @@ CONVERTERS: dict[str, Callable[[Any, _State], A.BatchTransform | None]] = {
     "RandAugment": _auto_augment,
     "AutoAugment": _auto_augment,
     "AugMix": _auto_augment,
-    "ToTensor": lambda op, s: None if s.dtype.is_floating_point else _to_float(s),  # float arrays stay as they are
-    "PILToTensor": lambda op, s: None,
+    "ToTensor": lambda op, s: _to_tensor(op, s, "ToTensor"),
+    "PILToTensor": lambda op, s: _to_tensor(op, s, "PILToTensor"),
     "ToImage": lambda op, s: None,
     "ConvertImageDtype": _to_dtype,
     "ToDtype": _to_dtype,
@@ -668,19 +754,24 @@ def build_batched(
     image_size: tuple[int, int],
     pil: bool = False,
     notes: list[str] | None = None,
+    channels: int | None = None,
 ) -> A.Compose | None:
     """The gpufeed ops for the device part, for stored images of this dtype and (height, width).
 
     ``pil``: the dataset yields PIL images, so in the user's pipeline the ops before the first
-    tensor conversion ran PIL's kernels; what that changes is appended to ``notes``.
+    tensor conversion ran PIL's kernels; what that changes is appended to ``notes``. ``channels``:
+    the images' channel count, if known, for the checks that depend on it (an erase value per channel).
+    What torchvision itself refuses at an op's place in the pipeline raises ConfigError here, before
+    any data is read (:mod:`gpufeed.refusals`).
     """
-    state = _State(stored_dtype, image_size, pil)
+    state = _State(stored_dtype, image_size, pil, channels=channels)
     out: list[A.BatchTransform] = []
     inputs: list[torch.dtype] = []  # the dtype each op in ``out`` receives
     for op in device_ops:
         before = state.dtype
         converted = CONVERTERS[kind(op)](op, state)  # type: ignore[index]
         state.pil = state.pil and kind(op) not in _TO_TENSOR
+        state.tensor = state.tensor or kind(op) in _TO_TENSOR
         if kind(op) in _TO_TENSOR or kind(op) == "ToPureTensor":
             state.tv_image = kind(op) == "ToImage" and _is_v2(op)
         if converted is None:

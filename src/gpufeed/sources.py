@@ -28,11 +28,12 @@ from .cache.fingerprint import cache_key
 from .cache.format import hashes
 from .cache.partial import progress_file
 from .caching import load_or_ingest
-from .device import usable_cores
+from .device import fmt_bytes, usable_cores
 from .encoded import Encoded, bad_files_error, decode, downscaled, file_samples, scan_headers, undecodable
 from .encoded import read_folder as read_folder_files
 from .errors import ConfigError, DataError
 from .ingest import Ingested, exposes_arrays, ingest
+from .wrappers import selection
 
 __all__ = [
     "ON_ERROR",
@@ -80,10 +81,6 @@ class Source:
     mapped: bool = False  # memory-mapped from a cache file
     notes: list[str] = field(default_factory=list)
     skipped: tuple[tuple[str, str], ...] = ()  # files left out with on_error="skip": (path, why)
-
-
-def fmt_bytes(nbytes: int) -> str:
-    return f"{nbytes / 2**30:.2f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.1f} MiB"
 
 
 def load(
@@ -189,7 +186,7 @@ def load_ragged(
         if keep_bytes:
             # A file that fails its decode is found now, not after batches of training: every file is decoded
             # once, nothing kept (NOTE [ Finding bad files when the store is built ]).
-            late = undecodable(encoded, threads, progress)
+            late = _decodable_check(dataset, split, cache, encoded, threads, progress)
             bad |= {good[j]: why for j, why in late.items()}
             if late and on_error == "error":
                 raise bad_files_error(bad, n, what)
@@ -230,6 +227,38 @@ def load_ragged(
         left_out = {p for p, _ in src.skipped}
         src.images = replace(src.images, paths=[p for p, _ in file_samples(dataset) or [] if p not in left_out])
     return src
+
+
+def _decodable_check(
+    dataset: Any, split: Any, cache: bool | str | Path, encoded: Encoded, threads: int, progress: bool
+) -> dict[int, str]:
+    """:func:`undecodable` for a JPEG store, done once per state of the folder's files: its finding is kept in
+    a small record under the cache root, keyed as an entry is (each file's path, size, mtime, ctime and inode),
+    so a start that finds the files unchanged skips the full decode. ``cache=False`` keeps nothing on disk."""
+    import json
+
+    from .cache.fingerprint import default_cache_dir
+
+    key = cache_key(dataset, split.cached, {"kind": "jpeg-decodable", "files": len(encoded)}) if cache else None
+    record = None
+    if key is not None:
+        record = (cache if isinstance(cache, Path) else default_cache_dir()) / ".decodable" / f"{key}.json"
+        try:
+            found = json.loads(record.read_text())
+            if found.get("files") == len(encoded):
+                return {int(j): str(why) for j, why in found["undecodable"].items()}
+        except (OSError, ValueError, KeyError, AttributeError):
+            pass  # no record (or an unreadable one): decode
+    late = undecodable(encoded, threads, progress)
+    if record is not None:
+        try:  # a temporary name, then one rename: a reader never sees half a record
+            record.parent.mkdir(parents=True, exist_ok=True)
+            tmp = record.with_name(f".{record.name}.{os.getpid()}")
+            tmp.write_text(json.dumps({"files": len(encoded), "undecodable": {str(j): w for j, w in late.items()}}))
+            os.replace(tmp, record)
+        except OSError:
+            pass  # a read-only cache root: the check is simply done again next time
+    return late
 
 
 _CHUNK_BYTES = 64 << 20  # decoded pixels per recorded step of a resumable build: a kill loses about this
@@ -416,13 +445,17 @@ def _cached(
 
 def describe_source(dataset: Any) -> dict[str, Any]:
     """What an entry records as its data (``gpufeed cache info`` shows it; a newer entry of the same source and
-    pipeline replaces it): the dataset's class, its folder and its split."""
+    pipeline replaces it): the dataset's class, its folder and its split, and for a part of it (a ``Subset``,
+    a ``random_split`` part, a ``ConcatDataset``) which part: two parts of one folder are two sources."""
     out: dict[str, Any] = {"class": f"{type(dataset).__module__}.{type(dataset).__qualname__}"}
     if _source(dataset):
         out["root"] = _source(dataset)
     for attr in ("train", "split"):
         if isinstance(getattr(dataset, attr, None), (bool, str)):
             out[attr] = getattr(dataset, attr)
+    part = selection(dataset)  # a Subset / random_split part or a ConcatDataset: which samples of the root
+    if part is not None:
+        out["selection"] = part
     return out
 
 

@@ -19,6 +19,7 @@ runs a random transform inside (an unknown wrapper), is what :func:`hidden_trans
 from __future__ import annotations
 
 import copy
+import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -26,9 +27,30 @@ import numpy as np
 import torch
 from torch.utils.data import ConcatDataset, Dataset, Subset, TensorDataset
 
+from .errors import DataError
 from .validate import UnbatchableError
 
-__all__ = ["ConcatView", "IndexedView", "hidden_transforms", "unwrap"]
+__all__ = ["ConcatView", "IndexedView", "hidden_transforms", "selection", "unwrap"]
+
+# Set on the copies :func:`unwrap` makes: which part of the inner dataset(s) a copy holds. Two parts of one folder
+# (``random_split``'s train and validation) share its class and root, so without it each part's cache entry would
+# pass for a superseded build of the other (gpufeed.cache.usage.remove_superseded) and be removed.
+_SELECTION = "_gpufeed_selection"
+
+
+def selection(dataset: Any) -> str | None:
+    """For a copy :func:`unwrap` made of a part of a dataset (or of several joined): which part, as a digest of
+    the wrappers' indices and parts; ``None`` for a dataset that holds all of its own samples."""
+    value = getattr(dataset, _SELECTION, None)
+    return value if isinstance(value, str) else None
+
+
+def _selected(out: Any, *parts: Any) -> Any:
+    """``out`` tagged with the digest of ``parts`` (indices, and the selections and roots of what it holds)."""
+    from .identity import digest
+
+    setattr(out, _SELECTION, digest(*parts))
+    return out
 
 
 class IndexedView(Dataset):
@@ -179,8 +201,11 @@ def _same_kind(parts: list[Any], fields: list[str]) -> bool:
     return True
 
 
-def unwrap(dataset: Any) -> Any:
+def unwrap(dataset: Any, own_transforms: bool = True) -> Any:
     """A dataset that yields what ``dataset`` yields, with torch's wrappers seen through (see the module's doc).
+
+    ``own_transforms=False``: the caller replaces every inner transform (``accelerate(..., transform=)``), so
+    the parts of a ``ConcatDataset`` need not share one.
 
     Example:
         >>> from torch.utils.data import Subset
@@ -190,21 +215,25 @@ def unwrap(dataset: Any) -> Any:
         ('TensorDataset', [4, 1])
     """
     if isinstance(dataset, Subset):
-        inner = unwrap(dataset.dataset)
+        inner = unwrap(dataset.dataset, own_transforms)
         indices = [int(i) for i in dataset.indices]
         n = len(inner)
         bad = next((i for i in indices if not -n <= i < n), None)
         if bad is not None:
-            raise UnbatchableError(
-                f"Subset index {bad} is out of range for its dataset of {n} samples; fix the Subset's indices"
+            # bad input, not a pipeline the batched path cannot run: no loader could serve it (not the fallback either)
+            raise DataError(
+                f"Subset index {bad} is out of range for its dataset of {n} samples (Subset.indices must be in "
+                f"[-{n}, {n})); fix the Subset's indices"
             )
         indices = [i % n for i in indices]
         fields = _fields(inner)
-        return _restricted(inner, fields, indices) if fields is not None else IndexedView(inner, indices)
+        if fields is None:
+            return IndexedView(inner, indices)
+        return _selected(_restricted(inner, fields, indices), "subset", selection(inner), torch.tensor(indices))
     if isinstance(dataset, ConcatDataset):
-        parts = [unwrap(d) for d in dataset.datasets]
+        parts = [unwrap(d, own_transforms) for d in dataset.datasets]
         transforms = {_pipeline_id(getattr(p, "transform", None)) for p in parts}
-        if len(transforms) > 1:
+        if own_transforms and len(transforms) > 1:
             raise UnbatchableError(
                 f"the ConcatDataset's {len(parts)} parts have different transforms ({', '.join(sorted(transforms))}); "
                 "gpufeed runs one pipeline for the whole dataset: give the parts one transform, or pass "
@@ -212,7 +241,9 @@ def unwrap(dataset: Any) -> Any:
             )
         fields = _fields(parts[0])
         if fields is not None and _same_kind(parts, fields):
-            return _joined(parts, fields)
+            # each part's folder by its name (not its mount: a job resumed elsewhere reads it from another path)
+            where = [(os.path.basename(str(getattr(p, "root", ""))), len(p), selection(p)) for p in parts]
+            return _selected(_joined(parts, fields), "concat", where)
         return ConcatView(parts)
     return dataset
 

@@ -34,10 +34,14 @@ def test_a_ragged_batch_keeps_each_image_as_it_is():
         Ragged.stack([torch.zeros(3, 4, 4), torch.zeros(1, 4, 4)])
 
 
+@pytest.mark.parametrize("kernel", ["torch", "float"], ids=["v2", "v1"])
 @pytest.mark.parametrize("antialias", [True, False])
-def test_each_image_is_cropped_and_resized_exactly_as_torchvision_does(antialias):
+def test_each_image_is_cropped_and_resized_exactly_as_torchvision_does(antialias, kernel):
+    import torchvision.transforms.functional as F1
+
     images = _images()
-    op = RandomResizedCrop((56, 72), antialias=antialias)
+    op = RandomResizedCrop((56, 72), antialias=antialias, kernel=kernel)
+    functional = F2 if kernel == "torch" else F1  # v2's uint8 kernel, or v1's through float32
     x = Ragged.stack(images)
     params = op.sample(x, _gen(1))
     out = op.apply(x, params)
@@ -45,7 +49,7 @@ def test_each_image_is_cropped_and_resized_exactly_as_torchvision_does(antialias
     for i, im in enumerate(images):
         box = [int(params[k][i]) for k in ("top", "left", "height", "width")]
         assert 0 <= box[0] <= im.shape[1] - box[2] and 0 <= box[1] <= im.shape[2] - box[3]
-        assert torch.equal(out[i], F2.resized_crop(im, *box, [56, 72], antialias=antialias)), i
+        assert torch.equal(out[i], functional.resized_crop(im, *box, [56, 72], antialias=antialias)), i
 
 
 @pytest.mark.parametrize("hwc", [True, False], ids=["channels-last", "channels-first"])

@@ -15,10 +15,11 @@ import pytest
 import torch
 import torchvision.transforms as T
 from PIL import Image
-from torch.utils.data import TensorDataset
+from torch.utils.data import Subset, TensorDataset, random_split
 from torchvision.datasets import ImageFolder
 
 import gpufeed as gf
+from gpufeed.cache import verify_cache
 from gpufeed.cache.fingerprint import cache_key
 from gpufeed.cache.manage import list_entries
 from gpufeed.cache.usage import enforce_limit, in_use, last_use, parse_size
@@ -88,6 +89,19 @@ def test_cache_verify_data_names_the_files_that_differ_from_what_the_entry_was_b
     assert f"{root.resolve()}/c0/new.png: added since the entry was built" in err
 
 
+def test_cache_verify_data_compares_a_part_of_the_folder_with_its_own_files_only(tmp_path, capsys):
+    # An entry of a random_split part holds some of the folder's files: the others are not "added since".
+    root, cache = _folder(tmp_path / "data"), tmp_path / "cache"
+    part, _ = random_split(ImageFolder(str(root), transform=RECIPE), [5, 4], torch.Generator().manual_seed(0))
+    gf.accelerate(part, cache=cache, **KW)
+    args = ["cache", "--cache-dir", str(cache), "verify", "--data", str(root)]
+    assert main(args) == 0
+    assert f"its 5 files in {root.resolve()} are the ones it was built from" in capsys.readouterr().out
+    _same_size_same_mtime(Path(part.dataset.samples[part.indices[0]][0]))  # one of the part's own files
+    assert main(args) == 1
+    assert "its bytes differ from those the entry was built from" in capsys.readouterr().err
+
+
 def test_cache_verify_data_on_a_folder_no_entry_holds_says_so(tmp_path, capsys):
     assert main(["cache", "--cache-dir", str(tmp_path / "cache"), "verify", "--data", str(tmp_path)]) == 1
     assert "no cache entry under" in capsys.readouterr().err
@@ -106,6 +120,25 @@ def test_a_new_build_of_a_changed_folder_replaces_the_superseded_entry(tmp_path,
     gf.accelerate(ImageFolder(str(root), transform=other), cache=cache, batch_size=4, device="cpu", progress=False,
                   store="jpeg")  # fmt: skip
     assert len(list_entries(cache)) == 2
+
+
+def test_two_parts_of_one_folder_keep_their_own_entries_and_a_changed_folder_still_supersedes(tmp_path, capsys):
+    # random_split's train and validation parts share the folder's class, root and transform: neither is a newer
+    # build of the other, so neither entry may remove the other's (each run would otherwise rebuild both).
+    root, cache = _folder(tmp_path / "data"), tmp_path / "cache"
+    train, val = random_split(ImageFolder(str(root), transform=RECIPE), [5, 4], torch.Generator().manual_seed(0))
+    first = gf.accelerate(train, cache=cache, **KW).plan.cache_path
+    second = gf.accelerate(val, cache=cache, **KW).plan.cache_path
+    assert first != second and sorted(list_entries(cache)) == sorted([Path(first), Path(second)])
+    assert "removed the cache entry" not in capsys.readouterr().err
+    assert gf.accelerate(train, cache=cache, **KW).plan.ingest.startswith("cache hit")
+    # the same part of a changed folder is a newer build of that part: it replaces that part's entry only
+    old = Path(
+        gf.accelerate(Subset(ImageFolder(str(root), transform=RECIPE), [0, 1, 2]), cache=cache, **KW).plan.cache_path
+    )
+    Image.new("RGB", (20, 16), "red").save(root / "c0" / "0.png")  # sample 0 of the folder: the part's key changes
+    new = gf.accelerate(Subset(ImageFolder(str(root), transform=RECIPE), [0, 1, 2]), cache=cache, **KW).plan.cache_path
+    assert sorted(list_entries(cache)) == sorted([Path(first), Path(second), Path(new)]) and not old.exists()
 
 
 def test_an_entry_in_use_is_not_removed_and_goes_once_it_is_not(tmp_path, capsys):
@@ -186,6 +219,9 @@ def test_the_cache_limit_never_removes_what_gpufeed_did_not_write(tmp_path, caps
 def test_opening_an_entry_records_its_last_use(tmp_path):
     (entry,) = _tensor_entries(tmp_path, 1)
     os.utime(entry / "manifest.json", (1_000_000, 1_000_000))
+    verify_cache(entry)  # a check is not a use: GPUFEED_CACHE_LIMIT's order stays as it was
+    assert main(["cache", "--cache-dir", str(tmp_path), "verify"]) == 0
+    assert last_use(entry) == 1_000_000
     gf.open_cache(entry)
     assert last_use(entry) > 1_000_000
 

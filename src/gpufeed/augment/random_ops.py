@@ -26,7 +26,6 @@ from .auto import (
     _inverse_affine,
     _posterize,
     _sharpness,
-    _solarize,
     affine_sample,
     inverse_affine,
     inverse_affine_v2,
@@ -101,19 +100,34 @@ def _uint8_only(x: torch.Tensor, name: str) -> None:
 
 @dataclass(frozen=True)
 class RandomSolarize(_Sometimes):
+    """torchvision's ``torch.where(img >= threshold, invert(img), img)``, compared as PyTorch compares a tensor with
+    a Python number: in the image's dtype (an int threshold wraps on uint8: -1 is 255; half precision rounds it),
+    a float one on uint8 in float32. ``pil``: Pillow's LUT, which compares the levels in Python (-1 inverts all)."""
+
     threshold: float
     p: float = 0.5
+    pil: bool = False
 
     def op(self, x: torch.Tensor) -> torch.Tensor:
-        return _solarize(x, torch.full((x.shape[0],), float(self.threshold), device=x.device))
+        if self.pil:
+            from . import pil
+
+            return pil.solarize(x, torch.full((x.shape[0],), float(self.threshold), dtype=torch.float64))
+        return torch.where(x >= self.threshold, (255 if x.dtype == torch.uint8 else 1.0) - x, x)
 
 
 @dataclass(frozen=True)
 class RandomPosterize(_Sometimes):
+    """uint8: the top ``bits`` of each level; a float image as v2 posterizes it (the image's dtype throughout):
+    ``floor(x * 2**bits)`` clamped to ``[0, 2**bits - 1]``, divided by ``2**bits``."""
+
     bits: int
     p: float = 0.5
 
     def op(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype.is_floating_point:
+            levels = 1 << self.bits
+            return x.mul(levels).floor_().clamp_(0, levels - 1).mul_(1.0 / levels)
         _uint8_only(x, "RandomPosterize")
         return _posterize(x, torch.full((x.shape[0],), self.bits, device=x.device))
 
@@ -128,11 +142,19 @@ class RandomAutocontrast(_Sometimes):
 
 @dataclass(frozen=True)
 class RandomEqualize(_Sometimes):
+    """Per-channel histogram equalisation of uint8 levels; a float image as v2 equalizes it: to uint8 by
+    ``to_dtype`` (``x * 255.999`` in the image's dtype, cast), equalized, back by ``* (1/255)``."""
+
     p: float = 0.5
 
     def op(self, x: torch.Tensor) -> torch.Tensor:
-        _uint8_only(x, "RandomEqualize")
-        return _equalize(x)
+        if not x.dtype.is_floating_point:
+            _uint8_only(x, "RandomEqualize")
+            return _equalize(x)
+        # The cast of a value outside 0-255 (an image after Normalize) is what the CPU does, where torchvision runs:
+        # truncate to an integer, keep the low 8 bits; through int32 the same holds on every device.
+        levels = x.mul(255.0 + 1.0 - 1e-3).to(torch.int32).to(torch.uint8)
+        return _equalize(levels).to(x.dtype).mul_(1.0 / 255)
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,11 @@ resampling is separable and linear: for each sample, ``out = Wy @ crop @ Wx.T`` 
 box. With the filter widened by the scale factor when shrinking (``antialias=True``) these are
 exactly the weights of ``F.interpolate(..., mode="bilinear", antialias=True)``; with
 ``antialias=False``, those of plain bilinear. Two batched matmuls do the whole batch.
+
+uint8 images are resampled by the kernel the user's pipeline runs (``kernel``): torchvision v1 goes
+through float32 and rounds once ("float", the matmuls above); v2 on the CPU and Pillow run integer
+kernels that round and clamp between the two passes ("torch", "pil": :mod:`.fixed_point`), which
+differ from the float path by up to 35 levels in bicubic.
 """
 
 from __future__ import annotations
@@ -14,10 +19,12 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy
 import torch
 from torchvision.transforms import InterpolationMode
 
 from ..errors import ConfigError
+from .fixed_point import KERNELS, fixed_resized_crop, fixed_taps, shift_clamp, vertical_first
 from .ragged import Ragged
 from .transforms import BatchTransform, Params, _pair
 
@@ -42,13 +49,23 @@ def resized_crop(
     size: tuple[int, int],
     antialias: bool = True,
     mode: str = "bilinear",
+    kernel: str = "float",
 ) -> torch.Tensor:
     """Crop each sample's box and resize it to ``size`` with ``mode`` ("bilinear" or "bicubic") interpolation.
 
     Equals ``F.resized_crop(img, top, left, height, width, size, antialias=antialias)`` sample by
-    sample: to float rounding for float input; uint8 input is rounded back to uint8 (torchvision's
-    own uint8 kernel uses fixed point, so the two can differ by one level).
+    sample: to float rounding for float input. uint8 input goes by ``kernel``: "float" is torchvision
+    v1's (float32, rounded back: within one level of it), "torch" v2's on the CPU and "pil" Pillow's
+    (both exact, :mod:`.fixed_point`; "pil" on the CPU calls Pillow itself).
     """
+    if x.dtype == torch.uint8 and kernel != "float" and mode != "nearest":
+        if x.device.type == "cpu" and (kernel == "torch" or x.shape[1] in (1, 3)):
+            # On the CPU the library's own kernel per image is exact by definition, and faster than the batched
+            # integer gathers (v2's uint8 resize: 6x at 256 crops of 32x32, 10x at 64 of 375x500 to 224; measured).
+            boxes = torch.stack([top, left, height, width], 1).tolist()
+            crops = [x[i, :, y0 : y0 + h, x0 : x0 + w] for i, (y0, x0, h, w) in enumerate(boxes)]
+            return _resize_on_cpu(crops, x.shape[1], x.dtype, size, antialias, mode, kernel)
+        return fixed_resized_crop(x, top, left, height, width, size, antialias, mode, kernel)
     n, c, h, w = x.shape
     wy = _weights(top, height, h, size[0], antialias, mode)
     wx = _weights(left, width, w, size[1], antialias, mode)
@@ -58,6 +75,49 @@ def resized_crop(
     if x.dtype == torch.uint8:
         return out.round_().clamp_(0, 255).to(torch.uint8)
     return out.to(x.dtype)
+
+
+def _resize_on_cpu(
+    crops: Sequence[torch.Tensor],
+    channels: int,
+    dtype: torch.dtype,
+    size: tuple[int, int],
+    antialias: bool,
+    mode: str,
+    kernel: str,
+) -> torch.Tensor:
+    """Each ``(C, h, w)`` crop resized by the user's own library, stacked: exact by definition. torchvision v2's
+    ``resize`` ("torch": its vectorised uint8 kernel, 30-50x faster than a batched gather on the CPU, fed
+    channels-last), v1's ("float": through float32), or Pillow ("pil")."""
+    from torchvision.transforms.functional import resize as v1_resize
+    from torchvision.transforms.v2.functional import resize as v2_resize
+
+    out = torch.empty((len(crops), channels, *size), dtype=dtype)
+    uint8 = dtype == torch.uint8 and mode != "nearest"
+    for i, crop in enumerate(crops):
+        if uint8 and kernel == "pil" and channels in (1, 3):
+            out[i] = _pil_resize(crop, size, mode)
+            continue
+        batch = crop.unsqueeze(0)
+        if uint8 and kernel == "float":  # v1: through float32, rounded once
+            out[i] = v1_resize(batch, list(size), interpolation=InterpolationMode(mode), antialias=antialias)[0]
+            continue
+        if dtype == torch.uint8:  # the uint8 kernel's fast path reads contiguous channels-last
+            batch = batch.contiguous(memory_format=torch.channels_last)
+        out[i] = v2_resize(batch, list(size), interpolation=InterpolationMode(mode), antialias=antialias)[0]
+    return out
+
+
+def _pil_resize(crop: torch.Tensor, size: tuple[int, int], mode: str) -> torch.Tensor:
+    """One ``(C, h, w)`` uint8 crop (1 or 3 channels, on the CPU) resized by Pillow itself, as torchvision resizes a
+    PIL image (``fixed_point`` computes the same integers where Pillow cannot run: on a GPU)."""
+    import PIL.Image
+
+    resample = PIL.Image.Resampling.BICUBIC if mode == "bicubic" else PIL.Image.Resampling.BILINEAR
+    pixels = crop.permute(1, 2, 0).contiguous().numpy()
+    image = PIL.Image.fromarray(pixels[..., 0] if crop.shape[0] == 1 else pixels)
+    out = torch.from_numpy(numpy.array(image.resize((size[1], size[0]), resample)))
+    return out.view(size[0], size[1], -1).permute(2, 0, 1)
 
 
 def _cubic(t: torch.Tensor, a: float) -> torch.Tensor:
@@ -70,7 +130,8 @@ def _cubic(t: torch.Tensor, a: float) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class RandomResizedCrop(BatchTransform):
-    """torchvision's ``RandomResizedCrop`` (bilinear), with a box drawn per sample.
+    """torchvision's ``RandomResizedCrop`` (bilinear, bicubic or nearest), with a box drawn per sample; uint8 images
+    resampled by ``kernel``, the one the user's pipeline runs (see the module docstring).
 
     Per sample, up to 10 (area, log aspect ratio) draws; the first box that fits is used, else the
     central crop of torchvision's fallback -- the same distribution as torchvision's loop.
@@ -82,6 +143,7 @@ class RandomResizedCrop(BatchTransform):
     antialias: bool = True
     attempts: int = 10
     interpolation: str | tuple[str, ...] = "bilinear"  # several: one drawn per sample (timm's "random")
+    kernel: str = "float"  # how uint8 is resampled: "float" (v1), "torch" (v2 on the CPU), "pil" (Pillow); KERNELS
     ragged_input = True  # images of different sizes: each box drawn from its own image's size
     one_size_output = True
 
@@ -93,6 +155,8 @@ class RandomResizedCrop(BatchTransform):
                 f"interpolation={self.interpolation!r}: gpufeed batches 'bilinear', 'bicubic' and 'nearest'"
             )
         object.__setattr__(self, "interpolation", modes[0] if len(modes) == 1 else modes)
+        if self.kernel not in KERNELS:
+            raise ConfigError(f"kernel={self.kernel!r} must be one of {KERNELS}")
         if not (0 < self.scale[0] <= self.scale[1]):
             raise ConfigError(f"scale={self.scale!r} must satisfy 0 < min <= max")
         if not (0 < self.ratio[0] <= self.ratio[1]):
@@ -154,7 +218,7 @@ class RandomResizedCrop(BatchTransform):
             return torch.empty((0, channels, *self.size), dtype=x.dtype, device=x.device)  # type: ignore[misc]
         crop = ragged_resized_crop if isinstance(x, Ragged) else resized_crop
         if isinstance(self.interpolation, str):
-            return crop(x, *box, self.size, self.antialias, self.interpolation)  # type: ignore[arg-type]
+            return crop(x, *box, self.size, self.antialias, self.interpolation, self.kernel)  # type: ignore[arg-type]
         out: torch.Tensor | None = None
         for k, mode in enumerate(self.interpolation):  # each interpolation on the samples that drew it
             idx = (p["mode"] == k).nonzero().flatten()
@@ -162,7 +226,7 @@ class RandomResizedCrop(BatchTransform):
                 continue
             part = x.select(idx.cpu()) if isinstance(x, Ragged) else x.index_select(0, idx)
             t, left, h, w = (b.index_select(0, idx) for b in box)
-            done = crop(part, t, left, h, w, self.size, self.antialias, mode)  # type: ignore[arg-type]
+            done = crop(part, t, left, h, w, self.size, self.antialias, mode, self.kernel)  # type: ignore[arg-type]
             if out is None:
                 out = torch.empty((len(p["mode"]), *done.shape[1:]), dtype=done.dtype, device=done.device)
             out[idx.to(out.device)] = done
@@ -191,25 +255,18 @@ def ragged_resized_crop(
     size: tuple[int, int],
     antialias: bool = True,
     mode: str = "bilinear",
+    kernel: str = "float",
 ) -> torch.Tensor:
     """Each image's box resized to ``size``, stacked: ``(N, C, *size)``, as torchvision computes it.
 
-    On the CPU each box goes through torchvision's own ``resize`` (its vectorised uint8 kernel:
-    30-50x faster there than any batched gather, and exact), fed channels-last. On a GPU one kernel per image
-    would be launch-bound, so the batch is resampled together (:func:`_batched_ragged`).
+    On the CPU each box goes through the user's own kernel (:func:`_resize_on_cpu`), exact. On a GPU one kernel
+    per image would be launch-bound, so the batch is resampled together (:func:`_batched_ragged`).
     """
     if x.device.type == "cpu":
-        from torchvision.transforms.v2.functional import resize as tv_resize
-
         boxes = torch.stack([top, left, height, width], 1).tolist()
-        out = torch.empty((len(boxes), int(x.shapes[0, 0]), *size), dtype=x.dtype)
-        for i, (y0, x0, h, w) in enumerate(boxes):
-            crop = x.image(i)[:, y0 : y0 + h, x0 : x0 + w].unsqueeze(0)
-            if x.dtype == torch.uint8:  # the uint8 kernel's fast path reads contiguous channels-last
-                crop = crop.contiguous(memory_format=torch.channels_last)
-            out[i] = tv_resize(crop, list(size), interpolation=InterpolationMode(mode), antialias=antialias)[0]
-        return out
-    return _batched_ragged(x, top, left, height, width, size, antialias, mode)
+        crops = [x.image(i)[:, y0 : y0 + h, x0 : x0 + w] for i, (y0, x0, h, w) in enumerate(boxes)]
+        return _resize_on_cpu(crops, int(x.shapes[0, 0]), x.dtype, size, antialias, mode, kernel)
+    return _batched_ragged(x, top, left, height, width, size, antialias, mode, kernel)
 
 
 def _taps(
@@ -257,11 +314,14 @@ def _batched_ragged(
     size: tuple[int, int],
     antialias: bool,
     mode: str = "bilinear",
+    kernel: str = "float",
 ) -> torch.Tensor:
     """The whole ragged batch in a few kernels: a horizontal pass gathering each crop row's taps from the
     flat buffer into an ``(N, C, Hmax, out_w)`` tensor, then a vertical pass gathering rows of that.
     Equals torchvision's float kernel to float rounding; uint8 is rounded back (within one level of
-    torchvision's fixed-point uint8 kernel)."""
+    v1), or with ``kernel`` "torch" or "pil" computed in their integers, each pass rounded and clamped."""
+    if x.dtype == torch.uint8 and kernel != "float" and mode != "nearest":
+        return _fixed_ragged(x, top, left, height, width, size, antialias, mode, kernel)
     dev, n = x.device, len(x)
     c = int(x.shapes[0, 0])
     out_h, out_w = size
@@ -291,3 +351,77 @@ def _batched_ragged(
     if x.dtype == torch.uint8:
         return out.round_().clamp_(0, 255).to(torch.uint8)
     return out.to(x.dtype)
+
+
+def _fixed_ragged(
+    x: Ragged,
+    top: torch.Tensor,
+    left: torch.Tensor,
+    height: torch.Tensor,
+    width: torch.Tensor,
+    size: tuple[int, int],
+    antialias: bool,
+    mode: str,
+    kernel: str,
+) -> torch.Tensor:
+    """:func:`_batched_ragged` in the integers of torchvision v2's uint8 kernel or Pillow's (:mod:`.fixed_point`):
+    the first pass rounded and clamped to 0-255 before the second, as theirs are; the samples Pillow resamples
+    vertically first run transposed (``fixed_point.vertical_first``)."""
+    vertical = vertical_first(height, width, size, kernel)
+    if vertical is None or not bool(vertical.any()):
+        return _fixed_ragged_passes(x, top, left, height, width, size, antialias, mode, kernel, False)
+    out = torch.empty((len(x), int(x.shapes[0, 0]), *size), dtype=torch.uint8, device=x.device)
+    for transposed, pick in ((False, ~vertical), (True, vertical)):
+        idx = pick.nonzero().flatten()
+        if idx.numel() == 0:
+            continue
+        y0, x0, h, w = (b.index_select(0, idx.to(b.device)) for b in (top, left, height, width))
+        done = _fixed_ragged_passes(x.select(idx.cpu()), y0, x0, h, w, size, antialias, mode, kernel, transposed)
+        out[idx.to(out.device)] = done
+    return out
+
+
+def _fixed_ragged_passes(
+    x: Ragged,
+    top: torch.Tensor,
+    left: torch.Tensor,
+    height: torch.Tensor,
+    width: torch.Tensor,
+    size: tuple[int, int],
+    antialias: bool,
+    mode: str,
+    kernel: str,
+    transposed: bool,
+) -> torch.Tensor:
+    """The horizontal pass, then the vertical one; ``transposed``: each image read as its transpose (rows and
+    columns swapped by their strides), so the vertical pass comes first."""
+    dev, n = x.device, len(x)
+    c = int(x.shapes[0, 0])
+    top, left, height, width = (t.to(dev) for t in (top, left, height, width))
+    starts, img_h, img_w = x.starts.to(dev), x.shapes[:, 1].to(dev), x.shapes[:, 2].to(dev)
+    ch_step = torch.ones_like(img_w) if x.hwc else img_h * img_w
+    row_step = img_w * c if x.hwc else img_w
+    col_step = torch.full_like(img_w, c if x.hwc else 1)
+    out_h, out_w = size
+    if transposed:
+        row_step, col_step, top, left, height, width = col_step, row_step, left, top, width, height
+        out_h, out_w = out_w, out_h
+    ck, cw, cbits = fixed_taps(left, width, out_w, antialias, mode, kernel)
+    rk, rw, rbits = fixed_taps(top, height, out_h, antialias, mode, kernel)
+    rows_max = int(height.max())  # one host read per batch: the intermediate's size
+    r = torch.arange(rows_max, device=dev).view(1, rows_max, 1)
+    rows = top.view(n, 1, 1) + torch.minimum(r, height.view(n, 1, 1) - 1)
+    row_base = starts.view(n, 1, 1) + rows * row_step.view(n, 1, 1) + left.view(n, 1, 1) * col_step.view(n, 1, 1)
+    tmp = torch.zeros(n, c, rows_max, out_w, device=dev, dtype=torch.int32)
+    for ch in range(c):
+        base = row_base + ch * ch_step.view(n, 1, 1)
+        for k in range(ck.shape[-1]):
+            idx = base + ck[:, :, k].view(n, 1, out_w) * col_step.view(n, 1, 1)
+            tmp[:, ch] += cw[:, :, k].view(n, 1, out_w) * x.data[idx].to(torch.int32)
+    tmp = shift_clamp(tmp, cbits)
+    out = torch.zeros(n, c, out_h, out_w, device=dev, dtype=torch.int32)
+    for k in range(rk.shape[-1]):
+        idx = rk[:, :, k].view(n, 1, out_h, 1).expand(n, c, out_h, out_w)
+        out += rw[:, :, k].view(n, 1, out_h, 1) * tmp.gather(2, idx)
+    out8 = shift_clamp(out, rbits).to(torch.uint8)
+    return out8.transpose(2, 3).contiguous() if transposed else out8

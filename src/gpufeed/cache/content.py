@@ -55,7 +55,8 @@ def entry_folder(entry: Path) -> Path | None:
 
 def compare_folder(entry: Path, threads: int = 4) -> Comparison:
     """Re-read every file the folder entry ``entry`` holds and compare its bytes with the hash recorded at
-    build time; files of the folder's classes that the entry does not hold (added since) count as changed.
+    build time; files of the folder's classes that the entry does not hold (added since) count as changed,
+    unless the entry holds only a part of the folder (a ``Subset`` or ``random_split`` part).
     Raises CacheError for an entry that records no files (not a folder's, or built before gpufeed recorded them).
     """
     manifest = Manifest.read(entry)
@@ -85,6 +86,11 @@ def compare_folder(entry: Path, threads: int = 4) -> Comparison:
 
     with ThreadPoolExecutor(threads) as pool:
         out.changed = [why for why in pool.map(check, range(len(files))) if why is not None]
+    source = manifest.meta.get("source")
+    if isinstance(source, dict) and source.get("selection"):
+        # A part of the folder (a Subset or random_split part): the folder's other files were never in it, so a
+        # file added since cannot be told from them (the part's own files are compared above).
+        return out
     skipped = [str(d.get("path")) for d in manifest.meta.get("skipped", []) if isinstance(d, dict)]
     held = {str(Path(p).resolve()) for p in [*(str(folder / f) for f in files), *skipped]}
     added = [p for p in _folder_files(folder) if str(Path(p).resolve()) not in held]

@@ -80,12 +80,13 @@ def _map(path: Path, name: str, manifest: Manifest, verify: bool) -> np.ndarray:
     return array
 
 
-def open_cache(path: str | Path, verify: bool = True) -> Cache:
+def open_cache(path: str | Path, verify: bool = True, record_use: bool = True) -> Cache:
     """Open the cache directory ``path``; with ``verify`` every byte is checked against its hash first.
 
     Sizes are always checked. Hashing costs one read of the files (about 1 GB/s per core, blocks
     hashed in parallel); ``verify=False`` skips it for trusted storage. The entry is marked in use for
-    as long as its arrays live, and its last use recorded (NOTE [ Entries in use ]).
+    as long as its arrays live, and its last use recorded (NOTE [ Entries in use ]) unless ``record_use=False``
+    (a check is not a use: ``gpufeed cache verify`` must not reorder what ``GPUFEED_CACHE_LIMIT`` removes first).
     """
     from .usage import hold
 
@@ -100,7 +101,7 @@ def open_cache(path: str | Path, verify: bool = True) -> Cache:
     if verify:  # the arrays an entry holds besides (a folder's file names and hashes) are checked too
         for name in sorted(set(manifest.arrays) - set(mapped)):
             _map(path, name, manifest, verify)
-    hold(path, list(mapped.values()))
+    hold(path, list(mapped.values()), record_use)
     a = {name: torch.from_numpy(array) for name, array in mapped.items()}
     labels = a["labels"]
     if kind == "dense":
@@ -132,8 +133,9 @@ def _ragged(path: Path, kind: str, a: dict[str, torch.Tensor], hwc: bool) -> Any
 
 
 def verify_cache(path: str | Path) -> Cache:
-    """Open with every hash checked; raises :class:`~gpufeed.errors.CacheError` on the first fault."""
-    return open_cache(path, verify=True)
+    """Open with every hash checked; raises :class:`~gpufeed.errors.CacheError` on the first fault. The entry's
+    last use is left as it was."""
+    return open_cache(path, verify=True, record_use=False)
 
 
 def read_array(path: str | Path, name: str, verify: bool = True) -> np.ndarray | None:

@@ -26,6 +26,7 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import IO, Any
 
+from ..device import fmt_bytes
 from ..errors import CacheError, ConfigError
 from .format import MANIFEST, Manifest, is_gpufeed_entry
 
@@ -53,10 +54,6 @@ def parse_size(text: str, what: str = LIMIT_ENV) -> int:
     return int(float(m[1]) * _UNITS[m[2].upper()])
 
 
-def _size(nbytes: int) -> str:
-    return f"{nbytes / 2**30:.2f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.1f} MiB"
-
-
 def cache_limit() -> int | None:
     """``$GPUFEED_CACHE_LIMIT`` in bytes (read at call time); ``None``: no limit."""
     text = os.environ.get(LIMIT_ENV, "").strip()
@@ -78,9 +75,10 @@ def _keep_alive(hold: _Hold) -> None:
     """A finalizer's callback: it only holds ``hold`` until the array it watches is gone."""
 
 
-def hold(path: Path, arrays: list[Any]) -> None:
+def hold(path: Path, arrays: list[Any], record_use: bool = True) -> None:
     """Mark the entry ``path`` in use for as long as any of ``arrays`` lives (NOTE [ Entries in use ]), and
-    record its last use. Nothing is marked where the manifest cannot be opened: the open fails right after."""
+    record its last use (unless ``record_use=False``). Nothing is marked where the manifest cannot be opened:
+    the open fails right after."""
     manifest = path / MANIFEST
     try:
         f = open(manifest, "rb")
@@ -94,6 +92,8 @@ def hold(path: Path, arrays: list[Any]) -> None:
     h = _Hold(f)
     for array in arrays:
         weakref.finalize(array, _keep_alive, h)
+    if not record_use:
+        return
     try:
         os.utime(manifest)  # last use (NOTE [ Entries in use ])
     except OSError:  # a read-only entry: its last use stays its build time, which only makes it go sooner
@@ -146,7 +146,7 @@ def _remove(path: Path, why: str) -> str | None:
         if not free:
             return None
         shutil.rmtree(path, ignore_errors=True)
-    line = f"gpufeed: removed the cache entry {path} ({_size(size)}, {source}): {why}"
+    line = f"gpufeed: removed the cache entry {path} ({fmt_bytes(size)}, {source}): {why}"
     print(line, file=sys.stderr, flush=True)
     return line
 
@@ -162,7 +162,8 @@ def describe(path: Path) -> str:
     name = str(source.get("class", "?")).rsplit(".", 1)[-1]
     where = f" {source['root']}" if source.get("root") else ""
     split = "".join(f" {k}={source[k]}" for k in ("train", "split") if k in source)
-    return f"{name}{where}{split}"
+    part = f" (part {source['selection']})" if source.get("selection") else ""  # a Subset / random_split part
+    return f"{name}{where}{split}{part}"
 
 
 def remove_superseded(target: Path, manifest: Manifest) -> list[str]:
@@ -214,13 +215,13 @@ def enforce_limit(root: Path, keep: Path, limit: int | None = None) -> list[str]
             break
         if path == keep:
             continue
-        line = _remove(path, f"least recently used, and the cache root is over {LIMIT_ENV}={_size(limit)}")
+        line = _remove(path, f"least recently used, and the cache root is over {LIMIT_ENV}={fmt_bytes(limit)}")
         if line:
             lines.append(line)
             total -= size
     if total > limit:
         line = (
-            f"gpufeed: the cache root {root} holds {_size(total)}, over {LIMIT_ENV}={_size(limit)}: "
+            f"gpufeed: the cache root {root} holds {fmt_bytes(total)}, over {LIMIT_ENV}={fmt_bytes(limit)}: "
             "what is left is the entry just built or entries other processes use; raise the limit or clear entries"
         )
         print(line, file=sys.stderr, flush=True)

@@ -205,7 +205,7 @@ def test_typed_errors_print_a_message_and_exit_2_and_debug_shows_the_traceback()
     cmd = [sys.executable, "-m", "gpufeed", "train", "--epochs", "0", "--device", "cpu"]
     plain = subprocess.run(cmd, capture_output=True, text=True)
     assert plain.returncode == 2 and "Traceback" not in plain.stderr
-    assert plain.stderr.splitlines()[0] == "gpufeed train: ConfigError: epochs=0 and batch_size=256 must be >= 1"
+    assert plain.stderr.splitlines()[0] == "gpufeed train: ConfigError: epochs=0 must be >= 1"
     for debug in ([*cmd, "--debug"], [*cmd[:3], "--debug", *cmd[3:]]):  # after the command or before it
         shown = subprocess.run(debug, capture_output=True, text=True)
         assert shown.returncode == 1 and "Traceback" in shown.stderr and "ConfigError" in shown.stderr

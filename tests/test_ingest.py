@@ -1,3 +1,5 @@
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -143,3 +145,12 @@ def test_a_file_that_fails_to_load_is_named_with_its_path(tmp_path):
         f.truncate(20)
     with pytest.raises(DataError, match=rf"ImageFolder\[2\] \({broken}\) raised"):
         ingest(ds, cached=T.Resize(4), num_workers=0, progress=False)
+
+
+@pytest.mark.parametrize("shape", [(8, 20), (8, 2, 3, 4, 5)])
+def test_samples_that_are_not_images_are_refused_by_name(shape):
+    import gpufeed as gf
+
+    ds = TensorDataset(torch.rand(shape), torch.zeros(8, dtype=torch.long))
+    with pytest.raises(DataError, match=rf"TensorDataset\[0\] gives an image of shape {re.escape(str(shape[1:]))}"):
+        gf.accelerate(ds, batch_size=4, device="cpu", progress=False)

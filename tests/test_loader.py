@@ -196,7 +196,7 @@ def test_load_state_dict_refuses_a_state_of_another_configuration(key, value):
         (dict(images=torch.zeros(4, 8, 8, dtype=torch.uint8)), DataError, "unsqueeze"),
         (dict(images=torch.zeros(4, 3, 8, 8, dtype=torch.int32)), DataError, "dtype=torch.int32"),
         (dict(labels=torch.arange(5)), DataError, "labels has shape"),
-        (dict(labels=torch.tensor([0, 1, -1, 2])), DataError, r"labels\[2\]=-1 is out of range"),
+        (dict(labels=torch.tensor([0, 1, -1, 2]), num_classes=4), DataError, r"labels\[2\]=-1 is out of range"),
         (dict(labels=torch.tensor([0, 1, 10, 2]), num_classes=10), DataError, r"labels\[2\]=10"),
         (dict(batch_size=0), ConfigError, "batch_size=0"),
         (dict(device="tpu"), DeviceError, "device='tpu'"),
@@ -311,7 +311,7 @@ def test_a_changed_world_size_advises_the_epoch_that_comes_next():
 
 def test_a_state_records_the_data_it_belongs_to_and_refuses_other_labels_or_pixels():
     state = _loader().state_dict()
-    assert set(state["fingerprint"]) == {"images", "pixels", "labels", "transform", "dtype", "channels_last"}
+    assert set(state["fingerprint"]) == {"images", "pixels", "labels", "transform", "dtype", "channels_last", "gpufeed"}
     assert state["fingerprint"]["images"] == "50 images of (3, 8, 8) torch.uint8"
     shuffled = DeviceLoader(indexed_images(50), torch.arange(50).flip(0), batch_size=8, device="cpu")
     with pytest.raises(StateError, match=r"saved with labels='[0-9a-f]{16}', but this loader has labels="):

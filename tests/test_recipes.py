@@ -437,3 +437,29 @@ def test_a_pipeline_torchvision_refuses_is_refused_before_reading_with_its_reaso
             gf.accelerate(ds, batch_size=3, device="cpu", fallback=fallback, cache=False)
         assert not isinstance(refused.value, gf.UnsupportedTransformError)  # the fallback would raise the same
         assert "give a threshold <= 1.0 (0.502 is 128 in pixel values)" in str(refused.value)
+
+
+@pytest.mark.parametrize("v2_ops", [False, True], ids=["v1", "v2"])
+@pytest.mark.parametrize(
+    "mode, padding, refused",
+    [("reflect", 5, False), ("reflect", 6, True), ("symmetric", 6, False), ("symmetric", 7, True)],
+)
+def test_mirror_padding_torch_cannot_do_on_tensors_is_refused_as_torchvision_refuses_it(v2_ops, mode, padding, refused):
+    import torchvision.transforms.v2 as v2
+
+    from gpufeed import ConfigError, accelerate
+
+    ops = v2 if v2_ops else T
+    tf = ops.Compose([ops.RandomCrop(6, padding=padding, padding_mode=mode), ops.ConvertImageDtype(torch.float32)])
+    ds = torch.utils.data.TensorDataset(torch.randint(0, 256, (4, 3, 6, 8), dtype=torch.uint8), torch.arange(4))
+    torchvision_refuses = False
+    try:
+        tf(ds[0][0])
+    except (RuntimeError, IndexError):
+        torchvision_refuses = True
+    assert torchvision_refuses == refused
+    if refused:
+        with pytest.raises(ConfigError, match=rf"padding {padding} with padding_mode='{mode}' along the height of 6"):
+            accelerate(ds, transform=tf, batch_size=2, device="cpu", progress=False, fallback="prefetch")
+    else:
+        assert accelerate(ds, transform=tf, batch_size=2, device="cpu", progress=False).plan.storage == "device"

@@ -133,7 +133,7 @@ class _Samples(Dataset):
 @pytest.mark.parametrize(
     "labels, match",
     [
-        ([0, 1, None, 3] * 3, r"_Samples\[6\] has label None \(NoneType\); labels must be class indices"),
+        ([0, 1, None, 3] * 3, r"_Samples\[2\] has label None \(NoneType\); labels must be class indices"),
         (["cat", "dog"] * 6, r"_Samples\[0\] has label 'cat' \(str\)"),
     ],
 )
@@ -151,7 +151,9 @@ def test_array_labels_that_are_none_name_the_sample_and_the_attribute():
         DeviceLoader(indexed_images(3), [0, "b", 2], batch_size=2, device="cpu")
 
 
-@pytest.mark.parametrize("dataset", [(x for x in range(3)), iter([1, 2]), "images/", None], ids=str)
+@pytest.mark.parametrize(
+    "dataset", [(x for x in range(3)), iter([1, 2]), "images/", None], ids=["generator", "iterator", "str", "none"]
+)
 def test_something_that_is_not_a_map_style_dataset_is_named(dataset):
     with pytest.raises(DataError, match="not a map-style dataset with len\\(\\) and \\[i\\].*gpufeed.prefetch"):
         gf.accelerate(dataset, batch_size=4, device="cpu")
@@ -299,3 +301,26 @@ def test_every_entry_point_that_starts_workers_caps_them(monkeypatch, tmp_path):
     with pytest.raises(ConfigError, match="num_workers=-1 must be >= 0"):
         gf.build_cache(cifar_like(8, transform=T.ToTensor()), tmp_path / "entry", num_workers=-1, progress=False)
     assert not (tmp_path / "entry").exists()
+
+
+def test_labels_that_are_not_class_indices_pass_through_without_num_classes(tmp_path):
+    # remapped to ImageNet-1k indices, or CrossEntropyLoss's ignore_index: a DataLoader serves them as they are
+    images = indexed_images(4)
+    loader = DeviceLoader(images, torch.tensor([281, -100, 0, 7]), batch_size=4, shuffle=False, device="cpu")
+    assert next(iter(loader))[1].tolist() == [281, -100, 0, 7]
+    ds = cifar_like(6, transform=T.ToTensor())
+    ds.target_transform = lambda y: -100 if y == 2 else y + 500
+    got = torch.cat([y for _, y in gf.accelerate(ds, batch_size=3, shuffle=False, device="cpu", progress=False)])
+    assert got.tolist() == [ds.target_transform(y) for y in ds.targets]
+
+
+def test_a_torchvision_transform_or_missing_labels_given_to_device_loader_are_config_and_data_errors():
+    import torchvision.transforms.v2 as v2
+
+    for tf in (T.RandomHorizontalFlip(), v2.RandomHorizontalFlip()):
+        with pytest.raises(
+            ConfigError, match=r"RandomHorizontalFlip\(\.\.\.\) is a per-sample torchvision .*gf\.accelerate"
+        ):
+            DeviceLoader(indexed_images(4), torch.arange(4), batch_size=2, device="cpu", transform=tf)
+    with pytest.raises(DataError, match="labels is None; labels must be a tensor"):
+        DeviceLoader(indexed_images(4), None, batch_size=2, device="cpu")

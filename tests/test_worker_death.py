@@ -31,14 +31,14 @@ class Doomed(Dataset):
         return torch.full((3, 4, 4), float(i)), i
 
 
-def _loader(dataset: Dataset, workers: int = 2) -> gf.FallbackLoader:
+def _loader(dataset: Dataset, workers: int = 2, device: torch.device | None = None) -> gf.FallbackLoader:
     return gf.FallbackLoader(
         dataset,
         None,
         BATCH,
         True,
         False,
-        torch.device("cpu"),
+        device or torch.device("cpu"),
         5,
         dtype=None,
         channels_last=False,
@@ -60,11 +60,12 @@ def _order(epoch: int) -> list[int]:
     return gf.sampling.epoch_order(5, epoch, N).tolist()
 
 
-def test_a_worker_killed_mid_epoch_is_a_worker_error_and_the_next_epoch_gets_fresh_workers(tmp_path):
+def test_a_worker_killed_mid_epoch_is_a_worker_error_and_the_next_epoch_gets_fresh_workers(tmp_path, device):
+    # On CUDA the batches are pinned by the DataLoader's pin-memory thread, which stopping the workers must not hang.
     flag = tmp_path / "kill-once"
     flag.touch()
     doom = _order(0)[6 * BATCH]  # a sample of batch 6 of epoch 0
-    loader = _loader(Doomed(flag, doom))
+    loader = _loader(Doomed(flag, doom), device=device)
     got, broken = [], loader.loader
     # torch's SIGCHLD handler would raise its own RuntimeError wherever this thread happens to be (here: maybe in
     # this loop's body); blocked, the death is found by the DataLoader's own check, inside the loader's iteration.

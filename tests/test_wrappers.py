@@ -274,3 +274,47 @@ def test_a_joint_transforms_pipeline_is_not_frozen_either():
     ds.targets, ds.train = [0] * 6, True
     with pytest.raises(DataError, match=r"CIFAR10\.transforms has the transform .*freeze"):
         gf.accelerate(ds, batch_size=2, cache=False, **KW)
+
+
+class MinorityFlip(Dataset):
+    """A user's wrapper that flips only class 1 at random: sample 0 (class 0) reads the same every time."""
+
+    def __init__(self, base):
+        self.base = base
+
+    def __len__(self):
+        return len(self.base)
+
+    def __getitem__(self, i):
+        x, y = self.base[i]
+        return (x.flip(-1) if y == 1 and torch.rand(()) < 0.5 else x), y
+
+
+class RandomFlip(Dataset):
+    def __init__(self, base):
+        self.base = base
+
+    def __len__(self):
+        return len(self.base)
+
+    def __getitem__(self, i):
+        x, y = self.base[i]
+        return (x.flip(-1) if torch.rand(()) < 0.5 else x), y
+
+
+@pytest.mark.parametrize("case", ["one class", "second part of a concat", "first part of a concat"])
+def test_randomness_that_sample_0_does_not_show_is_still_refused(case):
+    from torch.utils.data import TensorDataset
+
+    g = torch.Generator().manual_seed(0)
+    plain = TensorDataset(torch.rand(30, 3, 8, 8, generator=g), torch.arange(30) % 3)
+    flipped = RandomFlip(TensorDataset(torch.rand(12, 3, 8, 8, generator=g), torch.ones(12, dtype=torch.long)))
+    dataset = {
+        "one class": MinorityFlip(plain),
+        "second part of a concat": ConcatDataset([plain, flipped]),
+        "first part of a concat": ConcatDataset([flipped, plain]),
+    }[case]
+    state = torch.random.get_rng_state()
+    with pytest.raises(DataError, match=r"differs between two reads.*would\s+freeze"):
+        gf.accelerate(dataset, batch_size=6, cache=False, **KW)
+    assert torch.equal(torch.random.get_rng_state(), state)  # the probe's reads leave the global generator as it was

@@ -214,6 +214,8 @@ def accelerate(
     dev = resolve_device(device)
     classes = getattr(dataset, "classes", None)  # torchvision datasets: labels must index it
     num_classes = len(classes) if isinstance(classes, list) and classes else None
+    if getattr(dataset, "target_transform", None) is not None:  # its labels are whatever it maps the classes to
+        num_classes = None
     mixer = as_mix(mix, num_classes)  # a bad mix= is refused before the data is read
 
     view_list = list(views) if isinstance(views, (list, tuple)) else None

@@ -13,6 +13,7 @@ image must come out of the cached part with one shape.
 from __future__ import annotations
 
 import copy
+import functools
 import time
 import warnings
 from collections.abc import Callable
@@ -27,7 +28,7 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 from .augment.ragged import Ragged
 from .cache.fingerprint import standard_getitem
 from .errors import DataError
-from .sampling import global_seed
+from .sampling import derive_seed, global_seed
 from .validate import Guarded, SampleFailure, UnbatchableError, check_dataset, check_label, label_tensor
 from .workers import default_workers, loader_kwargs
 from .wrappers import ConcatView, IndexedView, hidden_transforms, map_parts
@@ -73,10 +74,33 @@ class Probe:
     channels: int | None = None  # of an image after the cached part (sample 0's)
 
 
-def _varies(read: Callable[[], tuple[torch.Tensor, Any]], image: torch.Tensor, label: Any, reads: int = 8) -> bool:
+_SPREAD = 24  # samples of a dataset whose reads gpufeed cannot prove deterministic, read twice each
+
+
+def _spread(n: int, count: int, skip: int) -> list[int]:
+    """Up to ``count`` indices spread evenly over ``range(n)`` (every class of a sorted folder, every part of a
+    concatenation), without ``skip``."""
+    return sorted({round(k * (n - 1) / max(1, count - 1)) for k in range(min(count, n))} - {skip})
+
+
+def _image_and_label(read: Callable[[int], tuple[Any, torch.Tensor, Any]], i: int) -> tuple[torch.Tensor, Any]:
+    return read(i)[1:]
+
+
+def _known_reads(dataset: Any) -> bool:
+    """Whether ``dataset[i]`` runs only torchvision's or torch's own code once its transform is replaced (its
+    ``__getitem__`` and file loader), so reading a sample again gives the same sample."""
+    from .cache.fingerprint import _standard_loader
+
+    return standard_getitem(dataset) and _standard_loader(dataset)
+
+
+def _varies(
+    read: Callable[[], tuple[torch.Tensor, Any]], image: torch.Tensor, label: Any, reads: int = 8, first_seed: int = 0
+) -> bool:
     """Whether reading a sample again, under ``reads`` different global seeds, gives anything else
     (a coin-flip augmentation is missed with probability 2**-reads; the seeds make the answer repeatable)."""
-    for seed in range(reads):
+    for seed in range(first_seed, first_seed + reads):
         with global_seed(seed):
             again, label_again = read()
         if not (_same(image, again) and _same(torch.as_tensor(label), torch.as_tensor(label_again))):
@@ -148,7 +172,8 @@ def probe(dataset: Any, cached: Callable[[Any], Any] | None, on_error: str = "er
     first_at = 0
     while True:  # on_error="skip": a file that cannot be read is left out by the store's build, so probe others
         try:
-            first_out, first, label = read(first_at)
+            with global_seed(derive_seed(first_at, 1)):  # the caller's global generators are neither used nor moved
+                first_out, first, label = read(first_at)
             break
         except DataError:
             if on_error != "skip" or first_at + 1 >= n:
@@ -161,6 +186,29 @@ def probe(dataset: Any, cached: Callable[[Any], Any] | None, on_error: str = "er
             f"{source}[0] differs between two reads: its __getitem__ draws random numbers outside its transform, "
             "and gpufeed, which reads each sample once, would freeze that randomness. Move the random ops into "
             "the transform, or pass fallback='prefetch' to run the dataset as a DataLoader does"
+        )
+    if not _known_reads(dataset):  # randomness may show only for some samples (one class, one part of a concat)
+        for i in _spread(n, _SPREAD, skip=first_at):
+            try:
+                with global_seed(derive_seed(i, 1)):
+                    image, again_label = read(i)[1:]
+            except DataError:
+                if on_error == "skip":
+                    continue
+                raise
+            again = functools.partial(_image_and_label, read, i)
+            if _varies(again, image, again_label, reads=2, first_seed=derive_seed(i, 2)):
+                raise UnbatchableError(
+                    f"{source}[{i}] differs between two reads: its __getitem__ (code gpufeed cannot read) draws random "
+                    "numbers outside the transform it replaces, and gpufeed, which reads each sample once, would "
+                    "freeze that randomness. Move the random ops into the dataset's transform, or pass "
+                    "fallback='prefetch' to run the dataset as a DataLoader does"
+                )
+    if first.dim() != 3:
+        raise UnbatchableError(
+            f"{source}[{first_at}] gives an image of shape {tuple(first.shape)}; gpufeed stores images, (C, H, W) or "
+            "(H, W) (served as (N, C, H, W) batches): for other data (features, sequences), use a DataLoader, or "
+            "pass fallback='prefetch'"
         )
     if first.dtype != torch.uint8 and not first.dtype.is_floating_point:
         raise UnbatchableError(

@@ -98,8 +98,33 @@ def _fill(fill: Any, s: _State) -> float | tuple[float, ...]:
     return 0.0 if value is None else value
 
 
+def _check_mirror_padding(op: Any, s: _State, pads: tuple[int, int, int, int]) -> None:
+    """torch pads tensors by reflection only by less than the image's side, symmetrically by up to it (PIL images
+    go through numpy, which repeats the mirror): torchvision raises on every sample beyond, so gpufeed refuses."""
+    if s.pil or op.padding_mode not in ("reflect", "symmetric"):
+        return
+    left, top, right, bottom = pads
+    for pad, side, axis in ((max(left, right), s.size[1], "width"), (max(top, bottom), s.size[0], "height")):
+        if pad > side or (op.padding_mode == "reflect" and pad == side):
+            most = side - 1 if op.padding_mode == "reflect" else side
+            raise ConfigError(
+                f"{op!r} on tensor images of {s.size[0]}x{s.size[1]}: torchvision refuses it on every sample "
+                f"(padding {pad} with padding_mode={op.padding_mode!r} along the {axis} of {side}: torch pads by "
+                f"{'less than' if op.padding_mode == 'reflect' else 'at most'} the side); use padding <= {most}, "
+                "or padding_mode='constant' or 'edge'"
+            )
+
+
 def _random_crop(op: Any, s: _State) -> A.BatchTransform:
     h, w = (op.size, op.size) if isinstance(op.size, int) else op.size
+    if op.padding is not None:
+        p = [op.padding] if isinstance(op.padding, int) else list(op.padding)
+        if _is_v2(op):  # v2 stores [left, right, top, bottom]
+            left, right, top, bottom = op.padding or (0, 0, 0, 0)
+        else:
+            p = p * 2 if len(p) == 1 else p
+            left, top, right, bottom = (p * 2 if len(p) == 2 else p)[:4]
+        _check_mirror_padding(op, s, (left, top, right, bottom))
     if _is_v2(op):
         # v2 stores padding as [left, right, top, bottom] and pads once, need included.
         left, right, top, bottom = op.padding or (0, 0, 0, 0)

@@ -104,7 +104,8 @@ def load(
         return ingest(dataset, split.cached_transform(), num_workers=num_workers, progress=progress)
 
     # "auto" persists what was expensive to compute: a per-sample read
-    return _cached(dataset, split, cache, None, read, lambda d: d.path == "per-sample", progress, lock_timeout, [])
+    read_ = _with_file_record(dataset, read)
+    return _cached(dataset, split, cache, None, read_, lambda d: d.path == "per-sample", progress, lock_timeout, [])
 
 
 def load_ragged(
@@ -149,7 +150,17 @@ def load_ragged(
             return ingest(dataset, split.cached_transform(), num_workers=num_workers, progress=progress, ragged=True)
 
         per_sample = {"kind": "pixels", "read": "samples"}
-        return _cached(dataset, split, cache, per_sample, read_samples, lambda d: True, progress, lock_timeout, notes)
+        return _cached(
+            dataset,
+            split,
+            cache,
+            per_sample,
+            _with_file_record(dataset, read_samples),
+            lambda d: True,
+            progress,
+            lock_timeout,
+            notes,
+        )
     shapes, unreadable = scan_headers(dataset, num_workers, progress)  # bad files: (3, 0, 0), no pixels
     target = downscaled(shapes, max_side)
     pixels = int(target.prod(1).sum()) + len(target) * 48  # and per image: its start, shape and label
@@ -363,16 +374,46 @@ def _folder_read(
     store = files if files is not None else images
     assert isinstance(store, Encoded) and store.paths is not None
     all_paths = store.paths
-    root = getattr(dataset, "root", None)  # the samples' paths start with it; the entry records it resolved
     paths = [all_paths[int(store.index[i]) if store.index is not None else i] for i in range(len(store))]
+    extra = _file_record(dataset, paths, (functools.partial(_file_bytes, store, i) for i in range(len(store))))
+    skipped = tuple((all_paths[i], why) for i, why in sorted(bad.items()))
+    return FolderRead(images, labels, description, time.perf_counter() - t0, kept, skipped, extra)
+
+
+def _file_record(dataset: Any, paths: list[str], blocks: Any) -> dict[str, torch.Tensor]:
+    """Per file, its path relative to the folder and the hash of its bytes (``blocks``: a function per file that
+    gives them): what ``gpufeed cache verify --data DIR`` compares the folder with."""
+    root = getattr(dataset, "root", None)  # the samples' paths start with it; the entry records it resolved
     names = [os.path.relpath(p, root) if root is not None else p for p in paths]
-    digests = hashes(functools.partial(_file_bytes, store, i) for i in range(len(store)))
-    extra = {
+    digests = hashes(blocks)
+    return {
         "digests": torch.tensor([list(bytes.fromhex(d)) for d in digests], dtype=torch.uint8).view(-1, 16),
         "names": torch.frombuffer(bytearray("\0".join(names).encode()), dtype=torch.uint8),
     }
-    skipped = tuple((all_paths[i], why) for i, why in sorted(bad.items()))
-    return FolderRead(images, labels, description, time.perf_counter() - t0, kept, skipped, extra)
+
+
+def _read_file(path: str) -> Any:
+    import numpy as np
+
+    return np.fromfile(path, dtype=np.uint8)
+
+
+def _with_file_record(dataset: Any, read: Any) -> Any:
+    """``read`` of a folder read sample by sample (a pipeline that resizes first), its entry recording the files'
+    names and hashes as a folder store's does; other datasets' ``read`` as it is."""
+    files = file_samples(dataset)
+    if files is None:
+        return read
+
+    def read_and_record() -> Ingested:
+        data = read()
+        if isinstance(data, FolderRead) or len(files) != len(data.labels):
+            return data
+        paths = [p for p, _ in files]
+        extra = _file_record(dataset, paths, (functools.partial(_read_file, p) for p in paths))
+        return FolderRead(data.images, data.labels, data.path, data.seconds, data.files, (), extra)
+
+    return read_and_record
 
 
 def _files(encoded: Encoded, then: str) -> str:
@@ -477,7 +518,7 @@ def _skipping(src: Source, data: Any, hit: Any, on_error: str) -> Source:
     lines = "\n".join(f"  {why}" for _, why in skipped)
     warnings.warn(
         f"gpufeed.accelerate: on_error='skip' left out {len(skipped):,} of {total:,} files that cannot be used:\n"
-        f"{lines}\nremove or fix them to train on them",
+        f"{lines}\n(the files stay as they are; remove or fix them to train on them)",
         stacklevel=4,
     )
     src.notes.append(

@@ -139,6 +139,11 @@ def dataset_length(dataset: Any) -> int:
 
 def label_tensor(labels: Sequence[Any] | np.ndarray | torch.Tensor, source: str) -> torch.Tensor:
     """Labels as a tensor (integers as int64); ``None``, strings or ragged labels name the first bad sample."""
+    if labels is None or isinstance(labels, (str, bytes)) or not hasattr(labels, "__len__"):
+        raise DataError(
+            f"{source} is {labels!r}; labels must be a tensor, array or list with one label per image (for images "
+            "without labels, pass placeholders such as torch.zeros(len(images), dtype=torch.long))"
+        )
     if isinstance(labels, torch.Tensor):
         t = labels
     else:
@@ -273,20 +278,31 @@ def check_labels(labels: torch.Tensor, n: int, num_classes: int | None) -> None:
         return
     if labels.dtype == torch.bool or labels.is_complex():
         raise DataError(f"labels has dtype={labels.dtype}; use an integer (class index) or floating dtype")
-    low = labels < 0
-    high = labels >= num_classes if num_classes is not None else torch.zeros_like(low)
-    bad = (low | high).reshape(n, -1).any(dim=1)
+    if num_classes is None:  # any integers, as a DataLoader serves them (-100: CrossEntropyLoss's ignore_index)
+        return
+    bad = ((labels < 0) | (labels >= num_classes)).reshape(n, -1).any(dim=1)
     if bool(bad.any()):
         i = int(bad.nonzero()[0, 0])
-        limit = f"[0, {num_classes})" if num_classes is not None else ">= 0"
-        raise DataError(f"labels[{i}]={labels[i].tolist()} is out of range {limit}; class indices must be {limit}")
+        limit = f"[0, {num_classes})"
+        raise DataError(
+            f"labels[{i}]={labels[i].tolist()} is out of range {limit}: num_classes={num_classes} says labels are "
+            f"class indices in {limit}; fix the label, or give num_classes=None for labels that are not"
+        )
 
 
 def check_transform(transform: Callable[..., Any]) -> None:
     if not callable(transform):
         raise ConfigError(f"transform={transform!r} is not callable")
+    if type(transform).__module__.startswith(("torchvision.transforms", "timm.data")):
+        raise ConfigError(
+            f"transform={type(transform).__name__}(...) is a per-sample {type(transform).__module__.split('.')[0]} "
+            "transform; DeviceLoader calls transform(batch, generator=g) on whole batches. Use gpufeed.augment's "
+            "ops (A.Compose([...])), or give the dataset with this transform to gf.accelerate, which converts it"
+        )
+    # an nn.Module's __call__ takes anything: its forward says what it takes
+    target = transform.forward if isinstance(transform, torch.nn.Module) else transform
     try:
-        params = inspect.signature(transform).parameters
+        params = inspect.signature(target).parameters
     except (TypeError, ValueError):
         return  # builtins without a signature: let the call itself speak
     takes_kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())

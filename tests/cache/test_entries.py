@@ -89,6 +89,26 @@ def test_cache_verify_data_names_the_files_that_differ_from_what_the_entry_was_b
     assert f"{root.resolve()}/c0/new.png: added since the entry was built" in err
 
 
+@pytest.mark.parametrize(
+    "recipe",
+    [
+        T.Compose([T.Resize(10), T.CenterCrop(8), T.ToTensor()]),  # an evaluation pipeline: dense, read per sample
+        T.Compose([T.Resize(12), T.RandomResizedCrop(8), T.ToTensor()]),  # resized first: ragged, read per sample
+    ],
+    ids=["eval", "resize-then-crop"],
+)
+def test_cache_verify_data_checks_an_entry_read_sample_by_sample_too(tmp_path, capsys, recipe):
+    root, cache = _folder(tmp_path / "data"), tmp_path / "cache"
+    loader = gf.accelerate(ImageFolder(str(root), transform=recipe), cache=cache, **KW)
+    assert loader.plan.ingest.startswith("per-sample")
+    args = ["cache", "--cache-dir", str(cache), "verify", "--data", str(root)]
+    assert main(args) == 0
+    assert f"its 9 files in {root.resolve()} are the ones it was built from" in capsys.readouterr().out
+    _same_size_same_mtime(root / "c1" / "4.png")
+    assert main(args) == 1
+    assert f"{root.resolve()}/c1/4.png: its bytes differ from those the entry was built from" in capsys.readouterr().err
+
+
 def test_cache_verify_data_compares_a_part_of_the_folder_with_its_own_files_only(tmp_path, capsys):
     # An entry of a random_split part holds some of the folder's files: the others are not "added since".
     root, cache = _folder(tmp_path / "data"), tmp_path / "cache"

@@ -90,8 +90,9 @@ class TrainConfig:
             raise ConfigError(f"loader={self.loader!r} is not one of {LOADER_KINDS}")
         if self.amp not in _AMP:
             raise ConfigError(f"amp={self.amp!r} is not one of {sorted(_AMP)}")
-        if self.epochs < 1 or self.batch_size < 1:
-            raise ConfigError(f"epochs={self.epochs} and batch_size={self.batch_size} must be >= 1")
+        for name in ("epochs", "batch_size"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name}={getattr(self, name)} must be >= 1")
         if self.cuda_graphs and self.amp == "fp16":
             raise ConfigError("cuda_graphs with amp='fp16' is not possible: fp16 loss scaling reads the host; use bf16")
 

@@ -15,6 +15,15 @@ _DEVICES = [
 ]
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # Under pytest-xdist (`make test` runs one worker per core) each worker computes on one thread: two workers
+    # with torch's default of one thread per core would run twice the threads the cores hold.
+    import os
+
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        torch.set_num_threads(1)
+
+
 @pytest.fixture(autouse=True)
 def _private_cache_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     """gpufeed's default cache directory, for every test: one under pytest's temporary root (shared by the

@@ -318,3 +318,35 @@ def test_randomness_that_sample_0_does_not_show_is_still_refused(case):
     with pytest.raises(DataError, match=r"differs between two reads.*would\s+freeze"):
         gf.accelerate(dataset, batch_size=6, cache=False, **KW)
     assert torch.equal(torch.random.get_rng_state(), state)  # the probe's reads leave the global generator as it was
+
+
+def test_build_cache_of_a_folder_with_the_random_resized_crop_recipe_builds_the_store_accelerate_opens(tmp_path):
+    recipe = T.Compose([T.RandomResizedCrop(16), T.RandomHorizontalFlip(), T.ToTensor()])
+    ds = image_folder(tmp_path / "photos", SIZES[:6], transform=recipe)
+    cache = gf.build_cache(Subset(ds, [0, 2, 3, 5]), root=tmp_path / "cache", progress=False)
+    assert isinstance(cache.images, Ragged) and cache.labels.tolist() == [ds.targets[i] for i in (0, 2, 3, 5)]
+    loader = gf.accelerate(Subset(ds, [0, 2, 3, 5]), batch_size=2, store="pixels", cache=tmp_path / "cache", **KW)
+    assert loader.plan.ingest.startswith("cache hit") and loader.plan.cache_path == str(cache.path)
+    with pytest.raises(gf.ConfigError, match="pass root= instead"):
+        gf.build_cache(ds, tmp_path / "elsewhere", progress=False)
+
+
+@pytest.mark.parametrize("change", ["transform", "targets", "inner transform of a subset"])
+def test_a_dataset_changed_after_accelerate_is_refused_at_the_next_epoch_not_served_stale(change):
+    import copy
+    import pickle
+
+    ds = cifar_like(12, transform=TRAIN)
+    part = Subset(ds, list(range(8)))
+    loader = gf.accelerate(part if change.endswith("subset") else ds, batch_size=4, cache=False, **KW)
+    clone = pickle.loads(pickle.dumps(loader))  # a copy in another process (ddp_spawn) watches nothing
+    deep = copy.deepcopy(loader)
+    assert len(list(loader)) == len(list(clone)) == len(list(deep))
+    if change == "targets":
+        ds.targets = [0] * len(ds.targets)  # pseudo-labels
+    else:
+        ds.transform = T.Compose([T.RandomCrop(24), T.ToTensor()])  # progressive resizing
+    attr = "targets" if change == "targets" else "transform"
+    with pytest.raises(DataError, match=rf"CIFAR10\.{attr} was replaced after gpufeed\.accelerate\(\).*again"):
+        next(iter(loader))
+    assert gf.accelerate(ds, batch_size=4, cache=False, **KW) is not None  # what the message says works

@@ -32,7 +32,7 @@ from .sampling import as_even
 from .sources import ON_ERROR, STORES, describe_store, fmt_bytes, load, load_ragged, takes_ragged
 from .spill import spill
 from .validate import as_flag, as_int, as_workers, check_dataset, check_epoch
-from .wrappers import unwrap
+from .wrappers import SourceWatch, unwrap
 
 __all__ = ["DEVICE_BUDGET_FRACTION", "HOST_BUDGET_FRACTION", "STORES", "accelerate", "preflight"]
 
@@ -204,6 +204,7 @@ def accelerate(
         raise ConfigError(f"dtype={dtype!r} must be a torch.dtype (e.g. torch.float32) or None")
     memory_budget = None if memory_budget is None else as_int(memory_budget, "memory_budget (bytes)", 0)
     num_workers = None if num_workers is None else as_workers(num_workers)
+    watch = SourceWatch(dataset, transform_given=transform is not _DATASET)  # what is read once, by identity
     try:  # torch's Subset / random_split parts / ConcatDataset: their inner transform, files and arrays
         dataset = unwrap(dataset, own_transforms=transform is _DATASET)  # transform= replaces them all
     except UnbatchableError as e:  # parts with different transforms: only the per-sample pipeline runs them
@@ -363,6 +364,7 @@ def accelerate(
         mix=mixer,
         views=view_ops,
     )
+    loader.source_watch = watch
     loader.plan = Plan(
         cached=tuple(repr(op) for op in split.cached),
         batched=tuple(op.describe() for op in (batched.transforms if batched else []))

@@ -15,6 +15,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from .cache import Cache, Manifest, check_target, entry_path, is_gpufeed_entry, open_cache, write_cache
 from .cache.fingerprint import cache_key
 from .cache.lock import build_lock
@@ -24,6 +26,9 @@ from .errors import CacheError, CacheWriteError, ConfigError
 __all__ = ["build_cache", "load_or_ingest", "store"]
 
 _DATASET = object()  # sentinel: use the dataset's own transform
+
+
+_RGB = (torch.uint8, (64, 64), True)  # a folder's files as the RGB PIL images torchvision's loader gives
 
 
 def build_cache(
@@ -73,8 +78,34 @@ def build_cache(
             "or an opaque transform such as a Lambda), so a cache on disk could later be matched to other data; "
             "use gpufeed.accelerate(..., cache=False) to keep it in memory instead"
         )
-    from .sources import describe_source
+    from .encoded import file_samples
+    from .plan import build_batched
+    from .sources import describe_source, takes_ragged
 
+    if not split.cached and file_samples(dataset) is not None and takes_ragged(build_batched(split.device, *_RGB)):
+        # A folder of photos with a recipe that starts with RandomResizedCrop: its entry is the pixel store
+        # accelerate opens (each image as it is), named by the files and the recipe, so it goes under the root.
+        if path is not None:
+            raise ConfigError(
+                f"path={str(path)!r}: a folder whose recipe starts with RandomResizedCrop is stored as accelerate "
+                "stores it, under the cache root by its files and recipe (so accelerate finds it); pass root= instead"
+            )
+        from .accelerate import accelerate
+
+        loader = accelerate(
+            dataset,
+            batch_size=1,
+            device="cpu",
+            transform=transform if transform is not _DATASET else getattr(dataset, "transform", None),
+            cache=Path(root).expanduser() if root is not None else True,
+            store="pixels",
+            num_workers=num_workers,
+            progress=progress,
+            lock_timeout=lock_timeout,
+        )
+        if loader.plan.cache_path is None:
+            raise CacheWriteError(f"the folder's store could not be written ({'; '.join(loader.plan.notes)})")
+        return open_cache(Path(loader.plan.cache_path), verify=False)  # verified as accelerate opened it
     target = Path(path).expanduser() if path is not None else entry_path(dataset, key, root)
     meta = {"source": describe_source(dataset), "pipeline": {"cached": [repr(op) for op in split.cached]}}
     cache, _ = load_or_ingest(

@@ -87,6 +87,8 @@ class EpochLoader:
     # calls load_state_dict(state) itself, so this is where its user says that a changed transform is on purpose.
     strict_state: bool = True
     _stopped: tuple[int, int] | None = None  # (epoch, batches served) of an interrupted epoch, until a new claim
+    # gpufeed.wrappers.SourceWatch: accelerate read the dataset once; a transform or labels replaced since are refused
+    source_watch: Any = None
 
     def _mixed(self, batch: Any, epoch: int, index: int) -> Any:
         """``batch`` mixed by ``mix``, with draws from (seed, epoch, rank, batch): a resumed epoch mixes alike."""
@@ -159,6 +161,8 @@ class EpochLoader:
         """The position a new iteration serves, and whether it is a side pass (NOTE [ When an epoch is claimed ])."""
         check_world(self.config.world_size, self._explicit_world, type(self).__name__)
         check_explicit_world(self.config, self._explicit_world, self._built_pid, type(self).__name__)
+        if self.source_watch is not None:
+            self.source_watch.check()
         live = self._live_position()
         if live is not None:
             return _Position(live.epoch, 0, done=True), True

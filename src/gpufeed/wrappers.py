@@ -30,7 +30,7 @@ from torch.utils.data import ConcatDataset, Dataset, Subset, TensorDataset
 from .errors import DataError
 from .validate import UnbatchableError
 
-__all__ = ["ConcatView", "IndexedView", "hidden_transforms", "selection", "unwrap"]
+__all__ = ["ConcatView", "IndexedView", "SourceWatch", "hidden_transforms", "selection", "unwrap"]
 
 # Set on the copies :func:`unwrap` makes: which part of the inner dataset(s) a copy holds. Two parts of one folder
 # (``random_split``'s train and validation) share its class and root, so without it each part's cache entry would
@@ -284,3 +284,49 @@ def hidden_transforms(dataset: Any) -> list[tuple[str, Any]]:
     if joint is not None and type(joint).__name__ != "StandardTransform":
         found.append((f"{type(dataset).__name__}.transforms", joint))
     return found
+
+
+_READ_ONCE = ("transform", "target_transform", "transforms", "targets", "samples", "data", "labels", "tensors")
+
+
+class SourceWatch:
+    """What ``accelerate`` read from the user's dataset objects (and those its wrappers hold), by identity: a
+    transform or labels replaced afterwards (progressive resizing, pseudo-labels) would be served stale by a
+    loader that read them once, so the next epoch is refused instead. Holds weak references and ids only, so it
+    keeps nothing alive; copied into another process (pickled) it watches nothing."""
+
+    def __init__(self, dataset: Any, transform_given: bool) -> None:
+        import weakref
+
+        names = [n for n in _READ_ONCE if not (transform_given and n in ("transform", "transforms"))]
+        self._watched: list[tuple[Any, str, str, int]] = []
+        for d in _wrapped(dataset):
+            try:
+                ref = weakref.ref(d)
+            except TypeError:  # an object that takes no weak reference: not watched
+                continue
+            self._watched += [(ref, type(d).__name__, n, id(getattr(d, n))) for n in names if hasattr(d, n)]
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return (SourceWatch, (None, True))
+
+    def check(self) -> None:
+        for ref, name, attr, seen in self._watched:
+            d = ref()
+            if d is not None and id(getattr(d, attr, None)) != seen:
+                raise DataError(
+                    f"{name}.{attr} was replaced after gpufeed.accelerate() read the dataset: this loader serves what "
+                    f"it read then, not the new {attr}. Call gf.accelerate(dataset, ...) again to serve it (it reads "
+                    "and caches the dataset anew), or restore the old one"
+                )
+
+
+def _wrapped(dataset: Any) -> list[Any]:
+    """``dataset`` and every dataset torch's wrappers inside it hold."""
+    if dataset is None:
+        return []
+    if isinstance(dataset, Subset):
+        return [dataset, *_wrapped(dataset.dataset)]
+    if isinstance(dataset, ConcatDataset):
+        return [dataset, *(d for part in dataset.datasets for d in _wrapped(part))]
+    return [dataset]

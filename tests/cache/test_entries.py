@@ -246,6 +246,25 @@ def test_opening_an_entry_records_its_last_use(tmp_path):
     assert last_use(entry) > 1_000_000
 
 
+def test_an_entry_on_a_file_system_without_flock_opens_with_one_warning(tmp_path, monkeypatch):
+    import errno
+    import fcntl
+
+    import gpufeed.cache.usage as usage
+
+    (entry,) = _tensor_entries(tmp_path, 1)
+    expected = gf.open_cache(entry).images.clone()
+
+    def no_flock(f, op):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_flock)
+    monkeypatch.setattr(usage, "_unmarked", set())
+    with pytest.warns(UserWarning, match="cannot mark the cache entry .* in use .*no flock"):
+        opened = gf.open_cache(entry)
+    assert torch.equal(opened.images, expected)
+
+
 @pytest.mark.parametrize(
     ("text", "size"), [("20G", 20 << 30), ("500M", 500 << 20), ("1.5T", 3 << 39), ("20GiB", 20 << 30), ("123", 123)]
 )

@@ -20,6 +20,7 @@ import os
 import re
 import shutil
 import sys
+import warnings
 import weakref
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -60,6 +61,9 @@ def cache_limit() -> int | None:
     return parse_size(text) if text else None
 
 
+_unmarked: set[str] = set()  # entries opened without the in-use mark (said once per process)
+
+
 class _Hold:
     """An open manifest with a shared flock on it; closing it (when the last array that needs it dies)
     releases the lock."""
@@ -86,9 +90,17 @@ def hold(path: Path, arrays: list[Any], record_use: bool = True) -> None:
         return
     try:
         fcntl.flock(f, fcntl.LOCK_SH)  # waits only while a remover holds it (the length of an rmtree)
-    except OSError:  # a file system without flock: the entry cannot be marked, so it could be removed under us
+    except OSError as e:  # a file system without flock (Lustre mounted without it): the entry is still usable
         f.close()
-        raise CacheError(f"cannot lock {manifest} for reading; this file system has no flock") from None
+        if not _unmarked:
+            warnings.warn(
+                f"gpufeed: cannot mark the cache entry {path} in use ({e}: this file system has no flock), so another "
+                "process's GPUFEED_CACHE_LIMIT or rebuild may remove it while it is read; put the cache root "
+                "(GPUFEED_CACHE_DIR) on a local disk to avoid that",
+                stacklevel=3,
+            )
+        _unmarked.add(str(path))
+        return
     h = _Hold(f)
     for array in arrays:
         weakref.finalize(array, _keep_alive, h)

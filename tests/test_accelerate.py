@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 import torchvision.transforms as T
+import torchvision.transforms.functional as TF
 from PIL import Image
 
-from gpufeed import ConfigError, DataError, DeviceLoader, FallbackLoader, UnsupportedTransformError, accelerate
-from gpufeed.plan import build_batched, split_transform
+from gpufeed import ConfigError, DataError, FallbackLoader, UnsupportedTransformError, accelerate
 from gpufeed.sampling import epoch_order
 
 from fakes import cifar_like, image_folder
@@ -32,19 +32,22 @@ def test_cifar_runs_from_uint8_on_the_device_tier_with_the_planned_ops(tmp_path)
     assert [b.split("(")[0] for b in plan.batched] == ["RandomCrop", "RandomHorizontalFlip", "Normalize"]
     assert plan.cache_path is not None  # cache=<root> persists
     assert "storage:  in memory (the CPU is the device)" in str(plan) and "batched:  RandomCrop" in str(plan)
-    # The same stored data through a hand-built DeviceLoader with the planned ops gives the same batches.
-    stored = torch.from_numpy(ds.data).permute(0, 3, 1, 2)
-    manual = DeviceLoader(
-        stored,
-        torch.tensor(ds.targets),
-        batch_size=32,
-        device="cpu",
-        seed=3,
-        transform=build_batched(split_transform(CIFAR_TF).device, torch.uint8, (32, 32)),
-    )
-    for (x, y), (mx, my) in zip(_batches(loader), _batches(manual), strict=True):
-        assert torch.equal(x, mx) and torch.equal(y, my)
-    order = epoch_order(3, 1, 100)  # the zip above consumed epoch 0; this call serves epoch 1
+    # Each image is torchvision's RandomCrop(32, padding=4) at some offset, flipped or not, then Normalize: found among
+    # all 81 offsets x 2 flips computed with torchvision's own ops from the dataset's array.
+    first = _batches(loader)
+    order = epoch_order(3, 0, 100)
+    assert torch.equal(torch.cat([y for _, y in first]), torch.tensor(ds.targets)[order])
+    drawn = []
+    for k, x in enumerate(torch.cat([x for x, _ in first])):
+        padded = TF.pad(TF.to_tensor(ds.data[int(order[k])]), [4])
+        crops = [TF.crop(padded, i, j, 32, 32) for i in range(9) for j in range(9)]
+        candidates = torch.stack([TF.normalize(c, M, S) for c in crops + [TF.hflip(c) for c in crops]])
+        hits = ((candidates - x).abs().amax(dim=(1, 2, 3)) < 1e-5).nonzero().flatten().tolist()
+        assert len(hits) == 1, (k, hits)  # a wrong pad, crop, flip or Normalize matches none
+        drawn.append(divmod(hits[0], 81))
+    assert len({box for _, box in drawn}) > 30  # 100 draws of 81 offsets: about 58 distinct expected
+    assert 30 < sum(flip for flip, _ in drawn) < 70  # Binomial(100, 0.5): 4 standard deviations either side
+    order = epoch_order(3, 1, 100)  # the next pass serves epoch 1
     assert torch.equal(torch.cat([y for _, y in _batches(loader)]), torch.tensor(ds.targets)[order])
     assert ds.transform is CIFAR_TF
 
@@ -85,6 +88,13 @@ def test_unsupported_random_ops_raise_unless_the_fallback_is_asked_for():
     assert [tuple(x.shape) for x, _ in batches] == [(16, 3, 32, 32), (16, 3, 32, 32), (8, 3, 32, 32)]
     assert torch.equal(torch.cat([y for _, y in batches]), torch.tensor(ds.targets)[epoch_order(2, 0, 40)])
     assert "ElasticTransform" in str(loader.plan)
+
+
+def test_a_container_the_batched_path_cannot_run_takes_the_fallback():
+    ds = cifar_like(8, transform=T.Compose([T.RandomApply([T.RandomResizedCrop(24)], p=0.5), T.ToTensor()]))
+    with pytest.warns(UserWarning, match="falls back"):
+        loader = accelerate(ds, batch_size=4, device="cpu", fallback="prefetch", num_workers=0, progress=False)
+    assert loader.plan.storage == "fallback"
 
 
 def test_opaque_cached_ops_work_but_are_not_persisted(tmp_path):

@@ -1,6 +1,8 @@
 """One contract for both loaders accelerate returns -- the batched DeviceLoader and the per-sample
-FallbackLoader: order, exactly once, sharding across ranks, set_epoch, resume mid-epoch bit for bit."""
+FallbackLoader: order, exactly once, sharding across ranks, set_epoch, states across ranks and trainers (resume
+mid-epoch bit for bit: the contract in test_resume_contract.py)."""
 
+from collections import Counter
 from contextlib import nullcontext
 
 import numpy as np
@@ -66,14 +68,23 @@ def test_every_sample_once_per_epoch_in_the_shared_order(kind):
 @pytest.mark.parametrize("kind", list(LOADERS))
 @pytest.mark.parametrize("even", [True, False])
 def test_ranks_take_disjoint_shares_that_cover_the_epoch(kind, even):
-    batches = [list(make(kind, rank=r, world_size=3, even=even)) for r in range(3)]
-    shares = [labels(b) for b in batches]
-    every = [i for share in shares for i in share]
-    if even:  # the same number of batches on every rank, padded with repeats
-        assert len({len(b) for b in batches}) == 1 and set(every) == set(range(23))
-        assert 0 <= len(every) - 23 < 3 * 4
-    else:  # each sample exactly once
-        assert sorted(every) == list(range(23))
+    # 23 samples in batches of 4: 6 batch slots, 2 per rank, so even=True has nothing to pad: each sample on one rank
+    shares = [[labels([b]) for b in make(kind, rank=r, world_size=3, even=even)] for r in range(3)]
+    every = [i for share in shares for batch in share for i in batch]
+    assert sorted(every) == list(range(23))  # disjoint and covering
+    order = gf.sampling.epoch_order(3, 0, 23).tolist()  # slot j of the shared order goes to rank j % 3
+    assert shares == [[order[0:4], order[12:16]], [order[4:8], order[16:20]], [order[8:12], order[20:23]]]
+
+
+@pytest.mark.parametrize("kind", list(LOADERS))
+def test_even_ranks_repeat_one_batch_of_the_orders_start_and_share_nothing_else(kind):
+    # 17 samples in batches of 4: 5 slots (4 full, then 1 sample) for 3 ranks; even=True adds a batch of repeats
+    # before the short one, so every rank has 2 batches
+    shares = [[labels([b]) for b in make(kind, n=17, rank=r, world_size=3, even=True)] for r in range(3)]
+    every = [i for share in shares for batch in share for i in batch]
+    order = gf.sampling.epoch_order(3, 0, 17).tolist()
+    assert Counter(every) == Counter(range(17)) + Counter(order[:4])  # each sample once, the 4 repeats twice
+    assert shares == [[order[0:4], order[12:16]], [order[4:8], order[0:4]], [order[8:12], order[16:17]]]
 
 
 @pytest.mark.parametrize("kind", list(LOADERS))
@@ -86,23 +97,10 @@ def test_set_epoch_replays_an_epoch_exactly(kind):
     assert all(torch.equal(x, u) and torch.equal(y, v) for (x, y), (u, v) in zip(a, b, strict=True))
 
 
-@pytest.mark.parametrize("kind", list(LOADERS))
-def test_a_state_saved_mid_epoch_resumes_bit_for_bit_in_a_fresh_loader(kind):
-    run = make(kind)
-    list(run)  # epoch 0
-    it = iter(run)
-    seen = [next(it) for _ in range(2)]
-    state = run.state_dict()
-    rest = list(it)
-    assert (state["epoch"], state["batch"]) == (1, 2)
-    fresh = make(kind)
-    fresh.load_state_dict(state)
-    resumed = list(fresh)
-    assert len(resumed) == len(rest) == 4 and len(seen) == 2
-    for (x, y), (u, v) in zip(resumed, rest, strict=True):
-        assert torch.equal(x, u) and torch.equal(y, v)  # augmentation included
-    after, expected = list(fresh), list(run)  # and both go on with epoch 2 alike
-    assert all(torch.equal(x, u) and torch.equal(y, v) for (x, y), (u, v) in zip(after, expected, strict=True))
+@pytest.mark.parametrize("kind", ["device", "fallback"])
+def test_a_state_of_the_other_loader_is_refused(kind):
+    # (a state resumes bit for bit in a fresh loader of its own kind: test_resume_contract.py)
+    state = make(kind).state_dict()
     other = "fallback" if kind == "device" else "device"
     with pytest.raises(gf.StateError, match="saved by a"):
         make(other).load_state_dict(state)
@@ -123,25 +121,17 @@ def position(loader):
 
 
 @pytest.mark.parametrize("kind", list(LOADERS))
-def test_a_state_saved_after_a_break_finishes_that_epoch_while_a_new_loop_starts_the_next(kind):
-    # The preemption pattern: a SIGTERM handler sets a flag, the loop breaks, the state is saved, the job exits.
+def test_a_state_saved_after_a_break_resumes_in_a_trainer_that_ended_that_epoch_early(kind):
+    # The preemption pattern (a flag, a break, a saved state) resumes that epoch's rest: test_resume_contract.py.
+    # limit_train_batches: a trainer that ends epochs early moves on with set_epoch(e + 1) and skips the rest.
     loader = make(kind)
     for step, _ in enumerate(loader):
-        assert position(loader) == (0, step + 1)
         if step == 1:
             break
-    assert position(loader) == (0, 2)  # 2 of epoch 0's 6 batches served
-    saved = loader.state_dict()
-    epoch0, epoch1 = (gf.sampling.epoch_order(3, e, 23).tolist() for e in (0, 1))
-    resumed = make(kind)
-    resumed.load_state_dict(saved)
-    assert labels(list(resumed)) == epoch0[8:]  # the 15 samples the interrupted epoch had left, none lost
-    assert labels(list(resumed)) == epoch1
-    assert labels(list(loader)) == epoch1 and position(loader) == (2, 0)  # the same loader: a new for, a new epoch
-    shortened = make(kind)  # limit_train_batches: a trainer that ends epochs early moves on with set_epoch(e + 1)
-    shortened.load_state_dict(saved)
+    shortened = make(kind)
+    shortened.load_state_dict(loader.state_dict())
     shortened.sampler.set_epoch(1)
-    assert labels(list(shortened)) == epoch1
+    assert labels(list(shortened)) == gf.sampling.epoch_order(3, 1, 23).tolist()
 
 
 @pytest.mark.parametrize("kind", list(LOADERS))

@@ -127,10 +127,6 @@ def test_the_jpeg_store_serves_the_pixel_store_s_batches(tmp_path):
     assert "encoded files: 30 images" in str(jpeg.plan) and "(store='jpeg')" in str(jpeg.plan)
     for a, b in zip(_epochs(jpeg), _epochs(pixels), strict=True):
         assert len(a) == 5 and all(torch.equal(x, u) and torch.equal(y, v) for (x, y), (u, v) in zip(a, b, strict=True))
-    state_after_two = jpeg.state_dict()
-    resumed = gf.accelerate(ds, store="jpeg", **kw)
-    resumed.load_state_dict(state_after_two)
-    assert all(torch.equal(x, u) for (x, _), (u, _) in zip(list(resumed), list(pixels), strict=True))
     assert snapshot(tmp_path) == before  # nothing written into the user's folder
 
 

@@ -45,7 +45,25 @@ def test_a_cpu_loader_of_images_of_different_sizes_fixes_the_thresholds_above_it
     assert off.host_memory_note is None and len(calls) == 2
 
 
-def test_dense_loaders_leave_malloc_as_it_is(monkeypatch):
-    monkeypatch.setattr(hostmem, "keep_freed_buffers", lambda b: pytest.fail("called for a dense store"))
-    loader = DeviceLoader(torch.zeros(4, 3, 8, 8, dtype=torch.uint8), torch.arange(4), batch_size=2)
-    assert loader.host_memory_note is None
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
+def test_a_cpu_loader_fixes_the_thresholds_only_when_it_makes_batches(monkeypatch):
+    # Patched where keep_freed_buffers reads it (hostmem.ctypes.CDLL, looked up at each call), so any call the loader
+    # makes is seen; a dense store with a transform makes each chunk of batches afresh, as a ragged one does.
+    calls: list[tuple[int, int]] = []
+
+    class Libc:
+        @staticmethod
+        def mallopt(option: int, value: int) -> int:
+            calls.append((option, value))
+            return 1
+
+    monkeypatch.setattr(hostmem.ctypes, "CDLL", lambda name: Libc)
+    monkeypatch.setattr(hostmem, "_set", 0)
+    monkeypatch.delenv("GPUFEED_KEEP_MALLOC", raising=False)
+    dense = torch.zeros(4, 3, 12, 12, dtype=torch.uint8)
+    plain = DeviceLoader(dense, torch.arange(4), batch_size=2)  # batches are rows of the store: nothing to fix
+    assert plain.host_memory_note is None and calls == []
+    made = DeviceLoader(dense, torch.arange(4), batch_size=2, transform=Compose([RandomResizedCrop(8)]))
+    want = max(32 << 20, 2 * made.config.chunk_batches * 2 * 3 * 8 * 8 * 4)  # float32 batches of 3x8x8
+    assert calls == [(-3, want), (-1, 2 * want)]
+    assert f"reuses freed buffers up to {want / 2**20:.0f} MiB" in made.host_memory_note

@@ -7,7 +7,9 @@ import warnings
 import pytest
 import torch
 import torchvision.transforms as T
+import torchvision.transforms.functional as TF
 from torch.utils.data import Dataset
+from torchvision.datasets import ImageFolder
 
 import gpufeed as gf
 from gpufeed.augment.ragged import Ragged
@@ -35,8 +37,15 @@ def test_the_standard_training_recipe_runs_batched_on_a_ragged_store(tmp_path):
         batches = list(loader)
         assert [tuple(x.shape) for x, _ in batches] == [(4, 3, 40, 40)] * 2 + [(1, 3, 40, 40)]
         assert sorted(torch.cat([y for _, y in batches]).tolist()) == sorted(ds.targets)
-        assert all(x.dtype == torch.float32 and -2.2 < x.min() and x.max() < 2.7 for x, _ in batches)
         epochs.append(batches)
+    # The same crops and flips without Normalize (same seed, same draws): the recipe's output is torchvision's
+    # Normalize of them, so a Normalize left out, or with other numbers, is caught.
+    plain = T.Compose([T.RandomResizedCrop(40), T.RandomHorizontalFlip(), T.ToTensor()])
+    unnormalised = gf.accelerate(ImageFolder(str(tmp_path / "photos"), transform=plain), **{**kw, "cache": False})
+    for batches in epochs:
+        for (x, y), (u, v) in zip(batches, unnormalised, strict=True):
+            assert x.dtype == torch.float32 and torch.equal(y, v) and 0 <= u.min() and u.max() <= 1
+            assert torch.allclose(x, TF.normalize(u, *IMAGENET), rtol=0, atol=1e-5)
     again = gf.accelerate(ds, **kw)  # the decode is not paid twice: the verified entry is mapped
     assert again.plan.ingest.startswith("cache hit, verified (9 samples)") and isinstance(again.images, Ragged)
     for batches in epochs:

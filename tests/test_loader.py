@@ -1,6 +1,6 @@
-"""DeviceLoader: coverage, order, resume, bad input."""
+"""DeviceLoader: coverage, order, resume (in a fresh process, mid-loop loads, refusals; the resume contract
+itself: test_resume_contract.py), bad input."""
 
-import pickle
 import subprocess
 import sys
 import textwrap
@@ -102,29 +102,6 @@ def test_loader_uses_no_global_rng():
     assert torch.equal(torch.rand(3), expected)
 
 
-@pytest.mark.parametrize("stop_after", [0, 1, 3, 5, 6])
-def test_resume_mid_epoch_equals_the_uninterrupted_run(stop_after):
-    kw = dict(transform=AUG, chunk_batches=2, seed=5)
-    full = _loader(**kw)
-    full.set_epoch(2)
-    expected = [(x.clone(), y.clone()) for x, y in full] + [(x.clone(), y.clone()) for x, y in full]
-
-    run = _loader(**kw)
-    run.set_epoch(2)
-    it = iter(run)
-    for _ in range(stop_after):
-        next(it)
-    state = pickle.loads(pickle.dumps(run.state_dict()))
-    assert state["epoch"] == 2 and state["batch"] == stop_after
-
-    resumed = _loader(**kw)
-    resumed.load_state_dict(state)
-    got = [(x, y) for x, y in resumed] + [(x, y) for x, y in resumed]  # rest of epoch 2, then epoch 3
-    assert len(got) == len(expected) - stop_after
-    for (x, y), (ex, ey) in zip(got, expected[stop_after:], strict=True):
-        assert torch.equal(x, ex) and torch.equal(y, ey)
-
-
 def test_resume_in_a_fresh_process_is_bit_exact(tmp_path):
     kw = dict(transform=AUG, chunk_batches=3, seed=11)
     loader = _loader(**kw)
@@ -145,13 +122,6 @@ def test_resume_in_a_fresh_process_is_bit_exact(tmp_path):
     subprocess.run([sys.executable, "-c", script], check=True)
     assert len(head) == 4
     assert torch.equal(torch.load(tmp_path / "out.pt"), expected)
-
-
-def test_state_at_the_end_of_an_epoch_points_to_the_next():
-    loader = _loader()
-    list(loader)
-    state = loader.state_dict()
-    assert (state["epoch"], state["batch"]) == (1, 0)
 
 
 def test_load_state_dict_while_iterating_detaches_the_running_epoch():

@@ -8,10 +8,13 @@ import torchvision.transforms as T
 import torchvision.transforms.v2 as v2
 from PIL import Image
 
+import gpufeed as gf
 from gpufeed import augment as A
 from gpufeed.errors import ConfigError, UnsupportedTransformError
 from gpufeed.ingest import to_chw
 from gpufeed.plan import build_batched, flatten, split_transform
+
+from fakes import cifar_like
 
 M, S = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
 
@@ -210,3 +213,24 @@ def test_a_v2_fill_dict_is_read_by_the_image_type_pil_included():
     on_pil = build_batched([T2.RandomRotation(30, fill=fill), T2.ToImage()], torch.uint8, (16, 16), pil=True)
     on_tensor = build_batched([T2.RandomRotation(30, fill=fill)], torch.uint8, (16, 16))
     assert on_pil.transforms[0].fill == (127.0,) and on_tensor.transforms[0].fill == (3.0,)
+
+
+def test_random_choice_weights_line_up_with_ops_that_do_nothing_on_the_device():
+    ds = cifar_like(
+        8, transform=v2.Compose([v2.ToImage(), v2.RandomChoice([v2.Identity(), v2.RandomInvert(1.0)], p=[0.5, 0.5])])
+    )
+    loader = gf.accelerate(ds, batch_size=4, device="cpu", progress=False, cache=False)
+    assert "RandomChoice(transforms=(Identity(), RandomInvert(p=1.0)), p=(0.5, 0.5))" in loader.plan.batched[0]
+
+
+def test_v2_fill_none_keeps_the_zero_padded_border_of_bilinear_sampling():
+    x = torch.randint(0, 256, (6, 3, 24, 24), dtype=torch.uint8, generator=torch.Generator().manual_seed(2))
+    tf = v2.RandomRotation(20, interpolation=T.InterpolationMode.BILINEAR, fill=None)
+    ops = build_batched(split_transform(tf).device, torch.uint8, (24, 24))
+    (rot,) = ops.transforms
+    assert rot.fill is None
+    p = rot.sample(x, torch.Generator().manual_seed(3))
+    out = rot.apply(x, p)
+    for i in range(6):
+        ref = v2.functional.rotate(x[i], float(p["angle"][i]), T.InterpolationMode.BILINEAR, fill=None)
+        assert torch.equal(out[i], ref), i

@@ -110,19 +110,38 @@ def test_rank_out_of_range_is_an_error():
 @given(
     n=st.integers(1, 300), bs=st.integers(1, 16), world=st.integers(1, 4), drop_last=st.booleans(), even=st.booleans()
 )
-def test_local_shards_cover_their_samples_and_equalise_batch_counts(n, bs, world, drop_last, even):
+def test_local_shards_are_their_order_cut_or_padded_from_its_start_to_equal_batch_counts(n, bs, world, drop_last, even):
     assume(n >= world)  # a rank with no local sample is refused when the loader is built
-    shares = []
+    batches = []
     for r in range(world):
         local = len(range(r, n, world))
-        mine = local_indices(epoch_order(0, 0, local), bs, n, world, drop_last, even)
-        assert mine.numel() == 0 or mine.max() < local
-        if not drop_last:
-            assert set(mine.tolist()) == set(range(local))  # all its samples
-        assert all(len(mine) - k * bs >= 0 for k in range(len(mine) // bs))
-        shares.append(-(-len(mine) // bs))
+        order = epoch_order(7, r, local).tolist()  # the rank's own samples, in its order
+        mine = local_indices(torch.tensor(order), bs, n, world, drop_last, even).tolist()
+        if drop_last:  # full batches only: as many as the smallest share has (even), or its own
+            use = (n // world) // bs if even else local // bs
+            assert mine == order[: use * bs]
+        elif not even:  # every sample once, in its order
+            assert mine == order
+        else:  # as many batches as the largest share: a short rank (no ragged tail then) repeats its order's start
+            largest = -(-n // world)
+            missing = -(-largest // bs) - -(-local // bs)  # its batches short of the largest share's
+            assert mine == order + [order[i % local] for i in range(missing * bs)]
+        batches.append(-(-len(mine) // bs))
     if even:
-        assert len(set(shares)) == 1
+        assert len(set(batches)) == 1
+
+
+def test_local_shards_at_small_sizes():
+    # 9 samples, 2 ranks: shares of 5 and 4; batches of 4 give the first rank 2 batches, so the second repeats its 4
+    assert local_indices(torch.tensor([3, 1, 2, 0]), 4, 9, 2, drop_last=False, even=True).tolist() == [3, 1, 2, 0] * 2
+    assert local_indices(torch.tensor([3, 1, 2, 0]), 4, 9, 2, drop_last=False, even=False).tolist() == [3, 1, 2, 0]
+    # 13 samples, 3 ranks, batches of 2: shares of 5, 4, 4; three batches each
+    assert local_indices(torch.arange(4), 2, 13, 3, drop_last=False, even=True).tolist() == [0, 1, 2, 3, 0, 1]
+    assert local_indices(torch.arange(5), 2, 13, 3, drop_last=False, even=True).tolist() == [0, 1, 2, 3, 4]
+    # drop_last: as many full batches as the smallest share holds (4 // 2), on every rank
+    assert local_indices(torch.arange(5), 2, 13, 3, drop_last=True, even=True).tolist() == [0, 1, 2, 3]
+    assert local_indices(torch.arange(5), 1, 13, 3, drop_last=True, even=True).tolist() == [0, 1, 2, 3]
+    assert local_indices(torch.arange(5), 1, 13, 3, drop_last=True, even=False).tolist() == [0, 1, 2, 3, 4]
 
 
 @given(n=st.integers(1, 400), bs=st.integers(1, 32), world=st.integers(1, 5), seed=st.integers(0, 100))

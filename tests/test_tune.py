@@ -41,7 +41,67 @@ def test_a_trivially_cheap_dataset_stays_in_process():
     assert cfg.speedup == 1.0
 
 
-def test_the_search_stays_inside_the_budget_and_leaves_random_state_alone():
+def test_no_trial_starts_once_the_budget_is_spent(monkeypatch):
+    # A clock that only trials advance, one second each, so what the budget allows is a count, whatever the load.
+    from gpufeed import tune as tune_module
+    from gpufeed.tune import Trial
+
+    spent, left_at_start, clocks = [0.0], [], []
+
+    class Clock:
+        def __init__(self, budget_s):
+            self.budget_s = budget_s
+            clocks.append(self)
+
+        @property
+        def left(self):
+            return self.budget_s - spent[0]
+
+    def trial(dataset, batch_size, workers, pin, prefetch, device, batches, collate_fn):
+        left_at_start.append(clocks[-1].left)
+        spent[0] += 1.0
+        return Trial(workers, pin, prefetch if workers else None, 100.0 * (1 + workers), 0.01)  # each count faster
+
+    monkeypatch.setattr(tune_module, "_Clock", Clock)
+    monkeypatch.setattr(tune_module, "_trial", trial)
+    ds = TensorDataset(torch.zeros(64, 2))
+    cfg = tune_dataloader(ds, batch_size=8, time_budget_s=3.5, max_workers=8, progress=False)
+    # 0.5 s was left when the fourth trial began; it overran the budget by its own second, and no fifth began
+    assert [t.num_workers for t in cfg.table] == [0, 1, 2, 4] and left_at_start == [3.5, 2.5, 1.5, 0.5]
+    spent[0], left_at_start[:] = 0.0, []
+    # room for the whole search: the worker counts, the midpoint, then prefetch 4 and 8 at the best count
+    cfg = tune_dataloader(ds, batch_size=8, time_budget_s=100, max_workers=8, progress=False)
+    assert [(t.num_workers, t.prefetch_factor) for t in cfg.table] == [
+        (0, None),
+        (1, 2),
+        (2, 2),
+        (4, 2),
+        (8, 2),
+        (6, 2),
+        (8, 4),
+        (8, 8),
+    ]
+
+
+def test_the_search_starts_no_trial_past_its_deadline_and_leaves_random_state_alone(monkeypatch):
+    # The real trials, against the tuner's own deadline: a slow machine makes fewer trials, never a late one.
+    from gpufeed import tune as tune_module
+
+    clocks, ends = [], []
+    real_trial = tune_module._trial
+
+    class Clock(tune_module._Clock):
+        def __init__(self, budget_s):
+            super().__init__(budget_s)
+            clocks.append(self)
+
+    def trial(*args):
+        result = real_trial(*args)
+        ends.append(time.perf_counter())
+        return result
+
+    monkeypatch.setattr(tune_module, "_Clock", Clock)
+    monkeypatch.setattr(tune_module, "_trial", trial)
     torch.manual_seed(5)
     random.seed(5)
     np.random.seed(5)
@@ -49,9 +109,11 @@ def test_the_search_stays_inside_the_budget_and_leaves_random_state_alone():
     torch.manual_seed(5)
     random.seed(5)
     np.random.seed(5)
-    t = time.perf_counter()
-    tune_dataloader(SleepDataset(2000, 0.001), batch_size=16, time_budget_s=3, max_workers=8)
-    assert time.perf_counter() - t < 3 + 3  # one trial may overrun the budget
+    cfg = tune_dataloader(SleepDataset(2000, 0.001), batch_size=16, time_budget_s=3, max_workers=8, progress=False)
+    (clock,) = clocks
+    assert len(ends) == len(cfg.table) >= 1
+    # each next trial starts only if the clock still had time after the previous one ended: only the last may end late
+    assert all(end < clock.deadline for end in ends[:-1])
     got = (torch.rand(2), random.random(), np.random.rand())  # the same draws as if tune had not run
     assert torch.equal(got[0], expected[0]) and got[1:] == expected[1:]
 

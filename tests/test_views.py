@@ -1,5 +1,5 @@
 """Several views of each batch (self-supervised learning): the same images through the transform with
-independent draws, resumable, refused where they cannot apply."""
+independent draws (resumable: test_resume_contract.py), refused where they cannot apply."""
 
 from __future__ import annotations
 
@@ -36,18 +36,6 @@ def test_two_views_are_the_same_images_with_their_own_draws():
         assert torch.equal(y, y1)
         assert torch.equal(v1, x)  # the first view is what the one-view loader yields
         assert not torch.equal(v1, v2)
-
-
-def test_views_resume_mid_epoch_exactly():
-    full = [([a.clone() for a in v], y) for v, y in _loader(2)]
-    loader = _loader(2)
-    it = iter(loader)
-    next(it)
-    state = loader.state_dict()
-    resumed = _loader(2)
-    resumed.load_state_dict(state)
-    for (v, y), (rv, ry) in zip(full[1:], list(resumed), strict=True):
-        assert torch.equal(y, ry) and all(torch.equal(a, b) for a, b in zip(v, rv, strict=True))
 
 
 def test_views_are_refused_with_mix_and_on_the_fallback():
@@ -106,4 +94,10 @@ def test_a_state_saved_with_other_views_or_mixing_is_refused():
     with pytest.raises(StateError, match="saved with mix=None"):
         mixed.load_state_dict({**state, "views": 1})
     legacy = {k: v for k, v in state.items() if k not in ("mix", "views")}  # saved before these were recorded
-    _loader(2).load_state_dict(legacy)
+    old = _loader(2)
+    old.load_state_dict(legacy)  # loaded, at its position: the batches after the first, views and all
+    rest = [(v, y) for v, y in it]
+    resumed = list(old)
+    assert len(resumed) == len(rest) == 2
+    for (v, y), (rv, ry) in zip(rest, resumed, strict=True):
+        assert torch.equal(y, ry) and len(rv) == 2 and all(torch.equal(a, b) for a, b in zip(v, rv, strict=True))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torchvision.transforms as T
+import torchvision.transforms.v2 as v2
 from torchvision.transforms import InterpolationMode
 from torchvision.transforms.autoaugment import _apply_op
 
@@ -296,3 +297,14 @@ def test_on_pil_images_v2s_solarize_thresholds_compare_in_float64_as_pillow_does
     for i, f in enumerate(fractions):
         want = ta._apply_image_or_video_transform(img, "Solarize", f, InterpolationMode.NEAREST, ta._fill)
         assert np.array_equal(got[i].permute(1, 2, 0).numpy(), np.asarray(want)), f
+
+
+def test_v2_solarize_thresholds_are_v2s():
+    x = torch.arange(256, dtype=torch.uint8).view(1, 1, 16, 16).expand(3, 3, 16, 16).contiguous()
+    table = _table("wide", 31, 16, 16, OPS, v2_thresholds=True)
+    for b in (16, 18, 24):  # where 255 * linspace(1, 0) and linspace(255, 0) differ in the last bit
+        t = float(table[OPS.index("Solarize"), b])
+        got = apply_op(x, torch.full((3,), OPS.index("Solarize")), torch.full((3,), t, dtype=torch.float64))
+        want = v2.functional.solarize(x, threshold=255.0 * float(torch.linspace(1.0, 0.0, 31)[b]))
+        assert torch.equal(got, want), b
+    assert TrivialAugmentWide(v2_thresholds=True).v2_thresholds

@@ -57,6 +57,13 @@ def test_grayscale_to_one_channel_after_a_random_op():
     assert all(torch.equal(out[i], TF.rgb_to_grayscale(x[i], 1)) for i in range(12))
 
 
+def test_grayscale_keeps_one_channel_images_at_one_channel_as_torchvision():
+    x = torch.randint(0, 256, (2, 1, 5, 5), dtype=torch.uint8)
+    out = R.Grayscale(3)(x)
+    assert out.shape == TF.rgb_to_grayscale(x[0], 3).unsqueeze(0).expand(2, -1, -1, -1).shape == (2, 1, 5, 5)
+    assert torch.equal(out, x)
+
+
 @pytest.mark.parametrize("kernel_size", [3, (5, 7)])
 def test_gaussian_blur_equals_torchvision_with_each_samples_sigma(kernel_size):
     x = _images()
@@ -142,17 +149,36 @@ def test_the_coins_and_draws_follow_torchvisions_distributions():
     assert chi_square_p_value(torch.bincount(perms, minlength=27)[torch.bincount(perms, minlength=27) > 0]) > 1e-3
 
 
-def test_random_apply_runs_its_ops_on_the_samples_its_coin_picks_and_nothing_else():
+def test_random_apply_runs_its_ops_in_order_on_the_samples_its_coin_picks_and_nothing_else():
+    x = _images(64)
+    # solarize then posterize: the other order gives other pixels, so the order is checked too
+    op = R.RandomApply((R.RandomSolarize(100.0, p=1.0), R.RandomPosterize(3, p=1.0)), p=0.8)
+    params = op.sample(x, torch.Generator().manual_seed(6))
+    out = op.apply(x, params)
+    picked = params["apply"]
+    assert 40 < int(picked.sum()) < 64  # Binomial(64, 0.8): 51 expected
+    for i in range(64):
+        want = TF.posterize(TF.solarize(x[i], 100.0), 3) if picked[i] else x[i]
+        assert torch.equal(out[i], want), i
+
+
+def test_random_apply_draws_its_ops_parameters_for_the_picked_samples_only():
     x = _images(64)
     jitter = ColorJitter(0.4, 0.4, 0.4, 0.1)
     op = R.RandomApply((jitter, RandomHorizontalFlip(1.0)), p=0.8)
     params = op.sample(x, torch.Generator().manual_seed(6))
     out = op.apply(x, params)
-    picked = params["apply"]
-    assert 40 < int(picked.sum()) < 64
-    assert torch.equal(out[~picked], x[~picked])
-    assert all(not torch.equal(out[i], x[i]) for i in picked.nonzero().flatten().tolist())
-    assert torch.equal(out, op.apply(x, params))  # a pure function of its parameters
+    picked = params["apply"].nonzero().flatten().tolist()
+    assert torch.equal(out[~params["apply"]], x[~params["apply"]])
+    # the inner ops draw from a generator seeded by the container's draw (salted by their place), over the picked
+    # samples alone; each picked sample is then torchvision's adjustments in the drawn order, then its hflip
+    drawn = jitter.sample(x[picked], torch.Generator().manual_seed(params["seed"]))
+    adjust = [TF.adjust_brightness, TF.adjust_contrast, TF.adjust_saturation, TF.adjust_hue]
+    for k, i in enumerate(picked):
+        want = x[i]
+        for j in drawn["order"][k].tolist():
+            want = adjust[j](want, float(drawn["factors"][j][k]))
+        assert torch.equal(out[i], TF.hflip(want)), i
 
 
 def test_a_container_with_an_op_that_changes_the_size_is_refused_where_it_would():
@@ -266,3 +292,36 @@ def test_pil_fills_are_clipped_as_pillow_stores_them_and_a_wrong_count_is_refuse
     assert pil.parse_fill(None, 1) == [0]
     with pytest.raises(ConfigError, match="ValueError"):
         pil.parse_fill((1, 2, 3), 1)
+
+
+def test_arguments_take_torchvisions_order():
+    assert R.RandomAdjustSharpness(0.5).sharpness_factor == 0.5 and R.RandomPosterize(1).bits == 1
+    assert R.RandomSolarize(100, 0.3).p == 0.3 and R.RandomInvert(0.2).p == 0.2
+
+
+@pytest.mark.parametrize("dtype", [torch.float64])
+def test_geometric_ops_and_blur_run_in_the_images_float_dtype_as_torchvision(dtype):
+    x = torch.rand(4, 3, 16, 20, dtype=dtype, generator=torch.Generator().manual_seed(0))
+    g = torch.Generator().manual_seed(1)
+    blur = R.GaussianBlur(5, (0.5, 1.5))
+    p = blur.sample(x, g)
+    out = blur.apply(x, p)
+    for i in range(4):
+        s = float(p["sigma"][i])
+        assert out.dtype == dtype and torch.allclose(out[i], TF.gaussian_blur(x[i], [5, 5], [s, s]), atol=1e-12)
+    rot = R.RandomRotation(30, interpolation="bilinear")
+    p = rot.sample(x, g)
+    out = rot.apply(x, p)
+    for i in range(4):
+        ref = TF.rotate(x[i], float(p["angle"][i]), InterpolationMode.BILINEAR, fill=[0.0] * 3)
+        assert torch.allclose(out[i], ref, atol=1e-12)
+    persp = R.RandomPerspective(0.5, p=1.0)
+    assert persp(x, generator=g).dtype == dtype
+    assert R.RandomAffine(10, shear=5)(x, generator=g).dtype == dtype
+
+
+def test_empty_batches_pass_through():
+    x = torch.zeros(0, 3, 8, 8, dtype=torch.uint8)
+    g = torch.Generator().manual_seed(0)
+    for op in (R.GaussianBlur(3), R.RandomChoice((R.RandomInvert(1.0), R.RandomEqualize(1.0)))):
+        assert op(x, generator=g).shape == (0, 3, 8, 8)

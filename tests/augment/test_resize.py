@@ -88,3 +88,9 @@ def test_nearest_equals_torchvision_exactly_shrinking_and_growing():
             box = [int(params[k][i]) for k in ("top", "left", "height", "width")]
             assert torch.equal(out[i], TF.resized_crop(x[i], *box, list(size), InterpolationMode.NEAREST))
             assert torch.equal(out8[i], TF.resized_crop(x8[i], *box, list(size), InterpolationMode.NEAREST))
+
+
+def test_an_empty_batch_passes_through_with_a_random_interpolation():
+    x = torch.zeros(0, 3, 8, 8, dtype=torch.uint8)
+    op = RandomResizedCrop(6, interpolation=("bilinear", "bicubic"))
+    assert op(x, generator=torch.Generator().manual_seed(0)).shape == (0, 3, 6, 6)

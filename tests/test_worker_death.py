@@ -128,3 +128,30 @@ def test_a_worker_killed_while_the_training_step_runs_leaves_a_loader_that_recov
     assert _position(loader) == (0, len(got))
     assert _labels(list(loader)) == _order(1)
     assert _labels(list(loader)) == _order(2)
+
+
+def test_an_eof_from_a_worker_the_kernel_has_not_reaped_yet_is_still_a_worker_death():
+    # A worker killed while passing a batch's shared memory: the parent reads EOF before the process is gone.
+    import time
+
+    from gpufeed.workers import workers_that_died
+
+    class Worker:
+        pid, exitcode = 4321, -signal.SIGKILL
+
+        def __init__(self, dies_at):
+            self.dies_at = dies_at
+
+        def is_alive(self):
+            return time.monotonic() < self.dies_at
+
+    class Iterator:
+        _shutdown = False
+
+        def __init__(self, delay):
+            self._workers = [Worker(time.monotonic() + 10**6), Worker(time.monotonic() + delay)]
+
+    assert workers_that_died(Iterator(0.3), EOFError()) == ["1 (pid 4321) was killed by SIGKILL"]
+    assert workers_that_died(Iterator(0.3), ConnectionResetError()) == ["1 (pid 4321) was killed by SIGKILL"]
+    assert workers_that_died(Iterator(0.3), ValueError("a sample's own error")) == []  # answered at once
+    assert workers_that_died(Iterator(60), EOFError(), wait_s=0.2) == []  # not a death after all: the error stands

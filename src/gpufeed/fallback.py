@@ -37,7 +37,7 @@ from .plan import Plan
 from .prefetch import prefetch
 from .sampling import as_even, derive_seed, epoch_order, global_seed, rank_indices
 from .validate import Guarded, SampleFailure, as_flag, as_int, as_workers, check_epoch
-from .workers import dead_workers, default_workers, loader_kwargs, stop_workers
+from .workers import dead_workers, default_workers, loader_kwargs, stop_workers, workers_that_died
 
 __all__ = ["FallbackLoader"]
 
@@ -195,7 +195,7 @@ class FallbackLoader(EpochLoader):
                 yield self._finish(batch)
                 served += 1
         except Exception as e:
-            dead = dead_workers(source)
+            dead = workers_that_died(source, e)
             if not dead:
                 raise
             stop_workers(source)  # the others too: torch's own error would otherwise repeat on every later epoch

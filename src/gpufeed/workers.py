@@ -16,13 +16,22 @@ all start worker processes; they share these rules:
 from __future__ import annotations
 
 import signal
+import time
 from typing import Any
 
 import torch
 
 from .device import usable_cores
 
-__all__ = ["MAX_WORKERS", "dead_workers", "default_workers", "loader_kwargs", "start_method", "stop_workers"]
+__all__ = [
+    "MAX_WORKERS",
+    "dead_workers",
+    "default_workers",
+    "loader_kwargs",
+    "start_method",
+    "stop_workers",
+    "workers_that_died",
+]
 
 MAX_WORKERS = 16
 _SMALL_JOB = 2048  # samples: below this, starting workers costs more than they save
@@ -84,6 +93,22 @@ def dead_workers(iterator: Any) -> list[str]:
         else:
             cause = f"exited with code {code}"
         dead.append(f"{index} (pid {worker.pid}) {cause}")
+    return dead
+
+
+def workers_that_died(iterator: Any, error: BaseException, wait_s: float = 5.0) -> list[str]:
+    """:func:`dead_workers` after ``error`` was raised while taking a batch. A worker killed while it passed a
+    batch's shared memory closes its end of the socket before the kernel reports the process gone: the parent
+    reads an ``EOFError`` (or a reset connection) from a worker torch still sees alive, so the workers are asked
+    again for up to ``wait_s`` seconds before the error is taken for something else. Any other error is
+    answered at once."""
+    dead = dead_workers(iterator)
+    if dead or not isinstance(error, (EOFError, ConnectionError)):
+        return dead
+    deadline = time.monotonic() + wait_s
+    while not dead and time.monotonic() < deadline:
+        time.sleep(0.05)
+        dead = dead_workers(iterator)
     return dead
 
 

@@ -207,3 +207,15 @@ def test_a_jpeg_store_decodes_the_folder_to_check_it_once_per_state_of_its_files
     os.utime(root / "c0" / "00.jpg", ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
     assert start() == first and decoded == [12, 12]  # a file changed: checked again
     assert start(cache=False) == first and decoded == [12, 12, 12]  # no disk: nothing recorded or read
+
+
+def test_the_decode_check_record_is_never_written_into_the_dataset_s_directory(tmp_path):
+    from fakes import snapshot
+
+    root = _folder(tmp_path / "data")
+    ds = ImageFolder(str(root), transform=RECIPE)
+    before = snapshot(root)
+    with pytest.warns(UserWarning, match="never writes into a dataset's directory"):
+        loader = gf.accelerate(ds, store="jpeg", cache=root / "cache", **KW)  # a cache root inside the folder
+    assert sum(len(y) for _, y in loader) == len(ds.samples)
+    assert snapshot(root) == before  # no entry, no lock file, no decode record

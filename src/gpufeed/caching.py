@@ -23,7 +23,7 @@ from .cache.lock import build_lock
 from .cache.lock import lock_timeout as resolve_lock_timeout
 from .errors import CacheError, CacheWriteError, ConfigError
 
-__all__ = ["build_cache", "load_or_ingest", "store"]
+__all__ = ["build_cache", "check_outside_dataset", "load_or_ingest", "store"]
 
 _DATASET = object()  # sentinel: use the dataset's own transform
 
@@ -186,7 +186,7 @@ def load_or_ingest(
     with ExitStack() as stack:
         try:
             check_target(target)  # before the lock file is created beside it
-            _check_outside_dataset(dataset, target)
+            check_outside_dataset(dataset, target)
             stack.enter_context(build_lock(target, lock_timeout, progress=progress))
         except CacheWriteError as e:
             if strict:
@@ -237,7 +237,7 @@ def _in_memory(e: CacheWriteError) -> None:
     warnings.warn(f"gpufeed: the data stays in memory, not cached on disk: {e}", stacklevel=4)
 
 
-def _check_outside_dataset(dataset: Any, target: Path) -> None:
+def check_outside_dataset(dataset: Any, target: Path) -> None:
     """A cache inside an image folder's directory would change the dataset (a new "class" appears).
 
     Checked for the datasets whose directory *is* their data (``ImageFolder`` and the other

@@ -27,11 +27,11 @@ from .cache import entry_path
 from .cache.fingerprint import cache_key
 from .cache.format import hashes
 from .cache.partial import progress_file
-from .caching import load_or_ingest
+from .caching import check_outside_dataset, load_or_ingest
 from .device import fmt_bytes, usable_cores
 from .encoded import Encoded, bad_files_error, decode, downscaled, file_samples, scan_headers, undecodable
 from .encoded import read_folder as read_folder_files
-from .errors import ConfigError, DataError
+from .errors import CacheWriteError, ConfigError, DataError
 from .ingest import Ingested, exposes_arrays, ingest
 from .wrappers import selection
 
@@ -254,6 +254,11 @@ def _decodable_check(
     record = None
     if key is not None:
         record = (cache if isinstance(cache, Path) else default_cache_dir()) / ".decodable" / f"{key}.json"
+        try:
+            check_outside_dataset(dataset, record)  # never a file in the dataset's own directory
+        except CacheWriteError:
+            record = None
+    if record is not None:
         try:
             found = json.loads(record.read_text())
             if found.get("files") == len(encoded):

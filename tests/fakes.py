@@ -10,6 +10,22 @@ from PIL import Image
 from torchvision.datasets import CIFAR10, ImageFolder
 from torchvision.datasets.vision import VisionDataset
 
+# (name, PIL mode, format, save options): the kinds of files photo folders hold
+PHOTO_KINDS = [
+    ("baseline.jpg", "RGB", "JPEG", {"quality": 90}),
+    ("progressive.jpg", "RGB", "JPEG", {"progressive": True}),
+    ("full_chroma.jpg", "RGB", "JPEG", {"subsampling": 0, "quality": 75}),
+    ("gray.jpg", "L", "JPEG", {}),
+    ("cmyk.jpg", "CMYK", "JPEG", {}),
+    ("rgb.png", "RGB", "PNG", {}),
+    ("rgba.png", "RGBA", "PNG", {}),
+    ("palette.png", "P", "PNG", {}),
+    ("gray.png", "L", "PNG", {}),
+    ("gray16.png", "I;16", "PNG", {}),
+    ("photo.webp", "RGB", "WEBP", {"quality": 80}),
+    ("lossless.webp", "RGBA", "WEBP", {"lossless": True}),
+]
+
 
 def cifar_like(n: int = 64, transform=None, seed: int = 0, root: str = "/nonexistent") -> CIFAR10:
     """A real ``torchvision.datasets.CIFAR10`` object over random data (its __getitem__ and all).

@@ -17,27 +17,15 @@ import gpufeed as gf
 from gpufeed import decoders
 from gpufeed.encoded import decode, read_files
 
+from fakes import PHOTO_KINDS
+
 HAS_TORCHCODEC = decoders._torchcodec() is not None
 BACKENDS = [
     pytest.param("torchcodec", marks=pytest.mark.skipif(not HAS_TORCHCODEC, reason="torchcodec is not installed")),
     "torchvision",
 ]
 
-# (name, PIL mode, format, save options): what photo folders hold
-KINDS = [
-    ("baseline.jpg", "RGB", "JPEG", {"quality": 90}),
-    ("progressive.jpg", "RGB", "JPEG", {"progressive": True}),
-    ("full_chroma.jpg", "RGB", "JPEG", {"subsampling": 0, "quality": 75}),
-    ("gray.jpg", "L", "JPEG", {}),
-    ("cmyk.jpg", "CMYK", "JPEG", {}),
-    ("rgb.png", "RGB", "PNG", {}),
-    ("rgba.png", "RGBA", "PNG", {}),
-    ("palette.png", "P", "PNG", {}),
-    ("gray.png", "L", "PNG", {}),
-    ("gray16.png", "I;16", "PNG", {}),
-    ("photo.webp", "RGB", "WEBP", {"quality": 80}),
-    ("lossless.webp", "RGBA", "WEBP", {"lossless": True}),
-]
+KINDS = PHOTO_KINDS
 
 
 @pytest.fixture

@@ -276,30 +276,17 @@ def test_a_joint_transforms_pipeline_is_not_frozen_either():
         gf.accelerate(ds, batch_size=2, cache=False, **KW)
 
 
-class MinorityFlip(Dataset):
-    """A user's wrapper that flips only class 1 at random: sample 0 (class 0) reads the same every time."""
+class Flipping(Wrapping):
+    """A user's wrapper that flips at random in its own __getitem__ (``only``: the samples of that class only, so
+    sample 0, of class 0, reads the same every time)."""
 
-    def __init__(self, base):
-        self.base = base
-
-    def __len__(self):
-        return len(self.base)
-
-    def __getitem__(self, i):
-        x, y = self.base[i]
-        return (x.flip(-1) if y == 1 and torch.rand(()) < 0.5 else x), y
-
-
-class RandomFlip(Dataset):
-    def __init__(self, base):
-        self.base = base
-
-    def __len__(self):
-        return len(self.base)
+    def __init__(self, inner, only=None):
+        super().__init__(inner)
+        self.only = only
 
     def __getitem__(self, i):
-        x, y = self.base[i]
-        return (x.flip(-1) if torch.rand(()) < 0.5 else x), y
+        x, y = self.inner[i]
+        return (x.flip(-1) if self.only in (None, int(y)) and torch.rand(()) < 0.5 else x), y
 
 
 @pytest.mark.parametrize("case", ["one class", "second part of a concat", "first part of a concat"])
@@ -308,9 +295,9 @@ def test_randomness_that_sample_0_does_not_show_is_still_refused(case):
 
     g = torch.Generator().manual_seed(0)
     plain = TensorDataset(torch.rand(30, 3, 8, 8, generator=g), torch.arange(30) % 3)
-    flipped = RandomFlip(TensorDataset(torch.rand(12, 3, 8, 8, generator=g), torch.ones(12, dtype=torch.long)))
+    flipped = Flipping(TensorDataset(torch.rand(12, 3, 8, 8, generator=g), torch.ones(12, dtype=torch.long)))
     dataset = {
-        "one class": MinorityFlip(plain),
+        "one class": Flipping(plain, only=1),
         "second part of a concat": ConcatDataset([plain, flipped]),
         "first part of a concat": ConcatDataset([flipped, plain]),
     }[case]

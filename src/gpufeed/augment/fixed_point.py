@@ -19,10 +19,11 @@ twice what the width shrinks (python-pillow #9549; :func:`vertical_first`).
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import torch
 
-__all__ = ["KERNELS", "fixed_resized_crop", "fixed_taps", "shift_clamp", "vertical_first"]
+__all__ = ["KERNELS", "by_pass_order", "fixed_resized_crop", "fixed_taps", "shift_clamp", "vertical_first"]
 
 # How a uint8 image is resampled: "float" (through float32, rounded once: torchvision v1, and v2 off
 # the CPU), "torch" (PyTorch's fixed-point uint8 kernel: v2 on the CPU), "pil" (Pillow's: PIL images).
@@ -177,21 +178,36 @@ def fixed_resized_crop(
     clamped to uint8), then the other. A pass whose length does not change has the weight 1 on one tap,
     which is the copy the C code makes instead. The samples Pillow resamples vertically first are run
     transposed (one more host read per batch, for PIL images off the CPU only)."""
-    vertical = vertical_first(height, width, size, kernel)
-    if vertical is None or not bool(vertical.any()):
-        return _two_passes(x, top, left, height, width, size, antialias, mode, kernel)
-    out = torch.empty((x.shape[0], x.shape[1], *size), dtype=torch.uint8, device=x.device)
-    for transposed, pick in ((False, ~vertical), (True, vertical)):
-        idx = pick.nonzero().flatten()
-        if idx.numel() == 0:
-            continue
+
+    def run(idx: torch.Tensor | None, transposed: bool) -> torch.Tensor:
+        if idx is None:
+            return _two_passes(x, top, left, height, width, size, antialias, mode, kernel)
         part = x.index_select(0, idx)
         y0, x0, h, w = (b.index_select(0, idx) for b in (top, left, height, width))
         if transposed:  # the vertical pass first: the horizontal-first kernel on the transposed images
             done = _two_passes(part.transpose(2, 3), x0, y0, w, h, (size[1], size[0]), antialias, mode, kernel)
-            out[idx] = done.transpose(2, 3)
-        else:
-            out[idx] = _two_passes(part, y0, x0, h, w, size, antialias, mode, kernel)
+            return done.transpose(2, 3)
+        return _two_passes(part, y0, x0, h, w, size, antialias, mode, kernel)
+
+    vertical = vertical_first(height, width, size, kernel)
+    return by_pass_order(vertical, (x.shape[0], x.shape[1], *size), x.device, run)
+
+
+def by_pass_order(
+    vertical: torch.Tensor | None,
+    shape: tuple[int, ...],
+    device: torch.device,
+    run: Callable[[torch.Tensor | None, bool], torch.Tensor],
+) -> torch.Tensor:
+    """``run(None, False)`` when no sample is resampled vertically first (:func:`vertical_first`); else
+    ``run(idx, transposed)`` on the samples of each pass order, each result put in its samples' places."""
+    if vertical is None or not bool(vertical.any()):
+        return run(None, False)
+    out = torch.empty(shape, dtype=torch.uint8, device=device)
+    for transposed, pick in ((False, ~vertical), (True, vertical)):
+        idx = pick.nonzero().flatten()
+        if idx.numel():
+            out[idx.to(device)] = run(idx, transposed)
     return out
 
 

@@ -24,7 +24,7 @@ import torch
 from torchvision.transforms import InterpolationMode
 
 from ..errors import ConfigError
-from .fixed_point import KERNELS, fixed_resized_crop, fixed_taps, shift_clamp, vertical_first
+from .fixed_point import KERNELS, by_pass_order, fixed_resized_crop, fixed_taps, shift_clamp, vertical_first
 from .ragged import Ragged
 from .transforms import BatchTransform, Params, _pair
 
@@ -367,18 +367,15 @@ def _fixed_ragged(
     """:func:`_batched_ragged` in the integers of torchvision v2's uint8 kernel or Pillow's (:mod:`.fixed_point`):
     the first pass rounded and clamped to 0-255 before the second, as theirs are; the samples Pillow resamples
     vertically first run transposed (``fixed_point.vertical_first``)."""
-    vertical = vertical_first(height, width, size, kernel)
-    if vertical is None or not bool(vertical.any()):
-        return _fixed_ragged_passes(x, top, left, height, width, size, antialias, mode, kernel, False)
-    out = torch.empty((len(x), int(x.shapes[0, 0]), *size), dtype=torch.uint8, device=x.device)
-    for transposed, pick in ((False, ~vertical), (True, vertical)):
-        idx = pick.nonzero().flatten()
-        if idx.numel() == 0:
-            continue
+
+    def run(idx: torch.Tensor | None, transposed: bool) -> torch.Tensor:
+        if idx is None:
+            return _fixed_ragged_passes(x, top, left, height, width, size, antialias, mode, kernel, False)
         y0, x0, h, w = (b.index_select(0, idx.to(b.device)) for b in (top, left, height, width))
-        done = _fixed_ragged_passes(x.select(idx.cpu()), y0, x0, h, w, size, antialias, mode, kernel, transposed)
-        out[idx.to(out.device)] = done
-    return out
+        return _fixed_ragged_passes(x.select(idx.cpu()), y0, x0, h, w, size, antialias, mode, kernel, transposed)
+
+    vertical = vertical_first(height, width, size, kernel)
+    return by_pass_order(vertical, (len(x), int(x.shapes[0, 0]), *size), x.device, run)
 
 
 def _fixed_ragged_passes(

@@ -82,7 +82,7 @@ def augment_cost(device: torch.device, size: int, batch: int, model_name: str, s
     import torchvision
 
     from gpufeed.device import sync
-    from gpufeed.plan import build_batched
+    from gpufeed.pipeline.translate import build_batched
 
     g = torch.Generator(device=device).manual_seed(0)
     images = torch.randint(0, 256, (batch, 3, size + size // 7, size + size // 7), dtype=torch.uint8, device=device)

@@ -7,8 +7,8 @@ import copy
 
 import torch
 
-from gpufeed.ingest import to_chw
-from gpufeed.plan import build_batched, kind, split_transform
+from gpufeed.pipeline.translate import build_batched, kind, split_transform
+from gpufeed.read.samples import to_chw
 
 
 def pin(op, params, i):

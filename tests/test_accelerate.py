@@ -188,7 +188,7 @@ def test_arguments_of_the_wrong_type_are_named(kwargs, match):
 def test_a_spill_left_by_a_killed_process_is_removed_by_the_next(tmp_path, monkeypatch):
     import tempfile
 
-    from gpufeed.spill import remove_dead_spills, spill
+    from gpufeed.store.spill import remove_dead_spills, spill
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     dead = subprocess.run(  # a process that spills, then is killed before it can clean up
@@ -198,7 +198,7 @@ def test_a_spill_left_by_a_killed_process_is_removed_by_the_next(tmp_path, monke
             textwrap.dedent(f"""
             import os, tempfile, torch
             tempfile.tempdir = {str(tmp_path)!r}
-            from gpufeed.spill import spill
+            from gpufeed.store.spill import spill
             images, labels = spill(torch.zeros(4, 3, 8, 8, dtype=torch.uint8), torch.arange(4))
             os._exit(0)
         """),

@@ -20,7 +20,7 @@ from torchvision.transforms.functional import pil_to_tensor
 
 import gpufeed as gf
 import gpufeed.cache.partial as partial_module
-from gpufeed.encoded import Encoded, decode, read_files, scan_headers
+from gpufeed.read.files import Encoded, decode, read_files, scan_headers
 
 RECIPE = T.Compose([T.RandomResizedCrop(8), T.RandomHorizontalFlip(), T.PILToTensor()])
 KW = dict(batch_size=4, device="cpu", progress=False)
@@ -185,7 +185,7 @@ def test_a_jpeg_store_decodes_the_folder_to_check_it_once_per_state_of_its_files
     # whole folder again to find the bad files.
     import os
 
-    import gpufeed.sources as sources
+    import gpufeed.pipeline.materialise as sources
 
     root = _folder(tmp_path / "data")
     cut = root / "c1" / "04.jpg"

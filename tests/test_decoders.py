@@ -1,4 +1,4 @@
-"""gpufeed.decoders: TorchCodec where installed, torchvision.io otherwise; PIL's pixels either way, and never
+"""gpufeed.store.decoders: TorchCodec where installed, torchvision.io otherwise; PIL's pixels either way, and never
 torchvision's deprecation warning."""
 
 import io
@@ -14,8 +14,8 @@ from torchvision.datasets.folder import pil_loader
 from torchvision.transforms.functional import pil_to_tensor
 
 import gpufeed as gf
-from gpufeed import decoders
-from gpufeed.encoded import decode, read_files
+from gpufeed.read.files import decode, read_files
+from gpufeed.store import decoders
 
 from fakes import PHOTO_KINDS
 
@@ -148,7 +148,7 @@ def test_a_torchcodec_that_cannot_load_is_said_once_and_torchvision_decodes(monk
 
 
 def test_a_gpu_decoder_that_refuses_every_jpeg_is_said_once_and_pil_decodes_them(tmp_path, monkeypatch):
-    from gpufeed.encoded import _decode_cuda
+    from gpufeed.read.files import _decode_cuda
 
     def refuses(files, device):
         raise RuntimeError("nvjpeg: CUDA driver version is insufficient")

@@ -6,8 +6,8 @@ import sys
 import pytest
 import torch
 
-from gpufeed.accelerate import _choose_tier
 from gpufeed.device import host_available
+from gpufeed.pipeline.accelerate import _choose_tier
 
 GIB = 2**30
 # A machine after reading files: little free, most of it page cache the kernel gives back on demand.
@@ -90,7 +90,7 @@ def test_without_proc_meminfo_psutil_s_available_is_used(proc, monkeypatch):
 
 
 def test_the_plan_note_says_which_figure_the_cpu_budget_is_half_of(monkeypatch):
-    module = sys.modules["gpufeed.accelerate"]  # (the package's name "accelerate" is the function)
+    module = sys.modules["gpufeed.pipeline.accelerate"]
     monkeypatch.setattr(module, "host_available", lambda: (22 * GIB, "MemAvailable 22.00 GiB"))
     tier, why = _choose_tier(7 * GIB, torch.device("cpu"), None)
     assert tier == "device" and why == "7.00 GiB fits the cpu budget of 11.00 GiB (half of MemAvailable 22.00 GiB)"

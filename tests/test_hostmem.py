@@ -7,10 +7,10 @@ import sys
 import pytest
 import torch
 
-import gpufeed.hostmem as hostmem
+import gpufeed.loading.hostmem as hostmem
 from gpufeed import DeviceLoader
 from gpufeed.augment import Compose, RandomResizedCrop
-from gpufeed.augment.ragged import Ragged
+from gpufeed.store.ragged import Ragged
 
 
 def _ragged(n: int = 6) -> Ragged:

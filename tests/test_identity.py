@@ -9,9 +9,9 @@ from torch.utils.data import TensorDataset, random_split
 from torchvision.datasets import ImageFolder
 
 import gpufeed as gf
-from gpufeed.augment.ragged import Ragged
-from gpufeed.encoded import Encoded
-from gpufeed.identity import data_identity, dataset_identity, describe, differences
+from gpufeed.loading.identity import data_identity, dataset_identity, describe, differences
+from gpufeed.read.files import Encoded
+from gpufeed.store.ragged import Ragged
 
 from fakes import cifar_like, image_folder
 

@@ -12,8 +12,8 @@ from torch.utils.data import Dataset
 from torchvision.datasets import ImageFolder
 
 import gpufeed as gf
-from gpufeed.augment.ragged import Ragged
-from gpufeed.ingest import probe
+from gpufeed.read.samples import probe
+from gpufeed.store.ragged import Ragged
 
 from fakes import image_folder, snapshot
 

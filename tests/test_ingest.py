@@ -9,7 +9,7 @@ from torch.utils.data import TensorDataset
 from torchvision.transforms.functional import pil_to_tensor
 
 from gpufeed.errors import DataError
-from gpufeed.ingest import ingest, to_chw
+from gpufeed.read.samples import ingest, to_chw
 
 from fakes import cifar_like, image_folder
 

@@ -7,7 +7,7 @@ import torch
 
 from gpufeed import ConfigError, DataError, DeviceLoader
 from gpufeed.augment import Compose, Normalize, RandomHorizontalFlip, RandomResizedCrop
-from gpufeed.augment.ragged import Ragged
+from gpufeed.store.ragged import Ragged
 
 
 def _store(n=23, seed=0):

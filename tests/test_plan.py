@@ -11,8 +11,8 @@ from PIL import Image
 import gpufeed as gf
 from gpufeed import augment as A
 from gpufeed.errors import ConfigError, UnsupportedTransformError
-from gpufeed.ingest import to_chw
-from gpufeed.plan import build_batched, flatten, split_transform
+from gpufeed.pipeline.translate import build_batched, flatten, split_transform
+from gpufeed.read.samples import to_chw
 
 from fakes import cifar_like
 
@@ -187,7 +187,7 @@ def test_resized_crop_with_another_interpolation_is_refused():
 
 
 def test_per_image_random_ops_on_pil_state_their_measured_difference_or_nothing_when_equal():
-    from gpufeed.plan import PIL_OP_DIFFERENCE
+    from gpufeed.pipeline.translate import PIL_OP_DIFFERENCE
 
     notes: list[str] = []
     ops = [

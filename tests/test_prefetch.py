@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from gpufeed import ConfigError, prefetch
-from gpufeed.prefetch import lookahead, map_tensors
+from gpufeed.loading.prefetch import lookahead, map_tensors
 
 Pair = namedtuple("Pair", "x y")
 

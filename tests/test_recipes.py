@@ -15,6 +15,8 @@ from torchvision.transforms import InterpolationMode
 from torchvision.transforms._presets import ImageClassification
 
 import gpufeed as gf
+from gpufeed.pipeline.translate import split_transform
+from gpufeed.read.samples import probe
 from gpufeed.sampling import derive_seed, epoch_order
 from pinned import run_both
 
@@ -218,7 +220,7 @@ def test_look_alike_classes_are_not_converted_by_name():
 
     for op in (ToTensor(), Normalize(*CIFAR)):
         with pytest.raises(gf.UnsupportedTransformError, match="gpufeed converts torchvision's own"):
-            gf.plan.split_transform(T.Compose([T.RandomHorizontalFlip(), op]))
+            split_transform(T.Compose([T.RandomHorizontalFlip(), op]))
     ds = cifar_like(8, transform=T.Compose([T.RandomHorizontalFlip(), ToTensor(), T.Normalize(*CIFAR)]))
     with pytest.warns(UserWarning, match="falls back"):
         loader = gf.accelerate(ds, batch_size=4, device="cpu", fallback="prefetch", num_workers=0)
@@ -346,12 +348,10 @@ def test_samples_a_dataloader_collates_but_gpufeed_cannot_store_take_the_fallbac
 
 
 def test_the_fill_dicts_image_type_and_the_pil_state_follow_the_pipeline():
-    from gpufeed.plan import build_batched, split_transform
+    from gpufeed.pipeline.translate import build_batched, split_transform
 
     crop_after_tensor = T.Compose([T.PILToTensor(), T.CenterCrop(30), T.RandomResizedCrop(12, antialias=False)])
-    probed = gf.ingest.probe(
-        cifar_like(4, transform=crop_after_tensor), split_transform(crop_after_tensor).cached_transform()
-    )
+    probed = probe(cifar_like(4, transform=crop_after_tensor), split_transform(crop_after_tensor).cached_transform())
     assert probed.pil is False  # the cached part made tensors: the tensor kernel runs, without antialiasing
     (rrc,) = build_batched(split_transform(crop_after_tensor).device, torch.uint8, (30, 30), probed.pil).transforms
     assert rrc.antialias is False

@@ -24,8 +24,8 @@ from gpufeed.augment import (
     RandomHorizontalFlip,
     RandomResizedCrop,
 )
-from gpufeed.augment.ragged import Ragged
-from gpufeed.encoded import Encoded
+from gpufeed.read.files import Encoded
+from gpufeed.store.ragged import Ragged
 
 from conftest import indexed_images
 from contracts import check_resume

@@ -258,7 +258,7 @@ def test_images_with_an_axis_of_zero_are_refused_not_served_as_empty_batches(sha
 
 def test_a_ragged_image_of_height_zero_names_the_image():
     from gpufeed.augment import RandomResizedCrop
-    from gpufeed.augment.ragged import Ragged
+    from gpufeed.store.ragged import Ragged
 
     shapes = torch.tensor([[3, 4, 4], [3, 0, 6], [3, 5, 5]])
     sizes = shapes.prod(1)

@@ -14,10 +14,10 @@ import torchvision.transforms as T
 from torch.utils.data import ConcatDataset, Dataset, Subset, random_split
 
 import gpufeed as gf
-from gpufeed.augment.ragged import Ragged
-from gpufeed.encoded import Encoded
 from gpufeed.errors import DataError
-from gpufeed.wrappers import ConcatView, IndexedView, unwrap
+from gpufeed.read.files import Encoded
+from gpufeed.read.wrappers import ConcatView, IndexedView, unwrap
+from gpufeed.store.ragged import Ragged
 
 from fakes import cifar_like, image_folder, snapshot
 

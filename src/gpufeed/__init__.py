@@ -11,9 +11,7 @@ Example:
 """
 
 from . import augment
-from .accelerate import accelerate
 from .cache import Cache, open_cache
-from .caching import build_cache
 from .diagnose import Report, diagnose
 from .errors import (
     CacheError,
@@ -27,11 +25,13 @@ from .errors import (
     UnsupportedTransformError,
     WorkerError,
 )
-from .fallback import FallbackLoader
 from .findings import Finding
-from .loader import DeviceLoader
-from .plan import Plan
-from .prefetch import prefetch
+from .loading.fallback import FallbackLoader
+from .loading.loader import DeviceLoader
+from .loading.plan import Plan
+from .loading.prefetch import prefetch
+from .pipeline.accelerate import accelerate
+from .pipeline.entries import build_cache
 from .tune import LoaderConfig, tune_dataloader
 
 __version__ = "0.1.0"

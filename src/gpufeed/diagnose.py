@@ -43,7 +43,7 @@ from torch.overrides import TorchFunctionMode
 from .device import resolve_device, sync
 from .errors import ConfigError
 from .findings import CHECKS, Evidence, Finding, unwrap_dataloader
-from .prefetch import map_tensors
+from .loading.prefetch import map_tensors
 
 __all__ = ["DATA_BOUND_FRACTION", "LAUNCH_BOUND_BUSY", "Report", "diagnose"]
 

@@ -68,7 +68,7 @@ def _cacheable(dl: DataLoader | None, ev: Evidence) -> Finding | None:
     transform = getattr(dl.dataset, "transform", None) if dl is not None else None
     if dl is None or transform is None:
         return None
-    from .accelerate import preflight
+    from .pipeline.accelerate import preflight
 
     try:
         preflight(dl.dataset, transform)  # what accelerate() itself checks first, on a few samples

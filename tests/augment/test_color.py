@@ -80,7 +80,7 @@ def _pil_kernel_differences(trials=2, n=256, seed=0):
 
 @pytest.mark.slow
 def test_the_stated_pil_bounds_hold_and_are_the_measured_ones():
-    from gpufeed.plan import PIL_BOUNDS
+    from gpufeed.pipeline.translate import PIL_BOUNDS
 
     measured = _pil_kernel_differences()
     assert all(measured[k] <= PIL_BOUNDS[k] for k in PIL_BOUNDS), measured  # never understated

@@ -18,10 +18,10 @@ from torchvision.transforms import InterpolationMode
 
 from gpufeed import augment as A
 from gpufeed.augment.fixed_point import fixed_resized_crop, vertical_first
-from gpufeed.augment.ragged import Ragged
 from gpufeed.augment.resize import _batched_ragged
 from gpufeed.errors import ConfigError
-from gpufeed.plan import build_batched
+from gpufeed.pipeline.translate import build_batched
+from gpufeed.store.ragged import Ragged
 
 from stats import gen as _gen
 

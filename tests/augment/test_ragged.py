@@ -10,8 +10,8 @@ import torchvision.transforms.v2.functional as F2
 
 from gpufeed import DataError
 from gpufeed.augment import Compose, Normalize, RandomHorizontalFlip, RandomResizedCrop
-from gpufeed.augment.ragged import Ragged
 from gpufeed.augment.resize import _batched_ragged
+from gpufeed.store.ragged import Ragged
 
 from stats import gen as _gen
 

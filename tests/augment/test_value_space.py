@@ -18,8 +18,8 @@ import torchvision.transforms.v2 as v2
 from PIL import Image
 
 from gpufeed.errors import ConfigError, UnsupportedTransformError
-from gpufeed.ingest import to_chw
-from gpufeed.plan import build_batched, kind, split_transform
+from gpufeed.pipeline.translate import build_batched, kind, split_transform
+from gpufeed.read.samples import to_chw
 from pinned import pin
 
 M, S = (0.5, 0.4, 0.3), (0.2, 0.25, 0.3)

@@ -12,8 +12,8 @@ from torch.utils.data import TensorDataset
 
 from gpufeed import CacheError, ConfigError, build_cache, open_cache
 from gpufeed.cache import default_cache_dir
-from gpufeed.cache.fingerprint import cache_key, dataset_identity
 from gpufeed.cache.format import MANIFEST
+from gpufeed.read.fingerprint import cache_key, dataset_identity
 
 from fakes import cifar_like
 
@@ -144,7 +144,7 @@ def test_key_covers_source_transform_params_and_format(monkeypatch):
     changed = cifar_like(20)
     changed.data[3, 0, 0, 0] ^= 1
     assert key != cache_key(changed, [T.Resize(16)])
-    monkeypatch.setattr("gpufeed.cache.fingerprint.VERSION", 3)
+    monkeypatch.setattr("gpufeed.read.fingerprint.VERSION", 3)
     assert key != cache_key(ds, [T.Resize(16)])
 
 
@@ -185,11 +185,11 @@ def test_opened_cache_is_memory_mapped_and_never_writes_the_file(built, tmp_path
 _BUILDER = textwrap.dedent("""
     import os, sys, time
     sys.path.insert(0, {tests!r})
-    import gpufeed.caching as cache_mod
+    import gpufeed.pipeline.entries as cache_mod
     import gpufeed.cache.writer as writer
     from fakes import cifar_like
     import torchvision.transforms as T
-    import gpufeed.ingest as ingest_mod
+    import gpufeed.read.samples as ingest_mod
     original = ingest_mod.ingest
     def counted(*a, **k):
         with open({log!r}, "a") as f:

@@ -20,10 +20,10 @@ from torchvision.datasets import ImageFolder
 
 import gpufeed as gf
 from gpufeed.cache import verify_cache
-from gpufeed.cache.fingerprint import cache_key
 from gpufeed.cache.manage import list_entries
 from gpufeed.cache.usage import enforce_limit, in_use, last_use, parse_size
 from gpufeed.cli.main import main
+from gpufeed.read.fingerprint import cache_key
 
 from fakes import snapshot
 

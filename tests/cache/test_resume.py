@@ -15,12 +15,12 @@ from PIL import Image
 from torchvision.datasets import ImageFolder
 
 import gpufeed as gf
-import gpufeed.encoded as encoded_module
-import gpufeed.sources as sources
+import gpufeed.pipeline.materialise as sources
+import gpufeed.read.files as encoded_module
 from gpufeed.cache.manage import is_leftover, leftovers, remove_entry
 from gpufeed.cache.partial import is_partial
-from gpufeed.encoded import decode, read_files
 from gpufeed.errors import CacheError
+from gpufeed.read.files import decode, read_files
 
 CHUNK = 30_000  # bytes of pixels per recorded step: a few images each, so that a build has several steps
 RECIPE = T.Compose([T.RandomResizedCrop(16), T.RandomHorizontalFlip(), T.PILToTensor()])
@@ -39,11 +39,11 @@ _KILL = textwrap.dedent("""
     import os
     import torchvision.transforms as T
     from torchvision.datasets import ImageFolder
-    import gpufeed as gf, gpufeed.sources as sources, gpufeed.cache.partial as partial
+    import gpufeed as gf, gpufeed.pipeline.materialise as sources, gpufeed.cache.partial as partial
     sources._CHUNK_BYTES, sources._PER_THREAD = {chunk}, 1
     partial._checkpoint = lambda done: os._exit(17) if done >= {kill_at} else None
     if {mid_chunk}:  # killed while a chunk is decoded, before it is recorded
-        import gpufeed.encoded as encoded
+        import gpufeed.read.files as encoded
         real, seen = encoded._decode_one, []
         def dying(e, i):
             seen.append(i)
@@ -142,12 +142,14 @@ def test_a_directory_in_the_progress_place_that_is_not_gpufeeds_is_never_touched
     folder, root = _folder(tmp_path / "photos", 6), tmp_path / "cache"
     ds = ImageFolder(str(folder), transform=RECIPE)
     from gpufeed.cache import entry_path
-    from gpufeed.cache.fingerprint import cache_key
-    from gpufeed.plan import split_transform
+    from gpufeed.pipeline.translate import split_transform
+    from gpufeed.read.fingerprint import cache_key
 
     key = cache_key(ds, split_transform(ds.transform).cached, {"kind": "pixels", "max_side": None})
     assert key is not None
-    squatter = entry_path(ds, key, root).parent / f".{entry_path(ds, key, root).name}.partial"
+    squatter = (
+        entry_path(type(ds).__name__, key, root).parent / f".{entry_path(type(ds).__name__, key, root).name}.partial"
+    )
     squatter.mkdir(parents=True)
     (squatter / "mine.txt").write_text("keep")
     with pytest.warns(UserWarning, match="is not a gpufeed build's progress"):

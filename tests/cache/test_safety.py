@@ -21,9 +21,9 @@ from torchvision.datasets import ImageFolder
 import gpufeed as gf
 from gpufeed import CacheError, CacheWriteError, ConfigError, build_cache, open_cache
 from gpufeed.cache import build_lock
-from gpufeed.cache.fingerprint import cache_key
 from gpufeed.cache.format import MANIFEST
-from gpufeed.ingest import ingest
+from gpufeed.read.fingerprint import cache_key
+from gpufeed.read.samples import ingest
 
 from fakes import cifar_like, snapshot, user_folder
 
@@ -327,7 +327,7 @@ def test_a_wait_gives_up_after_the_timeout_with_the_holder_named(tmp_path, monke
             build_cache(_dataset(), target, lock_timeout=1.0, progress=False)
         assert 0.9 < time.monotonic() - start < 5
     assert not target.exists()
-    entry = gf.cache.entry_path(_dataset(), cache_key(_dataset(), [T.Resize(16)]), tmp_path)
+    entry = gf.cache.entry_path(type(_dataset()).__name__, cache_key(_dataset(), [T.Resize(16)]), tmp_path)
     with build_lock(entry):
         monkeypatch.setenv("GPUFEED_LOCK_TIMEOUT", "0")
         with pytest.raises(CacheError, match="gave up after 0 s"):

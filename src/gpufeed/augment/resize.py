@@ -24,8 +24,8 @@ import torch
 from torchvision.transforms import InterpolationMode
 
 from ..errors import ConfigError
+from ..store.ragged import Ragged
 from .fixed_point import KERNELS, by_pass_order, fixed_resized_crop, fixed_taps, shift_clamp, vertical_first
-from .ragged import Ragged
 from .transforms import BatchTransform, Params, _pair
 
 __all__ = ["RandomResizedCrop", "ragged_resized_crop", "resized_crop"]

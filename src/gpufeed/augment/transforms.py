@@ -16,10 +16,10 @@ from typing import Any, Literal
 import torch
 
 from ..errors import ConfigError, DataError, DeviceError
+from ..store.ragged import Ragged
 from . import chunks as C
 from . import functional as F
 from . import geometry as G
-from .ragged import Ragged
 
 __all__ = [
     "BatchTransform",

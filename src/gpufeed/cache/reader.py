@@ -1,8 +1,8 @@
 """Open a cache: validate the manifest and sizes, optionally every block hash, then memory-map.
 
 Three kinds of entry (the manifest's ``meta["store"]``): ``"dense"`` images ``(N, C, H, W)``;
-``"pixels"``, images of different sizes as a :class:`~gpufeed.augment.ragged.Ragged` store;
-``"jpeg"``, the files' own bytes as an :class:`~gpufeed.encoded.Encoded` store.
+``"pixels"``, images of different sizes as a :class:`~gpufeed.store.ragged.Ragged` store;
+``"jpeg"``, the files' own bytes as an :class:`~gpufeed.read.files.Encoded` store.
 """
 
 from __future__ import annotations
@@ -116,8 +116,8 @@ def open_cache(path: str | Path, verify: bool = True, record_use: bool = True) -
 
 def _ragged(path: Path, kind: str, a: dict[str, torch.Tensor], hwc: bool) -> Any:
     """The Ragged or Encoded store of an entry, its index arrays checked against its buffer."""
-    from ..augment.ragged import Ragged
-    from ..encoded import Encoded
+    from ..read.files import Encoded
+    from ..store.ragged import Ragged
 
     n, data = a["labels"].shape[0], a["pixels" if kind == "pixels" else "bytes"]
     starts, shapes = a["starts"], a["shapes"]

@@ -73,8 +73,8 @@ def run(args: argparse.Namespace) -> int:
 def _build(args: argparse.Namespace) -> int:
     import torchvision.transforms as T
 
-    from ..caching import build_cache
     from ..data.images import is_folder
+    from ..pipeline.entries import build_cache
 
     if is_folder(args.data):
         return _build_folder(args)
@@ -98,8 +98,8 @@ def _build(args: argparse.Namespace) -> int:
 
 def _build_folder(args: argparse.Namespace) -> int:
     """The entry ``accelerate`` opens for the folder's training recipe: built here once, a hit afterwards."""
-    from ..accelerate import accelerate
     from ..errors import ConfigError
+    from ..pipeline.accelerate import accelerate
 
     if args.path is not None or args.resize is not None:
         raise ConfigError(

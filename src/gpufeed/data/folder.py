@@ -26,7 +26,7 @@ import torch
 from PIL import Image
 from torchvision.datasets import ImageFolder
 
-from ..cache.fingerprint import default_cache_dir
+from ..cache.location import default_cache_dir
 from ..cache.lock import build_lock
 from ..device import usable_cores
 from ..errors import DataError

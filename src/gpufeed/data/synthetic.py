@@ -27,7 +27,7 @@ import torch
 from torchvision.datasets import CIFAR10
 
 from ..augment import Compose, RandomCrop, RandomHorizontalFlip
-from ..cache.fingerprint import default_cache_dir
+from ..cache.location import default_cache_dir
 from ..cache.lock import build_lock
 from ..cache.manage import leftovers
 from ..errors import ConfigError, DataError

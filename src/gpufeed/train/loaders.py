@@ -20,8 +20,8 @@ import torch.distributed as dist
 import torchvision.transforms as T
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from ..accelerate import accelerate
 from ..errors import ConfigError
+from ..pipeline.accelerate import accelerate
 from ..sampling import derive_seed
 from ..workers import default_workers, loader_kwargs
 

@@ -22,10 +22,10 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from ..accelerate import accelerate
 from ..data.images import is_folder
 from ..device import environment, resolve_device, sync
 from ..errors import ConfigError
+from ..pipeline.accelerate import accelerate
 from .loaders import LOADER_KINDS, eval_transform, make_train_loader, subset, train_transform
 from .models import FOLDER_MODELS, MODELS, build_model
 from .monitor import UtilisationMonitor

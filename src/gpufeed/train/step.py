@@ -6,7 +6,7 @@ static input buffer the loader's batch is copied into, gradients zeroed in place
 None) and no host synchronisation (no GradScaler, so fp16 is refused; bf16 needs no scaling). The
 learning rate lives in a device tensor the schedule fills between replays. torch requires the
 warm-up before capture to run on a side stream, so this module creates one stream for that (the
-only stream gpufeed creates outside :mod:`gpufeed.prefetch`). Warm-up steps would train on the first
+only stream gpufeed creates outside :mod:`gpufeed.loading.prefetch`). Warm-up steps would train on the first
 batch; the parameters, buffers and momenta are restored afterwards, so the graphed run follows the
 same trajectory as the eager one.
 """

@@ -52,10 +52,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from .errors import ConfigError, DataError, NotADataLoaderError, StateError
+from ..errors import ConfigError, DataError, NotADataLoaderError, StateError
+from ..sampling import derive_seed, gather_remainder, real_counts
+from ..validate import as_flag, as_int
 from .identity import differences
-from .sampling import derive_seed, gather_remainder, real_counts
-from .validate import as_flag, as_int
 
 _MIX_STREAM = 0x4D4958  # "MIX": keeps the mixing draws apart from every other stream of the seed
 
@@ -83,11 +83,11 @@ class EpochLoader:
     config: Any  # loader._Config: what fixes the sequence of batches
     _explicit_world: bool  # rank and world_size were given, not read from the process group
     mix: Any = None  # batch-level MixUp / CutMix (gpufeed.augment.mix), applied to every batch served
-    # load_state_dict's default for strict= (NOTE [ What a state belongs to ] in gpufeed.identity): a trainer
+    # load_state_dict's default for strict= (NOTE [ What a state belongs to ] in gpufeed.loading.identity): a trainer
     # calls load_state_dict(state) itself, so this is where its user says that a changed transform is on purpose.
     strict_state: bool = True
     _stopped: tuple[int, int] | None = None  # (epoch, batches served) of an interrupted epoch, until a new claim
-    # gpufeed.wrappers.SourceWatch: accelerate read the dataset once; a transform or labels replaced since are refused
+    # gpufeed.read.wrappers.SourceWatch: the dataset was read once; a transform or labels replaced since are refused
     source_watch: Any = None
 
     def _mixed(self, batch: Any, epoch: int, index: int) -> Any:
@@ -193,7 +193,7 @@ class EpochLoader:
         else:
             epoch, batch = self._epoch, self._offset
         state = {"version": STATE_VERSION, "loader": self.kind, "epoch": epoch, "batch": batch, **asdict(self.config)}
-        from . import __version__
+        from .. import __version__
 
         return {**state, **self._batch_forms(), "fingerprint": {**self._fingerprint(), "gpufeed": __version__}}
 
@@ -202,7 +202,7 @@ class EpochLoader:
         return {"mix": repr(self.mix) if self.mix is not None else None, "views": int(getattr(self, "views", 1))}
 
     def _fingerprint(self) -> dict[str, Any]:
-        """What the batches are made of and how, as ``gpufeed.identity`` describes them (subclasses fill it)."""
+        """What the batches are made of and how, as ``gpufeed.loading.identity`` describes them (subclasses fill it)."""
         return {}
 
     def load_state_dict(self, state: dict[str, Any], strict: bool | None = None) -> None:
@@ -210,14 +210,14 @@ class EpochLoader:
         exactly the batches the saved run had left.
 
         A state of other data or another pipeline is refused, naming what differs (NOTE [ What a state
-        belongs to ] in :mod:`gpufeed.identity`); ``strict=False`` (default: ``loader.strict_state``) loads
+        belongs to ] in :mod:`gpufeed.loading.identity`); ``strict=False`` (default: ``loader.strict_state``) loads
         its position anyway, for a pipeline changed on purpose. The order's configuration must always match.
         """
         from dataclasses import asdict
 
         epoch, offset = resume_position(state, self.kind, asdict(self.config), len(self))
         strict = self.strict_state if strict is None else as_flag(strict, "strict")
-        from . import __version__
+        from .. import __version__
 
         saved = dict(state["fingerprint"]) if isinstance(state.get("fingerprint"), dict) else {}
         mine = self._fingerprint()

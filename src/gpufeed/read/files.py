@@ -9,7 +9,7 @@ chunk as it is served:
   boxes before anything is decoded. A header is checked against Pillow's decompression-bomb limit
   and against the file's size (NOTE [ Header sizes against file sizes ]) before anything is
   allocated for its pixels; every file that fails a check is found, not only the first;
-- JPEGs decode with :mod:`gpufeed.decoders` (TorchCodec's ``decode_jpeg`` where installed, else
+- JPEGs decode with :mod:`gpufeed.store.decoders` (TorchCodec's ``decode_jpeg`` where installed, else
   torchvision's): on the CPU on threads (libjpeg-turbo releases the GIL), on a GPU batched through
   nvJPEG. PNGs and WebPs decode with TorchCodec where installed; other files (and those, without it)
   decode with PIL on the CPU, as the user's loader does, never dropped;
@@ -34,11 +34,11 @@ from typing import Any
 
 import torch
 
-from . import decoders
-from .augment.ragged import Ragged
-from .device import usable_cores
-from .errors import ConfigError, DataError
-from .validate import label_tensor
+from ..device import usable_cores
+from ..errors import ConfigError, DataError
+from ..store import decoders
+from ..store.ragged import Ragged
+from ..validate import label_tensor
 
 __all__ = [
     "Encoded",
@@ -146,7 +146,7 @@ def file_samples(dataset: Any) -> list[tuple[str, Any]] | None:
     ``None`` for any other dataset (a custom ``__getitem__`` or loader may do anything to the file)."""
     from torchvision.datasets import DatasetFolder, Food101
 
-    from .cache.fingerprint import standard_getitem
+    from .fingerprint import standard_getitem
 
     if not standard_getitem(dataset):
         return None

@@ -2,8 +2,8 @@
 
 Two shapes of data. One size after the cached part: one ``(N, C, H, W)`` tensor (:func:`load`).
 Different sizes with a recipe that starts with RandomResizedCrop (:func:`load_ragged`): each image
-kept as it is, as decoded pixels (a :class:`~gpufeed.augment.ragged.Ragged` store) or as the files'
-own bytes (an :class:`~gpufeed.encoded.Encoded` store, decoded per batch). For a folder read by
+kept as it is, as decoded pixels (a :class:`~gpufeed.store.ragged.Ragged` store) or as the files'
+own bytes (an :class:`~gpufeed.read.files.Encoded` store, decoded per batch). For a folder read by
 torchvision's loader the choice is made from the files' headers before anything is read in full,
 so a cache hit reads nothing else.
 """
@@ -21,19 +21,19 @@ from typing import Any
 
 import torch
 
-from .augment.ragged import Ragged
-from .augment.transforms import takes_ragged
-from .cache import entry_path
-from .cache.fingerprint import cache_key
-from .cache.format import hashes
-from .cache.partial import progress_file
-from .caching import check_outside_dataset, load_or_ingest
-from .device import fmt_bytes, usable_cores
-from .encoded import Encoded, bad_files_error, decode, downscaled, file_samples, scan_headers, undecodable
-from .encoded import read_folder as read_folder_files
-from .errors import CacheWriteError, ConfigError, DataError
-from .ingest import Ingested, exposes_arrays, ingest
-from .wrappers import selection
+from ..augment.transforms import takes_ragged
+from ..cache import entry_path
+from ..cache.format import hashes
+from ..cache.partial import progress_file
+from ..device import fmt_bytes, usable_cores
+from ..errors import CacheWriteError, ConfigError, DataError
+from ..read.files import Encoded, bad_files_error, decode, downscaled, file_samples, scan_headers, undecodable
+from ..read.files import read_folder as read_folder_files
+from ..read.fingerprint import cache_key
+from ..read.samples import Ingested, exposes_arrays, ingest
+from ..read.wrappers import selection
+from ..store.ragged import Ragged
+from .entries import check_outside_dataset, load_or_ingest
 
 __all__ = [
     "ON_ERROR",
@@ -248,7 +248,7 @@ def _decodable_check(
     so a start that finds the files unchanged skips the full decode. ``cache=False`` keeps nothing on disk."""
     import json
 
-    from .cache.fingerprint import default_cache_dir
+    from ..cache.location import default_cache_dir
 
     key = cache_key(dataset, split.cached, {"kind": "jpeg-decodable", "files": len(encoded)}) if cache else None
     record = None
@@ -301,7 +301,7 @@ def _decode_chunks(
     pixels). A chunk with a bad image is decoded again image by image, so that every bad one is found."""
     from tqdm.auto import tqdm
 
-    from .cache.partial import Partial
+    from ..cache.partial import Partial
 
     shapes = downscaled(encoded.shapes, max_side)
     sizes = shapes.prod(1)
@@ -335,7 +335,7 @@ def _decode_chunks(
 
 def _drop_partial(progress_at: tuple[Path, str] | None) -> None:
     """Remove a failed build's progress (its decoded pixels: as large as the store)."""
-    from .cache.partial import is_partial, partial_path
+    from ..cache.partial import is_partial, partial_path
 
     if progress_at is not None and is_partial(partial_path(progress_at[0])):
         shutil.rmtree(partial_path(progress_at[0]), ignore_errors=True)
@@ -444,7 +444,7 @@ def _cached(
 ) -> Source:
     """``read()``'s data, or the cache entry of the same key; written to the cache when asked (``cache=True`` or
     a root) or, for ``"auto"``, when ``expensive(data)``. ``resume``: a ``read`` that resumes a stopped build
-    (see :func:`gpufeed.caching.load_or_ingest`). Files an entry left out (``on_error="skip"``) are an error
+    (see :func:`gpufeed.pipeline.entries.load_or_ingest`). Files an entry left out (``on_error="skip"``) are an error
     on a hit with ``on_error="error"``, as they would be on a fresh read."""
     key = cache_key(dataset, split.cached, kind) if cache is not False else None
     notes = list(notes)
@@ -459,7 +459,7 @@ def _cached(
         data = read()
         return _skipping(Source(data.images, data.labels, _describe(data), None, False, notes), data, None, on_error)
     root = cache if isinstance(cache, Path) else None
-    path = entry_path(dataset, key, root)
+    path = entry_path(type(dataset).__name__, key, root)
     always = cache is True or root is not None
     meta = {
         "source": describe_source(dataset),

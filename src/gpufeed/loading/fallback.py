@@ -26,18 +26,18 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
 
-from .augment.functional import convert_dtype
-from .augment.mix import as_mix
+from ..augment.functional import convert_dtype
+from ..augment.mix import as_mix
+from ..errors import WorkerError
+from ..read.samples import _with_transform
+from ..sampling import as_even, derive_seed, epoch_order, global_seed, rank_indices
+from ..validate import Guarded, SampleFailure, as_flag, as_int, as_workers, check_epoch
+from ..workers import dead_workers, default_workers, loader_kwargs, stop_workers, workers_that_died
 from .epochs import EpochLoader
-from .errors import WorkerError
 from .identity import dataset_identity, describe
-from .ingest import _with_transform
 from .loader import _Config, distributed_rank
 from .plan import Plan
 from .prefetch import prefetch
-from .sampling import as_even, derive_seed, epoch_order, global_seed, rank_indices
-from .validate import Guarded, SampleFailure, as_flag, as_int, as_workers, check_epoch
-from .workers import dead_workers, default_workers, loader_kwargs, stop_workers, workers_that_died
 
 __all__ = ["FallbackLoader"]
 
@@ -131,8 +131,8 @@ class FallbackLoader(EpochLoader):
         self.loader = self._data_loader(self._sampler, persistent=True)
         self._shared_in_use = False  # the persistent loader's one iterator is serving an iteration
         self.device, self.dtype, self.channels_last = device, dtype, channels_last
-        # What a state belongs to (NOTE [ What a state belongs to ] in gpufeed.identity): no sample is read for it
-        # (each costs a decode and a transform), only what the dataset holds per sample (files, arrays, indices).
+        # What a state belongs to (NOTE [ What a state belongs to ] in gpufeed.loading.identity): no sample is read
+        # for it (each costs a decode and a transform), only what the dataset holds per sample (files, arrays, ...).
         self._identity = {**dataset_identity(dataset), "transform": describe(transform)}
         self._explicit_world = explicit_world
         self._start_epochs()

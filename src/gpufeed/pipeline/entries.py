@@ -1,7 +1,7 @@
 """Filling the cache from a dataset: ``build_cache``, and the open-or-build that ``accelerate`` uses.
 
 The entry holds the deterministic part of a dataset's transform, computed once by
-:mod:`gpufeed.ingest` and stored by :mod:`gpufeed.cache` (pure storage).
+:mod:`gpufeed.read.samples` and stored by :mod:`gpufeed.cache` (pure storage).
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from typing import Any
 
 import torch
 
-from .cache import Cache, Manifest, check_target, entry_path, is_gpufeed_entry, open_cache, write_cache
-from .cache.fingerprint import cache_key
-from .cache.lock import build_lock
-from .cache.lock import lock_timeout as resolve_lock_timeout
-from .errors import CacheError, CacheWriteError, ConfigError
+from ..cache import Cache, Manifest, check_target, entry_path, is_gpufeed_entry, open_cache, write_cache
+from ..cache.lock import build_lock
+from ..cache.lock import lock_timeout as resolve_lock_timeout
+from ..errors import CacheError, CacheWriteError, ConfigError
+from ..read.fingerprint import cache_key
 
 __all__ = ["build_cache", "check_outside_dataset", "load_or_ingest", "store"]
 
@@ -54,7 +54,7 @@ def build_cache(
         path: the entry's directory (created; must not exist yet unless it is a gpufeed entry);
             ``None`` puts it under ``root`` (default :func:`default_cache_dir`).
         transform: the full transform; by default ``dataset.transform``. Only its deterministic
-            prefix (see :mod:`gpufeed.plan`) is computed and stored.
+            prefix (see :mod:`gpufeed.pipeline.translate`) is computed and stored.
         lock_timeout: seconds to wait while another process builds the same entry (default
             ``$GPUFEED_LOCK_TIMEOUT``, else an hour); then a CacheError names that process.
 
@@ -62,9 +62,9 @@ def build_cache(
         CacheError: ``path`` is not a gpufeed entry, or the lock wait timed out.
         CacheWriteError: the disk is full or the location not writable (nothing partial is left).
     """
-    from .plan import split_transform
-    from .validate import as_workers, check_dataset
-    from .wrappers import unwrap
+    from ..read.wrappers import unwrap
+    from ..validate import as_workers, check_dataset
+    from .translate import split_transform
 
     check_dataset(dataset)
     num_workers = None if num_workers is None else as_workers(num_workers)  # a typo must not start 10**6 workers
@@ -78,9 +78,9 @@ def build_cache(
             "or an opaque transform such as a Lambda), so a cache on disk could later be matched to other data; "
             "use gpufeed.accelerate(..., cache=False) to keep it in memory instead"
         )
-    from .encoded import file_samples
-    from .plan import build_batched
-    from .sources import describe_source, takes_ragged
+    from ..read.files import file_samples
+    from .materialise import describe_source, takes_ragged
+    from .translate import build_batched
 
     if not split.cached and file_samples(dataset) is not None and takes_ragged(build_batched(split.device, *_RGB)):
         # A folder of photos with a recipe that starts with RandomResizedCrop: its entry is the pixel store
@@ -106,7 +106,7 @@ def build_cache(
         if loader.plan.cache_path is None:
             raise CacheWriteError(f"the folder's store could not be written ({'; '.join(loader.plan.notes)})")
         return open_cache(Path(loader.plan.cache_path), verify=False)  # verified as accelerate opened it
-    target = Path(path).expanduser() if path is not None else entry_path(dataset, key, root)
+    target = Path(path).expanduser() if path is not None else entry_path(type(dataset).__name__, key, root)
     meta = {"source": describe_source(dataset), "pipeline": {"cached": [repr(op) for op in split.cached]}}
     cache, _ = load_or_ingest(
         dataset, split, target, key, lambda data: True, num_workers, progress, lock_timeout, meta=meta
@@ -152,7 +152,7 @@ def load_or_ingest(
 ) -> tuple[Cache | None, Any]:
     """The entry at ``target`` if it is valid and has ``key``; else a fresh ingest, stored when ``persist(data)``.
 
-    ``read``: what makes the data (an :class:`~gpufeed.ingest.Ingested`, whose images may be a Ragged or
+    ``read``: what makes the data (an :class:`~gpufeed.read.samples.Ingested`, whose images may be a Ragged or
     Encoded store); by default the dataset read through the split's cached part. ``resume(target, key)``:
     the same, for a build that will be stored, keeping its progress beside ``target`` so that a killed
     build resumes (:mod:`gpufeed.cache.partial`); called under the build lock.
@@ -168,8 +168,8 @@ def load_or_ingest(
     beside it of the same source and pipeline under another key are removed, then the least recently used
     ones while the root is over ``$GPUFEED_CACHE_LIMIT`` (:mod:`gpufeed.cache.usage`; never one in use).
     """
-    from .cache.usage import cache_limit, enforce_limit, remove_superseded
-    from .ingest import ingest
+    from ..cache.usage import cache_limit, enforce_limit, remove_superseded
+    from ..read.samples import ingest
 
     cache_limit()  # a bad limit is an error before anything is read
 
@@ -227,7 +227,7 @@ def load_or_ingest(
 def _drop_progress(target: Path, resume: Any) -> None:
     """A resumable build's progress, once the entry is written (or cannot be); a store mapped onto it stays
     readable (the file goes when it is unmapped)."""
-    from .cache.partial import is_partial, partial_path
+    from ..cache.partial import is_partial, partial_path
 
     if resume is not None and is_partial(partial_path(target)):
         shutil.rmtree(partial_path(target), ignore_errors=True)
@@ -266,11 +266,11 @@ def store(
     adopt: dict[str, Path] | None = None,
     meta: dict[str, Any] | None = None,
 ) -> Cache:
-    """Write ingested data (:class:`gpufeed.ingest.Ingested`) as the entry ``target`` and open it (``adopt``:
+    """Write ingested data (:class:`gpufeed.read.samples.Ingested`) as the entry ``target`` and open it (``adopt``:
     see :func:`gpufeed.cache.write_cache`; ``meta``: recorded besides). A folder's read
-    (:class:`gpufeed.sources.FolderRead`) adds the files it left out and its files' names and hashes."""
-    from .augment.ragged import Ragged
-    from .encoded import Encoded
+    (:class:`gpufeed.pipeline.materialise.FolderRead`) adds the files it left out and its files' names and hashes."""
+    from ..read.files import Encoded
+    from ..store.ragged import Ragged
 
     record: dict[str, Any] = {
         "cached": [repr(op) for op in split.cached],

@@ -27,8 +27,8 @@ from typing import Any, TypeVar
 
 import torch
 
-from .device import resolve_device
-from .errors import ConfigError
+from ..device import resolve_device
+from ..errors import ConfigError
 
 __all__ = ["prefetch"]
 

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import torch
 
-from .cache.format import is_gpufeed_entry
-from .cache.manage import is_leftover
-from .cache.reader import open_cache
-from .cache.writer import write_cache
+from ..cache.format import is_gpufeed_entry
+from ..cache.manage import is_leftover
+from ..cache.reader import open_cache
+from ..cache.writer import write_cache
 
 __all__ = ["spill"]
 

@@ -1,6 +1,6 @@
 """Dataset -> one ``(N, C, H, W)`` tensor of images and one of labels, after the cached part.
 
-Images of different sizes (an ImageFolder of photos) are read into a :class:`~gpufeed.augment.ragged.Ragged`
+Images of different sizes (an ImageFolder of photos) are read into a :class:`~gpufeed.store.ragged.Ragged`
 store instead, when the batched part starts with an op that takes them (RandomResizedCrop).
 
 Two paths. Datasets that expose their arrays (``.data`` with ``.targets`` or ``.labels``: CIFAR,
@@ -25,12 +25,12 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
-from .augment.ragged import Ragged
-from .cache.fingerprint import standard_getitem
-from .errors import DataError
-from .sampling import derive_seed, global_seed
-from .validate import Guarded, SampleFailure, UnbatchableError, check_dataset, check_label, label_tensor
-from .workers import default_workers, loader_kwargs
+from ..errors import DataError
+from ..sampling import derive_seed, global_seed
+from ..store.ragged import Ragged
+from ..validate import Guarded, SampleFailure, UnbatchableError, check_dataset, check_label, label_tensor
+from ..workers import default_workers, loader_kwargs
+from .fingerprint import standard_getitem
 from .wrappers import ConcatView, IndexedView, hidden_transforms, map_parts
 
 __all__ = ["Ingested", "Probe", "RaggedError", "UnbatchableError", "exposes_arrays", "ingest", "probe", "to_chw"]
@@ -90,7 +90,7 @@ def _image_and_label(read: Callable[[int], tuple[Any, torch.Tensor, Any]], i: in
 def _known_reads(dataset: Any) -> bool:
     """Whether ``dataset[i]`` runs only torchvision's or torch's own code once its transform is replaced (its
     ``__getitem__`` and file loader), so reading a sample again gives the same sample."""
-    from .cache.fingerprint import _standard_loader
+    from .fingerprint import _standard_loader
 
     return standard_getitem(dataset) and _standard_loader(dataset)
 
@@ -117,7 +117,7 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 def _deterministic(transform: Any) -> bool:
     """Whether every op of ``transform`` is one gpufeed knows to give the same output for the same input."""
-    from .plan import RANDOM_SUPPORTED, flatten, kind
+    from ..pipeline.translate import RANDOM_SUPPORTED, flatten, kind
 
     try:
         ops = flatten(transform)
@@ -130,7 +130,7 @@ def probe(dataset: Any, cached: Callable[[Any], Any] | None, on_error: str = "er
     """Read samples 0, n/2 and n-1 through ``cached``: their dtype and size, PIL or not, sizes that differ.
 
     Randomness the transform split cannot see is never frozen. A transform inside a wrapper gpufeed does not
-    know (not torch's ``Subset`` or ``ConcatDataset``, which :func:`gpufeed.wrappers.unwrap` sees through)
+    know (not torch's ``Subset`` or ``ConcatDataset``, which :func:`gpufeed.read.wrappers.unwrap` sees through)
     runs on every read and cannot be stripped: unless each of its ops is known to be deterministic it is
     refused (UnbatchableError, the fallback's case). And sample 0 is read again under eight different
     random states: a ``__getitem__`` that draws random numbers of its own is refused the same way.
@@ -332,7 +332,7 @@ def _with_transform(dataset: Any, transform: Callable[[Any], Any] | None) -> Any
 
     torchvision datasets get a shallow copy with ``.transform`` set; others (``TensorDataset``,
     custom ones) are wrapped so that ``transform`` applies to the image of each ``(image, label)``; a view
-    of :mod:`gpufeed.wrappers` has the transform of each dataset it holds replaced.
+    of :mod:`gpufeed.read.wrappers` has the transform of each dataset it holds replaced.
     """
     if isinstance(dataset, (IndexedView, ConcatView)):
         return map_parts(dataset, lambda part: _with_transform(part, transform))
@@ -426,7 +426,7 @@ def ingest(
 
     The dataset's own ``transform`` is replaced by ``cached`` on a copy; the caller's dataset is
     not modified. ``ragged``: the images may differ in height and width; they come back as a
-    :class:`~gpufeed.augment.ragged.Ragged` store, each as it is.
+    :class:`~gpufeed.store.ragged.Ragged` store, each as it is.
 
     Example:
         >>> ds = TensorDataset(torch.zeros(4, 1, 2, 2, dtype=torch.uint8), torch.arange(4))

@@ -80,8 +80,8 @@ def _pixels(images: Any, idx: torch.Tensor) -> list[torch.Tensor]:
     its JPEG store give the same (a file store's are decoded on the CPU, as a pixel store's were), so a state
     saved with one resumes with the other (``store="auto"`` picks by the memory budget, which differs by machine).
     """
-    from .encoded import Encoded, decode
-    from .errors import DataError
+    from ..errors import DataError
+    from ..read.files import Encoded, decode
 
     picked = images.select(idx)
     if isinstance(picked, Encoded):
@@ -100,7 +100,7 @@ def _spread(n: int) -> list[int]:
 def _metadata(dataset: Any, depth: int = 0) -> list[Any]:
     """What a dataset holds per sample without reading a sample: the wrappers' indices and parts, the file list
     (sampled), the arrays (sampled rows) and the labels (all), each where the dataset has it."""
-    from .wrappers import selection
+    from ..read.wrappers import selection
 
     if depth > 4:
         return []
@@ -112,7 +112,7 @@ def _metadata(dataset: Any, depth: int = 0) -> list[Any]:
     indices: Any = getattr(dataset, "indices", None)
     if isinstance(indices, (list, tuple, range, torch.Tensor, np.ndarray)):
         parts.append(_as_tensor(list(indices)))
-    part_of = selection(dataset)  # a copy gpufeed.wrappers.unwrap made of a part of the dataset(s)
+    part_of = selection(dataset)  # a copy gpufeed.read.wrappers.unwrap made of a part of the dataset(s)
     if part_of is not None:
         parts.append(part_of)
     samples: Any = getattr(dataset, "samples", None)

@@ -27,8 +27,8 @@ import numpy as np
 import torch
 from torch.utils.data import ConcatDataset, Dataset, Subset, TensorDataset
 
-from .errors import DataError
-from .validate import UnbatchableError
+from ..errors import DataError
+from ..validate import UnbatchableError
 
 __all__ = ["ConcatView", "IndexedView", "SourceWatch", "hidden_transforms", "selection", "unwrap"]
 
@@ -47,7 +47,7 @@ def selection(dataset: Any) -> str | None:
 
 def _selected(out: Any, *parts: Any) -> Any:
     """``out`` tagged with the digest of ``parts`` (indices, and the selections and roots of what it holds)."""
-    from .identity import digest
+    from ..loading.identity import digest
 
     setattr(out, _SELECTION, digest(*parts))
     return out
@@ -110,7 +110,7 @@ def _pipeline_id(transform: Any) -> str:
 
 
 def _standard(dataset: Any) -> bool:
-    from .cache.fingerprint import standard_getitem
+    from .fingerprint import standard_getitem
 
     return standard_getitem(dataset)
 

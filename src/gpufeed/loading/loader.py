@@ -26,19 +26,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from .augment.functional import convert_dtype
-from .augment.mix import as_mix
-from .augment.ragged import Ragged
-from .augment.transforms import BatchTransform, takes_ragged
-from .device import resolve_device
-from .encoded import Encoded, decode
-from .epochs import EpochLoader
-from .errors import ConfigError, DataError
-from .hostmem import keep_freed_buffers
-from .identity import data_identity, describe
-from .prefetch import prefetch
-from .sampling import Even, as_even, derive_seed, epoch_order, local_indices, rank_indices
-from .validate import (
+from ..augment.functional import convert_dtype
+from ..augment.mix import as_mix
+from ..augment.transforms import BatchTransform, takes_ragged
+from ..device import resolve_device
+from ..errors import ConfigError, DataError
+from ..read.files import Encoded, decode
+from ..sampling import Even, as_even, derive_seed, epoch_order, local_indices, rank_indices
+from ..store.ragged import Ragged
+from ..validate import (
     as_flag,
     as_int,
     as_tensor,
@@ -48,6 +44,10 @@ from .validate import (
     check_transform,
     label_tensor,
 )
+from .epochs import EpochLoader
+from .hostmem import keep_freed_buffers
+from .identity import data_identity, describe
+from .prefetch import prefetch
 
 __all__ = ["SHARD_MODES", "STORAGE_TIERS", "DeviceLoader", "distributed_rank"]
 
@@ -147,9 +147,9 @@ class DeviceLoader(EpochLoader):
     Each pass is the next epoch, claimed when its first batch is taken; :meth:`set_epoch` picks one
     explicitly, :meth:`state_dict` / :meth:`load_state_dict` resume mid-epoch (a state saved on any
     rank resumes every rank; one saved after a ``break`` finishes the interrupted epoch). See NOTE [ When
-    an epoch is claimed ] in :mod:`gpufeed.epochs`. A state of other data or another transform is refused
+    an epoch is claimed ] in :mod:`gpufeed.loading.epochs`. A state of other data or another transform is refused
     (``load_state_dict(state, strict=False)`` overrides): NOTE [ What a state belongs to ] in
-    :mod:`gpufeed.identity`.
+    :mod:`gpufeed.loading.identity`.
 
     Example:
         >>> import torch
@@ -246,7 +246,7 @@ class DeviceLoader(EpochLoader):
         self.config = _Config(
             n, batch_size, shuffle, drop_last, seed, chunk_batches or 1, rank, world_size, even, shard
         )
-        # What a state belongs to (NOTE [ What a state belongs to ] in gpufeed.identity): taken from the whole
+        # What a state belongs to (NOTE [ What a state belongs to ] in gpufeed.loading.identity): taken from the whole
         # dataset, before a local shard keeps a part, so that a state saved on any rank matches every rank.
         self._data_id = data_identity(store, labels)
         if shard == "local" and world_size > 1:  # keep only this rank's samples
@@ -287,7 +287,7 @@ class DeviceLoader(EpochLoader):
         self.host_memory_note: str | None = None
         if self.device.type == "cpu" and probe is not None:
             # each chunk of batches is a fresh buffer (and ragged images are made image by image): freed ones
-            # reused, not page-faulted in again (256x256 batches: 3x faster); see gpufeed.hostmem
+            # reused, not page-faulted in again (256x256 batches: 3x faster); see gpufeed.loading.hostmem
             chunk_bytes = self.config.chunk_batches * batch_size * probe[0].nbytes
             self.host_memory_note = keep_freed_buffers(chunk_bytes)
 

@@ -18,19 +18,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from .format import VERSION, hashes
+from ..cache.format import VERSION, hashes
 
-__all__ = ["cache_key", "dataset_identity", "default_cache_dir", "standard_getitem", "transform_identity"]
+__all__ = ["cache_key", "dataset_identity", "standard_getitem", "transform_identity"]
 
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
-
-
-def default_cache_dir() -> Path:
-    """``$GPUFEED_CACHE_DIR``, else ``$XDG_CACHE_HOME/gpufeed``, else ``~/.cache/gpufeed`` (read at call time)."""
-    if os.environ.get("GPUFEED_CACHE_DIR"):
-        return Path(os.environ["GPUFEED_CACHE_DIR"]).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base).expanduser() / "gpufeed"
 
 
 _ROWS_BYTES = 16 << 20  # hashed per slice of rows: a strided array is copied a slice at a time, never whole

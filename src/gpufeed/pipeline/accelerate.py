@@ -1,10 +1,10 @@
 """accelerate(): a torchvision-style dataset with its transform -> the fastest loader that fits.
 
-1. :mod:`gpufeed.plan` splits the transform: a deterministic prefix computed once per sample, and
+1. :mod:`gpufeed.pipeline.translate` splits the transform: a deterministic prefix computed once per sample, and
    the rest as batched ops on the device.
-2. :mod:`gpufeed.sources` gets the stored images: :mod:`gpufeed.ingest` reads the dataset through the
+2. :mod:`gpufeed.pipeline.materialise` gets the stored images: :mod:`gpufeed.read.samples` reads the dataset through the
    prefix (vectorised when it exposes arrays; a folder of photos as its files), or a verified cache
-   on disk (:mod:`gpufeed.caching`) gives them back.
+   on disk (:mod:`gpufeed.pipeline.entries`) gives them back.
 3. A storage tier is chosen: the device if the data fits its budget, else pinned host memory,
    else a memory map of the cache file. Every tier yields the same batches.
 """
@@ -19,20 +19,21 @@ from typing import Any
 
 import torch
 
-from .augment.mix import as_mix
-from .augment.ragged import Ragged
-from .device import host_available, resolve_device
-from .encoded import Encoded, file_samples
-from .errors import CacheWriteError, ConfigError, DataError, UnsupportedTransformError
-from .fallback import FallbackLoader
-from .ingest import Probe, RaggedError, UnbatchableError, probe
-from .loader import DeviceLoader
-from .plan import Plan, Split, build_batched, split_transform
-from .sampling import as_even
-from .sources import ON_ERROR, STORES, describe_store, fmt_bytes, load, load_ragged, takes_ragged
-from .spill import spill
-from .validate import as_flag, as_int, as_workers, check_dataset, check_epoch
-from .wrappers import SourceWatch, unwrap
+from ..augment.mix import as_mix
+from ..device import host_available, resolve_device
+from ..errors import CacheWriteError, ConfigError, DataError, UnsupportedTransformError
+from ..loading.fallback import FallbackLoader
+from ..loading.loader import DeviceLoader
+from ..loading.plan import Plan
+from ..read.files import Encoded, file_samples
+from ..read.samples import Probe, RaggedError, UnbatchableError, probe
+from ..read.wrappers import SourceWatch, unwrap
+from ..sampling import as_even
+from ..store.ragged import Ragged
+from ..store.spill import spill
+from ..validate import as_flag, as_int, as_workers, check_dataset, check_epoch
+from .materialise import ON_ERROR, STORES, describe_store, fmt_bytes, load, load_ragged, takes_ragged
+from .translate import Split, build_batched, split_transform
 
 __all__ = ["DEVICE_BUDGET_FRACTION", "HOST_BUDGET_FRACTION", "STORES", "accelerate", "preflight"]
 

@@ -24,7 +24,7 @@ uint8 kernel on uint8 tensors (on the CPU, where DataLoader workers run it), v1'
 
 What torchvision itself refuses at an op's place in the pipeline (a solarize threshold above the image's
 maximum, v1's posterize on float images, a fill a uint8 tensor cannot hold, ...) is refused here, from the
-op and the value space alone, with torchvision's own words (:mod:`gpufeed.refusals`): never found by a
+op and the value space alone, with torchvision's own words (:mod:`gpufeed.pipeline.refusals`): never found by a
 lucky draw on a few probed samples, nor run into something else.
 """
 
@@ -39,12 +39,12 @@ from typing import Any
 
 import torch
 
-from . import augment as A
+from .. import augment as A
+from ..augment import random_ops as R
+from ..errors import ConfigError, UnsupportedTransformError
 from . import refusals
-from .augment import random_ops as R
-from .errors import ConfigError, UnsupportedTransformError
 
-__all__ = ["CACHEABLE", "CONVERTERS", "PIL_BOUNDS", "Plan", "Split", "build_batched", "kind", "split_transform"]
+__all__ = ["CACHEABLE", "CONVERTERS", "PIL_BOUNDS", "Split", "build_batched", "kind", "split_transform"]
 
 # Deterministic ops that change geometry or content: computed once per sample and cached.
 CACHEABLE = ("Resize", "CenterCrop", "Grayscale", "Pad", "Lambda")
@@ -373,7 +373,7 @@ def _perspective(op: Any, s: _State) -> A.BatchTransform:
 
 
 def _timm_erasing(op: Any, s: _State) -> A.BatchTransform:
-    from .augment.timm_ops import TimmRandomErasing
+    from ..augment.timm_ops import TimmRandomErasing
 
     if op.num_splits > 1:
         raise UnsupportedTransformError(
@@ -393,7 +393,7 @@ _PIL_FILTERS = {0: "nearest", 2: "bilinear", 3: "bicubic"}
 def _timm_auto(op: Any, s: _State) -> A.BatchTransform:
     """timm's ``RandAugment`` / ``AutoAugment`` (``timm.data.auto_augment``): its ``AugmentOp`` list read back
     into :class:`~gpufeed.augment.timm_auto.TimmOp` s; the hyper-parameters all its ops share."""
-    from .augment import timm_auto as TA
+    from ..augment import timm_auto as TA
 
     name = type(op).__name__
     if not s.pil or s.dtype != torch.uint8:
@@ -485,7 +485,7 @@ def _per_sample(
     cls: Any, *fields: str, check: Callable[[Any, torch.dtype, bool], None] | None = None
 ) -> Callable[[Any, _State], A.BatchTransform]:
     def convert(op: Any, s: _State) -> A.BatchTransform:
-        if check is not None:  # what torchvision refuses at this point of the pipeline (gpufeed.refusals)
+        if check is not None:  # what torchvision refuses at this point of the pipeline (gpufeed.pipeline.refusals)
             check(op, s.dtype, s.pil)
         _pil_note(op, s)
         if cls is R.RandomAutocontrast and _is_v2(op) and not s.pil:
@@ -787,7 +787,7 @@ def build_batched(
     tensor conversion ran PIL's kernels; what that changes is appended to ``notes``. ``channels``:
     the images' channel count, if known, for the checks that depend on it (an erase value per channel).
     What torchvision itself refuses at an op's place in the pipeline raises ConfigError here, before
-    any data is read (:mod:`gpufeed.refusals`).
+    any data is read (:mod:`gpufeed.pipeline.refusals`).
     """
     state = _State(stored_dtype, image_size, pil, channels=channels)
     out: list[A.BatchTransform] = []
@@ -818,50 +818,3 @@ def build_batched(
     if notes is not None:
         notes.extend(state.notes)
     return A.Compose(out) if out else None
-
-
-@dataclass(frozen=True)
-class Plan:
-    """What :func:`gpufeed.accelerate` decided, and why; ``print(loader.plan)`` shows it."""
-
-    cached: tuple[str, ...]
-    batched: tuple[str, ...]
-    storage: str  # "device", "pinned", "mmap", or "fallback"
-    stored_shape: tuple[int, ...]
-    stored_dtype: str
-    bytes: int
-    ingest: str
-    cache_path: str | None = None
-    notes: tuple[str, ...] = field(default_factory=tuple)
-    device: str = ""  # where batches are made
-    workers: int = 0  # the fallback's DataLoader workers
-    layout: str = ""  # images of different sizes: how they are stored (stored_shape is then (N, C))
-
-    def _where(self) -> str:
-        if self.storage == "fallback":
-            return (
-                f"not stored: your pipeline runs per sample, unchanged, in {self.workers} DataLoader worker(s), "
-                f"batches copied ahead to {self.device or 'the device'}"
-            )
-        gib = self.bytes / 2**30
-        size = f"{gib:.2f} GiB" if gib >= 0.1 else f"{self.bytes / 2**20:.1f} MiB"
-        what = f"{size}, {self.stored_dtype} {self.layout or tuple(self.stored_shape)}"
-        if self.storage == "device":
-            where = "in memory (the CPU is the device)" if self.device.startswith("cpu") else f"on {self.device}"
-        elif self.storage == "pinned":
-            where = f"in pinned host memory, each chunk copied to {self.device} ahead of use"
-        else:
-            where = f"in a memory-mapped file, each chunk read and copied to {self.device or 'the device'} ahead of use"
-        return f"{where} ({what})"
-
-    def __str__(self) -> str:
-        lines = [
-            f"storage:  {self._where()}",
-            f"ingest:   {self.ingest}",
-            f"cached:   {', '.join(self.cached) or 'nothing (stored as read)'}",
-            f"batched:  {', '.join(self.batched) or 'nothing'}",
-        ]
-        if self.cache_path:
-            lines.append(f"cache:    {self.cache_path}")
-        lines += [f"note:     {n}" for n in self.notes]
-        return "\n".join(lines)

@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the tier warning is the point of this row
             if tier == "mmap" and device.type == "cuda":
-                import gpufeed.pipeline.accelerate as acc
+                import gpufeed.pipeline.plan as acc
 
                 host = acc.HOST_BUDGET_FRACTION
                 acc.HOST_BUDGET_FRACTION = 0.0  # push past the pinned tier to measure the memory map

@@ -49,7 +49,8 @@ def decoded_vs_pil(ds, device, n: int) -> dict:
     from torchvision.datasets.folder import pil_loader
     from torchvision.transforms.functional import pil_to_tensor
 
-    from gpufeed.read.files import decode, read_files
+    from gpufeed.read.files import read_files
+    from gpufeed.store.encoded import decode
 
     first = copy.copy(ds)  # the first n samples, read by torchvision's own loader
     first.samples, first.targets = ds.samples[:n], ds.targets[:n]

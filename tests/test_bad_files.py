@@ -20,7 +20,8 @@ from torchvision.transforms.functional import pil_to_tensor
 
 import gpufeed as gf
 import gpufeed.cache.partial as partial_module
-from gpufeed.read.files import Encoded, decode, read_files, scan_headers
+from gpufeed.read.files import read_files, scan_headers
+from gpufeed.store.encoded import Encoded, decode
 
 RECIPE = T.Compose([T.RandomResizedCrop(8), T.RandomHorizontalFlip(), T.PILToTensor()])
 KW = dict(batch_size=4, device="cpu", progress=False)

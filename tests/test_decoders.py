@@ -14,8 +14,9 @@ from torchvision.datasets.folder import pil_loader
 from torchvision.transforms.functional import pil_to_tensor
 
 import gpufeed as gf
-from gpufeed.read.files import decode, read_files
+from gpufeed.read.files import read_files
 from gpufeed.store import decoders
+from gpufeed.store.encoded import decode
 
 from fakes import PHOTO_KINDS
 
@@ -148,7 +149,7 @@ def test_a_torchcodec_that_cannot_load_is_said_once_and_torchvision_decodes(monk
 
 
 def test_a_gpu_decoder_that_refuses_every_jpeg_is_said_once_and_pil_decodes_them(tmp_path, monkeypatch):
-    from gpufeed.read.files import _decode_cuda
+    from gpufeed.store.encoded import _decode_cuda
 
     def refuses(files, device):
         raise RuntimeError("nvjpeg: CUDA driver version is insufficient")

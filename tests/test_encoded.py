@@ -14,7 +14,8 @@ from torchvision.datasets.folder import pil_loader
 from torchvision.transforms.functional import pil_to_tensor
 
 import gpufeed as gf
-from gpufeed.read.files import Encoded, decode, file_samples, read_files
+from gpufeed.read.files import file_samples, read_files
+from gpufeed.store.encoded import Encoded, decode
 from gpufeed.store.ragged import Ragged
 
 from fakes import PHOTO_KINDS, snapshot

@@ -1,13 +1,11 @@
 """The host memory budget: what the kernel says is available (MemAvailable, the cgroup's room), never MemFree, and
 the plan says which figure it used."""
 
-import sys
-
 import pytest
 import torch
 
 from gpufeed.device import host_available
-from gpufeed.pipeline.accelerate import _choose_tier
+from gpufeed.pipeline.plan import budget
 
 GIB = 2**30
 # A machine after reading files: little free, most of it page cache the kernel gives back on demand.
@@ -90,12 +88,11 @@ def test_without_proc_meminfo_psutil_s_available_is_used(proc, monkeypatch):
 
 
 def test_the_plan_note_says_which_figure_the_cpu_budget_is_half_of(monkeypatch):
-    module = sys.modules["gpufeed.pipeline.accelerate"]
-    monkeypatch.setattr(module, "host_available", lambda: (22 * GIB, "MemAvailable 22.00 GiB"))
-    tier, why = _choose_tier(7 * GIB, torch.device("cpu"), None)
+    monkeypatch.setattr("gpufeed.pipeline.plan.host_available", lambda: (22 * GIB, "MemAvailable 22.00 GiB"))
+    tier, why = budget(torch.device("cpu"), None).tier(7 * GIB)
     assert tier == "device" and why == "7.00 GiB fits the cpu budget of 11.00 GiB (half of MemAvailable 22.00 GiB)"
-    tier, why = _choose_tier(12 * GIB, torch.device("cpu"), None)
+    tier, why = budget(torch.device("cpu"), None).tier(12 * GIB)
     assert tier == "mmap" and "exceeds the device budget of 11.00 GiB (half of MemAvailable 22.00 GiB)" in why
-    assert _choose_tier(GIB, torch.device("cpu"), 0)[1] == "1.00 GiB exceeds the device budget of 0.0 MiB " + (
+    assert budget(torch.device("cpu"), 0).tier(GIB)[1] == "1.00 GiB exceeds the device budget of 0.0 MiB " + (
         "(memory_budget) (host memory on the CPU); memory-mapped file"
     )

@@ -10,7 +10,7 @@ from torchvision.datasets import ImageFolder
 
 import gpufeed as gf
 from gpufeed.loading.identity import data_identity, dataset_identity, describe, differences
-from gpufeed.read.files import Encoded
+from gpufeed.store.encoded import Encoded
 from gpufeed.store.ragged import Ragged
 
 from fakes import cifar_like, image_folder

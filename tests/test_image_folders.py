@@ -12,7 +12,7 @@ from torch.utils.data import Dataset
 from torchvision.datasets import ImageFolder
 
 import gpufeed as gf
-from gpufeed.read.samples import probe
+from gpufeed.pipeline.probe import probe_samples
 from gpufeed.store.ragged import Ragged
 
 from fakes import image_folder, snapshot
@@ -176,7 +176,7 @@ def test_sizes_the_probe_did_not_see_are_kept_as_they_are(tmp_path):
     recipe = T.Compose([T.RandomResizedCrop(16), T.PILToTensor()])
     # ImageFolder orders the files by class (two alternating): files 0, 2, 4, 1, 3 are its samples 0-4
     folder = image_folder(tmp_path / "photos", [sizes[k] for k in (0, 3, 1, 4, 2)], transform=recipe)
-    assert probe(folder, None).ragged is None  # the probe sees one size
+    assert probe_samples(folder, None).ragged is None  # the probe sees one size
     kw = dict(batch_size=2, device="cpu", cache=False, progress=False)
     loader = gf.accelerate(folder, **kw)  # a folder goes by its files' headers
     assert isinstance(loader.images, Ragged) and len(set(map(tuple, loader.images.shapes.tolist()))) == 3
@@ -193,7 +193,7 @@ def test_sizes_the_probe_did_not_see_are_kept_as_they_are(tmp_path):
         def __getitem__(self, i):
             return self.transform(self.images[i]), i
 
-    assert probe(Tensors(), None).ragged is None
+    assert probe_samples(Tensors(), None).ragged is None
     loader = gf.accelerate(Tensors(), **kw)
     assert isinstance(loader.images, Ragged)
     batches = list(loader)

@@ -187,7 +187,7 @@ def test_resized_crop_with_another_interpolation_is_refused():
 
 
 def test_per_image_random_ops_on_pil_state_their_measured_difference_or_nothing_when_equal():
-    from gpufeed.pipeline.translate import PIL_OP_DIFFERENCE
+    from gpufeed.pipeline.translate.state import PIL_OP_DIFFERENCE
 
     notes: list[str] = []
     ops = [

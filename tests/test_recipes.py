@@ -15,8 +15,8 @@ from torchvision.transforms import InterpolationMode
 from torchvision.transforms._presets import ImageClassification
 
 import gpufeed as gf
+from gpufeed.pipeline.probe import probe_samples
 from gpufeed.pipeline.translate import split_transform
-from gpufeed.read.samples import probe
 from gpufeed.sampling import derive_seed, epoch_order
 from pinned import run_both
 
@@ -351,7 +351,9 @@ def test_the_fill_dicts_image_type_and_the_pil_state_follow_the_pipeline():
     from gpufeed.pipeline.translate import build_batched, split_transform
 
     crop_after_tensor = T.Compose([T.PILToTensor(), T.CenterCrop(30), T.RandomResizedCrop(12, antialias=False)])
-    probed = probe(cifar_like(4, transform=crop_after_tensor), split_transform(crop_after_tensor).cached_transform())
+    probed = probe_samples(
+        cifar_like(4, transform=crop_after_tensor), split_transform(crop_after_tensor).cached_transform()
+    )
     assert probed.pil is False  # the cached part made tensors: the tensor kernel runs, without antialiasing
     (rrc,) = build_batched(split_transform(crop_after_tensor).device, torch.uint8, (30, 30), probed.pil).transforms
     assert rrc.antialias is False

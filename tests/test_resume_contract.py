@@ -24,7 +24,7 @@ from gpufeed.augment import (
     RandomHorizontalFlip,
     RandomResizedCrop,
 )
-from gpufeed.read.files import Encoded
+from gpufeed.store.encoded import Encoded
 from gpufeed.store.ragged import Ragged
 
 from conftest import indexed_images

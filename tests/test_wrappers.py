@@ -15,8 +15,8 @@ from torch.utils.data import ConcatDataset, Dataset, Subset, random_split
 
 import gpufeed as gf
 from gpufeed.errors import DataError
-from gpufeed.read.files import Encoded
 from gpufeed.read.wrappers import ConcatView, IndexedView, unwrap
+from gpufeed.store.encoded import Encoded
 from gpufeed.store.ragged import Ragged
 
 from fakes import cifar_like, image_folder, snapshot

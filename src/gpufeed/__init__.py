@@ -11,7 +11,6 @@ Example:
 """
 
 from . import augment
-from .cache import Cache, open_cache
 from .diagnose import Report, diagnose
 from .errors import (
     CacheError,
@@ -31,7 +30,8 @@ from .loading.loader import DeviceLoader
 from .loading.plan import Plan
 from .loading.prefetch import prefetch
 from .pipeline.accelerate import accelerate
-from .pipeline.entries import build_cache
+from .pipeline.build import build_cache
+from .store.entry import Cache, open_cache
 from .tune import LoaderConfig, tune_dataloader
 
 __version__ = "0.1.0"

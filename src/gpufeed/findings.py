@@ -68,10 +68,10 @@ def _cacheable(dl: DataLoader | None, ev: Evidence) -> Finding | None:
     transform = getattr(dl.dataset, "transform", None) if dl is not None else None
     if dl is None or transform is None:
         return None
-    from .pipeline.accelerate import preflight
+    from .pipeline.probe import probe
 
     try:
-        preflight(dl.dataset, transform)  # what accelerate() itself checks first, on a few samples
+        probe(dl.dataset, [transform])  # what accelerate() itself checks first, on a few samples
     except Exception:  # not batchable: tuning the DataLoader is the remaining fix
         return None
     cost = ev.data_cost_fraction

@@ -79,7 +79,38 @@ class BatchOptions:
 
 @dataclass(frozen=True)
 class ReadOptions:
-    """How :func:`gpufeed.accelerate` reads the dataset and keeps it (its docstring says what each does)."""
+    """How :func:`gpufeed.accelerate` reads the dataset and keeps it.
+
+    Attributes:
+        cache: ``"auto"`` stores the computed prefix on disk when it was expensive to compute (read sample by
+            sample) or when the data must be memory-mapped; ``True`` always, ``False`` never; a path is the cache
+            root to use (``~`` expanded; default ``$GPUFEED_CACHE_DIR``, else ``$XDG_CACHE_HOME/gpufeed``). A
+            cache on disk is built by one process per node; the others wait for it and reuse it. A cache that
+            cannot be written (disk full, read-only) is not an error: the data stays in memory, with one warning.
+        store: for images of different sizes (a folder of photos) with a recipe that starts with
+            RandomResizedCrop: ``"pixels"`` decodes every image once and keeps the pixels (fast, large),
+            ``"jpeg"`` keeps the files' bytes and decodes each batch (compact; an ``ImageFolder``,
+            ``DatasetFolder`` or ``Food101`` read by torchvision's PIL loader), ``"auto"`` the pixels when they
+            fit ``memory_budget``, else the bytes.
+        max_side: downscale the pixel store's images whose longer side exceeds it, once, as they are decoded
+            (torchvision's ``Resize(size=None, max_size=max_side)``, antialiased): a change to what the model
+            sees, stated in ``loader.plan``; off by default.
+        fallback: ``"error"`` (default) raises for an op gpufeed cannot batch or images of different sizes;
+            ``"prefetch"`` runs the original per-sample pipeline, unchanged, in DataLoader workers behind
+            :func:`gpufeed.prefetch` (with a warning), for anything a ``DataLoader`` could run.
+        on_error: files of a folder that cannot be read or decoded (truncated, garbled, a header that claims
+            more than the file holds) are all found while the store is built: ``"error"`` (default) names every
+            one in one DataError; ``"skip"`` leaves them out, with one warning that lists them and a line in
+            ``loader.plan`` (labels stay with their images).
+        cache_lambda: treat ``Lambda`` ops in the deterministic prefix as deterministic.
+        num_workers: workers for reading sample by sample (and the fallback); default from the cores, at most
+            4 per core.
+        progress: show progress bars while the data is read.
+        lock_timeout: seconds to wait while another process builds the same cache entry (default
+            ``$GPUFEED_LOCK_TIMEOUT``, else an hour); then a CacheError names that process.
+        memory_budget: bytes the stored data may take on the device (default: half its free memory; on the CPU
+            half the host's available memory).
+    """
 
     cache: bool | str | Path = "auto"
     store: str = "auto"

@@ -10,17 +10,8 @@ import torchvision.transforms.v2 as v2
 from torchvision.transforms import InterpolationMode
 from torchvision.transforms.autoaugment import _apply_op
 
-from gpufeed.augment.auto import (
-    _SIGNED,
-    OPS,
-    AugMix,
-    AutoAugment,
-    RandAugment,
-    TrivialAugmentWide,
-    _table,
-    apply_op,
-    policies,
-)
+from gpufeed.augment.auto import AugMix, AutoAugment, RandAugment, TrivialAugmentWide, policies
+from gpufeed.augment.auto_ops import _SIGNED, OPS, _table, apply_op
 
 from fakes import image_summaries, varied_cifar
 from stats import chi_square_p_value

@@ -18,7 +18,7 @@ from torchvision.transforms import InterpolationMode
 
 from gpufeed import augment as A
 from gpufeed.augment.fixed_point import fixed_resized_crop, vertical_first
-from gpufeed.augment.resize import _batched_ragged
+from gpufeed.augment.ragged_resize import _batched_ragged
 from gpufeed.errors import ConfigError
 from gpufeed.pipeline.translate import build_batched
 from gpufeed.store.ragged import Ragged

@@ -7,7 +7,9 @@ import torchvision.transforms.functional as TF
 from PIL import Image
 
 from gpufeed.augment import functional as F
-from gpufeed.augment.transforms import Compose, Normalize, RandomCrop, RandomErasing, RandomHorizontalFlip
+from gpufeed.augment.crop_flip import RandomCrop, RandomHorizontalFlip
+from gpufeed.augment.erasing import RandomErasing
+from gpufeed.augment.transforms import Compose, Normalize
 from gpufeed.errors import ConfigError, DataError
 
 MEAN, STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)

@@ -10,7 +10,7 @@ import torchvision.transforms.v2.functional as F2
 
 from gpufeed import DataError
 from gpufeed.augment import Compose, Normalize, RandomHorizontalFlip, RandomResizedCrop
-from gpufeed.augment.resize import _batched_ragged
+from gpufeed.augment.ragged_resize import _batched_ragged
 from gpufeed.store.ragged import Ragged
 
 from stats import gen as _gen

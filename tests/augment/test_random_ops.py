@@ -8,9 +8,9 @@ import torch
 import torchvision.transforms.functional as TF
 from torchvision.transforms import InterpolationMode
 
-from gpufeed.augment import random_ops as R
+from gpufeed import augment as R
 from gpufeed.augment.color import ColorJitter
-from gpufeed.augment.transforms import RandomHorizontalFlip
+from gpufeed.augment.crop_flip import RandomHorizontalFlip
 
 from stats import chi_square_p_value
 

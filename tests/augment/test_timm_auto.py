@@ -153,7 +153,8 @@ def _hparams(**extra) -> dict:
     "config", ["rand-m9-mstd0.5-inc1", "rand-m7-n3-mstd101", "rand-m9-mmax15-mstd1", "rand-m9-tweights-p0.8"]
 )
 def test_rand_augment_draws_ops_magnitudes_and_signs_as_timm(config):
-    from gpufeed.pipeline.translate import CONVERTERS, _State
+    from gpufeed.pipeline.translate import CONVERTERS
+    from gpufeed.pipeline.translate.state import _State
 
     theirs_t = AA.rand_augment_transform(config, _hparams())
     ours_t = CONVERTERS["TimmRandAugment"](theirs_t, _State(torch.uint8, (8, 8), pil=True))
@@ -165,7 +166,8 @@ def test_rand_augment_draws_ops_magnitudes_and_signs_as_timm(config):
 @pytest.mark.slow
 @pytest.mark.parametrize("config", ["original-mstd0.5", "v0", "v0r", "originalr"])
 def test_auto_augment_draws_sub_policies_as_timm(config):
-    from gpufeed.pipeline.translate import CONVERTERS, _State
+    from gpufeed.pipeline.translate import CONVERTERS
+    from gpufeed.pipeline.translate.state import _State
 
     theirs_t = AA.auto_augment_transform(config, _hparams())
     ours_t = CONVERTERS["TimmAutoAugment"](theirs_t, _State(torch.uint8, (8, 8), pil=True))
@@ -237,7 +239,8 @@ def test_a_probability_above_one_applies_always_and_no_layers_leave_the_image(pi
     loader = gf.accelerate(ds, batch_size=4, device="cpu", cache=False, progress=False)
     assert "TimmRandAugment" in " ".join(loader.plan.batched)  # timm runs it (prob >= 1: always), so does gpufeed
     theirs = AA.rand_augment_transform("rand-m9-n0-tweights", _hparams())
-    from gpufeed.pipeline.translate import CONVERTERS, _State
+    from gpufeed.pipeline.translate import CONVERTERS
+    from gpufeed.pipeline.translate.state import _State
 
     ours = CONVERTERS["TimmRandAugment"](theirs, _State(torch.uint8, (8, 8), pil=True))
     x = torch.randint(0, 256, (5, 3, 8, 8), dtype=torch.uint8)

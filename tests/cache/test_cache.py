@@ -185,7 +185,7 @@ def test_opened_cache_is_memory_mapped_and_never_writes_the_file(built, tmp_path
 _BUILDER = textwrap.dedent("""
     import os, sys, time
     sys.path.insert(0, {tests!r})
-    import gpufeed.pipeline.entries as cache_mod
+    import gpufeed.pipeline.build as cache_mod
     import gpufeed.cache.writer as writer
     from fakes import cifar_like
     import torchvision.transforms as T

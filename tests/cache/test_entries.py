@@ -19,11 +19,11 @@ from torch.utils.data import Subset, TensorDataset, random_split
 from torchvision.datasets import ImageFolder
 
 import gpufeed as gf
-from gpufeed.cache import verify_cache
 from gpufeed.cache.manage import list_entries
 from gpufeed.cache.usage import enforce_limit, in_use, last_use, parse_size
 from gpufeed.cli.main import main
 from gpufeed.read.fingerprint import cache_key
+from gpufeed.store.entry import verify_cache
 
 from fakes import snapshot
 

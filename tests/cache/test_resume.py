@@ -15,12 +15,13 @@ from PIL import Image
 from torchvision.datasets import ImageFolder
 
 import gpufeed as gf
-import gpufeed.pipeline.materialise as sources
-import gpufeed.read.files as encoded_module
+import gpufeed.pipeline.folder_store as folder_store
+import gpufeed.store.encoded as encoded_module
 from gpufeed.cache.manage import is_leftover, leftovers, remove_entry
 from gpufeed.cache.partial import is_partial
 from gpufeed.errors import CacheError
-from gpufeed.read.files import decode, read_files
+from gpufeed.read.files import read_files
+from gpufeed.store.encoded import decode
 
 CHUNK = 30_000  # bytes of pixels per recorded step: a few images each, so that a build has several steps
 RECIPE = T.Compose([T.RandomResizedCrop(16), T.RandomHorizontalFlip(), T.PILToTensor()])
@@ -39,18 +40,18 @@ _KILL = textwrap.dedent("""
     import os
     import torchvision.transforms as T
     from torchvision.datasets import ImageFolder
-    import gpufeed as gf, gpufeed.pipeline.materialise as sources, gpufeed.cache.partial as partial
-    sources._CHUNK_BYTES, sources._PER_THREAD = {chunk}, 1
+    import gpufeed as gf, gpufeed.pipeline.folder_store as folder_store, gpufeed.cache.partial as partial
+    folder_store._CHUNK_BYTES, folder_store._PER_THREAD = {chunk}, 1
     partial._checkpoint = lambda done: os._exit(17) if done >= {kill_at} else None
     if {mid_chunk}:  # killed while a chunk is decoded, before it is recorded
-        import gpufeed.read.files as encoded
-        real, seen = encoded._decode_one, []
+        import gpufeed.store.encoded as encoded
+        real, seen = encoded.decode_one, []
         def dying(e, i):
             seen.append(i)
             if len(seen) > {kill_at} + 2:
                 os._exit(17)
             return real(e, i)
-        encoded._decode_one = dying
+        encoded.decode_one = dying
     ds = ImageFolder({folder!r}, transform=T.Compose([T.RandomResizedCrop(16), T.RandomHorizontalFlip(),
                                                       T.PILToTensor()]))
     gf.accelerate(ds, batch_size=4, device="cpu", cache={root!r}, store="pixels", progress=False)
@@ -66,13 +67,13 @@ def _kill_build(folder: Path, root: Path, kill_at: int, mid_chunk: bool = False)
 
 def _counting_decodes(monkeypatch) -> list[int]:
     seen: list[int] = []
-    real = encoded_module._decode_one
+    real = encoded_module.decode_one
 
     def counted(encoded, i):
         seen.append(int(encoded.index[i]) if encoded.index is not None else i)
         return real(encoded, i)
 
-    monkeypatch.setattr(encoded_module, "_decode_one", counted)
+    monkeypatch.setattr(encoded_module, "decode_one", counted)
     return seen
 
 
@@ -86,8 +87,8 @@ def test_a_killed_build_resumes_where_it_stopped_and_stores_the_same_pixels(tmp_
     done = json.loads((progress / "progress.json").read_text())["done"]
     assert (0 < done <= 10) if mid_chunk else (8 <= done < 24)  # mid-chunk: the last recorded chunk only
 
-    monkeypatch.setattr(sources, "_CHUNK_BYTES", CHUNK)
-    monkeypatch.setattr(sources, "_PER_THREAD", 1)
+    monkeypatch.setattr(folder_store, "_CHUNK_BYTES", CHUNK)
+    monkeypatch.setattr(folder_store, "_PER_THREAD", 1)
     seen = _counting_decodes(monkeypatch)
     ds = ImageFolder(str(folder), transform=RECIPE)
     loader = gf.accelerate(ds, batch_size=4, device="cpu", cache=root, store="pixels", progress=False)
@@ -111,8 +112,8 @@ def test_progress_of_another_build_of_the_entry_is_discarded_not_resumed(tmp_pat
 
     record = json.loads((progress / "progress.json").read_text())
     (progress / "progress.json").write_text(json.dumps({**record, "key": "0" * 40}))  # another build's
-    monkeypatch.setattr(sources, "_CHUNK_BYTES", CHUNK)
-    monkeypatch.setattr(sources, "_PER_THREAD", 1)
+    monkeypatch.setattr(folder_store, "_CHUNK_BYTES", CHUNK)
+    monkeypatch.setattr(folder_store, "_PER_THREAD", 1)
     seen = _counting_decodes(monkeypatch)
     ds = ImageFolder(str(folder), transform=RECIPE)
     loader = gf.accelerate(ds, batch_size=4, device="cpu", cache=root, store="pixels", progress=False)
@@ -218,6 +219,6 @@ def test_the_decoded_file_is_moved_into_the_entry_so_one_copys_room_is_enough(tm
     assert loader.plan.cache_path is not None
     entry = Path(loader.plan.cache_path)
     assert (entry / "pixels.bin").stat().st_size == pixels and not any(p.suffix == ".partial" for p in root.iterdir())
-    from gpufeed.cache import verify_cache
+    from gpufeed.store.entry import verify_cache
 
     verify_cache(entry)  # every byte against the manifest's hashes

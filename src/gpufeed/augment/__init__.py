@@ -3,36 +3,24 @@
 from . import functional
 from .auto import AugMix, AutoAugment, RandAugment, TrivialAugmentWide
 from .color import ColorJitter
+from .containers import RandomApply, RandomChoice, RandomOrder
+from .crop_flip import RandomCrop, RandomHorizontalFlip, RandomVerticalFlip
+from .erasing import Cutout, RandomErasing
 from .mix import CutMix, MixChoice, MixUp
+from .random_geometry import RandomAffine, RandomPerspective, RandomRotation
 from .random_ops import (
     GaussianBlur,
     Grayscale,
     RandomAdjustSharpness,
-    RandomAffine,
-    RandomApply,
     RandomAutocontrast,
-    RandomChoice,
     RandomEqualize,
     RandomGrayscale,
     RandomInvert,
-    RandomOrder,
-    RandomPerspective,
     RandomPosterize,
-    RandomRotation,
     RandomSolarize,
 )
 from .resize import RandomResizedCrop
-from .transforms import (
-    BatchTransform,
-    Compose,
-    ConvertDtype,
-    Cutout,
-    Normalize,
-    RandomCrop,
-    RandomErasing,
-    RandomHorizontalFlip,
-    RandomVerticalFlip,
-)
+from .transforms import BatchTransform, Compose, ConvertDtype, Normalize
 
 __all__ = [
     "AugMix",

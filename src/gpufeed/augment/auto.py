@@ -3,9 +3,8 @@
 torchvision draws, per image, which op to apply and at which magnitude and sign, then runs that
 op's tensor kernel on the one image. Here every sample draws the same way (same op table, same
 magnitude bins, same signs; from the loader's generator), then the batch is split by op and each
-op runs once on its subset: the geometric ones (shear, translate, rotate) in one ``grid_sample``
-with a matrix per sample (nearest or bilinear), the colour ones with a factor per sample. AugMix
-mixes chains of such rounds with Dirichlet weights. Given the same op and
+op runs once on its subset (:func:`gpufeed.augment.auto_ops.apply_op`, which holds the op tables and
+kernels). AugMix mixes chains of such rounds with Dirichlet weights. Given the same op and
 magnitude, each kernel follows torchvision's tensor kernel (``transforms.functional``) step for
 step -- the same inverse affine matrix and sampling grid, the same blend, blur, histogram and
 look-up table -- so uint8 outputs are equal (tests/augment/test_auto.py). On PIL images torchvision runs
@@ -14,376 +13,23 @@ PIL's kernels instead; with ``pil=True`` each op computes those (:mod:`gpufeed.a
 
 from __future__ import annotations
 
-import itertools
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import torch.nn.functional as nnf
 
 from ..errors import ConfigError
-from .color import _blend, adjust_brightness, adjust_contrast, adjust_saturation
+from .auto_ops import _SIGNED, OPS, _augmix_table, _fill, _table, apply_op
 from .transforms import BatchTransform, Params
 
 __all__ = [
-    "OPS",
     "AugMix",
     "AutoAugment",
     "RandAugment",
     "TrivialAugmentWide",
-    "affine_sample",
-    "apply_op",
     "dirichlet",
-    "inverse_affine",
-    "inverse_affine_v2",
     "policies",
-    "sample_grid",
 ]
-
-# torchvision's op order (its _augmentation_space keys); AutoAugment's policies add Invert.
-OPS = (
-    "Identity",
-    "ShearX",
-    "ShearY",
-    "TranslateX",
-    "TranslateY",
-    "Rotate",
-    "Brightness",
-    "Color",
-    "Contrast",
-    "Sharpness",
-    "Posterize",
-    "Solarize",
-    "AutoContrast",
-    "Equalize",
-    "Invert",
-)
-_GEOMETRIC = ("ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate")
-_SIGNED = (*_GEOMETRIC, "Brightness", "Color", "Contrast", "Sharpness")
-
-
-def _space(kind: str, bins: int, height: int, width: int) -> dict[str, torch.Tensor]:
-    """Each op's magnitudes by bin, as torchvision's ``_augmentation_space`` builds them (float32 values)."""
-    wide = kind == "wide"  # TrivialAugmentWide's wider ranges; RandAugment and AutoAugment share theirs
-    lin = lambda hi: torch.linspace(0.0, hi, bins)  # noqa: E731
-    space = {
-        "ShearX": lin(0.99 if wide else 0.3),
-        "ShearY": lin(0.99 if wide else 0.3),
-        "TranslateX": lin(32.0 if wide else 150.0 / 331.0 * width),
-        "TranslateY": lin(32.0 if wide else 150.0 / 331.0 * height),
-        "Rotate": lin(135.0 if wide else 30.0),
-        "Brightness": lin(0.99 if wide else 0.9),
-        "Color": lin(0.99 if wide else 0.9),
-        "Contrast": lin(0.99 if wide else 0.9),
-        "Sharpness": lin(0.99 if wide else 0.9),
-        "Posterize": (8 - (torch.arange(bins) / ((bins - 1) / (6 if wide else 4))).round().int()).float(),
-        "Solarize": torch.linspace(255.0, 0.0, bins),
-    }
-    return space
-
-
-def _table(
-    kind: str, bins: int, height: int, width: int, ops: tuple[str, ...], v2_thresholds: bool = False
-) -> torch.Tensor:
-    """``(len(ops), bins)`` float64 magnitudes (0 for the ops without one). ``v2_thresholds``: solarize's as
-    torchvision v2 takes them, ``255 * linspace(1, 0)`` (v1: ``linspace(255, 0)``; a few differ in the last bit)."""
-    space = _space(kind, bins, height, width)
-    if v2_thresholds:
-        space["Solarize"] = torch.tensor(
-            [255.0 * v for v in torch.linspace(1.0, 0.0, bins).tolist()], dtype=torch.float64
-        )
-    rows = [space[name].double() if name in space else torch.zeros(bins, dtype=torch.float64) for name in ops]
-    return torch.stack(rows)
-
-
-def inverse_affine(
-    angle: torch.Tensor,
-    tx: torch.Tensor,
-    ty: torch.Tensor,
-    scale: torch.Tensor,
-    shear_x: torch.Tensor,
-    shear_y: torch.Tensor,
-    cx: torch.Tensor,
-    cy: torch.Tensor,
-) -> torch.Tensor:
-    """``(N, 6)`` float64: torchvision's ``_get_inverse_affine_matrix`` per sample (degrees; the centre relative
-    to the image centre), in Python's float arithmetic as torchvision computes it (cast, as it casts, to the
-    image's float dtype, float32 for uint8, by :func:`affine_sample`): torch's own trigonometry
-    differs from ``math``'s in the last bit, which moves a bilinear sample by a level now and then. Six
-    numbers per sample, read to the host once per batch."""
-    columns = [t.double().tolist() for t in (angle, tx, ty, scale, shear_x, shear_y, cx, cy)]
-    rows = [_inverse_affine(*sample) for sample in zip(*columns, strict=True)]
-    return torch.tensor(rows, dtype=torch.float64, device=angle.device).view(-1, 6)
-
-
-def _inverse_affine(
-    angle: float, tx: float, ty: float, scale: float, shear_x: float, shear_y: float, cx: float, cy: float
-) -> list[float]:
-    rot, sx, sy = math.radians(angle), math.radians(shear_x), math.radians(shear_y)
-    a = math.cos(rot - sy) / math.cos(sy)
-    b = -math.cos(rot - sy) * math.tan(sx) / math.cos(sy) - math.sin(rot)
-    c = math.sin(rot - sy) / math.cos(sy)
-    d = -math.sin(rot - sy) * math.tan(sx) / math.cos(sy) + math.cos(rot)
-    m = [v / scale for v in (d, -b, 0.0, -c, a, 0.0)]
-    m[2] += m[0] * (-cx - tx) + m[1] * (-cy - ty)
-    m[5] += m[3] * (-cx - tx) + m[4] * (-cy - ty)
-    m[2] += cx
-    m[5] += cy
-    return m
-
-
-def inverse_affine_v2(
-    angle: float, tx: float, ty: float, scale: float, shear_x: float, shear_y: float, cx: float, cy: float
-) -> list[float]:
-    """torchvision v2's ``_get_inverse_affine_matrix`` (the same matrix as v1's, its arithmetic in another order:
-    on PIL images, where the matrix is used in float64, the last bits move a bilinear sample now and then)."""
-    rot, sx, sy = math.radians(angle), math.radians(shear_x), math.radians(shear_y)
-    cos_sy, tan_sx, rot_minus_sy = math.cos(sy), math.tan(sx), rot - sy
-    cx_plus_tx, cy_plus_ty = cx + tx, cy + ty
-    a = math.cos(rot_minus_sy) / cos_sy
-    b = -(a * tan_sx + math.sin(rot))
-    c = math.sin(rot_minus_sy) / cos_sy
-    d = math.cos(rot) - c * tan_sx
-    m = [d / scale, -b / scale, 0.0, -c / scale, a / scale, 0.0]
-    m[2] += cx - m[0] * cx_plus_tx - m[1] * cy_plus_ty
-    m[5] += cy - m[3] * cx_plus_tx - m[4] * cy_plus_ty
-    return m
-
-
-def _matrices(op: torch.Tensor, mag: torch.Tensor, height: int, width: int) -> torch.Tensor:
-    """The matrices torchvision's ``_apply_op`` builds for each sample's geometric op."""
-    zeros, ones = torch.zeros_like(mag), torch.ones_like(mag)
-    is_ = lambda name: op == OPS.index(name)  # noqa: E731
-    # ShearX/Y: shear = degrees(atan(m)) about [0, 0] (the top-left corner); Rotate: F.rotate's angle -m.
-    shear = torch.tensor([math.degrees(math.atan(v)) for v in mag.double().tolist()], dtype=torch.float64)
-    shear = shear.to(mag.device)
-    corner = is_("ShearX") | is_("ShearY")
-    return inverse_affine(
-        torch.where(is_("Rotate"), -mag, zeros),
-        torch.where(is_("TranslateX"), torch.trunc(mag), zeros),  # int(magnitude)
-        torch.where(is_("TranslateY"), torch.trunc(mag), zeros),
-        ones,
-        torch.where(is_("ShearX"), shear, zeros),
-        torch.where(is_("ShearY"), shear, zeros),
-        torch.where(corner, zeros - width * 0.5, zeros),
-        torch.where(corner, zeros - height * 0.5, zeros),
-    )
-
-
-def affine_nearest(x: torch.Tensor, matrices: torch.Tensor, fill: tuple[float, ...] | None) -> torch.Tensor:
-    """Each image resampled through its inverse affine matrix (nearest), as torchvision's tensor ``affine``."""
-    return affine_sample(x, matrices, fill, "nearest")
-
-
-def affine_sample(x: torch.Tensor, matrices: torch.Tensor, fill: tuple[float, ...] | None, mode: str) -> torch.Tensor:
-    """Each image resampled through its inverse affine matrix (``"nearest"`` or ``"bilinear"``), as torchvision's
-    tensor ``affine`` / ``rotate``: its sampling grid, its fill mask (a ones channel sampled alongside)."""
-    n, c, h, w = x.shape
-    dev = x.device
-    work = x.dtype if x.dtype.is_floating_point else torch.float32  # torchvision's grid dtype
-    theta = matrices.view(n, 2, 3).to(work)
-    base = torch.empty(1, h, w, 3, dtype=work, device=dev)
-    base[..., 0].copy_(torch.linspace(-w * 0.5 + 0.5, w * 0.5 + 0.5 - 1, steps=w, device=dev))
-    base[..., 1].copy_(torch.linspace(-h * 0.5 + 0.5, h * 0.5 + 0.5 - 1, steps=h, device=dev).unsqueeze_(-1))
-    base[..., 2].fill_(1)
-    rescaled = theta.transpose(1, 2) / torch.tensor([0.5 * w, 0.5 * h], dtype=work, device=dev)
-    grid = base.view(1, h * w, 3).expand(n, h * w, 3).bmm(rescaled).view(n, h, w, 2)
-    return sample_grid(x, grid, fill, mode)
-
-
-def sample_grid(x: torch.Tensor, grid: torch.Tensor, fill: tuple[float, ...] | None, mode: str) -> torch.Tensor:
-    """torchvision's ``_apply_grid_transform`` for a grid per sample: ``grid_sample`` with a ones channel
-    sampled alongside, whose value says where the fill goes."""
-    n, c, h, w = x.shape
-    dev = x.device
-    img = x.to(torch.float32) if not x.dtype.is_floating_point else x
-    if fill is not None:
-        img = torch.cat((img, torch.ones((n, 1, h, w), dtype=img.dtype, device=dev)), dim=1)
-    out = nnf.grid_sample(img, grid, mode=mode, padding_mode="zeros", align_corners=False)
-    if fill is not None:
-        mask = out[:, -1:].expand(n, c, h, w)
-        out = out[:, :-1]
-        values = torch.tensor(fill if len(fill) > 1 else fill * c, dtype=out.dtype, device=dev).view(1, c, 1, 1)
-        if mode == "nearest":
-            out = torch.where(mask < 0.5, values.expand_as(out), out)
-        else:
-            out = out * mask + (1.0 - mask) * values
-    if x.dtype.is_floating_point:
-        return out
-    return out.round_().to(x.dtype)
-
-
-def _sharpness(x: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
-    if x.shape[-1] <= 2 or x.shape[-2] <= 2:
-        return x
-    if x.dtype == torch.uint8:  # torchvision's rounded float blur is Pillow's SMOOTH exactly: integers, 6x faster
-        from . import pil
-
-        return _blend(x, pil.smooth(x), factor)
-    work = x.dtype
-    kernel = torch.ones((3, 3), dtype=work, device=x.device)
-    kernel[1, 1] = 5.0
-    kernel /= kernel.sum()
-    kernel = kernel.expand(x.shape[1], 1, 3, 3)
-    blurred = nnf.conv2d(x.to(work), kernel, groups=x.shape[1])
-    degenerate = x.clone()
-    degenerate[..., 1:-1, 1:-1] = blurred.to(x.dtype)
-    return _blend(x, degenerate, factor)
-
-
-def _posterize(x: torch.Tensor, bits: torch.Tensor) -> torch.Tensor:
-    mask = (-(2 ** (8 - bits.long()))).to(torch.int64) & 0xFF  # torchvision: img & -int(2 ** (8 - bits))
-    return x & mask.to(torch.uint8).view(-1, 1, 1, 1)
-
-
-def _solarize(x: torch.Tensor, threshold: torch.Tensor) -> torch.Tensor:
-    bound = 255 if x.dtype == torch.uint8 else 1.0
-    return torch.where(x >= threshold.to(torch.float32).view(-1, 1, 1, 1), bound - x, x)
-
-
-def _autocontrast(x: torch.Tensor) -> torch.Tensor:
-    bound = 255.0 if x.dtype == torch.uint8 else 1.0
-    work = x.dtype if x.dtype.is_floating_point else torch.float32
-    low = x.amin(dim=(-2, -1), keepdim=True).to(work)
-    high = x.amax(dim=(-2, -1), keepdim=True).to(work)
-    scale = bound / (high - low)
-    flat = ~torch.isfinite(scale)
-    low, scale = low.masked_fill(flat, 0), scale.masked_fill(flat, 1)
-    return ((x - low) * scale).clamp(0, bound).to(x.dtype)
-
-
-def _equalize(x: torch.Tensor) -> torch.Tensor:
-    """torchvision's per-channel equalisation (``_scale_channel``) for every image and channel at once."""
-    n, c, h, w = x.shape
-    flat = x.reshape(n * c, h * w).long()
-    hist = torch.zeros(n * c, 256, dtype=torch.int64, device=x.device).scatter_add_(1, flat, torch.ones_like(flat))
-    top = hist.gather(1, flat.amax(1, keepdim=True))  # the last non-zero bin's count
-    step = torch.div(h * w - top, 255, rounding_mode="floor")  # sum of the non-zero bins but the last, // 255
-    safe = step.clamp(min=1)
-    lut = torch.div(torch.cumsum(hist, 1) + torch.div(safe, 2, rounding_mode="floor"), safe, rounding_mode="floor")
-    lut = nnf.pad(lut, [1, 0])[:, :-1].clamp(0, 255)
-    out = torch.where(step == 0, flat, lut.gather(1, flat))
-    return out.to(torch.uint8).view(n, c, h, w)
-
-
-def apply_op(
-    x: torch.Tensor,
-    op: torch.Tensor,
-    magnitude: torch.Tensor,
-    fill: float | tuple[float, ...] | None = None,
-    interpolation: str = "nearest",
-    pil: bool = False,
-    v2: bool = False,
-) -> torch.Tensor:
-    """``x`` with op ``OPS[op[i]]`` at ``magnitude[i]`` (signed, as torchvision passes it) on each sample ``i``;
-    each op runs once, on the samples that drew it. ``fill``: the geometric ops' outside (None: zeros);
-    ``interpolation``: theirs, ``"nearest"`` or ``"bilinear"``. ``pil``: compute what torchvision computes on a
-    PIL image (its ``_apply_op`` calls PIL: ``Image.transform``/``rotate``, ``ImageEnhance``, ``ImageOps``),
-    with :mod:`gpufeed.augment.pil`'s kernels, instead of its tensor kernels (``v2``: as v2 computes them).
-
-    The batch is sorted by op once, so that each op reads and writes a contiguous slice (the geometric
-    ops, neighbours in :data:`OPS`, one slice and one ``grid_sample``), and put back in order once."""
-    fill = _fill(fill)
-    if op.numel() == 0:
-        return x.clone()
-    order = torch.argsort(op, stable=True)
-    counts = torch.bincount(op, minlength=len(OPS)).tolist()  # one host read per round
-    xs, ms = x.index_select(0, order), magnitude.index_select(0, order)
-    res = torch.empty_like(xs)
-    ends = dict(zip(OPS, itertools.accumulate(counts), strict=True))
-    starts = {name: ends[name] - counts[k] for k, name in enumerate(OPS)}
-    first, last = starts[_GEOMETRIC[0]], ends[_GEOMETRIC[-1]]
-    if last > first and pil:
-        part = slice(first, last)
-        res[part] = _pil_geometric(xs[part], op.index_select(0, order)[part], ms[part], fill, interpolation, v2)
-    elif last > first:
-        part = slice(first, last)
-        m = _matrices(op.index_select(0, order)[part], ms[part], x.shape[2], x.shape[3])
-        res[part] = affine_sample(xs[part], m, fill, interpolation)
-    for name in OPS:
-        if name in _GEOMETRIC or starts[name] == ends[name]:
-            continue
-        part = slice(starts[name], ends[name])
-        res[part] = _pil_colour(name, xs[part], ms[part]) if pil else _colour(name, xs[part], ms[part])
-    return torch.empty_like(x).index_copy_(0, order, res)
-
-
-def _pil_geometric(
-    x: torch.Tensor,
-    op: torch.Tensor,
-    magnitude: torch.Tensor,
-    fill: tuple[float, ...] | None,
-    interpolation: str,
-    v2: bool = False,
-) -> torch.Tensor:
-    """torchvision's geometric ``_apply_op`` on PIL images: ``F.affine`` hands PIL the inverse matrix about the
-    absolute centre it is given ([0, 0] for a shear, the image centre for a translation), ``F.rotate`` calls
-    ``Image.rotate``; the fill as ``_parse_fill`` makes it (integers, one per channel, 0 when None)."""
-    from . import pil
-
-    c, h, w = x.shape[1:]
-    colour = pil.parse_fill(fill, c)
-    host = torch.stack([op.double(), magnitude.double()]).tolist()  # one host read
-    names, mags = [OPS[int(i)] for i in host[0]], host[1]
-    matrix = inverse_affine_v2 if v2 else _inverse_affine
-    out = torch.empty_like(x)
-    rotate = [i for i, name in enumerate(names) if name == "Rotate"]
-    moves = [i for i, name in enumerate(names) if name != "Rotate"]
-    if rotate:
-        index = torch.tensor(rotate, device=x.device)
-        out[index] = pil.rotate(x[index], [mags[i] for i in rotate], interpolation, colour)
-    if moves:
-        matrices = []
-        for i in moves:
-            name, m = names[i], mags[i]
-            shear = math.degrees(math.atan(m))
-            if name in ("ShearX", "ShearY"):
-                sx, sy = (shear, 0.0) if name == "ShearX" else (0.0, shear)
-                matrices.append(matrix(0.0, 0.0, 0.0, 1.0, sx, sy, 0.0, 0.0))
-            else:
-                t = float(int(m))
-                tx, ty = (t, 0.0) if name == "TranslateX" else (0.0, t)
-                matrices.append(matrix(0.0, tx, ty, 1.0, 0.0, 0.0, w * 0.5, h * 0.5))
-        index = torch.tensor(moves, device=x.device)
-        out[index] = pil.affine(x[index], matrices, interpolation, colour)
-    return out
-
-
-def _pil_colour(name: str, x: torch.Tensor, mag: torch.Tensor) -> torch.Tensor:
-    """torchvision's colour ``_apply_op`` on PIL images: ``ImageEnhance`` and ``ImageOps``; posterize, equalize
-    and invert compute the same on PIL as the tensor kernels."""
-    from . import pil
-
-    if name in ("Brightness", "Color", "Contrast", "Sharpness"):
-        return pil.enhance(name, x, 1.0 + mag)
-    if name == "Solarize":  # ImageOps compares each level with the Python float threshold
-        return pil.solarize(x, mag)
-    if name == "AutoContrast":
-        return pil.autocontrast(x)
-    return _colour(name, x, mag)
-
-
-def _colour(name: str, x: torch.Tensor, mag: torch.Tensor) -> torch.Tensor:
-    if name == "Brightness":
-        return adjust_brightness(x, 1.0 + mag)
-    if name == "Color":
-        return adjust_saturation(x, 1.0 + mag)
-    if name == "Contrast":
-        return adjust_contrast(x, 1.0 + mag)
-    if name == "Sharpness":
-        return _sharpness(x, 1.0 + mag)
-    if name == "Posterize":
-        return _posterize(x, mag)
-    if name == "Solarize":
-        return _solarize(x, mag)
-    if name == "AutoContrast":
-        return _autocontrast(x)
-    if name == "Equalize":
-        return _equalize(x)
-    if name == "Invert":
-        return (255 if x.dtype == torch.uint8 else 1.0) - x
-    return x  # Identity
 
 
 def _check_uint8(x: torch.Tensor, op: str) -> None:
@@ -397,12 +43,6 @@ def _check_uint8(x: torch.Tensor, op: str) -> None:
 def _check_mode(interpolation: str) -> None:
     if interpolation not in ("nearest", "bilinear"):
         raise ConfigError(f"interpolation={interpolation!r}: gpufeed batches 'nearest' and 'bilinear'")
-
-
-def _fill(fill: Any) -> tuple[float, ...] | None:
-    if fill is None:
-        return None
-    return (float(fill),) if isinstance(fill, (int, float)) else tuple(float(v) for v in fill)
 
 
 def _signs(n: int, ops: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
@@ -532,39 +172,6 @@ class AutoAugment(BatchTransform):
         for op, magnitude in params["rounds"]:
             x = apply_op(x, op, magnitude, self.fill, self.interpolation, self.pil, self.v2_thresholds)
         return x
-
-
-_AUGMIX_OPS = (
-    "ShearX",
-    "ShearY",
-    "TranslateX",
-    "TranslateY",
-    "Rotate",
-    "Posterize",
-    "Solarize",
-    "AutoContrast",
-    "Equalize",
-)
-_AUGMIX_ALL = ("Brightness", "Color", "Contrast", "Sharpness")
-
-
-def _augmix_table(height: int, width: int, all_ops: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """AugMix's ops (as indices into :data:`OPS`) and their magnitudes over its 10 bins, as torchvision has them."""
-    lin = lambda hi: torch.linspace(0.0, hi, 10)  # noqa: E731
-    space = {
-        "ShearX": lin(0.3),
-        "ShearY": lin(0.3),
-        "TranslateX": lin(width / 3.0),
-        "TranslateY": lin(height / 3.0),
-        "Rotate": lin(30.0),
-        "Posterize": (4 - (torch.arange(10) / (9 / 4)).round().int()).float(),
-        "Solarize": torch.linspace(255.0, 0.0, 10),
-        "AutoContrast": torch.zeros(10),
-        "Equalize": torch.zeros(10),
-        **{name: lin(0.9) for name in _AUGMIX_ALL},
-    }
-    names = (*_AUGMIX_OPS, *(_AUGMIX_ALL if all_ops else ()))
-    return torch.tensor([OPS.index(n) for n in names]), torch.stack([space[n].double() for n in names])
 
 
 def dirichlet(concentration: torch.Tensor, n: int, generator: torch.Generator) -> torch.Tensor:

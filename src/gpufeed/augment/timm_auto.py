@@ -24,7 +24,7 @@ import torch
 
 from ..errors import ConfigError
 from . import pil
-from .auto import _equalize, _posterize
+from .auto_ops import _equalize, _posterize
 from .transforms import BatchTransform, Params
 
 __all__ = ["NAMES", "TimmAutoAugment", "TimmOp", "TimmRandAugment"]

@@ -4,14 +4,17 @@ Each transform draws its own parameters for every sample in one call (``sample``
 them with a pure function from :mod:`gpufeed.augment.functional` (``apply``). Random transforms
 take randomness only from the ``generator=`` passed in, never from torch's global RNG, so a
 loader can make every batch reproducible from its seed.
+
+This module holds the base classes, the value ops that :class:`Compose` fuses with the crops and flips
+(``Normalize``, ``ConvertDtype``) and ``Compose`` itself; the crops and flips are in :mod:`.crop_flip`, the
+erasing ops in :mod:`.erasing`.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -25,13 +28,8 @@ __all__ = [
     "BatchTransform",
     "Compose",
     "ConvertDtype",
-    "Cutout",
     "GeometricTransform",
     "Normalize",
-    "RandomCrop",
-    "RandomErasing",
-    "RandomHorizontalFlip",
-    "RandomVerticalFlip",
     "takes_ragged",
 ]
 
@@ -126,110 +124,6 @@ class GeometricTransform(BatchTransform):
 
 
 @dataclass(frozen=True)
-class RandomCrop(GeometricTransform):
-    """Pad, then crop ``size`` at an offset drawn uniformly per sample (torchvision semantics).
-
-    Offsets are uniform over ``[0, H + pad_top + pad_bottom - h]`` inclusive on each axis,
-    independently per sample. ``fill`` is in the input's value space (0 pads black on uint8).
-
-    Example:
-        >>> g = torch.Generator().manual_seed(0)
-        >>> RandomCrop(32, padding=4)(torch.zeros(8, 3, 32, 32, dtype=torch.uint8), generator=g).shape
-        torch.Size([8, 3, 32, 32])
-    """
-
-    size: int | tuple[int, int]
-    padding: int | Sequence[int] | None = None
-    pad_if_needed: bool = False
-    fill: float | Sequence[float] = 0
-    padding_mode: Literal["constant", "edge", "reflect", "symmetric"] = "constant"
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "size", _pair(self.size, "size"))
-        pad = self.padding
-        if pad is None:
-            pad = (0, 0, 0, 0)
-        elif isinstance(pad, int):
-            pad = (pad,) * 4
-        else:
-            pad = tuple(pad)
-            if len(pad) == 1:  # torchvision accepts [p] for p on every side
-                pad = pad * 4
-            elif len(pad) == 2:  # torchvision: (left/right, top/bottom)
-                pad = (pad[0], pad[1], pad[0], pad[1])
-        if len(pad) != 4 or not all(isinstance(p, int) for p in pad):
-            raise ConfigError(f"padding={self.padding!r} must be an int or 2 or 4 ints (left, top, right, bottom)")
-        if min(pad) < 0:
-            raise ConfigError(f"padding={self.padding!r} must be >= 0")
-        object.__setattr__(self, "padding", pad)
-        if self.padding_mode not in F.PADDING_MODES:
-            raise ConfigError(f"padding_mode={self.padding_mode!r} must be one of {F.PADDING_MODES}")
-
-    def resolved_padding(self, height: int, width: int) -> list[tuple[int, int, int, int]]:
-        """Padding stages (left, top, right, bottom) for an input of this size, in torchvision's order.
-
-        With ``pad_if_needed`` torchvision pads a second time (width, then height) when the padded
-        image is still smaller than ``size``; for reflect modes the stages do not merge into one.
-        """
-        stages = [self.padding]
-        left, top, right, bottom = self.padding  # type: ignore[misc]
-        h, w = self.size  # type: ignore[misc]
-        if self.pad_if_needed and width + left + right < w:
-            extra = w - (width + left + right)
-            stages.append((extra, 0, extra, 0))
-        if self.pad_if_needed and height + top + bottom < h:
-            extra = h - (height + top + bottom)
-            stages.append((0, extra, 0, extra))
-        return stages  # type: ignore[return-value]
-
-    def output_size(self, height: int, width: int) -> tuple[int, int]:
-        return self.size  # type: ignore[return-value]
-
-    def draw(self, n: int, height: int, width: int, device: torch.device, generator: torch.Generator) -> Params:
-        stages = self.resolved_padding(height, width)
-        h, w = self.size  # type: ignore[misc]
-        ph = height + sum(p[1] + p[3] for p in stages)
-        pw = width + sum(p[0] + p[2] for p in stages)
-        if ph < h or pw < w:
-            raise ConfigError(
-                f"size={self.size} is larger than the padded image ({ph}, {pw}); increase padding or set pad_if_needed"
-            )
-        return {
-            "top": torch.randint(0, ph - h + 1, (n,), generator=generator, device=device),
-            "left": torch.randint(0, pw - w + 1, (n,), generator=generator, device=device),
-        }
-
-    def index_map(self, params: Params, height: int, width: int) -> G.IndexMap:
-        stages = self.resolved_padding(height, width)
-        size: tuple[int, int] = self.size  # type: ignore[assignment]  # a pair since __post_init__
-        return G.crop_map(params["top"], params["left"], size, (height, width), stages, self.padding_mode, self.fill)
-
-
-@dataclass(frozen=True)
-class RandomHorizontalFlip(GeometricTransform):
-    """Mirror the width axis of each sample with probability ``p``, independently."""
-
-    p: float = 0.5
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "p", _probability(self.p))
-
-    def draw(self, n: int, height: int, width: int, device: torch.device, generator: torch.Generator) -> Params:
-        return {"mask": torch.rand(n, generator=generator, device=device) < self.p}
-
-    def index_map(self, params: Params, height: int, width: int) -> G.IndexMap:
-        return G.flip_map(params["mask"], width, "cols")
-
-
-@dataclass(frozen=True)
-class RandomVerticalFlip(RandomHorizontalFlip):
-    """Mirror the height axis of each sample with probability ``p``, independently."""
-
-    def index_map(self, params: Params, height: int, width: int) -> G.IndexMap:
-        return G.flip_map(params["mask"], height, "rows")
-
-
-@dataclass(frozen=True)
 class Normalize(BatchTransform):
     """``(x - mean) / std`` per channel; uint8 input is divided by 255 first (``ToTensor``).
 
@@ -283,94 +177,6 @@ class ConvertDtype(BatchTransform):
         return f"to {name}" + (scale if self.dtype.is_floating_point else "")
 
 
-def _erase_value(value: float | Sequence[float] | str, x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    if isinstance(value, str):  # "random": independent N(0, 1) per erased pixel, as torchvision
-        if x.dtype == torch.uint8:
-            raise ConfigError("value='random' draws N(0, 1) values and needs float input; erase after Normalize")
-        return torch.randn(x.shape, generator=generator, device=x.device, dtype=x.dtype)
-    return F.constant(value, x, "value")
-
-
-@dataclass(frozen=True)
-class RandomErasing(BatchTransform):
-    """Erase one random box per sample with probability ``p`` (torchvision's ``RandomErasing``).
-
-    Per sample, up to 10 (area, aspect ratio) draws; the first whose box fits is used, and if
-    none fits the sample is left unchanged, exactly the distribution of torchvision's loop.
-    ``value`` is in the input's value space: a number, one per channel, or ``"random"``.
-    """
-
-    p: float = 0.5
-    scale: tuple[float, float] = (0.02, 0.33)
-    ratio: tuple[float, float] = (0.3, 3.3)
-    value: float | Sequence[float] | str = 0
-    attempts: int = field(default=10, repr=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "p", _probability(self.p))
-        if not (0 < self.scale[0] <= self.scale[1]):
-            raise ConfigError(f"scale={self.scale!r} must satisfy 0 < min <= max")
-        if not (0 < self.ratio[0] <= self.ratio[1]):
-            raise ConfigError(f"ratio={self.ratio!r} must satisfy 0 < min <= max")
-        if isinstance(self.value, str) and self.value != "random":
-            raise ConfigError(f"value={self.value!r} must be a number, a sequence of numbers or 'random'")
-
-    def sample(self, x: torch.Tensor, generator: torch.Generator) -> Params:
-        n, _, img_h, img_w = x.shape
-        dev, k = x.device, self.attempts
-        # float64 like torchvision's Python floats, so round() sees the same values.
-        u = torch.rand((4, n, k), generator=generator, device=dev, dtype=torch.float64)
-        area = img_h * img_w * (self.scale[0] + (self.scale[1] - self.scale[0]) * u[0])
-        lo, hi = math.log(self.ratio[0]), math.log(self.ratio[1])
-        aspect = torch.exp(lo + (hi - lo) * u[1])
-        h = torch.round(torch.sqrt(area * aspect)).long()
-        w = torch.round(torch.sqrt(area / aspect)).long()
-        fits = (h < img_h) & (w < img_w)
-        first = fits.to(torch.uint8).argmax(dim=1, keepdim=True)  # first attempt that fits
-        h, w = h.gather(1, first).squeeze(1), w.gather(1, first).squeeze(1)
-        top = (u[2, :, 0] * (img_h - h + 1)).floor().long()
-        left = (u[3, :, 0] * (img_w - w + 1)).floor().long()
-        coin = torch.rand(n, generator=generator, device=dev) < self.p
-        value = _erase_value(self.value, x, generator)
-        return {"mask": coin & fits.any(dim=1), "top": top, "left": left, "height": h, "width": w, "value": value}
-
-    def apply(self, x: torch.Tensor, params: Params) -> torch.Tensor:
-        p = params
-        return F.erase(x, p["mask"], p["top"], p["left"], p["height"], p["width"], p["value"])
-
-
-@dataclass(frozen=True)
-class Cutout(BatchTransform):
-    """Fill a ``size`` x ``size`` square centred uniformly in the image, clipped at the border.
-
-    The centre is uniform over all pixels (DeVries & Taylor, 2017), so boxes near the edge are
-    partly outside; ``p`` is the per-sample probability of applying it.
-    """
-
-    size: int
-    fill: float | Sequence[float] = 0
-    p: float = 1.0
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.size, int) or self.size < 1:
-            raise ConfigError(f"size={self.size!r} must be an int >= 1")
-        if isinstance(self.fill, str):
-            raise ConfigError(f"fill={self.fill!r} must be a number or one number per channel")
-        object.__setattr__(self, "p", _probability(self.p))
-
-    def sample(self, x: torch.Tensor, generator: torch.Generator) -> Params:
-        n, _, h, w = x.shape
-        cy = torch.randint(0, h, (n,), generator=generator, device=x.device)
-        cx = torch.randint(0, w, (n,), generator=generator, device=x.device)
-        coin = torch.rand(n, generator=generator, device=x.device) < self.p
-        return {"mask": coin, "top": cy - self.size // 2, "left": cx - self.size // 2}
-
-    def apply(self, x: torch.Tensor, params: Params) -> torch.Tensor:
-        side = torch.full_like(params["top"], self.size)
-        value = F.constant(self.fill, x, "fill")
-        return F.erase(x, params["mask"], params["top"], params["left"], side, side, value)
-
-
 class Compose(BatchTransform):
     """Apply transforms in order, all drawing from the one generator passed in.
 
@@ -379,6 +185,7 @@ class Compose(BatchTransform):
     flattened into its transforms (the same draws, in the same order).
 
     Example:
+        >>> from gpufeed.augment import RandomCrop, RandomHorizontalFlip
         >>> aug = Compose([RandomCrop(32, padding=4), RandomHorizontalFlip(), Normalize([0.5] * 3, [0.25] * 3)])
         >>> aug(torch.zeros(2, 3, 32, 32, dtype=torch.uint8), generator=torch.Generator().manual_seed(0)).dtype
         torch.float32

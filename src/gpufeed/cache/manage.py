@@ -10,7 +10,7 @@ from pathlib import Path
 from ..errors import CacheError
 from .format import MANIFEST, is_gpufeed_entry
 
-__all__ = ["BUILD_FILES", "is_leftover", "leftover_target", "leftovers", "list_entries", "remove_entry"]
+__all__ = ["BUILD_FILES", "is_leftover", "leftover_target", "leftovers", "list_entries", "remove_entry", "unproven"]
 
 # How the writer names its temporary siblings (NOTE [ Cache write order ]); gpufeed 0.1 wrote
 # ``.old-<rand>`` without a pid.
@@ -65,6 +65,22 @@ def leftovers(target: Path, files: frozenset[str] = BUILD_FILES) -> list[Path]:
     )
 
 
+def unproven(target: Path, names: set[str]) -> str:
+    """Why ``target`` (a directory holding ``names``) is not gpufeed's to replace, and what to do."""
+    if names and names <= BUILD_FILES:
+        return (
+            f"holds only files named as a gpufeed cache's ({', '.join(sorted(names))}) but no manifest that parses "
+            "as gpufeed's, so gpufeed cannot prove it made it and will not delete it. If it is a damaged gpufeed "
+            f"entry, delete it yourself (rm -r {target}); else choose another path"
+        )
+    contents = "is empty" if not names else "holds files gpufeed did not write"
+    return (
+        f"exists, {contents} and has no gpufeed manifest, so it is not a gpufeed cache; gpufeed never replaces or "
+        "deletes a directory it did not create: choose a path that does not exist yet (the entry is created there), "
+        "or for a gpufeed entry run `gpufeed cache clear PATH` first"
+    )
+
+
 def list_entries(root: Path) -> list[Path]:
     """Directories under ``root`` that have a gpufeed manifest (valid or not), sorted."""
     if not root.is_dir():
@@ -80,8 +96,6 @@ def remove_entry(path: Path) -> None:
         raise CacheError(f"{path} does not exist")
     entry = not path.is_symlink() and is_gpufeed_entry(path)
     if not (entry or is_leftover(path)):
-        from .writer import unproven
-
         names = {p.name for p in path.iterdir()} if path.is_dir() and not path.is_symlink() else set()
         if names and names <= BUILD_FILES:
             raise CacheError(f"{path} is kept: it {unproven(path, names)}")

@@ -1,15 +1,16 @@
-"""Open a cache: validate the manifest and sizes, optionally every block hash, then memory-map.
+"""Open a cache entry: validate the manifest and sizes, optionally every block hash, then memory-map its arrays.
 
-Three kinds of entry (the manifest's ``meta["store"]``): ``"dense"`` images ``(N, C, H, W)``;
-``"pixels"``, images of different sizes as a :class:`~gpufeed.store.ragged.Ragged` store;
-``"jpeg"``, the files' own bytes as an :class:`~gpufeed.read.files.Encoded` store.
+Three kinds of entry (the manifest's ``meta["store"]``), each a set of arrays: ``"dense"`` images
+``(N, C, H, W)``; ``"pixels"``, images of different sizes in one buffer with each one's start and (C, H, W);
+``"jpeg"``, the files' own bytes with each one's start, length, decoded (C, H, W) and JPEG flag. Every kind
+has ``labels``. What the arrays mean as images is the storage layer's (:mod:`gpufeed.store.entry` opens an
+entry as its store); here they are only checked to fit together.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -17,7 +18,7 @@ import torch
 from ..errors import CacheError
 from .format import BLOCK_BYTES, Manifest, block_hashes
 
-__all__ = ["Cache", "open_cache", "read_array", "verify_cache"]
+__all__ = ["Entry", "open_entry", "read_array", "verify_entry"]
 
 _ARRAYS = {
     "dense": ("images", "labels"),
@@ -27,14 +28,18 @@ _ARRAYS = {
 
 
 @dataclass(frozen=True)
-class Cache:
-    """An opened cache: memory-mapped ``images`` (``(N, C, H, W)``, or a Ragged / Encoded store) and
-    ``labels``, and its manifest."""
+class Entry:
+    """An opened entry: its manifest and its memory-mapped arrays of its kind (``labels`` among them), checked
+    to fit together."""
 
     path: Path
     manifest: Manifest
-    images: Any  # torch.Tensor | Ragged | Encoded
-    labels: torch.Tensor
+    kind: str  # "dense" | "pixels" | "jpeg"
+    arrays: dict[str, torch.Tensor]
+
+    @property
+    def labels(self) -> torch.Tensor:
+        return self.arrays["labels"]
 
     @property
     def key(self) -> str:
@@ -80,8 +85,8 @@ def _map(path: Path, name: str, manifest: Manifest, verify: bool) -> np.ndarray:
     return array
 
 
-def open_cache(path: str | Path, verify: bool = True, record_use: bool = True) -> Cache:
-    """Open the cache directory ``path``; with ``verify`` every byte is checked against its hash first.
+def open_entry(path: str | Path, verify: bool = True, record_use: bool = True) -> Entry:
+    """Open the entry directory ``path``; with ``verify`` every byte is checked against its hash first.
 
     Sizes are always checked. Hashing costs one read of the files (about 1 GB/s per core, blocks
     hashed in parallel); ``verify=False`` skips it for trusted storage. The entry is marked in use for
@@ -110,15 +115,13 @@ def open_cache(path: str | Path, verify: bool = True, record_use: bool = True) -
                 f"{path}: images {tuple(a['images'].shape)} and labels {tuple(labels.shape)} do not form a dataset; "
                 f"{_remedy(path)}"
             )
-        return Cache(path, manifest, a["images"], labels)
-    return Cache(path, manifest, _ragged(path, kind, a, bool(manifest.meta.get("hwc", True))), labels)
+    else:
+        _check_index(path, kind, a)
+    return Entry(path, manifest, kind, a)
 
 
-def _ragged(path: Path, kind: str, a: dict[str, torch.Tensor], hwc: bool) -> Any:
-    """The Ragged or Encoded store of an entry, its index arrays checked against its buffer."""
-    from ..read.files import Encoded
-    from ..store.ragged import Ragged
-
+def _check_index(path: Path, kind: str, a: dict[str, torch.Tensor]) -> None:
+    """A ragged entry's index arrays (each image's start and size) checked against its buffer."""
     n, data = a["labels"].shape[0], a["pixels" if kind == "pixels" else "bytes"]
     starts, shapes = a["starts"], a["shapes"]
     ok = starts.shape == (n,) and shapes.shape == (n, 3) and (kind == "pixels" or a["lengths"].shape == (n,))
@@ -127,19 +130,16 @@ def _ragged(path: Path, kind: str, a: dict[str, torch.Tensor], hwc: bool) -> Any
         ok = bool((starts >= 0).all() and (sizes >= 0).all() and int((starts + sizes).max()) <= data.numel())
     if not ok:
         raise CacheError(f"{path}: its index arrays do not fit its {data.numel():,}-element buffer; {_remedy(path)}")
-    if kind == "pixels":
-        return Ragged(data, starts, shapes, hwc)
-    return Encoded(data, starts, a["lengths"], shapes, a["jpeg"])
 
 
-def verify_cache(path: str | Path) -> Cache:
+def verify_entry(path: str | Path) -> Entry:
     """Open with every hash checked; raises :class:`~gpufeed.errors.CacheError` on the first fault. The entry's
     last use is left as it was."""
-    return open_cache(path, verify=True, record_use=False)
+    return open_entry(path, verify=True, record_use=False)
 
 
 def read_array(path: str | Path, name: str, verify: bool = True) -> np.ndarray | None:
-    """The array ``name`` of the entry ``path`` (mapped, checked as :func:`open_cache` checks), or None if the
+    """The array ``name`` of the entry ``path`` (mapped, checked as :func:`open_entry` checks), or None if the
     entry has none (an entry built before gpufeed recorded it)."""
     path = Path(path)
     manifest = Manifest.read(path)

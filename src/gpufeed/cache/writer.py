@@ -29,9 +29,9 @@ import torch
 
 from ..errors import CacheWriteError
 from .format import MANIFEST, ArraySpec, Manifest, block_hashes, dtype_code, is_gpufeed_entry
-from .manage import BUILD_FILES, leftovers
+from .manage import leftovers, unproven
 
-__all__ = ["check_target", "unproven", "write_cache"]
+__all__ = ["check_target", "write_cache"]
 
 _MANIFEST_ALLOWANCE = 1 << 20  # bytes kept free beyond the arrays, for the manifest and directory entries
 
@@ -62,22 +62,6 @@ def check_target(target: Path) -> None:
             "does not exist yet for the cache"
         )
     raise CacheWriteError(f"{target} {unproven(target, names)}")
-
-
-def unproven(target: Path, names: set[str]) -> str:
-    """Why ``target`` (a directory holding ``names``) is not gpufeed's to replace, and what to do."""
-    if names and names <= BUILD_FILES:
-        return (
-            f"holds only files named as a gpufeed cache's ({', '.join(sorted(names))}) but no manifest that parses "
-            "as gpufeed's, so gpufeed cannot prove it made it and will not delete it. If it is a damaged gpufeed "
-            f"entry, delete it yourself (rm -r {target}); else choose another path"
-        )
-    contents = "is empty" if not names else "holds files gpufeed did not write"
-    return (
-        f"exists, {contents} and has no gpufeed manifest, so it is not a gpufeed cache; gpufeed never replaces or "
-        "deletes a directory it did not create: choose a path that does not exist yet (the entry is created there), "
-        "or for a gpufeed entry run `gpufeed cache clear PATH` first"
-    )
 
 
 def _fsync_dir(path: Path) -> None:

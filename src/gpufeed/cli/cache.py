@@ -74,7 +74,7 @@ def _build(args: argparse.Namespace) -> int:
     import torchvision.transforms as T
 
     from ..data.images import is_folder
-    from ..pipeline.entries import build_cache
+    from ..pipeline.build import build_cache
 
     if is_folder(args.data):
         return _build_folder(args)
@@ -117,6 +117,7 @@ def _build_folder(args: argparse.Namespace) -> int:
         progress=True,
     )
     plan = loader.plan
+    assert plan is not None  # accelerate() constructs every loader with its plan
     if plan.cache_path is None:
         raise ConfigError(f"nothing was written to the cache ({'; '.join(plan.notes) or 'see the plan'})")
     done = "found (already built)" if plan.ingest.startswith("cache hit") else "built"
@@ -169,7 +170,7 @@ def _info(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from ..cache import verify_cache
+    from ..cache import verify_entry
     from ..errors import CacheError
 
     if args.data is not None:
@@ -177,7 +178,7 @@ def _verify(args: argparse.Namespace) -> int:
     bad = 0
     for path in _entries(args):
         try:
-            c = verify_cache(path)
+            c = verify_entry(path)
             print(f"OK   {path} ({c.nbytes / 2**20:.1f} MiB)")
         except CacheError as e:
             bad += 1
@@ -187,7 +188,7 @@ def _verify(args: argparse.Namespace) -> int:
 
 def _verify_data(args: argparse.Namespace) -> int:
     """The entries of the folder ``--data`` (and its splits), each checked and compared with its files."""
-    from ..cache import verify_cache
+    from ..cache import verify_entry
     from ..cache.content import compare_folder, entry_folder
     from ..cache.format import Manifest
     from ..errors import CacheError, ConfigError
@@ -212,7 +213,7 @@ def _verify_data(args: argparse.Namespace) -> int:
             continue
         checked += 1
         try:
-            verify_cache(path)
+            verify_entry(path)
             result = compare_folder(path)
         except CacheError as e:
             bad += 1

@@ -47,7 +47,7 @@ import warnings
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -56,6 +56,9 @@ from ..errors import ConfigError, DataError, NotADataLoaderError, StateError
 from ..sampling import derive_seed, gather_remainder, real_counts
 from ..validate import as_flag, as_int
 from .identity import differences
+
+if TYPE_CHECKING:
+    from ..read.wrappers import SourceWatch
 
 _MIX_STREAM = 0x4D4958  # "MIX": keeps the mixing draws apart from every other stream of the seed
 
@@ -87,8 +90,8 @@ class EpochLoader:
     # calls load_state_dict(state) itself, so this is where its user says that a changed transform is on purpose.
     strict_state: bool = True
     _stopped: tuple[int, int] | None = None  # (epoch, batches served) of an interrupted epoch, until a new claim
-    # gpufeed.read.wrappers.SourceWatch: the dataset was read once; a transform or labels replaced since are refused
-    source_watch: Any = None
+    # set at construction by accelerate(): the dataset was read once; a transform or labels replaced since are refused
+    source_watch: SourceWatch | None = None
 
     def _mixed(self, batch: Any, epoch: int, index: int) -> Any:
         """``batch`` mixed by ``mix``, with draws from (seed, epoch, rank, batch): a resumed epoch mixes alike."""

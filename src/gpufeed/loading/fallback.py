@@ -29,9 +29,10 @@ from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
 from ..augment.functional import convert_dtype
 from ..augment.mix import as_mix
 from ..errors import WorkerError
-from ..read.samples import _with_transform
-from ..sampling import as_even, derive_seed, epoch_order, global_seed, rank_indices
-from ..validate import Guarded, SampleFailure, as_flag, as_int, as_workers, check_epoch
+from ..options import BatchOptions
+from ..read.samples import with_transform
+from ..sampling import derive_seed, epoch_order, global_seed, rank_indices
+from ..validate import Guarded, SampleFailure, as_workers, check_epoch
 from ..workers import dead_workers, default_workers, loader_kwargs, stop_workers, workers_that_died
 from .epochs import EpochLoader
 from .identity import dataset_identity, describe
@@ -115,26 +116,25 @@ class FallbackLoader(EpochLoader):
         even: bool | str = True,
         mix: Any = None,
     ) -> None:
-        ds = Guarded(_with_transform(dataset, transform), type(dataset).__name__)
-        batch_size, seed = as_int(batch_size, "batch_size", 1), as_int(seed, "seed")
-        explicit_world = rank is not None and world_size is not None
+        ds = Guarded(with_transform(dataset, transform), type(dataset).__name__)
+        options = BatchOptions(batch_size, shuffle, drop_last, seed, dtype, channels_last, rank, world_size, even)
         rank, world_size = distributed_rank(rank, world_size)
         n = len(ds)
-        shuffle, drop_last = as_flag(shuffle, "shuffle"), as_flag(drop_last, "drop_last")
-        even = as_even(even, drop_last)  # True, False or "pad": see gpufeed.sampling
-        self.config = _Config(n, batch_size, shuffle, drop_last, seed, 1, rank, world_size, even)
+        self.config = _Config(
+            n, options.batch_size, options.shuffle, options.drop_last, options.seed, 1, rank, world_size, options.even
+        )
         self.mix = as_mix(mix, None)
         self._sampler = _Batches(self.config)
-        check_epoch(n, batch_size, drop_last, world_size, even)
+        check_epoch(n, options.batch_size, options.drop_last, world_size, options.even)
         workers = default_workers() if num_workers is None else as_workers(num_workers)  # capped, as accelerate's
-        self._seeded, self._workers, self._pin = _Seeded(ds, seed), workers, device.type == "cuda"
+        self._seeded, self._workers, self._pin = _Seeded(ds, options.seed), workers, device.type == "cuda"
         self.loader = self._data_loader(self._sampler, persistent=True)
         self._shared_in_use = False  # the persistent loader's one iterator is serving an iteration
-        self.device, self.dtype, self.channels_last = device, dtype, channels_last
+        self.device, self.dtype, self.channels_last = device, options.dtype, options.channels_last
         # What a state belongs to (NOTE [ What a state belongs to ] in gpufeed.loading.identity): no sample is read
         # for it (each costs a decode and a transform), only what the dataset holds per sample (files, arrays, ...).
         self._identity = {**dataset_identity(dataset), "transform": describe(transform)}
-        self._explicit_world = explicit_world
+        self._explicit_world = options.explicit_world
         self._start_epochs()
         self.plan = Plan(
             cached=(),

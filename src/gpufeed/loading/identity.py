@@ -23,7 +23,6 @@ change confined to unsampled images; it is a guard against the wrong dataset, no
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 from typing import Any
@@ -31,24 +30,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..read.fingerprint import digest
+from ..store import Store, as_store
+
 __all__ = ["data_identity", "dataset_identity", "describe", "differences", "digest"]
 
 _SAMPLES = 16  # images hashed per dataset: enough to tell datasets apart, cheap on every storage tier
 _ADDRESS = re.compile(r"\s+at\s+0x[0-9a-fA-F]+")  # "<function f at 0x7f...>": differs from run to run
-
-
-def digest(*parts: Any) -> str:
-    """A short hex digest of ``parts``: tensors by dtype, shape and bytes, anything else by its ``repr``."""
-    h = hashlib.blake2b(digest_size=8)
-    for part in parts:
-        if isinstance(part, torch.Tensor):
-            t = part.detach().cpu().contiguous()
-            h.update(f"{t.dtype} {tuple(t.shape)}".encode())
-            if t.numel():
-                h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
-        else:
-            h.update(repr(part).encode())
-    return h.hexdigest()
 
 
 def describe(obj: Any) -> str:
@@ -61,35 +49,18 @@ def describe(obj: Any) -> str:
     return " ".join(_ADDRESS.sub("", repr(obj)).split())
 
 
-def data_identity(images: Any, labels: torch.Tensor) -> dict[str, str]:
-    """The data part of a fingerprint: ``images`` a ``(N, ...)`` tensor, or a ``Ragged`` / ``Encoded`` store."""
-    dense = isinstance(images, torch.Tensor)
-    n = images.shape[0] if dense else len(images)
-    idx = torch.linspace(0, max(n - 1, 0), steps=min(n, _SAMPLES)).round().long().unique()
-    if dense:
-        what = f"{n} images of {tuple(images.shape[1:])} {images.dtype}"
-        sampled = digest(images.index_select(0, idx.to(images.device)))
-    else:  # each image's shape is metadata (cheap to hash in full); the pixels only for the sampled images
-        what = f"{n} images of different sizes, {images.dtype}"
-        sampled = digest(images.shapes, *_pixels(images, idx))
-    return {"images": what, "pixels": sampled, "labels": digest(labels)}
-
-
-def _pixels(images: Any, idx: torch.Tensor) -> list[torch.Tensor]:
-    """The images at ``idx`` of a ``Ragged`` or ``Encoded`` store, each ``(C, H, W)``: a folder's pixel store and
-    its JPEG store give the same (a file store's are decoded on the CPU, as a pixel store's were), so a state
-    saved with one resumes with the other (``store="auto"`` picks by the memory budget, which differs by machine).
-    """
-    from ..errors import DataError
-    from ..read.files import Encoded, decode
-
-    picked = images.select(idx)
-    if isinstance(picked, Encoded):
-        try:
-            picked = decode(picked, torch.device("cpu"), threads=1)
-        except DataError:  # not decodable here: its bytes, then (a store of such files fails when served anyway)
-            return [picked.compact().data]
-    return [picked.image(i).contiguous() for i in range(len(picked))]
+def data_identity(images: Store | torch.Tensor, labels: torch.Tensor) -> dict[str, str]:
+    """The data part of a fingerprint: the images' count, per-sample shape and dtype, a digest of the sampled
+    images (:meth:`~gpufeed.store.base.Store.fingerprint`) and one of every label. ``images``: a store, or an
+    ``(N, C, H, W)`` tensor."""
+    store = as_store(images)
+    n = len(store)
+    idx = torch.tensor(_spread(n), dtype=torch.long)
+    if store.ragged:
+        what = f"{n} images of different sizes, {store.dtype}"
+    else:
+        what = f"{n} images of {store.stored_shape[1:]} {store.dtype}"
+    return {"images": what, "pixels": digest(*store.fingerprint(idx)), "labels": digest(labels)}
 
 
 def _spread(n: int) -> list[int]:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -31,28 +31,22 @@ from ..augment.mix import as_mix
 from ..augment.transforms import BatchTransform, takes_ragged
 from ..device import resolve_device
 from ..errors import ConfigError, DataError
-from ..read.files import Encoded, decode
-from ..sampling import Even, as_even, derive_seed, epoch_order, local_indices, rank_indices
-from ..store.ragged import Ragged
-from ..validate import (
-    as_flag,
-    as_int,
-    as_tensor,
-    check_epoch,
-    check_images,
-    check_labels,
-    check_transform,
-    label_tensor,
-)
+from ..options import BatchOptions
+from ..sampling import Even, derive_seed, epoch_order, local_indices, rank_indices
+from ..store import Store, as_store
+from ..store.base import STORAGE_TIERS
+from ..store.dense import pinned, pinned_gather
+from ..validate import as_int, check_epoch, check_labels, check_transform, label_tensor
 from .epochs import EpochLoader
 from .hostmem import keep_freed_buffers
 from .identity import data_identity, describe
 from .prefetch import prefetch
 
-__all__ = ["SHARD_MODES", "STORAGE_TIERS", "DeviceLoader", "distributed_rank"]
+if TYPE_CHECKING:
+    from ..read.wrappers import SourceWatch
+    from .plan import Plan
 
-STORAGE_TIERS = ("device", "pinned", "mmap")
-SHARD_MODES = ("full", "local")
+__all__ = ["DeviceLoader", "distributed_rank"]
 
 # Stored bytes gathered per chunk. On a GPU the cost of a batch is kernel launches, so chunks are
 # large; on a CPU the cost is memory traffic, and a chunk that stays in cache is 2-4x faster.
@@ -91,20 +85,15 @@ class _Config:
     shard: str = "full"
 
     def __post_init__(self) -> None:
+        # batch_size, seed, the flags, even and shard were checked by the loader's options (gpufeed.options)
         if not isinstance(self.world_size, int) or self.world_size < 1:
             raise ConfigError(f"world_size={self.world_size!r} must be an int >= 1")
         if not isinstance(self.rank, int) or not 0 <= self.rank < self.world_size:
             raise ConfigError(f"rank={self.rank!r} must be in [0, world_size={self.world_size})")
-        if self.shard not in SHARD_MODES:
-            raise ConfigError(f"shard={self.shard!r} must be one of {SHARD_MODES}")
         if self.shard == "local" and self.n < self.world_size:
             raise ConfigError(
                 f"shard='local' needs at least one sample per rank: {self.n} samples, {self.world_size} ranks"
             )
-        if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
-            raise ConfigError(f"batch_size={self.batch_size!r} must be an int >= 1")
-        if not isinstance(self.seed, int):
-            raise ConfigError(f"seed={self.seed!r} must be an int")
         if not isinstance(self.chunk_batches, int) or self.chunk_batches < 1:
             raise ConfigError(f"chunk_batches={self.chunk_batches!r} must be an int >= 1")
 
@@ -113,7 +102,8 @@ class DeviceLoader(EpochLoader):
     """Yield ``(images, labels)`` batches from tensors held on ``device``, augmented there.
 
     Args:
-        images: ``(N, C, H, W)`` uint8 (preferred) or floating tensor or numpy array.
+        images: ``(N, C, H, W)`` uint8 (preferred) or floating tensor or numpy array, or a
+            :class:`~gpufeed.store.base.Store` (images of different sizes: a Ragged or Encoded store).
         labels: ``(N, ...)`` class indices or targets.
         batch_size: samples per batch.
         shuffle: visit samples in a random order, a pure function of (seed, epoch, N).
@@ -143,6 +133,11 @@ class DeviceLoader(EpochLoader):
         shard: ``"full"``: every rank holds the whole dataset and takes a different share of the
             same global order each epoch. ``"local"``: each rank holds only samples ``rank::world_size``
             (a 1/world_size of the memory) and shuffles within them, so samples never change rank.
+        plan: what :func:`gpufeed.accelerate` decided and why (``print(loader.plan)``); ``None`` for a loader
+            made directly.
+        source_watch: the dataset objects ``accelerate`` read once
+            (:class:`gpufeed.read.wrappers.SourceWatch`): an epoch after their transform or labels were replaced
+            is refused.
 
     Each pass is the next epoch, claimed when its first batch is taken; :meth:`set_epoch` picks one
     explicitly, :meth:`state_dict` / :meth:`load_state_dict` resume mid-epoch (a state saved on any
@@ -161,7 +156,7 @@ class DeviceLoader(EpochLoader):
 
     def __init__(
         self,
-        images: torch.Tensor | np.ndarray | Ragged | Encoded,
+        images: torch.Tensor | np.ndarray | Store,
         labels: torch.Tensor | np.ndarray,
         batch_size: int = 256,
         shuffle: bool = True,
@@ -181,77 +176,51 @@ class DeviceLoader(EpochLoader):
         shard: str = "full",
         mix: Any = None,
         views: int | Sequence[BatchTransform] = 1,
+        plan: Plan | None = None,
+        source_watch: SourceWatch | None = None,
     ) -> None:
-        batch_size, seed = as_int(batch_size, "batch_size", 1), as_int(seed, "seed")
-        shuffle, drop_last = as_flag(shuffle, "shuffle"), as_flag(drop_last, "drop_last")
-        channels_last, even = as_flag(channels_last, "channels_last"), as_even(even, drop_last, shard)
+        options = BatchOptions(
+            batch_size, shuffle, drop_last, seed, dtype, channels_last, rank, world_size, even, shard
+        )  # checked once, as accelerate and FallbackLoader check theirs
+        batch_size, seed, even = options.batch_size, options.seed, options.even
         labels = label_tensor(labels, "labels")
-        store: torch.Tensor | Ragged | Encoded
         # views as transforms (DINO's global and local crops): each view its own transform
         view_transforms = list(views) if isinstance(views, (list, tuple)) else None
         if view_transforms is not None:
             if len(view_transforms) < 2 or not all(isinstance(t, BatchTransform) for t in view_transforms):
                 raise ConfigError("views: give an int, or two or more gpufeed transforms (one per view)")
             transform = view_transforms[0]
-        if isinstance(images, (Ragged, Encoded)):  # images of different sizes: the first op must make them one size
+        store = as_store(images)
+        if store.ragged:  # images of different sizes: the first op must make them one size
             if not all(isinstance(t, BatchTransform) and takes_ragged(t) for t in view_transforms or [transform]):
                 raise ConfigError(
                     "images of different sizes need a transform that starts with RandomResizedCrop (it draws each "
                     "image's box from that image's size and makes the batch one size)"
                 )
-            if len(images) == 0 or not (images.dtype == torch.uint8 or images.dtype.is_floating_point):
-                raise DataError(
-                    f"images: {len(images)} ragged images of {images.dtype}; need at least one, uint8 or float"
-                )
-            empty = (images.shapes == 0).any(dim=1).nonzero().flatten()
-            if empty.numel():  # served silently as empty images otherwise
-                i = int(empty[0])
-                raise DataError(
-                    f"images: ragged image {i} has shape {tuple(images.shapes[i].tolist())} (C, H, W), an axis of 0; "
-                    "every image needs at least one channel and one pixel: remove or fix that sample"
-                )
-            channels = images.shapes[:, 0].unique().tolist()
-            if len(channels) != 1:
-                raise DataError(
-                    f"images: ragged images with {channels} channels; every image needs one channel count "
-                    "(convert them all to RGB, as ImageFolder's loader does)"
-                )
-            store = images
-        else:
-            store = as_tensor(images, "images")
-            check_images(store)
-        n = _count(store)
+        store.check()
+        n = len(store)
         check_labels(labels, n, num_classes)
         if transform is not None:
             check_transform(transform)
-        if dtype is not None and not isinstance(dtype, torch.dtype):  # "float32" has no .is_floating_point
-            raise ConfigError(f"dtype={dtype!r} must be a torch.dtype (e.g. torch.float32), torch.uint8 or None")
-        if dtype is not None and dtype != torch.uint8 and not dtype.is_floating_point:
-            raise ConfigError(f"dtype={dtype} must be None, torch.uint8 or a floating dtype")
         self.device = resolve_device(device)
         if storage not in STORAGE_TIERS:
             raise ConfigError(f"storage={storage!r} must be one of {STORAGE_TIERS}")
         if storage != "device" and store.device.type != "cpu":
             raise ConfigError(f"storage={storage!r} keeps images on the host, but they are on {store.device}")
         if chunk_batches is None:
-            if isinstance(store, Encoded):
-                sample_bytes = store.pixel_bytes / n  # what a chunk takes decoded
-            else:
-                sample_bytes = store.data.nbytes / n if isinstance(store, Ragged) else store[0].nbytes
-            batch_bytes = max(1, int(batch_size * sample_bytes))
+            batch_bytes = max(1, int(batch_size * store.sample_bytes))  # decoded: what a chunk takes
             budget = _CHUNK_BYTES.get(self.device.type, _CHUNK_BYTES["cuda"])
             chunk_batches = max(1, min(_MAX_CHUNK_BATCHES, budget // batch_bytes))
-        explicit_world = rank is not None and world_size is not None
-        rank, world_size = distributed_rank(rank, world_size)
+        rank, world_size = distributed_rank(options.rank, options.world_size)
         self.config = _Config(
-            n, batch_size, shuffle, drop_last, seed, chunk_batches or 1, rank, world_size, even, shard
+            n, batch_size, options.shuffle, options.drop_last, seed, chunk_batches or 1, rank, world_size, even, shard
         )
         # What a state belongs to (NOTE [ What a state belongs to ] in gpufeed.loading.identity): taken from the whole
         # dataset, before a local shard keeps a part, so that a state saved on any rank matches every rank.
         self._data_id = data_identity(store, labels)
         if shard == "local" and world_size > 1:  # keep only this rank's samples
             local = torch.arange(rank, n, world_size)
-            store, labels = _take(store, local, compact=True), labels.index_select(0, local)
+            store, labels = store.select(local).compact(), labels.index_select(0, local)
         self.transform = transform
         self.mix = as_mix(mix, num_classes)
         self.view_transforms = view_transforms
@@ -261,28 +230,16 @@ class DeviceLoader(EpochLoader):
         if self.views > 1 and self.mix is not None:
             raise ConfigError("mix= mixes one batch of images with its labels; with views > 1 mix each view yourself")
         self.dtype = dtype
-        self.channels_last = channels_last
+        self.channels_last = options.channels_last
         self.storage = storage
-        # Never written to. The device tier copies once (no copy when already there).
-        self.images: torch.Tensor | Ragged | Encoded
-        if isinstance(store, Encoded):  # bytes stay on the host, where the decoders read them
-            self.images = store.pin_memory() if self.device.type == "cuda" else store
-            self.labels = labels.to(self.device)
-        elif storage == "device":
-            self.images, self.labels = store.to(self.device), labels.to(self.device)
-        elif storage == "pinned" and self.device.type == "cuda":
-            if isinstance(store, Ragged):
-                self.images = replace(store, data=_pinned(store.data))  # its packing (hwc) kept
-            else:
-                self.images = _pinned(store)
-            self.labels = _pinned(labels)
-        else:
-            self.images, self.labels = store, labels
-        self._explicit_world = explicit_world
+        # Never written to. The device tier copies once (no copy when already there); encoded bytes stay on the host.
+        self.store = store.placed(storage, self.device)
+        self.labels = _placed_labels(labels, self.store, storage, self.device)
+        self._explicit_world = options.explicit_world
         self._start_epochs()
         self._length: int | None = None
-        self.plan: Any = None  # set by gpufeed.accelerate(): what was cached, the tier, and why
-        check_epoch(n, batch_size, drop_last, world_size, even, local=shard == "local")
+        self.source_watch = source_watch  # accelerate's: a dataset transform or labels replaced later is refused
+        check_epoch(n, batch_size, options.drop_last, world_size, even, local=shard == "local")
         probe = self._probe()
         self.host_memory_note: str | None = None
         if self.device.type == "cpu" and probe is not None:
@@ -290,14 +247,24 @@ class DeviceLoader(EpochLoader):
             # reused, not page-faulted in again (256x256 batches: 3x faster); see gpufeed.loading.hostmem
             chunk_bytes = self.config.chunk_batches * batch_size * probe[0].nbytes
             self.host_memory_note = keep_freed_buffers(chunk_bytes)
+        # what accelerate() decided and why (gpufeed.loading.plan), completed with what only the loader knows: the
+        # placed store's layout (its decoder follows the tier) and the note on its chunks' buffers
+        self.plan = plan and replace(
+            plan, layout=self.store.describe(), notes=(*plan.notes, *filter(None, [self.host_memory_note]))
+        )
+
+    @property
+    def images(self) -> Any:
+        """The stored images as given: the ``(N, C, H, W)`` tensor of dense data, else the Ragged / Encoded store
+        (:attr:`store` is the :class:`~gpufeed.store.base.Store` either way)."""
+        return self.store.images
 
     def _probe(self) -> torch.Tensor | None:
         """Run the transform once on two samples, so a bad argument (a mean of the wrong length, a crop
         larger than the image) fails here and not in the middle of the first epoch; their batch."""
         if self.transform is None:
             return None
-        x = _take(self.images, torch.arange(min(2, _count(self.images))))
-        x = decode(x, self.device) if isinstance(x, Encoded) else x.to(self.device)
+        x = self.store.batch(torch.arange(min(2, len(self.store))), self.device)
         for view in range(1, len(self.view_transforms or [])):  # every view's pipeline, not only the first
             self._finish(x, epoch=0, chunk=0, generator=torch.Generator(device=self.device), view=view)
         return self._finish(x, epoch=0, chunk=0, generator=torch.Generator(device=self.device))
@@ -318,7 +285,7 @@ class DeviceLoader(EpochLoader):
         c = self.config
         shuffle = c.shuffle if shuffle is None else shuffle
         if c.shard == "local":
-            local = _count(self.images)
+            local = len(self.store)
             # derive_seed(seed, rank): each rank shuffles its own samples with its own stream.
             order = epoch_order(derive_seed(c.seed, c.rank), epoch, local, shuffle)
             return local_indices(order, c.batch_size, c.n, c.world_size, c.drop_last, c.even)
@@ -346,14 +313,15 @@ class DeviceLoader(EpochLoader):
         order = self._indices(epoch)
         span = c.chunk_batches * c.batch_size
         chunks = range(first, -(-order.shape[0] // span))
-        ragged = isinstance(self.images, (Ragged, Encoded))
-        on_host = self.images.device.type == "cpu" and self.device.type != "cpu"
+        ragged = self.store.ragged  # selected on the host, by the store's metadata
+        on_host = self.store.device.type == "cpu" and self.device.type != "cpu"
         raw: Iterable[tuple[int, Any, torch.Tensor]]
         if on_host and not ragged:
             # Gathered on the CPU straight into pinned memory, copied ahead on a side stream.
-            raw = prefetch(((k, *self._gather(order[k * span : (k + 1) * span])) for k in chunks), self.device)
+            chunks_ahead = ((k, *self._pinned_chunk(order[k * span : (k + 1) * span])) for k in chunks)
+            raw = prefetch(chunks_ahead, self.device)
         else:
-            if self.device.type == "cuda" and not ragged:  # (a ragged store selects on the host, by its metadata)
+            if self.device.type == "cuda" and not ragged:
                 order = order.pin_memory().to(self.device, non_blocking=True)  # once per epoch, no host sync
             raw = ((k, *self._gather(order[k * span : (k + 1) * span])) for k in chunks)
         generator = torch.Generator(device=self.device) if self.transform is not None else None
@@ -364,20 +332,16 @@ class DeviceLoader(EpochLoader):
                 yield k, [self._finish(x, epoch, k, generator, view) for view in range(self.views)], y
 
     def _gather(self, idx: torch.Tensor) -> tuple[Any, torch.Tensor]:
-        if isinstance(self.images, (Ragged, Encoded)):  # views of the store; labels where they live
-            labels = self.labels.index_select(0, idx.to(self.labels.device)).to(self.device)
-            if isinstance(self.images, Encoded):  # decoded into one Ragged batch on the device
-                return decode(self.images.select(idx), self.device), labels
-            x = self.images.select(idx)
-            if x.device != self.device:  # a host tier: the chunk's images, packed and copied over
-                x = x.compact().to(self.device)
-            return x, labels
-        if self.images.device.type == "cpu" and self.device.type == "cuda":
-            return _index_pinned(self.images, idx), _index_pinned(self.labels, idx)
-        return self.images.index_select(0, idx), self.labels.index_select(0, idx)
+        """The chunk at ``idx`` on the device: its images as the transform takes them, and its labels."""
+        labels = self.labels.index_select(0, idx.to(self.labels.device)).to(self.device)
+        return self.store.batch(idx, self.device), labels
+
+    def _pinned_chunk(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The chunk at ``idx`` (host indices) of a dense host store, in pinned memory, for a copy ahead."""
+        return self.store.pinned_batch(idx), pinned_gather(self.labels, idx)
 
     def _finish(self, x: Any, epoch: int, chunk: int, generator: torch.Generator | None, view: int = 0) -> torch.Tensor:
-        count = _count(x)
+        count = len(x)
         if self.transform is not None:
             assert generator is not None
             c = self.config
@@ -395,23 +359,11 @@ class DeviceLoader(EpochLoader):
         return x
 
 
-def _count(images: torch.Tensor | Ragged | Encoded) -> int:
-    return len(images) if isinstance(images, (Ragged, Encoded)) else images.shape[0]
-
-
-def _take(
-    images: torch.Tensor | Ragged | Encoded, idx: torch.Tensor, compact: bool = False
-) -> torch.Tensor | Ragged | Encoded:
-    """The images at ``idx``; a ragged store gives views of its buffer unless ``compact`` packs a new one."""
-    if isinstance(images, (Ragged, Encoded)):
-        return images.select(idx).compact() if compact else images.select(idx)
-    return images.index_select(0, idx)
-
-
-def _pinned(t: torch.Tensor) -> torch.Tensor:
-    return t if t.is_pinned() else t.pin_memory()
-
-
-def _index_pinned(source: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-    out = torch.empty((idx.shape[0], *source.shape[1:]), dtype=source.dtype, pin_memory=True)
-    return torch.index_select(source, 0, idx, out=out)
+def _placed_labels(labels: torch.Tensor, store: Store, storage: str, device: torch.device) -> torch.Tensor:
+    """The labels where the chunks are gathered from: beside the images on the device, pinned beside pinned
+    images (a dense chunk is gathered into pinned memory and copied ahead), else where they are."""
+    if storage == "device" or store.device == device:
+        return labels.to(device)
+    if storage == "pinned" and device.type == "cuda":
+        return pinned(labels)
+    return labels

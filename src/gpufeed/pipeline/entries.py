@@ -1,7 +1,10 @@
-"""Filling the cache from a dataset: ``build_cache``, and the open-or-build that ``accelerate`` uses.
+"""A dataset's entries in the cache: a read through the cache (:func:`cached_read`, what every route of
+:mod:`gpufeed.pipeline.materialise` goes through), the open-or-build under the entry's lock
+(:func:`load_or_ingest`, also ``build_cache``'s) and the write (:func:`store`).
 
-The entry holds the deterministic part of a dataset's transform, computed once by
-:mod:`gpufeed.read.samples` and stored by :mod:`gpufeed.cache` (pure storage).
+An entry's key covers the source, the cached ops and the store kind (:func:`gpufeed.read.fingerprint.cache_key`);
+:mod:`gpufeed.cache` below is pure storage. Files an entry left out (``on_error="skip"``) are warned about on
+every use, and are an error under ``on_error="error"``, as a fresh read's would be.
 """
 
 from __future__ import annotations
@@ -9,110 +12,36 @@ from __future__ import annotations
 import os
 import shutil
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import ExitStack
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from ..cache import Cache, Manifest, check_target, entry_path, is_gpufeed_entry, open_cache, write_cache
+from ..cache import Manifest, check_target, entry_path, is_gpufeed_entry, write_cache
 from ..cache.lock import build_lock
 from ..cache.lock import lock_timeout as resolve_lock_timeout
-from ..errors import CacheError, CacheWriteError, ConfigError
+from ..errors import CacheError, CacheWriteError
+from ..options import ReadOptions
+from ..read.files import bad_files_error
 from ..read.fingerprint import cache_key
+from ..read.wrappers import selection
+from ..store import as_store
+from ..store.entry import Cache, open_cache
 
-__all__ = ["build_cache", "check_outside_dataset", "load_or_ingest", "store"]
-
-_DATASET = object()  # sentinel: use the dataset's own transform
-
-
-_RGB = (torch.uint8, (64, 64), True)  # a folder's files as the RGB PIL images torchvision's loader gives
-
-
-def build_cache(
-    dataset: Any,
-    path: str | Path | None = None,
-    *,
-    transform: Any = _DATASET,
-    cache_lambda: bool = False,
-    num_workers: int | None = None,
-    progress: bool = True,
-    root: str | Path | None = None,
-    lock_timeout: float | None = None,
-) -> Cache:
-    """Compute the deterministic part of ``dataset``'s transform once and store it, atomically and verified.
-
-    An existing valid entry with the same key is reused; a gpufeed entry with another key, or a
-    damaged one, is replaced (with a warning). A path that exists but is not a gpufeed entry (your
-    dataset folder, an empty directory, a file) is refused with a CacheError and left untouched.
-    Returns the opened :class:`Cache`.
-
-    Args:
-        dataset: a map-style dataset (torchvision datasets, ``ImageFolder``, ``TensorDataset``, ...).
-        path: the entry's directory (created; must not exist yet unless it is a gpufeed entry);
-            ``None`` puts it under ``root`` (default :func:`default_cache_dir`).
-        transform: the full transform; by default ``dataset.transform``. Only its deterministic
-            prefix (see :mod:`gpufeed.pipeline.translate`) is computed and stored.
-        lock_timeout: seconds to wait while another process builds the same entry (default
-            ``$GPUFEED_LOCK_TIMEOUT``, else an hour); then a CacheError names that process.
-
-    Raises:
-        CacheError: ``path`` is not a gpufeed entry, or the lock wait timed out.
-        CacheWriteError: the disk is full or the location not writable (nothing partial is left).
-    """
-    from ..read.wrappers import unwrap
-    from ..validate import as_workers, check_dataset
-    from .translate import split_transform
-
-    check_dataset(dataset)
-    num_workers = None if num_workers is None else as_workers(num_workers)  # a typo must not start 10**6 workers
-    # a Subset / ConcatDataset: the samples and transform of what it wraps (transform= replaces its transforms)
-    dataset = unwrap(dataset, own_transforms=transform is _DATASET)
-    split = split_transform(getattr(dataset, "transform", None) if transform is _DATASET else transform, cache_lambda)
-    key = cache_key(dataset, split.cached)
-    if key is None:
-        raise ConfigError(
-            f"{type(dataset).__name__} with cached ops {list(split.cached)} cannot be fingerprinted (unknown source "
-            "or an opaque transform such as a Lambda), so a cache on disk could later be matched to other data; "
-            "use gpufeed.accelerate(..., cache=False) to keep it in memory instead"
-        )
-    from ..read.files import file_samples
-    from .materialise import describe_source, takes_ragged
-    from .translate import build_batched
-
-    if not split.cached and file_samples(dataset) is not None and takes_ragged(build_batched(split.device, *_RGB)):
-        # A folder of photos with a recipe that starts with RandomResizedCrop: its entry is the pixel store
-        # accelerate opens (each image as it is), named by the files and the recipe, so it goes under the root.
-        if path is not None:
-            raise ConfigError(
-                f"path={str(path)!r}: a folder whose recipe starts with RandomResizedCrop is stored as accelerate "
-                "stores it, under the cache root by its files and recipe (so accelerate finds it); pass root= instead"
-            )
-        from .accelerate import accelerate
-
-        loader = accelerate(
-            dataset,
-            batch_size=1,
-            device="cpu",
-            transform=transform if transform is not _DATASET else getattr(dataset, "transform", None),
-            cache=Path(root).expanduser() if root is not None else True,
-            store="pixels",
-            num_workers=num_workers,
-            progress=progress,
-            lock_timeout=lock_timeout,
-        )
-        if loader.plan.cache_path is None:
-            raise CacheWriteError(f"the folder's store could not be written ({'; '.join(loader.plan.notes)})")
-        return open_cache(Path(loader.plan.cache_path), verify=False)  # verified as accelerate opened it
-    target = Path(path).expanduser() if path is not None else entry_path(type(dataset).__name__, key, root)
-    meta = {"source": describe_source(dataset), "pipeline": {"cached": [repr(op) for op in split.cached]}}
-    cache, _ = load_or_ingest(
-        dataset, split, target, key, lambda data: True, num_workers, progress, lock_timeout, meta=meta
-    )
-    assert cache is not None
-    return cache
+__all__ = [
+    "Source",
+    "cached_read",
+    "check_outside_dataset",
+    "describe_read",
+    "describe_source",
+    "folder_root",
+    "load_or_ingest",
+    "store",
+]
 
 
 def _current(target: Path, key: str, announce: bool) -> Cache | None:
@@ -269,9 +198,6 @@ def store(
     """Write ingested data (:class:`gpufeed.read.samples.Ingested`) as the entry ``target`` and open it (``adopt``:
     see :func:`gpufeed.cache.write_cache`; ``meta``: recorded besides). A folder's read
     (:class:`gpufeed.pipeline.materialise.FolderRead`) adds the files it left out and its files' names and hashes."""
-    from ..read.files import Encoded
-    from ..store.ragged import Ragged
-
     record: dict[str, Any] = {
         "cached": [repr(op) for op in split.cached],
         "ingest": data.path,
@@ -282,15 +208,137 @@ def store(
     skipped = getattr(data, "skipped", ())
     if skipped:
         record["skipped"] = [{"path": p, "why": why} for p, why in skipped]
-    images = data.images
-    if isinstance(images, Ragged):
-        record.update(store="pixels", hwc=images.hwc)
-        arrays = {"pixels": images.data, "starts": images.starts, "shapes": images.shapes}
-    elif isinstance(images, Encoded):
-        record["store"] = "jpeg"
-        arrays = {k: getattr(images, k) for k in ("starts", "lengths", "shapes", "jpeg")} | {"bytes": images.data}
-    else:
-        record["store"] = "dense"
-        arrays = {"images": images}
+    arrays, described = as_store(data.images).arrays()  # what the images are kept as, and how to read them back
+    record.update(described)
     write_cache(target, key, {**arrays, **getattr(data, "extra", {}), "labels": data.labels}, record, adopt)
     return open_cache(target, verify=verify)
+
+
+@dataclass
+class Source:
+    """The stored images and labels, with what the plan says about how they were got."""
+
+    images: Any  # (N, C, H, W) tensor, or a Ragged / Encoded store
+    labels: torch.Tensor
+    description: str
+    cache_path: Path | None = None
+    mapped: bool = False  # memory-mapped from a cache file
+    notes: list[str] = field(default_factory=list)
+    skipped: tuple[tuple[str, str], ...] = ()  # files left out with on_error="skip": (path, why)
+    tier: str = ""  # where the loader keeps it: "device", "pinned" or "mmap" (set by the materialise stage)
+    why: str = ""  # the plan's sentence for the tier
+    nbytes: int = 0  # images and labels
+
+
+def cached_read(
+    dataset: Any,
+    split: Any,
+    options: ReadOptions,
+    kind: dict[str, Any] | None,
+    read: Callable[[], Any],
+    expensive: Callable[[Any], bool],
+    notes: Sequence[str] = (),
+    resume: Callable[[Path, str], Any] | None = None,
+) -> Source:
+    """``read()``'s data, or the cache entry of the same key; written to the cache when asked (``cache=True`` or
+    a root) or, for ``"auto"``, when ``expensive(data)``. ``resume``: a ``read`` that resumes a stopped build
+    (see :func:`load_or_ingest`). Files an entry left out (``on_error="skip"``) are an error
+    on a hit with ``on_error="error"``, as they would be on a fresh read."""
+    cache, on_error = options.cache, options.on_error
+    key = cache_key(dataset, split.cached, kind) if cache is not False else None
+    notes = list(notes)
+    if cache is not False and key is None:
+        warnings.warn(
+            f"gpufeed.accelerate: {type(dataset).__name__} or its cached ops cannot be fingerprinted, so nothing is "
+            "written to disk (an opaque source could later be matched to other data)",
+            stacklevel=5,
+        )
+        notes.append("not persisted: the source or the cached ops cannot be fingerprinted")
+    if key is None:
+        data = read()
+        return _skipping(
+            Source(data.images, data.labels, describe_read(data), None, False, notes), data, None, on_error
+        )
+    root = cache if isinstance(cache, Path) else None
+    path = entry_path(type(dataset).__name__, key, root)
+    always = cache is True or root is not None
+    meta = {
+        "source": describe_source(dataset),
+        "pipeline": {"cached": [repr(op) for op in split.cached], **(kind or {})},
+    }
+    hit, data = load_or_ingest(
+        dataset,
+        split,
+        path,
+        key,
+        lambda d: always or expensive(d),
+        None,
+        options.progress,
+        options.lock_timeout,
+        strict=False,  # a cache that cannot be written is not a reason to fail: the data stays in memory
+        read=read,
+        resume=resume,
+        meta=meta,
+    )
+    if data is None:
+        assert hit is not None  # load_or_ingest returns one or the other
+        src = Source(hit.images, hit.labels, f"cache hit, verified ({len(hit.labels)} samples)", path, True, notes)
+    elif hit is not None:
+        src = Source(hit.images, hit.labels, describe_read(data) + ", written to the cache", path, True, notes)
+    else:
+        src = Source(data.images, data.labels, describe_read(data), None, False, notes)
+    return _skipping(src, data, hit, on_error)
+
+
+def describe_source(dataset: Any) -> dict[str, Any]:
+    """What an entry records as its data (``gpufeed cache info`` shows it; a newer entry of the same source and
+    pipeline replaces it): the dataset's class, its folder and its split, and for a part of it (a ``Subset``,
+    a ``random_split`` part, a ``ConcatDataset``) which part: two parts of one folder are two sources."""
+    out: dict[str, Any] = {"class": f"{type(dataset).__module__}.{type(dataset).__qualname__}"}
+    if folder_root(dataset):
+        out["root"] = folder_root(dataset)
+    for attr in ("train", "split"):
+        if isinstance(getattr(dataset, attr, None), (bool, str)):
+            out[attr] = getattr(dataset, attr)
+    part = selection(dataset)  # a Subset / random_split part or a ConcatDataset: which samples of the root
+    if part is not None:
+        out["selection"] = part
+    return out
+
+
+def _skipping(src: Source, data: Any, hit: Any, on_error: str) -> Source:
+    """The files left out (a fresh read's, or the entry's record on a hit): one warning that lists them and a
+    line in the plan; on a hit with ``on_error="error"`` they are the error a fresh read would raise."""
+    if data is not None:
+        skipped = tuple(getattr(data, "skipped", ()))
+    else:
+        skipped = tuple((d["path"], d["why"]) for d in hit.manifest.meta.get("skipped", []))
+    if not skipped:
+        return src
+    total = len(src.labels) + len(skipped)
+    if on_error == "error":
+        raise bad_files_error(
+            dict(enumerate(why for _, why in skipped)), total, f"the folder of the cache entry {src.cache_path}"
+        )
+    src.skipped = skipped
+    lines = "\n".join(f"  {why}" for _, why in skipped)
+    warnings.warn(
+        f"gpufeed.accelerate: on_error='skip' left out {len(skipped):,} of {total:,} files that cannot be used:\n"
+        f"{lines}\n(the files stay as they are; remove or fix them to train on them)",
+        stacklevel=6,
+    )
+    src.notes.append(
+        f"on_error='skip': {len(skipped):,} of {total:,} files left out (they cannot be read or decoded; the "
+        "warning lists them); every other image keeps its label"
+    )
+    return src
+
+
+def folder_root(dataset: Any) -> str:
+    """What a build's progress records as its data: the folder the files are in."""
+    root = getattr(dataset, "root", None)
+    return str(Path(root).resolve()) if root is not None else ""
+
+
+def describe_read(data: Any) -> str:
+    return f"{data.path} read of {len(data.labels)} samples in {data.seconds:.2f} s"

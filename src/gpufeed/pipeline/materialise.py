@@ -1,550 +1,95 @@
-"""Where accelerate's stored images come from: a cache hit, or the dataset read and (when it pays) cached.
+"""The materialise stage: the stored images and labels, from a cache hit or one read of the dataset, in their tier.
 
-Two shapes of data. One size after the cached part: one ``(N, C, H, W)`` tensor (:func:`load`).
-Different sizes with a recipe that starts with RandomResizedCrop (:func:`load_ragged`): each image
-kept as it is, as decoded pixels (a :class:`~gpufeed.store.ragged.Ragged` store) or as the files'
-own bytes (an :class:`~gpufeed.read.files.Encoded` store, decoded per batch). For a folder read by
-torchvision's loader the choice is made from the files' headers before anything is read in full,
-so a cache hit reads nothing else.
+It follows the plan's route (:mod:`gpufeed.pipeline.plan`), reading the dataset once:
+
+- ``"arrays"``: the dataset's own arrays in one vectorised step (nothing to compute, so nothing cached);
+- ``"samples"``: every sample through the cached part, in DataLoader workers, cached when that was expensive; a
+  recipe that starts with RandomResizedCrop keeps images of different sizes as they are when the read meets
+  them (the probe saw three samples, the read sees them all), in the same read;
+- ``"samples-ragged"``: the same, each image kept at its own size from the start;
+- ``"folder"``: a folder's files by their headers, as decoded pixels or as their bytes
+  (:mod:`gpufeed.pipeline.folder_store`).
+
+Then the tier: the device when the store fits its budget, else pinned host memory, else a memory map (a cache
+entry already is one; other data is spilled to a temporary file). Every tier yields the same batches.
 """
 
 from __future__ import annotations
 
-import functools
-import os
-import shutil
-import time
 import warnings
-from dataclasses import dataclass, field, replace
-from pathlib import Path
-from typing import Any
+from dataclasses import replace
 
-import torch
+from ..device import fmt_bytes
+from ..errors import CacheWriteError
+from ..read.samples import Ingested, ingest
+from ..store import as_store
+from ..store.spill import spill
+from .entries import Source, cached_read, describe_read
+from .folder_store import folder_store, with_file_record
+from .plan import RAGGED_NOTE, StorePlan
+from .probe import Probed
+from .request import Request
 
-from ..augment.transforms import takes_ragged
-from ..cache import entry_path
-from ..cache.format import hashes
-from ..cache.partial import progress_file
-from ..device import fmt_bytes, usable_cores
-from ..errors import CacheWriteError, ConfigError, DataError
-from ..read.files import Encoded, bad_files_error, decode, downscaled, file_samples, scan_headers, undecodable
-from ..read.files import read_folder as read_folder_files
-from ..read.fingerprint import cache_key
-from ..read.samples import Ingested, exposes_arrays, ingest
-from ..read.wrappers import selection
-from ..store.ragged import Ragged
-from .entries import check_outside_dataset, load_or_ingest
-
-__all__ = [
-    "ON_ERROR",
-    "STORES",
-    "FolderRead",
-    "Source",
-    "describe_store",
-    "fmt_bytes",
-    "load",
-    "load_ragged",
-    "takes_ragged",
-]
-
-STORES = ("auto", "pixels", "jpeg")
-ON_ERROR = ("error", "skip")
-
-# NOTE [ Finding bad files when the store is built ]
-# A folder's bad files (truncated, garbled, not images, headers that claim more than the file holds) are all
-# found while its store is built, never mid-epoch: the headers when they are read (before anything is
-# allocated for pixels), each file's bytes as they are read, and each decode: the pixel store decodes every
-# file anyway (a chunk that fails is decoded again image by image, to find each bad one); the jpeg store
-# decodes every file once, on threads, keeping nothing (measured on the 2-core dev machine: 400 synthetic
-# 375x500 JPEGs, 32 MB, in 0.6-0.7 s, about the cost of one epoch's decode; a cache hit does not repeat it,
-# the entry records what was left out). Then on_error="error" names them all in one DataError, and
-# on_error="skip" leaves them out (one warning, a line in the plan); the entry records the files it left
-# out, so a hit under on_error="error" raises as a fresh read would, and a fixed file changes the key.
+__all__ = ["Source", "materialise"]
 
 
-@dataclass(frozen=True)
-class FolderRead(Ingested):
-    """A folder's store as read, with what its entry records besides: the files left out (``"path: why"``, with
-    ``on_error="skip"``) and per kept file its path relative to the folder and the hash of its bytes (what
-    ``gpufeed cache verify --data DIR`` compares the folder with)."""
-
-    skipped: tuple[tuple[str, str], ...] = ()  # (path, why)
-    extra: dict[str, torch.Tensor] = field(default_factory=dict)
-
-
-@dataclass
-class Source:
-    images: torch.Tensor | Ragged | Encoded
-    labels: torch.Tensor
-    description: str
-    cache_path: Path | None = None
-    mapped: bool = False  # memory-mapped from a cache file
-    notes: list[str] = field(default_factory=list)
-    skipped: tuple[tuple[str, str], ...] = ()  # files left out with on_error="skip": (path, why)
+def materialise(req: Request, probed: Probed, decided: StorePlan) -> Source:
+    """The stored data of ``req`` as ``decided``, in its tier (``Source.tier``, with the plan's reason)."""
+    if decided.route == "folder":
+        src = folder_store(req, probed.split, decided)
+    elif decided.route == "arrays":
+        data = ingest(req.dataset, None, num_workers=req.read.num_workers, progress=req.read.progress)
+        src = Source(data.images, data.labels, describe_read(data))
+    else:
+        src = _samples(req, probed, decided)
+    return _placed(src, decided, req)
 
 
-def load(
-    dataset: Any,
-    split: Any,
-    cache: bool | str | Path,
-    num_workers: int | None,
-    progress: bool,
-    lock_timeout: float | None,
-    on_error: str = "error",
-) -> Source:
-    """Images of one size and labels on the host, from a cache hit or a fresh ingest (persisted when it pays)."""
-    _skip_needs_files(on_error, dataset, "its images are read sample by sample (a recipe that makes them one size)")
-    if cache == "auto" and not split.cached and exposes_arrays(dataset):
-        # Nothing to compute and a vectorised read: a cache could not be faster, and fingerprinting
-        # the arrays would cost more than reading them.
-        data = ingest(dataset, None, num_workers=num_workers, progress=progress)
-        return Source(data.images, data.labels, _describe(data))
+def _samples(req: Request, probed: Probed, decided: StorePlan) -> Source:
+    """Every sample through the cached part: one tensor, or (``"samples-ragged"``, or a read that met images of
+    different sizes a recipe can keep as they are) a Ragged store."""
+    dataset, options = req.dataset, req.read
+    ragged: bool | None = True if decided.route == "samples-ragged" else (None if decided.either else False)
 
     def read() -> Ingested:
-        return ingest(dataset, split.cached_transform(), num_workers=num_workers, progress=progress)
+        cached = probed.split.cached_transform()
+        return ingest(dataset, cached, num_workers=options.num_workers, progress=options.progress, ragged=ragged)
 
-    # "auto" persists what was expensive to compute: a per-sample read
-    read_ = _with_file_record(dataset, read)
-    return _cached(dataset, split, cache, None, read_, lambda d: d.path == "per-sample", progress, lock_timeout, [])
-
-
-def load_ragged(
-    dataset: Any,
-    split: Any,
-    cache: bool | str | Path,
-    num_workers: int | None,
-    progress: bool,
-    lock_timeout: float | None,
-    store: str,
-    budget: int,
-    max_side: int | None = None,
-    on_error: str = "error",
-) -> Source:
-    """Images of different sizes, each kept as it is: decoded pixels (a Ragged store) or the files' bytes
-    (an Encoded store); RandomResizedCrop makes them one size. ``on_error``: ``"error"`` names every file that
-    cannot be used in one DataError; ``"skip"`` leaves them out, with one warning that lists them."""
-    if on_error not in ON_ERROR:
-        raise ConfigError(f"on_error={on_error!r} must be one of {ON_ERROR}")
-    notes = [
-        "images of different sizes: each is stored as it is, and RandomResizedCrop draws its box from its own size"
-    ]
-    if split.cached or file_samples(dataset) is None:  # read sample by sample, through the cached part
-        if store == "jpeg":
-            why = (
-                f"its cached part ({', '.join(repr(op) for op in split.cached)}) changes the images"
-                if split.cached
-                else f"{type(dataset).__name__} is not a folder of image files read by torchvision's PIL loader"
-            )
-            raise ConfigError(
-                f"store='jpeg' keeps the files' own bytes, but {why}; use store='pixels' (decoded once, kept)"
-            )
-        why = "it is not a folder of image files read by torchvision's PIL loader"
-        _skip_needs_files(on_error, dataset, "its cached part changes the images" if split.cached else why)
-        if max_side is not None:
-            raise ConfigError(
-                f"max_side downscales the files of a folder read by torchvision's PIL loader as they are decoded; "
-                f"{type(dataset).__name__} is read sample by sample: add a Resize before RandomResizedCrop instead"
-            )
-
-        def read_samples() -> Ingested:
-            return ingest(dataset, split.cached_transform(), num_workers=num_workers, progress=progress, ragged=True)
-
-        per_sample = {"kind": "pixels", "read": "samples"}
-        return _cached(
-            dataset,
-            split,
-            cache,
-            per_sample,
-            _with_file_record(dataset, read_samples),
-            lambda d: True,
-            progress,
-            lock_timeout,
-            notes,
-        )
-    shapes, unreadable = scan_headers(dataset, num_workers, progress)  # bad files: (3, 0, 0), no pixels
-    target = downscaled(shapes, max_side)
-    pixels = int(target.prod(1).sum()) + len(target) * 48  # and per image: its start, shape and label
-    if max_side is not None and store == "auto" and pixels > budget:  # the bytes would undo max_side: say so
-        raise ConfigError(
-            f"with max_side={max_side} the pixels still take {fmt_bytes(pixels)}, over the budget of "
-            f"{fmt_bytes(budget)}: lower max_side, raise memory_budget, or drop max_side to keep the files' bytes "
-            "(store='jpeg')"
-        )
-    keep_bytes = store == "jpeg" or (store == "auto" and pixels > budget)
-    if keep_bytes:
-        over = f"decoded they would take {fmt_bytes(pixels)}, over the budget of {fmt_bytes(budget)}"
-        why = "store='jpeg'" if store == "jpeg" else over
-        notes.append(f"the files' bytes are kept and each batch is decoded as it is served ({why})")
-    threads = max(1, usable_cores() if num_workers is None else num_workers)
-
-    def read_folder(progress_at: tuple[Path, str] | None = None) -> Ingested:
-        """The files (and their pixels, decoded); ``progress_at``: the entry and key whose build keeps its
-        progress on disk as it goes, so that a killed build resumes. Every file that cannot be used is found
-        (its header, its read, its decode) before one error names them all, or they are left out."""
-        t0 = time.perf_counter()
-        read = read_folder_files(dataset, num_workers, progress)
-        assert read is not None  # file_samples(dataset) said it is a folder
-        encoded, labels, bad = read
-        n, what = len(encoded), f"{type(dataset).__name__} at {_source(dataset) or '?'}"
-        good = [i for i in range(len(encoded)) if i not in bad]
-        if not good:  # skipping every file would leave nothing to train on
-            raise bad_files_error(bad, n, what)
-        if bad and on_error == "error":  # the others are decoded too, to name every bad file, but not kept
-            readable = encoded.select(torch.tensor(good, dtype=torch.int64))
-            bad |= {good[j]: why for j, why in undecodable(readable, threads, progress).items()}
-            raise bad_files_error(bad, n, what)
-        encoded, labels = _keep(encoded, labels, good, len(bad))
-        if keep_bytes:
-            # A file that fails its decode is found now, not after batches of training: every file is decoded
-            # once, nothing kept (NOTE [ Finding bad files when the store is built ]).
-            late = _decodable_check(dataset, split, cache, encoded, threads, progress)
-            bad |= {good[j]: why for j, why in late.items()}
-            if late and on_error == "error":
-                raise bad_files_error(bad, n, what)
-            good = [g for j, g in enumerate(good) if j not in late]
-            encoded, labels = _keep(encoded, labels, [j for j in range(len(encoded)) if j not in late], len(late))
-            return _folder_read(encoded, labels, _files(encoded, ""), t0, None, bad, dataset)
-        images, resumed, late = _decode_chunks(encoded, threads, max_side, progress, progress_at, _source(dataset))
-        if late:
-            bad |= {good[j]: why for j, why in late.items()}
-            if on_error == "error":
-                _drop_partial(progress_at)  # a build that fails on bad files leaves no large leftover
-                raise bad_files_error(bad, n, what)
-            keep = torch.tensor([j for j in range(len(encoded)) if j not in late], dtype=torch.int64)
-            # their bytes stay in the buffer, unreferenced: the decoded file is moved into the entry as it is
-            images = Ragged(images.data, images.starts[keep], images.shapes[keep], images.hwc)
-            labels, encoded = labels[keep], encoded.select(keep)
-        then = f"; decoded on {threads} thread(s)"
-        if resumed:
-            then += f", resuming a stopped build at image {resumed:,} of {len(encoded):,}"
-        # the pixels of a resumable build are already in its progress file: moved into the entry, not copied
-        kept = {"pixels": progress_file(progress_at[0])} if progress_at is not None else None
-        return _folder_read(images, labels, _files(encoded, then), t0, kept, bad, dataset, encoded)
-
-    kind: dict[str, Any] = {"kind": "jpeg" if keep_bytes else "pixels", "max_side": max_side}
-    # "auto" persists the pixels (a cache saves the decode); the bytes are what the files are
-    if max_side is not None and not keep_bytes:
-        changed = int((target != shapes).any(1).sum())
-        notes.append(
-            f"max_side={max_side}: {changed:,} of {len(shapes):,} images, those with a longer side over {max_side}, "
-            f"downscaled once to the size torchvision's Resize(size=None, max_size={max_side}) gives (antialiased; "
-            "smaller images are left as they are) -- the model sees these, not the files"
-        )
-    src = _cached(
-        dataset, split, cache, kind, read_folder, lambda d: not keep_bytes, progress, lock_timeout, notes,
-        resume=None if keep_bytes else lambda target, key: read_folder((target, key)), on_error=on_error,
-    )  # fmt: skip
-    if isinstance(src.images, Encoded) and src.images.paths is None:  # from the cache: errors still name files
-        left_out = {p for p, _ in src.skipped}
-        src.images = replace(src.images, paths=[p for p, _ in file_samples(dataset) or [] if p not in left_out])
+    # "auto" persists what was expensive to compute: a read sample by sample
+    read_ = with_file_record(dataset, read)
+    src = cached_read(dataset, probed.split, options, decided.key_kind, read_, _per_sample, decided.notes)
+    if as_store(src.images).ragged and RAGGED_NOTE not in src.notes:  # sizes the probe did not see
+        src.notes.insert(0, RAGGED_NOTE)
     return src
 
 
-def _decodable_check(
-    dataset: Any, split: Any, cache: bool | str | Path, encoded: Encoded, threads: int, progress: bool
-) -> dict[int, str]:
-    """:func:`undecodable` for a JPEG store, done once per state of the folder's files: its finding is kept in
-    a small record under the cache root, keyed as an entry is (each file's path, size, mtime, ctime and inode),
-    so a start that finds the files unchanged skips the full decode. ``cache=False`` keeps nothing on disk."""
-    import json
+def _per_sample(data: Ingested) -> bool:
+    return data.path == "per-sample"
 
-    from ..cache.location import default_cache_dir
 
-    key = cache_key(dataset, split.cached, {"kind": "jpeg-decodable", "files": len(encoded)}) if cache else None
-    record = None
-    if key is not None:
-        record = (cache if isinstance(cache, Path) else default_cache_dir()) / ".decodable" / f"{key}.json"
+def _placed(src: Source, decided: StorePlan, req: Request) -> Source:
+    """``src`` in its tier: the device when it fits the budget, else pinned host memory, else a memory map."""
+    images, labels, device = src.images, src.labels, req.device
+    store = as_store(images)
+    nbytes = store.nbytes + labels.nbytes
+    tier, why = decided.budget.tier(nbytes)
+    host_tier = "pinned" if device.type == "cuda" else "device"
+    if store.kind == "jpeg":  # the decoders read host memory, nvJPEG included
+        tier, where = host_tier, "pinned host memory" if device.type == "cuda" else "memory"
+        why = f"the files' bytes ({fmt_bytes(nbytes)}) are kept in {where}, where the decoders read them"
+    elif tier == "mmap" and store.ragged and not src.mapped:
+        tier = host_tier
+        why = why.replace(
+            "; memory-mapped file", ", and a ragged store is memory-mapped only from a cache: host memory"
+        )
+        warnings.warn(f"gpufeed.accelerate: {why}", stacklevel=4)
+    elif tier != "device":
+        warnings.warn(f"gpufeed.accelerate: {why}; batches are the same, each chunk is copied in", stacklevel=4)
+    if tier == "mmap" and not src.mapped:
         try:
-            check_outside_dataset(dataset, record)  # never a file in the dataset's own directory
-        except CacheWriteError:
-            record = None
-    if record is not None:
-        try:
-            found = json.loads(record.read_text())
-            if found.get("files") == len(encoded):
-                return {int(j): str(why) for j, why in found["undecodable"].items()}
-        except (OSError, ValueError, KeyError, AttributeError):
-            pass  # no record (or an unreadable one): decode
-    late = undecodable(encoded, threads, progress)
-    if record is not None:
-        try:  # a temporary name, then one rename: a reader never sees half a record
-            record.parent.mkdir(parents=True, exist_ok=True)
-            tmp = record.with_name(f".{record.name}.{os.getpid()}")
-            tmp.write_text(json.dumps({"files": len(encoded), "undecodable": {str(j): w for j, w in late.items()}}))
-            os.replace(tmp, record)
-        except OSError:
-            pass  # a read-only cache root: the check is simply done again next time
-    return late
-
-
-_CHUNK_BYTES = 64 << 20  # decoded pixels per recorded step of a resumable build: a kill loses about this
-_PER_THREAD = 16  # and at least this many images per decoding thread in a step, so that none waits long
-
-
-def _source(dataset: Any) -> str:
-    """What a build's progress records as its data: the folder the files are in."""
-    root = getattr(dataset, "root", None)
-    return str(Path(root).resolve()) if root is not None else ""
-
-
-def _decode_chunks(
-    encoded: Encoded,
-    threads: int,
-    max_side: int | None,
-    progress: bool,
-    progress_at: tuple[Path, str] | None,
-    source: str = "",
-) -> tuple[Ragged, int, dict[int, str]]:
-    """Decode chunk by chunk (a progress bar), in memory or, with ``progress_at``, into the build's progress
-    file beside the entry, recording each chunk; returns the pixel store, how many images an earlier,
-    stopped build had decoded, and the images that did not decode (position -> why; their place holds no
-    pixels). A chunk with a bad image is decoded again image by image, so that every bad one is found."""
-    from tqdm.auto import tqdm
-
-    from ..cache.partial import Partial
-
-    shapes = downscaled(encoded.shapes, max_side)
-    sizes = shapes.prod(1)
-    ends = torch.cumsum(sizes, 0)
-    starts, n, nbytes = ends - sizes, len(encoded), int(ends[-1])
-    partial = Partial.open(*progress_at, nbytes, n, source) if progress_at is not None else None
-    data = partial.data if partial is not None else torch.empty(nbytes, dtype=torch.uint8)
-    done = partial.done if partial is not None else 0
-    bad: dict[int, str] = dict(partial.bad) if partial is not None else {}
-    with tqdm(total=n, initial=done, desc="gpufeed: decoding", unit="image", disable=not progress) as bar:
-        while done < n:
-            # the images that end within the next _CHUNK_BYTES, and at least 16 per thread (threads kept busy)
-            last = int(torch.searchsorted(ends, int(starts[done]) + _CHUNK_BYTES, right=True))
-            last = min(n, max(last, done + _PER_THREAD * threads))
-            part = encoded.select(torch.arange(done, last))
-            try:
-                decode(part, torch.device("cpu"), threads, max_side, out=data[int(starts[done]) : int(ends[last - 1])])
-            except DataError:
-                for j in range(done, last):
-                    try:
-                        one = encoded.select(torch.tensor([j]))
-                        decode(one, torch.device("cpu"), 1, max_side, out=data[int(starts[j]) : int(ends[j])])
-                    except DataError as e:
-                        bad[j] = str(e)
-            if partial is not None:
-                partial.commit(last, bad)
-            bar.update(last - done)
-            done = last
-    return Ragged(data, starts, shapes), partial.resumed if partial is not None else 0, bad
-
-
-def _drop_partial(progress_at: tuple[Path, str] | None) -> None:
-    """Remove a failed build's progress (its decoded pixels: as large as the store)."""
-    from ..cache.partial import is_partial, partial_path
-
-    if progress_at is not None and is_partial(partial_path(progress_at[0])):
-        shutil.rmtree(partial_path(progress_at[0]), ignore_errors=True)
-
-
-def _keep(encoded: Encoded, labels: torch.Tensor, keep: list[int], dropped: int) -> tuple[Encoded, torch.Tensor]:
-    """The images at positions ``keep`` and their labels, the others' bytes freed; as they are if none is dropped."""
-    if not dropped:
-        return encoded, labels
-    idx = torch.tensor(keep, dtype=torch.int64)
-    return encoded.select(idx).compact(), labels[idx]
-
-
-def _skip_needs_files(on_error: str, dataset: Any, why: str) -> None:
-    if on_error not in ON_ERROR:
-        raise ConfigError(f"on_error={on_error!r} must be one of {ON_ERROR}")
-    if on_error == "skip":
-        raise ConfigError(
-            f"on_error='skip' leaves out the files of a folder that cannot be read or decoded, found while a store "
-            f"of each image as it is is built; {type(dataset).__name__} is not read that way ({why}): remove or fix "
-            "the bad files, or use a recipe that starts with RandomResizedCrop on an ImageFolder"
-        )
-
-
-def _file_bytes(store: Encoded, i: int) -> Any:
-    return store.file(i).numpy()
-
-
-def _folder_read(
-    images: Ragged | Encoded,
-    labels: torch.Tensor,
-    description: str,
-    t0: float,
-    kept: dict[str, Path] | None,
-    bad: dict[int, str],
-    dataset: Any,
-    files: Encoded | None = None,
-) -> FolderRead:
-    """The read, with the skipped files and, per kept file, its name and the hash of its bytes (``files``: the
-    files' store, when ``images`` holds their pixels)."""
-    store = files if files is not None else images
-    assert isinstance(store, Encoded) and store.paths is not None
-    all_paths = store.paths
-    paths = [all_paths[int(store.index[i]) if store.index is not None else i] for i in range(len(store))]
-    extra = _file_record(dataset, paths, (functools.partial(_file_bytes, store, i) for i in range(len(store))))
-    skipped = tuple((all_paths[i], why) for i, why in sorted(bad.items()))
-    return FolderRead(images, labels, description, time.perf_counter() - t0, kept, skipped, extra)
-
-
-def _file_record(dataset: Any, paths: list[str], blocks: Any) -> dict[str, torch.Tensor]:
-    """Per file, its path relative to the folder and the hash of its bytes (``blocks``: a function per file that
-    gives them): what ``gpufeed cache verify --data DIR`` compares the folder with."""
-    root = getattr(dataset, "root", None)  # the samples' paths start with it; the entry records it resolved
-    names = [os.path.relpath(p, root) if root is not None else p for p in paths]
-    digests = hashes(blocks)
-    return {
-        "digests": torch.tensor([list(bytes.fromhex(d)) for d in digests], dtype=torch.uint8).view(-1, 16),
-        "names": torch.frombuffer(bytearray("\0".join(names).encode()), dtype=torch.uint8),
-    }
-
-
-def _read_file(path: str) -> Any:
-    import numpy as np
-
-    return np.fromfile(path, dtype=np.uint8)
-
-
-def _with_file_record(dataset: Any, read: Any) -> Any:
-    """``read`` of a folder read sample by sample (a pipeline that resizes first), its entry recording the files'
-    names and hashes as a folder store's does; other datasets' ``read`` as it is."""
-    files = file_samples(dataset)
-    if files is None:
-        return read
-
-    def read_and_record() -> Ingested:
-        data = read()
-        if isinstance(data, FolderRead) or len(files) != len(data.labels):
-            return data
-        paths = [p for p, _ in files]
-        extra = _file_record(dataset, paths, (functools.partial(_read_file, p) for p in paths))
-        return FolderRead(data.images, data.labels, data.path, data.seconds, data.files, (), extra)
-
-    return read_and_record
-
-
-def _files(encoded: Encoded, then: str) -> str:
-    jpegs = int(encoded.jpeg.sum())
-    return (
-        f"folder ({fmt_bytes(encoded.data.nbytes)} of files: {jpegs:,} JPEG, {len(encoded) - jpegs:,} other; sizes "
-        f"from their headers{then})"
-    )
-
-
-def _cached(
-    dataset: Any,
-    split: Any,
-    cache: bool | str | Path,
-    kind: dict[str, Any] | None,
-    read: Any,
-    expensive: Any,
-    progress: bool,
-    lock_timeout: float | None,
-    notes: list[str],
-    resume: Any = None,
-    on_error: str = "error",
-) -> Source:
-    """``read()``'s data, or the cache entry of the same key; written to the cache when asked (``cache=True`` or
-    a root) or, for ``"auto"``, when ``expensive(data)``. ``resume``: a ``read`` that resumes a stopped build
-    (see :func:`gpufeed.pipeline.entries.load_or_ingest`). Files an entry left out (``on_error="skip"``) are an error
-    on a hit with ``on_error="error"``, as they would be on a fresh read."""
-    key = cache_key(dataset, split.cached, kind) if cache is not False else None
-    notes = list(notes)
-    if cache is not False and key is None:
-        warnings.warn(
-            f"gpufeed.accelerate: {type(dataset).__name__} or its cached ops cannot be fingerprinted, so nothing is "
-            "written to disk (an opaque source could later be matched to other data)",
-            stacklevel=4,
-        )
-        notes.append("not persisted: the source or the cached ops cannot be fingerprinted")
-    if key is None:
-        data = read()
-        return _skipping(Source(data.images, data.labels, _describe(data), None, False, notes), data, None, on_error)
-    root = cache if isinstance(cache, Path) else None
-    path = entry_path(type(dataset).__name__, key, root)
-    always = cache is True or root is not None
-    meta = {
-        "source": describe_source(dataset),
-        "pipeline": {"cached": [repr(op) for op in split.cached], **(kind or {})},
-    }
-    hit, data = load_or_ingest(
-        dataset,
-        split,
-        path,
-        key,
-        lambda d: always or expensive(d),
-        None,
-        progress,
-        lock_timeout,
-        strict=False,  # a cache that cannot be written is not a reason to fail: the data stays in memory
-        read=read,
-        resume=resume,
-        meta=meta,
-    )
-    if data is None:
-        assert hit is not None  # load_or_ingest returns one or the other
-        src = Source(hit.images, hit.labels, f"cache hit, verified ({len(hit.labels)} samples)", path, True, notes)
-    elif hit is not None:
-        src = Source(hit.images, hit.labels, _describe(data) + ", written to the cache", path, True, notes)
-    else:
-        src = Source(data.images, data.labels, _describe(data), None, False, notes)
-    return _skipping(src, data, hit, on_error)
-
-
-def describe_source(dataset: Any) -> dict[str, Any]:
-    """What an entry records as its data (``gpufeed cache info`` shows it; a newer entry of the same source and
-    pipeline replaces it): the dataset's class, its folder and its split, and for a part of it (a ``Subset``,
-    a ``random_split`` part, a ``ConcatDataset``) which part: two parts of one folder are two sources."""
-    out: dict[str, Any] = {"class": f"{type(dataset).__module__}.{type(dataset).__qualname__}"}
-    if _source(dataset):
-        out["root"] = _source(dataset)
-    for attr in ("train", "split"):
-        if isinstance(getattr(dataset, attr, None), (bool, str)):
-            out[attr] = getattr(dataset, attr)
-    part = selection(dataset)  # a Subset / random_split part or a ConcatDataset: which samples of the root
-    if part is not None:
-        out["selection"] = part
-    return out
-
-
-def _skipping(src: Source, data: Any, hit: Any, on_error: str) -> Source:
-    """The files left out (a fresh read's, or the entry's record on a hit): one warning that lists them and a
-    line in the plan; on a hit with ``on_error="error"`` they are the error a fresh read would raise."""
-    if data is not None:
-        skipped = tuple(getattr(data, "skipped", ()))
-    else:
-        skipped = tuple((d["path"], d["why"]) for d in hit.manifest.meta.get("skipped", []))
-    if not skipped:
-        return src
-    total = len(src.labels) + len(skipped)
-    if on_error == "error":
-        raise bad_files_error(
-            dict(enumerate(why for _, why in skipped)), total, f"the folder of the cache entry {src.cache_path}"
-        )
-    src.skipped = skipped
-    lines = "\n".join(f"  {why}" for _, why in skipped)
-    warnings.warn(
-        f"gpufeed.accelerate: on_error='skip' left out {len(skipped):,} of {total:,} files that cannot be used:\n"
-        f"{lines}\n(the files stay as they are; remove or fix them to train on them)",
-        stacklevel=4,
-    )
-    src.notes.append(
-        f"on_error='skip': {len(skipped):,} of {total:,} files left out (they cannot be read or decoded; the "
-        "warning lists them); every other image keeps its label"
-    )
-    return src
-
-
-def describe_store(images: Ragged | Encoded) -> str:
-    """The plan's line for a store of images of different sizes."""
-    h, w = images.shapes[:, 1], images.shapes[:, 2]
-    sizes = f"heights {int(h.min())}-{int(h.max())}, widths {int(w.min())}-{int(w.max())}"
-    if isinstance(images, Encoded):
-        where = "nvJPEG, batched" if images.data.is_pinned() else f"torchvision on {usable_cores()} CPU thread(s)"
-        jpegs = int(images.jpeg.sum())
-        others = f", the {len(images) - jpegs:,} others by PIL on the CPU" if jpegs < len(images) else ""
-        what = f"encoded files: {len(images):,} images decoding to 3 channels, {sizes}"
-        return f"{what}; {jpegs:,} JPEGs decoded by {where}{others}"
-    return f"ragged: {len(images):,} images of {int(images.shapes[0, 0])} channel(s), {sizes}"
-
-
-def _describe(data: Any) -> str:
-    return f"{data.path} read of {len(data.labels)} samples in {data.seconds:.2f} s"
+            images, labels = spill(images, labels)
+        except CacheWriteError as e:
+            tier = host_tier
+            why = f"{why}, but the memory map could not be written, so the data stays in host memory"
+            warnings.warn(f"gpufeed.accelerate: {e}; the data stays in host memory", stacklevel=4)
+    return replace(src, images=images, labels=labels, tier=tier, why=why, nbytes=nbytes)

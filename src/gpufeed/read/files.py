@@ -1,50 +1,31 @@
-"""Encoded images (the files' own JPEG bytes) as one store, decoded each epoch into a Ragged batch.
+"""A folder's image files (``ImageFolder``, ``Food101``): their bytes and headers, read as an Encoded store.
 
-A folder of photos decoded is 5-10x its JPEG size: 75,000 Food101 images are 4.9 GiB of JPEG and
-about 40 GiB of pixels. When the pixels do not fit, gpufeed keeps the bytes and decodes each
-chunk as it is served:
-
-- reading the folder never decodes: each file's bytes are copied as they are, and the size it
-  decodes to comes from its header (PIL reads only the header), so RandomResizedCrop can draw its
-  boxes before anything is decoded. A header is checked against Pillow's decompression-bomb limit
-  and against the file's size (NOTE [ Header sizes against file sizes ]) before anything is
-  allocated for its pixels; every file that fails a check is found, not only the first;
-- JPEGs decode with :mod:`gpufeed.store.decoders` (TorchCodec's ``decode_jpeg`` where installed, else
-  torchvision's): on the CPU on threads (libjpeg-turbo releases the GIL), on a GPU batched through
-  nvJPEG. PNGs and WebPs decode with TorchCodec where installed; other files (and those, without it)
-  decode with PIL on the CPU, as the user's loader does, never dropped;
-- every image is decoded to RGB, as ``ImageFolder``'s loader (``PIL.Image.open(f).convert("RGB")``)
-  does, without EXIF rotation (the loader applies none).
-
-Fidelity: on the CPU libjpeg-turbo (TorchCodec's or torchvision's) gives PIL's pixels bit for bit (baseline,
-progressive, grayscale and CMYK JPEGs; tests/test_encoded.py checks it). nvJPEG is not
-libjpeg-turbo: its difference is measured by ``benchmarks/gpu_check.py``.
+Reading a folder never decodes: each file's bytes are copied as they are into one
+:class:`~gpufeed.store.encoded.Encoded` store, and the size it decodes to comes from its header (PIL reads only
+the header), so RandomResizedCrop can draw its boxes before anything is decoded. A header is checked against
+Pillow's decompression-bomb limit and against the file's size (NOTE [ Header sizes against file sizes ]) before
+anything is allocated for its pixels; every file that fails a check is found, not only the first. Decoding the
+store lives beside it, in :mod:`gpufeed.store.encoded`.
 """
 
 from __future__ import annotations
 
-import io
 import os
-import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from ..device import usable_cores
-from ..errors import ConfigError, DataError
-from ..store import decoders
-from ..store.ragged import Ragged
+from ..errors import DataError
+from ..store import encoded as encoded_store
+from ..store.encoded import Encoded
 from ..validate import label_tensor
 
 __all__ = [
-    "Encoded",
     "bad_files_error",
-    "decode",
-    "downscaled",
     "file_samples",
     "header_shapes",
     "read_files",
@@ -54,77 +35,6 @@ __all__ = [
 ]
 
 _JPEG_MAGIC = b"\xff\xd8\xff"
-
-
-@dataclass(frozen=True)
-class Encoded:
-    """``N`` encoded images in one byte buffer: image ``i`` is ``data[starts[i]:][:lengths[i]]`` and
-    decodes to ``shapes[i]`` = (C, H, W); ``jpeg[i]`` says whether it is a JPEG."""
-
-    data: torch.Tensor  # (total,) uint8, on the host (decoders read host memory, nvJPEG included)
-    starts: torch.Tensor  # (N,) int64
-    lengths: torch.Tensor  # (N,) int64
-    shapes: torch.Tensor  # (N, 3) int64: what each decodes to
-    jpeg: torch.Tensor  # (N,) bool
-    index: torch.Tensor | None = None  # (N,) each image's sample index in the dataset (None: 0..N-1)
-    paths: Sequence[str] | None = None  # the dataset's files, by sample index: what errors name
-
-    def __len__(self) -> int:
-        return self.starts.shape[0]
-
-    @property
-    def device(self) -> torch.device:
-        return self.data.device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return torch.uint8  # what it decodes to
-
-    @property
-    def nbytes(self) -> int:
-        return self.data.nbytes + self.starts.nbytes + self.lengths.nbytes + self.shapes.nbytes + self.jpeg.nbytes
-
-    @property
-    def pixel_bytes(self) -> int:
-        """What the images take decoded."""
-        return int(self.shapes.prod(1).sum())
-
-    def file(self, i: int) -> torch.Tensor:
-        """The bytes of image ``i`` (a view)."""
-        start = int(self.starts[i])
-        return self.data[start : start + int(self.lengths[i])]
-
-    def name(self, i: int) -> str:
-        """Image ``i`` as an error names it: its sample index in the dataset, and its file when known."""
-        sample = int(self.index[i]) if self.index is not None else i
-        return f"sample {sample} ({self.paths[sample]})" if self.paths is not None else f"sample {sample}"
-
-    def select(self, idx: torch.Tensor) -> Encoded:
-        """The images at ``idx``, as views of the same buffer."""
-        idx = idx.cpu()
-        pick = lambda t: t.index_select(0, idx)  # noqa: E731
-        index = self.index.index_select(0, idx) if self.index is not None else idx.clone()
-        return replace(self, starts=pick(self.starts), lengths=pick(self.lengths), shapes=pick(self.shapes),
-                       jpeg=pick(self.jpeg), index=index)  # fmt: skip
-
-    def compact(self) -> Encoded:
-        """A new buffer holding only these images (after :meth:`select`, to free the rest)."""
-        packed = _pack([self.file(i) for i in range(len(self))], self.shapes, self.jpeg)
-        return replace(packed, index=self.index, paths=self.paths)
-
-    def pin_memory(self) -> Encoded:
-        return replace(self, data=self.data.pin_memory())
-
-    def to(self, device: torch.device, non_blocking: bool = False) -> Encoded:
-        """Encoded bytes stay on the host whatever the device: the decoders read them there."""
-        return self
-
-
-def _pack(files: Sequence[torch.Tensor], shapes: torch.Tensor, jpeg: torch.Tensor) -> Encoded:
-    lengths = torch.tensor([f.numel() for f in files], dtype=torch.int64)
-    starts = torch.cumsum(lengths, 0) - lengths
-    data = torch.cat(list(files)) if files else torch.empty(0, dtype=torch.uint8)
-    return Encoded(data, starts, lengths, shapes.clone(), jpeg.clone())
 
 
 def _is_pil_rgb_loader(loader: Any) -> bool:
@@ -377,7 +287,7 @@ def undecodable(encoded: Encoded, threads: int, progress: bool = True) -> dict[i
     size: position -> why. A full decode of every file, on ``threads`` threads, nothing kept."""
 
     def check(i: int) -> None:
-        image = _decode_one(encoded, i)
+        image = encoded_store.decode_one(encoded, i)  # looked up per call: tests count the decodes
         c, h, w = encoded.shapes[i].tolist()
         if tuple(image.shape) != (h, w, c):
             got = tuple(image.shape)
@@ -385,155 +295,3 @@ def undecodable(encoded: Encoded, threads: int, progress: bool = True) -> dict[i
 
     got = _run(check, [list(range(len(encoded)))], threads, "gpufeed: checking that the files decode", progress)
     return {i: str(r) for i, r in enumerate(got) if isinstance(r, DataError)}
-
-
-_POOL: ThreadPoolExecutor | None = None
-_POOL_LOCK = threading.Lock()
-
-
-def _pool() -> ThreadPoolExecutor:
-    """The decoders' threads: one pool for the process, threads started as work needs them."""
-    global _POOL
-    with _POOL_LOCK:
-        if _POOL is None:
-            _POOL = ThreadPoolExecutor(64, thread_name_prefix="gpufeed-decode")
-        return _POOL
-
-
-def _forget_pool() -> None:
-    # A forked child inherits the pool but not its threads: work handed to it would wait forever.
-    global _POOL, _POOL_LOCK
-    _POOL, _POOL_LOCK = None, threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_pool)
-
-
-def _decode_one(encoded: Encoded, i: int) -> torch.Tensor:
-    """Image ``i`` decoded to RGB, as ``(H, W, C)`` (how both decoders lay pixels out)."""
-    data = encoded.file(i)
-    image: torch.Tensor | None = None
-    try:
-        image = decoders.decode_jpeg(data) if bool(encoded.jpeg[i]) else decoders.decode_still(data)
-    except RuntimeError:  # e.g. a truncated file, which PIL may still read (ImageFile.LOAD_TRUNCATED_IMAGES)
-        pass
-    return image.permute(1, 2, 0) if image is not None else _pil_decode(encoded, i)
-
-
-def _pil_decode(encoded: Encoded, i: int) -> torch.Tensor:
-    """As the user's loader decodes it: ``PIL.Image.open(f).convert("RGB")``; a file it cannot read is named."""
-    import numpy as np
-    from PIL import Image
-
-    try:
-        with Image.open(io.BytesIO(encoded.file(i).numpy().tobytes())) as im:
-            return torch.from_numpy(np.asarray(im.convert("RGB")).copy())
-    except Exception as e:  # what PIL raises for a damaged file varies (OSError, SyntaxError, ValueError, ...)
-        raise DataError(
-            f"{encoded.name(i)} cannot be decoded ({type(e).__name__}: {e}); PIL cannot read it either, so a "
-            "DataLoader would fail on it too: remove or fix the file"
-        ) from e
-
-
-def downscaled(shapes: torch.Tensor, max_side: int | None) -> torch.Tensor:
-    """The ``(C, H, W)`` of each image once its longer side is at most ``max_side``, computed as torchvision's
-    ``Resize(size=None, max_size=max_side)`` does; images already within it keep their size."""
-    if max_side is None:
-        return shapes
-    out = shapes.clone()
-    h, w = shapes[:, 1], shapes[:, 2]
-    long, short = torch.maximum(h, w), torch.minimum(h, w)
-    shrink = long > max_side
-    # torchvision: int(max_size * short / long), at least 1 pixel (a 1 x 1000 strip stays 1 high)
-    new_short = (max_side * short.double() / long.double()).floor().long().clamp(min=1)
-    out[:, 1] = torch.where(shrink, torch.where(h >= w, max_side, new_short), h)
-    out[:, 2] = torch.where(shrink, torch.where(h >= w, new_short, max_side), w)
-    return out
-
-
-def decode(
-    encoded: Encoded,
-    device: torch.device,
-    threads: int | None = None,
-    max_side: int | None = None,
-    out: torch.Tensor | None = None,
-) -> Ragged:
-    """Decode every image into one Ragged batch on ``device``.
-
-    On the CPU the images are spread over ``threads`` threads (default: the usable cores), each
-    writing straight into the batch's channels-last buffer. On a GPU the JPEGs go to nvJPEG in one
-    batched call and are packed channels-first by one concatenation; other files decode on the CPU
-    and are copied in. ``max_side`` (CPU): images whose longer side exceeds it are resized (bilinear,
-    antialiased, torchvision's kernel) to :func:`downscaled`'s size as they are decoded. ``out`` (CPU): the
-    uint8 buffer to decode into (a part of a larger store, a mapped file), of the decoded size.
-    """
-    n = len(encoded)
-    if device.type == "cuda":
-        if max_side is not None:
-            raise ConfigError("max_side is applied while a pixel store is built, on the CPU")
-        sizes = encoded.shapes.prod(1)
-        return _decode_cuda(encoded, device, torch.cumsum(sizes, 0) - sizes)
-    target = downscaled(encoded.shapes, max_side)
-    sizes = target.prod(1)
-    starts = torch.cumsum(sizes, 0) - sizes
-    if out is None:
-        out = torch.empty(int(sizes.sum()), dtype=torch.uint8)
-    elif out.dtype != torch.uint8 or out.numel() != int(sizes.sum()):
-        raise ValueError(f"out: {out.numel()} {out.dtype} elements for {int(sizes.sum())} uint8 pixels")
-    shapes, targets, offsets = encoded.shapes.tolist(), target.tolist(), starts.tolist()
-
-    def part(first: int, step: int) -> None:
-        from torchvision.transforms.v2.functional import resize
-
-        for i in range(first, n, step):
-            image = _decode_one(encoded, i)
-            c, h, w = shapes[i]
-            if tuple(image.shape) != (h, w, c):
-                got = tuple(image.shape)
-                raise DataError(f"{encoded.name(i)} decoded to {got} (H, W, C), but its header said {(h, w, c)}")
-            _, th, tw = targets[i]
-            if (th, tw) != (h, w):  # channels-last in, as the uint8 kernel runs fastest
-                chw = image.permute(2, 0, 1).unsqueeze(0)
-                image = resize(chw, [th, tw], antialias=True)[0].permute(1, 2, 0)
-            out[offsets[i] : offsets[i] + c * th * tw].view(th, tw, c).copy_(image)
-
-    workers = min(usable_cores() if threads is None else threads, n)
-    if workers > 1:
-        list(_pool().map(part, range(workers), [workers] * workers))
-    else:
-        part(0, 1)
-    return Ragged(out, starts, target)
-
-
-def _decode_cuda(encoded: Encoded, device: torch.device, starts: torch.Tensor) -> Ragged:
-    jpegs = encoded.jpeg.nonzero().flatten().tolist()
-    decoded: dict[int, torch.Tensor] = {}
-    if jpegs:
-        try:
-            images = decoders.decode_jpegs([encoded.file(i) for i in jpegs], device)
-            decoded.update((i, image) for i, image in zip(jpegs, images, strict=True) if image is not None)
-        except RuntimeError as batch_error:  # one file nvJPEG refuses fails the batch: each on its own, PIL after
-            for i in jpegs:
-                try:
-                    image = decoders.decode_jpegs([encoded.file(i)], device)[0]
-                except RuntimeError:
-                    continue
-                if image is not None:
-                    decoded[i] = image
-            if len(jpegs) > 1 and not decoded:  # not a bad file: the GPU decoder itself fails; say so, once
-                decoders.warn_once(
-                    "gpu-decoder-fails",
-                    f"gpufeed: the GPU JPEG decoder ({decoders.backend()}) refused every JPEG of a chunk "
-                    f"({batch_error}); they are decoded by PIL on the CPU instead, far slower. Check that the "
-                    "decoder's build matches your torch and CUDA",
-                )
-    for i in sorted(set(range(len(encoded))) - set(decoded)):
-        decoded[i] = _pil_decode(encoded, i).permute(2, 0, 1).contiguous().to(device, non_blocking=True)
-    for i, image in decoded.items():
-        if tuple(image.shape) != tuple(encoded.shapes[i].tolist()):
-            shape = tuple(encoded.shapes[i].tolist())
-            raise DataError(f"{encoded.name(i)} decoded to {tuple(image.shape)}, but its header said {shape}")
-    # nvJPEG gives (C, H, W) images: one concatenation packs them channels-first, which the batched kernel reads.
-    data = torch.cat([decoded[i].reshape(-1) for i in range(len(encoded))])
-    return Ragged(data, starts, encoded.shapes, hwc=False)

@@ -20,9 +20,23 @@ import torch
 
 from ..cache.format import VERSION, hashes
 
-__all__ = ["cache_key", "dataset_identity", "standard_getitem", "transform_identity"]
+__all__ = ["cache_key", "dataset_identity", "digest", "standard_getitem", "transform_identity"]
 
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
+def digest(*parts: Any) -> str:
+    """A short hex digest of ``parts``: tensors by dtype, shape and bytes, anything else by its ``repr``."""
+    h = hashlib.blake2b(digest_size=8)
+    for part in parts:
+        if isinstance(part, torch.Tensor):
+            t = part.detach().cpu().contiguous()
+            h.update(f"{t.dtype} {tuple(t.shape)}".encode())
+            if t.numel():
+                h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+        else:
+            h.update(repr(part).encode())
+    return h.hexdigest()
 
 
 _ROWS_BYTES = 16 << 20  # hashed per slice of rows: a strided array is copied a slice at a time, never whole

@@ -13,7 +13,6 @@ image must come out of the cached part with one shape.
 from __future__ import annotations
 
 import copy
-import functools
 import time
 import warnings
 from collections.abc import Callable
@@ -26,14 +25,23 @@ import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from ..errors import DataError
-from ..sampling import derive_seed, global_seed
 from ..store.ragged import Ragged
-from ..validate import Guarded, SampleFailure, UnbatchableError, check_dataset, check_label, label_tensor
+from ..validate import Guarded, SampleFailure, UnbatchableError, check_dataset, label_tensor
 from ..workers import default_workers, loader_kwargs
 from .fingerprint import standard_getitem
-from .wrappers import ConcatView, IndexedView, hidden_transforms, map_parts
+from .wrappers import ConcatView, IndexedView, map_parts
 
-__all__ = ["Ingested", "Probe", "RaggedError", "UnbatchableError", "exposes_arrays", "ingest", "probe", "to_chw"]
+__all__ = [
+    "Ingested",
+    "RaggedError",
+    "UnbatchableError",
+    "as_pair",
+    "exposes_arrays",
+    "ingest",
+    "ragged_message",
+    "to_chw",
+    "with_transform",
+]
 
 
 class RaggedError(UnbatchableError):
@@ -47,7 +55,9 @@ class RaggedError(UnbatchableError):
         self.sizes_only = sizes_only
 
 
-def _ragged(source: str, i: int, shape: tuple[int, ...], dtype: Any, first: tuple[int, ...], first_dtype: Any) -> str:
+def ragged_message(
+    source: str, i: int, shape: tuple[int, ...], dtype: Any, first: tuple[int, ...], first_dtype: Any
+) -> str:
     if shape[0] != first[0]:
         fix = "convert every image to one mode first (e.g. PIL's image.convert('RGB'), or Grayscale(3))"
     elif dtype != first_dtype:
@@ -59,180 +69,6 @@ def _ragged(source: str, i: int, shape: tuple[int, ...], dtype: Any, first: tupl
         f"leave the cached part with one shape: {fix}, or pass fallback='prefetch' to run the per-sample pipeline "
         "in DataLoader workers"
     )
-
-
-@dataclass(frozen=True)
-class Probe:
-    """What a few samples say before the whole dataset is read."""
-
-    dtype: torch.dtype  # of an image after the cached part
-    size: tuple[int, int]  # (height, width) after the cached part
-    pil: bool  # the cached part hands PIL images on (so the user's pipeline continues on PIL kernels)
-    ragged: str | None  # why the images cannot be stacked into one tensor (differing sizes), or None
-    samples: torch.Tensor | Ragged | None = None  # the probed images after the cached part
-    sizes_only: bool = False  # ragged, but only in height and width (one channel count and dtype): a Ragged store
-    channels: int | None = None  # of an image after the cached part (sample 0's)
-
-
-_SPREAD = 24  # samples of a dataset whose reads gpufeed cannot prove deterministic, read twice each
-
-
-def _spread(n: int, count: int, skip: int) -> list[int]:
-    """Up to ``count`` indices spread evenly over ``range(n)`` (every class of a sorted folder, every part of a
-    concatenation), without ``skip``."""
-    return sorted({round(k * (n - 1) / max(1, count - 1)) for k in range(min(count, n))} - {skip})
-
-
-def _image_and_label(read: Callable[[int], tuple[Any, torch.Tensor, Any]], i: int) -> tuple[torch.Tensor, Any]:
-    return read(i)[1:]
-
-
-def _known_reads(dataset: Any) -> bool:
-    """Whether ``dataset[i]`` runs only torchvision's or torch's own code once its transform is replaced (its
-    ``__getitem__`` and file loader), so reading a sample again gives the same sample."""
-    from .fingerprint import _standard_loader
-
-    return standard_getitem(dataset) and _standard_loader(dataset)
-
-
-def _varies(
-    read: Callable[[], tuple[torch.Tensor, Any]], image: torch.Tensor, label: Any, reads: int = 8, first_seed: int = 0
-) -> bool:
-    """Whether reading a sample again, under ``reads`` different global seeds, gives anything else
-    (a coin-flip augmentation is missed with probability 2**-reads; the seeds make the answer repeatable)."""
-    for seed in range(first_seed, first_seed + reads):
-        with global_seed(seed):
-            again, label_again = read()
-        if not (_same(image, again) and _same(torch.as_tensor(label), torch.as_tensor(label_again))):
-            return True
-    return False
-
-
-def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Equal values, NaN equal to NaN (a NaN in the data is the checks' business, not a sign of randomness)."""
-    if a.shape != b.shape or a.dtype != b.dtype:
-        return False
-    return torch.equal(a, b) or (a.is_floating_point() and torch.allclose(a, b, rtol=0, atol=0, equal_nan=True))
-
-
-def _deterministic(transform: Any) -> bool:
-    """Whether every op of ``transform`` is one gpufeed knows to give the same output for the same input."""
-    from ..pipeline.translate import RANDOM_SUPPORTED, flatten, kind
-
-    try:
-        ops = flatten(transform)
-    except Exception:  # a container gpufeed cannot read: nothing is proved
-        return False
-    return all(kind(op) not in (None, "Lambda", *RANDOM_SUPPORTED) for op in ops)
-
-
-def probe(dataset: Any, cached: Callable[[Any], Any] | None, on_error: str = "error") -> Probe:
-    """Read samples 0, n/2 and n-1 through ``cached``: their dtype and size, PIL or not, sizes that differ.
-
-    Randomness the transform split cannot see is never frozen. A transform inside a wrapper gpufeed does not
-    know (not torch's ``Subset`` or ``ConcatDataset``, which :func:`gpufeed.read.wrappers.unwrap` sees through)
-    runs on every read and cannot be stripped: unless each of its ops is known to be deterministic it is
-    refused (UnbatchableError, the fallback's case). And sample 0 is read again under eight different
-    random states: a ``__getitem__`` that draws random numbers of its own is refused the same way.
-
-    Example:
-        >>> p = probe(TensorDataset(torch.zeros(4, 3, 5, 6, dtype=torch.uint8), torch.arange(4)), None)
-        >>> p.dtype, p.size, p.pil, p.ragged
-        (torch.uint8, (5, 6), False, None)
-    """
-    from PIL import Image
-
-    check_dataset(dataset)
-    n, source = len(dataset), type(dataset).__name__
-    if n == 0:
-        raise DataError(f"the dataset ({source}) is empty (len 0); nothing to load")
-    for where, inner in hidden_transforms(dataset):
-        if not _deterministic(inner):
-            described = " ".join(repr(inner).split())
-            raise UnbatchableError(
-                f"{where} has the transform {described}, which runs inside {source}[i] where gpufeed cannot replace "
-                "it: reading each sample once would freeze its random ops. Pass the inner dataset (torch's Subset "
-                "and ConcatDataset are seen through) with its transform, or pass fallback='prefetch' to run the "
-                "dataset as a DataLoader does"
-            )
-    raw = Guarded(_with_transform(dataset, None), source)
-
-    def read(i: int) -> tuple[Any, torch.Tensor, Any]:
-        item = raw[i]
-        if isinstance(item, SampleFailure):
-            raise item.exception()
-        image, label = _pair(item)
-        check_label(label, source, i)
-        try:
-            out = cached(image) if cached is not None else image
-        except Exception as e:  # the user's cached ops on the user's image: name the sample
-            raise DataError(f"{source}[{i}]: the cached ops raised {type(e).__name__}: {e}") from e
-        return out, to_chw(out), label
-
-    first_at = 0
-    while True:  # on_error="skip": a file that cannot be read is left out by the store's build, so probe others
-        try:
-            with global_seed(derive_seed(first_at, 1)):  # the caller's global generators are neither used nor moved
-                first_out, first, label = read(first_at)
-            break
-        except DataError:
-            if on_error != "skip" or first_at + 1 >= n:
-                raise
-            first_at += 1
-    # Every dataset, torchvision's too: its transform is stripped, but what else it (or what it wraps) runs is
-    # not known to be deterministic until reads under other random states agree.
-    if _varies(lambda: read(first_at)[1:], first, label):
-        raise UnbatchableError(
-            f"{source}[0] differs between two reads: its __getitem__ draws random numbers outside its transform, "
-            "and gpufeed, which reads each sample once, would freeze that randomness. Move the random ops into "
-            "the transform, or pass fallback='prefetch' to run the dataset as a DataLoader does"
-        )
-    if not _known_reads(dataset):  # randomness may show only for some samples (one class, one part of a concat)
-        for i in _spread(n, _SPREAD, skip=first_at):
-            try:
-                with global_seed(derive_seed(i, 1)):
-                    image, again_label = read(i)[1:]
-            except DataError:
-                if on_error == "skip":
-                    continue
-                raise
-            again = functools.partial(_image_and_label, read, i)
-            if _varies(again, image, again_label, reads=2, first_seed=derive_seed(i, 2)):
-                raise UnbatchableError(
-                    f"{source}[{i}] differs between two reads: its __getitem__ (code gpufeed cannot read) draws random "
-                    "numbers outside the transform it replaces, and gpufeed, which reads each sample once, would "
-                    "freeze that randomness. Move the random ops into the dataset's transform, or pass "
-                    "fallback='prefetch' to run the dataset as a DataLoader does"
-                )
-    if first.dim() != 3:
-        raise UnbatchableError(
-            f"{source}[{first_at}] gives an image of shape {tuple(first.shape)}; gpufeed stores images, (C, H, W) or "
-            "(H, W) (served as (N, C, H, W) batches): for other data (features, sequences), use a DataLoader, or "
-            "pass fallback='prefetch'"
-        )
-    if first.dtype != torch.uint8 and not first.dtype.is_floating_point:
-        raise UnbatchableError(
-            f"{source}[0] gives images of dtype {first.dtype} (e.g. a 1-bit or 16-bit PIL image); gpufeed stores uint8 "
-            "or float images: convert them (image.convert('RGB'), or a ToDtype first), or pass fallback='prefetch'"
-        )
-    stored, ragged, sizes_only = [first], None, True
-    for i in sorted({n // 2, n - 1} - {first_at}):
-        try:
-            _, image, _ = read(i)
-        except DataError:
-            if on_error != "skip":
-                raise
-            continue
-        if image.shape != first.shape or image.dtype != first.dtype:
-            ragged = ragged or _ragged(source, i, tuple(image.shape), image.dtype, tuple(first.shape), first.dtype)
-            sizes_only = sizes_only and image.shape[0] == first.shape[0] and image.dtype == first.dtype
-        stored.append(image)
-    pil = isinstance(first_out, Image.Image)
-    size = (first.shape[1], first.shape[2])
-    channels = int(first.shape[0])
-    if ragged is None:
-        return Probe(first.dtype, size, pil, None, torch.stack(stored), channels=channels)
-    return Probe(first.dtype, size, pil, ragged, Ragged.stack(stored) if sizes_only else None, sizes_only, channels)
 
 
 @dataclass(frozen=True)
@@ -327,7 +163,7 @@ def _identity(image: Any) -> Any:
     return image
 
 
-def _with_transform(dataset: Any, transform: Callable[[Any], Any] | None) -> Any:
+def with_transform(dataset: Any, transform: Callable[[Any], Any] | None) -> Any:
     """``dataset`` with its per-sample transform replaced by ``transform``; the caller's object is untouched.
 
     torchvision datasets get a shallow copy with ``.transform`` set; others (``TensorDataset``,
@@ -335,7 +171,7 @@ def _with_transform(dataset: Any, transform: Callable[[Any], Any] | None) -> Any
     of :mod:`gpufeed.read.wrappers` has the transform of each dataset it holds replaced.
     """
     if isinstance(dataset, (IndexedView, ConcatView)):
-        return map_parts(dataset, lambda part: _with_transform(part, transform))
+        return map_parts(dataset, lambda part: with_transform(part, transform))
     if not hasattr(dataset, "transform"):
         return dataset if transform is None else _Mapped(dataset, transform)
     ds = copy.copy(dataset)
@@ -348,7 +184,7 @@ def _with_transform(dataset: Any, transform: Callable[[Any], Any] | None) -> Any
     return ds
 
 
-def _pair(item: Any) -> tuple[Any, Any]:
+def as_pair(item: Any) -> tuple[Any, Any]:
     if not isinstance(item, (tuple, list)) or len(item) != 2:
         got = f"a {type(item).__name__}" + (f" of {len(item)}" if isinstance(item, (tuple, list)) else "")
         raise UnbatchableError(
@@ -360,7 +196,7 @@ def _pair(item: Any) -> tuple[Any, Any]:
 
 def _decode(item: Any) -> tuple[torch.Tensor, Any]:
     # Runs in the workers (inside the guard): decode to tensors there, stack in the parent.
-    image, label = _pair(item)
+    image, label = as_pair(item)
     return to_chw(image), label
 
 
@@ -369,11 +205,12 @@ def _collate(items: list[Any]) -> list[Any]:
 
 
 def _per_sample(
-    dataset: Any, source: str, num_workers: int | None, progress: bool, ragged: bool = False
+    dataset: Any, source: str, num_workers: int | None, progress: bool, ragged: bool | None = False
 ) -> tuple[torch.Tensor | Ragged, torch.Tensor]:
     """Every sample through the dataset's (cached) transform, in DataLoader workers. ``ragged``: images of
     different sizes are kept as they are, in one Ragged buffer (held as a list until the end: the peak is
-    twice the store)."""
+    twice the store); ``None``: one tensor while the images have one size, a Ragged buffer from the first that
+    differs in height and width only (so that one read serves either)."""
     dataset = Guarded(dataset, source, _decode)
     n = len(dataset)
     workers = default_workers(n) if num_workers is None else num_workers
@@ -390,25 +227,27 @@ def _per_sample(
                 if isinstance(item, SampleFailure):
                     raise item.exception()
                 image, label = item
-                if ragged:
+                if images is not None and (image.shape != images.shape[1:] or image.dtype != images.dtype):
+                    first = tuple(images.shape[1:])
+                    sizes_only = image.shape[0] == first[0] and image.dtype == images.dtype
+                    if not (ragged is None and sizes_only):
+                        message = ragged_message(source, i, tuple(image.shape), image.dtype, first, images.dtype)
+                        raise RaggedError(message, sizes_only)
+                    parts, images = list(images[:i]), None  # from here on each image is kept as it is
+                if parts or ragged:
                     ref = parts[0] if parts else image
                     if image.shape[0] != ref.shape[0] or image.dtype != ref.dtype:
                         shape, dtype = tuple(image.shape), image.dtype
-                        raise RaggedError(_ragged(source, i, shape, dtype, tuple(ref.shape), ref.dtype))
+                        raise RaggedError(ragged_message(source, i, shape, dtype, tuple(ref.shape), ref.dtype))
                     parts.append(image)
                 else:
                     if images is None:
                         images = torch.empty((n, *image.shape), dtype=image.dtype)
-                    elif image.shape != images.shape[1:] or image.dtype != images.dtype:
-                        first = tuple(images.shape[1:])
-                        sizes_only = image.shape[0] == first[0] and image.dtype == images.dtype
-                        message = _ragged(source, i, tuple(image.shape), image.dtype, first, images.dtype)
-                        raise RaggedError(message, sizes_only)
                     images[i] = image
                 labels.append(label)
                 i += 1
             bar.update(len(batch))
-    if ragged:
+    if parts:
         return Ragged.stack(parts), label_tensor(labels, source)
     assert images is not None
     return images, label_tensor(labels, source)
@@ -420,13 +259,14 @@ def ingest(
     *,
     num_workers: int | None = None,
     progress: bool = True,
-    ragged: bool = False,
+    ragged: bool | None = False,
 ) -> Ingested:
     """Read every sample of ``dataset`` through ``cached`` (the deterministic part) into two tensors.
 
     The dataset's own ``transform`` is replaced by ``cached`` on a copy; the caller's dataset is
     not modified. ``ragged``: the images may differ in height and width; they come back as a
-    :class:`~gpufeed.store.ragged.Ragged` store, each as it is.
+    :class:`~gpufeed.store.ragged.Ragged` store, each as it is. ``None``: one tensor if they all have one size,
+    else (when they differ in height and width only) a Ragged store, from one read.
 
     Example:
         >>> ds = TensorDataset(torch.zeros(4, 1, 2, 2, dtype=torch.uint8), torch.arange(4))
@@ -439,8 +279,8 @@ def ingest(
     source = type(dataset).__name__
     if n == 0:
         raise DataError(f"the dataset ({source}) is empty (len 0); nothing to load")
-    stripped = _with_transform(dataset, cached)
-    arrays = _arrays(dataset) if cached is None and not ragged else None
+    stripped = with_transform(dataset, cached)
+    arrays = _arrays(dataset) if cached is None and ragged is not True else None
     if arrays is not None and arrays[0].shape[0] == n and _spot_check(stripped, source, arrays[0]):
         return Ingested(arrays[0], arrays[1], "arrays", time.perf_counter() - t0)
     images, labels = _per_sample(stripped, source, num_workers, progress, ragged)

@@ -47,7 +47,7 @@ def selection(dataset: Any) -> str | None:
 
 def _selected(out: Any, *parts: Any) -> Any:
     """``out`` tagged with the digest of ``parts`` (indices, and the selections and roots of what it holds)."""
-    from ..loading.identity import digest
+    from .fingerprint import digest
 
     setattr(out, _SELECTION, digest(*parts))
     return out

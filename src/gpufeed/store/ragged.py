@@ -17,17 +17,20 @@ Either way :meth:`Ragged.image` serves a ``(C, H, W)`` view.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 
 from ..errors import DataError
+from .base import Store
+from .dense import pinned
 
-__all__ = ["Ragged"]
+__all__ = ["Ragged", "check_ragged", "sizes"]
 
 
 @dataclass(frozen=True)
-class Ragged:
+class Ragged(Store):
     """``N`` images of different sizes: image ``i`` is ``data[starts[i]:][:H*W*C].view(H, W, C)`` (``hwc``),
     or ``.view(C, H, W)``; :meth:`image` gives it as ``(C, H, W)`` either way.
 
@@ -41,6 +44,9 @@ class Ragged:
     starts: torch.Tensor  # (N,) int64 offsets into data, on the CPU
     shapes: torch.Tensor  # (N, 3) int64 (C, H, W), on the CPU
     hwc: bool = True  # each image packed channels-last
+
+    kind = "pixels"
+    ragged = True
 
     @classmethod
     def stack(cls, images: Sequence[torch.Tensor], hwc: bool = True) -> Ragged:
@@ -75,6 +81,14 @@ class Ragged:
     def nbytes(self) -> int:
         return self.data.nbytes + self.starts.nbytes + self.shapes.nbytes
 
+    @property
+    def sample_bytes(self) -> float:
+        return self.data.nbytes / len(self)
+
+    @property
+    def stored_shape(self) -> tuple[int, ...]:
+        return (len(self), int(self.shapes[0, 0])) if len(self) else (0, 0)
+
     def image(self, i: int) -> torch.Tensor:
         """Image ``i`` as a ``(C, H, W)`` view of the buffer (no copy)."""
         c, h, w = (int(v) for v in self.shapes[i])
@@ -93,3 +107,56 @@ class Ragged:
 
     def to(self, device: torch.device, non_blocking: bool = False) -> Ragged:
         return Ragged(self.data.to(device, non_blocking=non_blocking), self.starts, self.shapes, self.hwc)
+
+    def placed(self, storage: str, device: torch.device) -> Ragged:
+        if storage == "device":
+            return self.to(device)
+        if storage == "pinned" and device.type == "cuda":
+            return replace(self, data=pinned(self.data))  # its packing (hwc) kept
+        return self
+
+    def batch(self, idx: torch.Tensor, device: torch.device) -> Ragged:
+        x = self.select(idx)
+        if x.device != device:  # a host tier: the chunk's images, packed and copied over
+            x = x.compact().to(device)
+        return x
+
+    def fingerprint(self, idx: torch.Tensor) -> list[torch.Tensor]:
+        picked = self.select(idx)
+        return [self.shapes, *(picked.image(i).contiguous() for i in range(len(picked)))]
+
+    def describe(self) -> str:
+        return f"ragged: {len(self):,} images of {int(self.shapes[0, 0])} channel(s), {sizes(self.shapes)}"
+
+    def arrays(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        arrays = {"pixels": self.data, "starts": self.starts, "shapes": self.shapes}
+        return arrays, {"store": self.kind, "hwc": self.hwc}
+
+    def check(self) -> None:
+        check_ragged(len(self), self.dtype, self.shapes)
+
+
+def sizes(shapes: torch.Tensor) -> str:
+    """The range of heights and widths of images of ``shapes`` ``(N, 3)`` (C, H, W), as the plan says it."""
+    h, w = shapes[:, 1], shapes[:, 2]
+    return f"heights {int(h.min())}-{int(h.max())}, widths {int(w.min())}-{int(w.max())}"
+
+
+def check_ragged(n: int, dtype: torch.dtype, shapes: torch.Tensor) -> None:
+    """``n`` images of different sizes (``shapes``: each one's (C, H, W)) can be served: at least one, uint8 or
+    float, no axis of 0 (served silently as empty images otherwise), one channel count."""
+    if n == 0 or not (dtype == torch.uint8 or dtype.is_floating_point):
+        raise DataError(f"images: {n} ragged images of {dtype}; need at least one, uint8 or float")
+    empty = (shapes == 0).any(dim=1).nonzero().flatten()
+    if empty.numel():
+        i = int(empty[0])
+        raise DataError(
+            f"images: ragged image {i} has shape {tuple(shapes[i].tolist())} (C, H, W), an axis of 0; "
+            "every image needs at least one channel and one pixel: remove or fix that sample"
+        )
+    channels = shapes[:, 0].unique().tolist()
+    if len(channels) != 1:
+        raise DataError(
+            f"images: ragged images with {channels} channels; every image needs one channel count "
+            "(convert them all to RGB, as ImageFolder's loader does)"
+        )

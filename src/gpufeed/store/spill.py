@@ -18,7 +18,7 @@ import torch
 
 from ..cache.format import is_gpufeed_entry
 from ..cache.manage import is_leftover
-from ..cache.reader import open_cache
+from ..cache.reader import open_entry
 from ..cache.writer import write_cache
 
 __all__ = ["spill"]
@@ -64,9 +64,10 @@ def spill(images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, tor
     directory = Path(tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-"))
     try:
         write_cache(directory / "entry", "temporary", {"images": images, "labels": labels}, {"temporary": True})
-        mapped = open_cache(directory / "entry", verify=False)
+        mapped = open_entry(directory / "entry", verify=False)
     except BaseException:
         shutil.rmtree(directory, ignore_errors=True)
         raise
-    weakref.finalize(mapped.images, shutil.rmtree, directory, True)  # the loader holds the mapped images
-    return mapped.images, mapped.labels
+    images = mapped.arrays["images"]
+    weakref.finalize(images, shutil.rmtree, directory, True)  # the loader holds the mapped images
+    return images, mapped.labels

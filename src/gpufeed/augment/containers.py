@@ -1,0 +1,137 @@
+"""torchvision's random containers, batched: ``RandomApply``, ``RandomChoice`` and ``RandomOrder``, decided per
+sample as torchvision decides per call.
+
+The inner ops draw from a seed recorded in the parameters, so ``apply`` stays a pure function of them; an inner op
+may not change the image's size (the samples a container picks and the others would differ).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from ..errors import ConfigError, DataError
+from .random_ops import _check_p, _coin, _on
+from .transforms import BatchTransform, Params
+
+__all__ = ["Identity", "RandomApply", "RandomChoice", "RandomOrder"]
+
+
+def _seed(generator: torch.Generator, x: torch.Tensor) -> int:
+    """A seed for the inner ops, drawn from the loader's generator (one host read per batch)."""
+    return int(torch.randint(0, 2**62, (1,), generator=generator, device=x.device).item())
+
+
+def _run(op: BatchTransform, x: torch.Tensor, seed: int, salt: int) -> torch.Tensor:
+    g = torch.Generator(device=x.device).manual_seed(seed + salt)
+    return op(x, generator=g)
+
+
+def _same_size(ops: Sequence[BatchTransform], name: str) -> tuple[BatchTransform, ...]:
+    """The ops; what they do to a size is checked where the size is known (the planner, and each run)."""
+    return tuple(ops)
+
+
+def _kept_size(out: torch.Tensor, part: torch.Tensor, name: str) -> torch.Tensor:
+    if out.shape[1:] != part.shape[1:]:
+        raise DataError(
+            f"{name}: its ops turn {tuple(part.shape[1:])} images into {tuple(out.shape[1:])}, so the samples it "
+            "picks and the others would differ in size"
+        )
+    return out
+
+
+class Identity(BatchTransform):
+    """Nothing: stands for an op that changes nothing on the device (a conversion the state already has)."""
+
+    random = False
+
+    def apply(self, x: torch.Tensor, params: Params) -> torch.Tensor:
+        return x
+
+    def __repr__(self) -> str:
+        return "Identity()"
+
+
+@dataclass(frozen=True)
+class RandomApply(BatchTransform):
+    """torchvision's ``RandomApply``: per sample, with probability ``p``, all of ``transforms`` in order."""
+
+    transforms: tuple[BatchTransform, ...] = ()
+    p: float = 0.5
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "transforms", _same_size(self.transforms, "RandomApply"))
+        object.__setattr__(self, "p", _check_p(self.p, "RandomApply"))
+
+    def sample(self, x: torch.Tensor, generator: torch.Generator) -> Params:
+        return {"apply": _coin(x, self.p, generator), "seed": _seed(generator, x)}
+
+    def apply(self, x: torch.Tensor, params: Params) -> torch.Tensor:
+        def chain(part: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+            out = part
+            for k, op in enumerate(self.transforms):
+                out = _run(op, out, params["seed"], k)
+            return _kept_size(out, part, "RandomApply")
+
+        return _on(x, params["apply"], chain)
+
+
+@dataclass(frozen=True)
+class RandomChoice(BatchTransform):
+    """torchvision's ``RandomChoice``: per sample one of ``transforms`` (weighted by ``p``, uniform if None)."""
+
+    transforms: tuple[BatchTransform, ...] = ()
+    p: tuple[float, ...] | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "transforms", _same_size(self.transforms, "RandomChoice"))
+        if not self.transforms:
+            raise ConfigError("RandomChoice needs at least one transform")
+        if self.p is not None and (len(self.p) != len(self.transforms) or min(self.p) < 0 or sum(self.p) <= 0):
+            raise ConfigError(f"RandomChoice: p={self.p!r} needs one weight >= 0 per transform")
+
+    def sample(self, x: torch.Tensor, generator: torch.Generator) -> Params:
+        weights = torch.tensor(self.p or [1.0] * len(self.transforms), dtype=torch.float64, device=x.device)
+        if x.shape[0] == 0:
+            return {"which": torch.zeros(0, dtype=torch.long, device=x.device), "seed": 0}
+        which = torch.multinomial(weights, x.shape[0], replacement=True, generator=generator)
+        return {"which": which, "seed": _seed(generator, x)}
+
+    def apply(self, x: torch.Tensor, params: Params) -> torch.Tensor:
+        for k, op in enumerate(self.transforms):
+            x = _on(
+                x,
+                params["which"] == k,
+                lambda part, idx, op=op, k=k: _kept_size(_run(op, part, params["seed"], k), part, "RandomChoice"),
+            )
+        return x
+
+
+@dataclass(frozen=True)
+class RandomOrder(BatchTransform):
+    """torchvision's ``RandomOrder``: all of ``transforms``, in an order drawn per sample."""
+
+    transforms: tuple[BatchTransform, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "transforms", _same_size(self.transforms, "RandomOrder"))
+
+    def sample(self, x: torch.Tensor, generator: torch.Generator) -> Params:
+        k = len(self.transforms)
+        order = torch.rand((x.shape[0], k), generator=generator, device=x.device).argsort(1)  # uniform permutations
+        return {"order": order, "seed": _seed(generator, x)}
+
+    def apply(self, x: torch.Tensor, params: Params) -> torch.Tensor:
+        order = params["order"]
+        for slot in range(order.shape[1]):
+            for k, op in enumerate(self.transforms):
+                salt = slot * len(self.transforms) + k
+                x = _on(
+                    x,
+                    order[:, slot] == k,
+                    lambda part, idx, op=op, s=salt: _kept_size(_run(op, part, params["seed"], s), part, "RandomOrder"),
+                )
+        return x

@@ -1,0 +1,89 @@
+"""The first stage: what :func:`gpufeed.accelerate` was asked, checked once, before anything is read.
+
+The arguments arrive as two checked records (:class:`~gpufeed.options.BatchOptions`,
+:class:`~gpufeed.options.ReadOptions`); this stage adds what depends on the dataset: torch's ``Subset`` /
+``ConcatDataset`` seen through (:func:`gpufeed.read.wrappers.unwrap`), the transform of each view, the
+mixing op with the dataset's class count, the device, and the watch on what is read once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..augment.mix import as_mix
+from ..device import resolve_device
+from ..errors import ConfigError
+from ..options import BatchOptions, ReadOptions
+from ..read.wrappers import SourceWatch, unwrap
+from ..validate import UnbatchableError, as_int, check_dataset, check_epoch
+
+__all__ = ["DATASET", "Request", "request"]
+
+DATASET: Any = object()  # transform= not given: the dataset's own
+
+
+@dataclass(frozen=True)
+class Request:
+    """A checked call of ``accelerate``: the dataset as gpufeed reads it and everything said about it."""
+
+    dataset: Any  # a Subset / ConcatDataset seen through: the data it selects, with the inner transform
+    transforms: tuple[Any, ...]  # the torchvision pipeline of each view (one unless views= gave pipelines)
+    views: int  # images per sample per batch, each with its own draws
+    batch: BatchOptions
+    read: ReadOptions
+    device: torch.device
+    mixer: Any  # MixUp / CutMix per batch, or None
+    num_classes: int | None  # from the dataset's classes, when its labels index them
+    watch: SourceWatch  # what was read once, checked at every epoch
+    unbatchable: UnbatchableError | None = None  # parts with different transforms: only the fallback runs them
+
+    @property
+    def transform(self) -> Any:
+        """The (first view's) pipeline, as the per-sample fallback runs it."""
+        return self.transforms[0]
+
+    @property
+    def pipelines(self) -> bool:
+        """``views=`` gave one pipeline per view (rather than a count)."""
+        return len(self.transforms) > 1
+
+
+def request(
+    dataset: Any,
+    batch: BatchOptions,
+    read: ReadOptions,
+    *,
+    transform: Any = DATASET,
+    device: str | torch.device | None = None,
+    mix: Any = None,
+    views: int | Sequence[Any] = 1,
+) -> Request:
+    """Check what depends on the dataset (a map-style dataset, an epoch of at least one batch, the views, the
+    mixing op's class count) and see through torch's wrappers: a bad argument costs no read of the data."""
+    check_dataset(dataset)
+    check_epoch(len(dataset), batch.batch_size, batch.drop_last)  # the rank-aware check follows in the loader
+    watch = SourceWatch(dataset, transform_given=transform is not DATASET)  # what is read once, by identity
+    unbatchable = None
+    try:  # torch's Subset / random_split parts / ConcatDataset: their inner transform, files and arrays
+        dataset = unwrap(dataset, own_transforms=transform is DATASET)  # transform= replaces them all
+    except UnbatchableError as e:  # parts with different transforms: only the per-sample pipeline runs them
+        unbatchable = e
+    transform = getattr(dataset, "transform", None) if transform is DATASET else transform
+    classes = getattr(dataset, "classes", None)  # torchvision datasets: labels must index it
+    num_classes = len(classes) if isinstance(classes, list) and classes else None
+    if getattr(dataset, "target_transform", None) is not None:  # its labels are whatever it maps the classes to
+        num_classes = None
+    mixer = as_mix(mix, num_classes)  # a bad mix= is refused before the data is read
+    if isinstance(views, (list, tuple)):
+        if len(views) < 2:
+            raise ConfigError(f"views: {len(views)} pipeline(s); give an int, or one pipeline per view (two or more)")
+        transforms, count = tuple(views), len(views)
+    else:
+        transforms, count = (transform,), as_int(views, "views", 1)
+    return Request(
+        dataset, transforms, count, batch, read, resolve_device(device), mixer, num_classes, watch, unbatchable
+    )

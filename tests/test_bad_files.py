@@ -186,7 +186,7 @@ def test_a_jpeg_store_decodes_the_folder_to_check_it_once_per_state_of_its_files
     # whole folder again to find the bad files.
     import os
 
-    import gpufeed.pipeline.materialise as sources
+    import gpufeed.pipeline.folder_store as sources
 
     root = _folder(tmp_path / "data")
     cut = root / "c1" / "04.jpg"

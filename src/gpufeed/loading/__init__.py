@@ -1,0 +1,2 @@
+"""The loaders: :class:`~gpufeed.DeviceLoader` over any store, the per-sample
+:class:`~gpufeed.FallbackLoader`, the epoch and resume contract both share, ``prefetch`` and the ``Plan`` record."""

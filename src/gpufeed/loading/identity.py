@@ -33,7 +33,7 @@ import torch
 from ..read.fingerprint import digest
 from ..store import Store, as_store
 
-__all__ = ["data_identity", "dataset_identity", "describe", "differences", "digest"]
+__all__ = ["data_identity", "dataset_identity", "describe", "differences"]
 
 _SAMPLES = 16  # images hashed per dataset: enough to tell datasets apart, cheap on every storage tier
 _ADDRESS = re.compile(r"\s+at\s+0x[0-9a-fA-F]+")  # "<function f at 0x7f...>": differs from run to run

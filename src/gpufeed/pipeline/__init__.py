@@ -1,0 +1,2 @@
+"""``accelerate`` and ``build_cache`` as stages, data flowing one way: request -> probe -> plan -> materialise ->
+assemble (ARCHITECTURE.md); ``translate/`` turns torchvision ops into gpufeed ops."""

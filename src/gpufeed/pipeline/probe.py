@@ -175,6 +175,7 @@ def probe_samples(dataset: Any, cached: Callable[[Any], Any] | None, on_error: s
     random states: a ``__getitem__`` that draws random numbers of its own is refused the same way.
 
     Example:
+        >>> from torch.utils.data import TensorDataset
         >>> p = probe_samples(TensorDataset(torch.zeros(4, 3, 5, 6, dtype=torch.uint8), torch.arange(4)), None)
         >>> p.dtype, p.size, p.pil, p.ragged
         (torch.uint8, (5, 6), False, None)

@@ -1,0 +1,2 @@
+"""Datasets to arrays: a dataset's own arrays, every sample through a transform, a folder's files and headers, and
+what identifies them (cache keys); torch's ``Subset`` and ``ConcatDataset`` seen through."""

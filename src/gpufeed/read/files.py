@@ -22,7 +22,7 @@ from ..device import usable_cores
 from ..errors import DataError
 from ..store import encoded as encoded_store
 from ..store.encoded import Encoded
-from ..validate import label_tensor
+from .samples import stored_labels
 
 __all__ = [
     "bad_files_error",
@@ -261,10 +261,8 @@ def read_folder(
     read = [((3, 0, 0), False) if i in bad else got[i] for i in range(len(paths))]
     shapes = torch.tensor([shape for shape, _ in read], dtype=torch.int64)
     jpeg = torch.tensor([is_jpeg for _, is_jpeg in read], dtype=torch.bool)
-    target_transform = getattr(dataset, "target_transform", None)
-    targets = [target_transform(t) if target_transform is not None else t for _, t in samples]
-    encoded = Encoded(data, starts, lengths, shapes, jpeg, paths=paths)
-    return encoded, label_tensor(targets, f"{type(dataset).__name__} targets"), dict(sorted(bad.items()))
+    labels = stored_labels(dataset, [t for _, t in samples], f"{type(dataset).__name__} targets")
+    return Encoded(data, starts, lengths, shapes, jpeg, paths=paths), labels, dict(sorted(bad.items()))
 
 
 def read_files(

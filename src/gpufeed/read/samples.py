@@ -39,6 +39,7 @@ __all__ = [
     "exposes_arrays",
     "ingest",
     "ragged_message",
+    "stored_labels",
     "to_chw",
     "with_transform",
 ]
@@ -124,13 +125,18 @@ def _arrays(dataset: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
         images = images.permute(0, 3, 1, 2)
     elif images.dim() != 4 or images.shape[1] not in (1, 3, 4):
         return None
+    return images.contiguous(), stored_labels(dataset, labels, f"{type(dataset).__name__}.{name}")
+
+
+def stored_labels(dataset: Any, targets: Any, what: str) -> torch.Tensor:
+    """The labels a dataset stores (its ``targets``, a folder's class indices) as ``dataset[i]`` gives them: mapped
+    by its ``target_transform``, each target as the dataset stores it (a float stays a float). What every read
+    that skips ``__getitem__`` (the arrays, a folder's files) must do itself."""
     target_transform = getattr(dataset, "target_transform", None)
-    if target_transform is not None:  # on each target as the dataset stores it (a float stays a float)
-        raw = labels.tolist() if isinstance(labels, (np.ndarray, torch.Tensor)) else list(labels)
-        labels = label_tensor([target_transform(v) for v in raw], f"{type(dataset).__name__}.target_transform({name})")
-    else:
-        labels = label_tensor(labels, f"{type(dataset).__name__}.{name}")
-    return images.contiguous(), labels
+    if target_transform is None:
+        return label_tensor(targets, what)
+    raw = targets.tolist() if isinstance(targets, (np.ndarray, torch.Tensor)) else list(targets)
+    return label_tensor([target_transform(v) for v in raw], f"{what} through its target_transform")
 
 
 class _Mapped(Dataset):

@@ -55,6 +55,7 @@ import torch
 from ..errors import ConfigError, DataError, NotADataLoaderError, StateError
 from ..sampling import derive_seed, gather_remainder, real_counts
 from ..validate import as_flag, as_int
+from .config import EpochConfig
 from .identity import differences
 
 if TYPE_CHECKING:
@@ -62,7 +63,13 @@ if TYPE_CHECKING:
 
 _MIX_STREAM = 0x4D4958  # "MIX": keeps the mixing draws apart from every other stream of the seed
 
-__all__ = ["STATE_VERSION", "EpochLoader", "check_explicit_world", "check_world", "resume_position"]
+__all__ = [
+    "STATE_VERSION",
+    "EpochLoader",
+    "check_explicit_world",
+    "check_world",
+    "resume_position",
+]
 
 STATE_VERSION = 1
 
@@ -83,7 +90,7 @@ class EpochLoader:
     implement ``__len__`` (batches per epoch on this rank) and ``_batches(epoch, start)``."""
 
     kind: str
-    config: Any  # loader._Config: what fixes the sequence of batches
+    config: EpochConfig  # what fixes the sequence of batches
     _explicit_world: bool  # rank and world_size were given, not read from the process group
     mix: Any = None  # batch-level MixUp / CutMix (gpufeed.augment.mix), applied to every batch served
     # load_state_dict's default for strict= (NOTE [ What a state belongs to ] in gpufeed.loading.identity): a trainer

@@ -34,9 +34,9 @@ from ..read.samples import with_transform
 from ..sampling import derive_seed, epoch_order, global_seed, rank_indices
 from ..validate import Guarded, SampleFailure, as_workers, check_epoch
 from ..workers import dead_workers, default_workers, loader_kwargs, stop_workers, workers_that_died
+from .config import EpochConfig, distributed_rank
 from .epochs import EpochLoader
 from .identity import dataset_identity, describe
-from .loader import _Config, distributed_rank
 from .plan import Plan
 from .prefetch import prefetch
 
@@ -71,7 +71,7 @@ class _Seeded(Dataset):
 class _Batches(Sampler[list[tuple[int, int]]]):
     """This rank's batches of one epoch, from batch ``start`` on, as lists of ``(epoch, index)`` keys."""
 
-    def __init__(self, config: _Config) -> None:
+    def __init__(self, config: EpochConfig) -> None:
         self.config, self.epoch, self.start = config, 0, 0
         self.count = -(-self._indices(0).shape[0] // config.batch_size)
 
@@ -120,7 +120,7 @@ class FallbackLoader(EpochLoader):
         options = BatchOptions(batch_size, shuffle, drop_last, seed, dtype, channels_last, rank, world_size, even)
         rank, world_size = distributed_rank(rank, world_size)
         n = len(ds)
-        self.config = _Config(
+        self.config = EpochConfig(
             n, options.batch_size, options.shuffle, options.drop_last, options.seed, 1, rank, world_size, options.even
         )
         self.mix = as_mix(mix, None)

@@ -20,7 +20,7 @@ alone; that is what makes mid-epoch resume exact.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -32,11 +32,12 @@ from ..augment.transforms import BatchTransform, takes_ragged
 from ..device import resolve_device
 from ..errors import ConfigError, DataError
 from ..options import BatchOptions
-from ..sampling import Even, derive_seed, epoch_order, local_indices, rank_indices
+from ..sampling import derive_seed, epoch_order, local_indices, rank_indices
 from ..store import Store, as_store
 from ..store.base import STORAGE_TIERS
 from ..store.dense import pinned, pinned_gather
 from ..validate import as_int, check_epoch, check_labels, check_transform, label_tensor
+from .config import EpochConfig, distributed_rank
 from .epochs import EpochLoader
 from .hostmem import keep_freed_buffers
 from .identity import data_identity, describe
@@ -46,7 +47,7 @@ if TYPE_CHECKING:
     from ..read.wrappers import SourceWatch
     from .plan import Plan
 
-__all__ = ["DeviceLoader", "distributed_rank"]
+__all__ = ["DeviceLoader"]
 
 # Stored bytes gathered per chunk. On a GPU the cost of a batch is kernel launches, so chunks are
 # large; on a CPU the cost is memory traffic, and a chunk that stays in cache is 2-4x faster.
@@ -54,48 +55,6 @@ _CHUNK_BYTES = {"cuda": 32 << 20, "cpu": 1 << 20}
 _MAX_CHUNK_BATCHES = 32
 
 Transform = Callable[..., torch.Tensor]
-
-
-def distributed_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
-    """``(rank, world_size)``: as given, else from ``torch.distributed`` when initialised, else ``(0, 1)``."""
-    if rank is not None and world_size is not None:
-        return rank, world_size
-    if rank is not None or world_size is not None:
-        raise ConfigError(f"rank={rank!r} and world_size={world_size!r}: give both or neither")
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
-
-
-@dataclass(frozen=True)
-class _Config:
-    """What fixes the sequence of batches; a saved state must match it to be resumed."""
-
-    n: int  # samples in the whole dataset (before sharding)
-    batch_size: int
-    shuffle: bool
-    drop_last: bool
-    seed: int
-    chunk_batches: int
-    rank: int = 0
-    world_size: int = 1
-    even: Even = True  # True, False or "pad": NOTE [ Sharing an epoch out to ranks ] in gpufeed.sampling
-    shard: str = "full"
-
-    def __post_init__(self) -> None:
-        # batch_size, seed, the flags, even and shard were checked by the loader's options (gpufeed.options)
-        if not isinstance(self.world_size, int) or self.world_size < 1:
-            raise ConfigError(f"world_size={self.world_size!r} must be an int >= 1")
-        if not isinstance(self.rank, int) or not 0 <= self.rank < self.world_size:
-            raise ConfigError(f"rank={self.rank!r} must be in [0, world_size={self.world_size})")
-        if self.shard == "local" and self.n < self.world_size:
-            raise ConfigError(
-                f"shard='local' needs at least one sample per rank: {self.n} samples, {self.world_size} ranks"
-            )
-        if not isinstance(self.chunk_batches, int) or self.chunk_batches < 1:
-            raise ConfigError(f"chunk_batches={self.chunk_batches!r} must be an int >= 1")
 
 
 class DeviceLoader(EpochLoader):
@@ -212,7 +171,7 @@ class DeviceLoader(EpochLoader):
             budget = _CHUNK_BYTES.get(self.device.type, _CHUNK_BYTES["cuda"])
             chunk_batches = max(1, min(_MAX_CHUNK_BATCHES, budget // batch_bytes))
         rank, world_size = distributed_rank(options.rank, options.world_size)
-        self.config = _Config(
+        self.config = EpochConfig(
             n, batch_size, options.shuffle, options.drop_last, seed, chunk_batches or 1, rank, world_size, even, shard
         )
         # What a state belongs to (NOTE [ What a state belongs to ] in gpufeed.loading.identity): taken from the whole

@@ -1,0 +1,52 @@
+"""What fixes the sequence of batches of either loader, and the rank it serves: a saved state must match it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import ConfigError
+from ..sampling import Even
+
+__all__ = ["EpochConfig", "distributed_rank"]
+
+
+def distributed_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    """``(rank, world_size)``: as given, else from ``torch.distributed`` when initialised, else ``(0, 1)``."""
+    if rank is not None and world_size is not None:
+        return rank, world_size
+    if rank is not None or world_size is not None:
+        raise ConfigError(f"rank={rank!r} and world_size={world_size!r}: give both or neither")
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+@dataclass(frozen=True)
+class EpochConfig:
+    """What fixes the sequence of batches, for both loaders; a saved state must match it to be resumed."""
+
+    n: int  # samples in the whole dataset (before sharding)
+    batch_size: int
+    shuffle: bool
+    drop_last: bool
+    seed: int
+    chunk_batches: int
+    rank: int = 0
+    world_size: int = 1
+    even: Even = True  # True, False or "pad": NOTE [ Sharing an epoch out to ranks ] in gpufeed.sampling
+    shard: str = "full"
+
+    def __post_init__(self) -> None:
+        # batch_size, seed, the flags, even and shard were checked by the loader's options (gpufeed.options)
+        if not isinstance(self.world_size, int) or self.world_size < 1:
+            raise ConfigError(f"world_size={self.world_size!r} must be an int >= 1")
+        if not isinstance(self.rank, int) or not 0 <= self.rank < self.world_size:
+            raise ConfigError(f"rank={self.rank!r} must be in [0, world_size={self.world_size})")
+        if self.shard == "local" and self.n < self.world_size:
+            raise ConfigError(
+                f"shard='local' needs at least one sample per rank: {self.n} samples, {self.world_size} ranks"
+            )
+        if not isinstance(self.chunk_batches, int) or self.chunk_batches < 1:
+            raise ConfigError(f"chunk_batches={self.chunk_batches!r} must be an int >= 1")

@@ -15,6 +15,8 @@ import gpufeed.pipeline.probe as probe_module
 from gpufeed.pipeline.probe import probe
 from gpufeed.store.ragged import Ragged
 
+from fakes import image_folder
+
 KW = dict(device="cpu", cache=False, progress=False, num_workers=0)
 
 
@@ -109,3 +111,22 @@ def _probe_reads(n, transform):
     ds = Counted([(9, 9)] * n, transform)
     probe(ds, [transform])
     return ds.reads
+
+
+def test_an_entry_of_images_of_different_sizes_is_not_served_to_a_recipe_that_needs_one_size(tmp_path):
+    # The first recipe keeps them as they are (RandomResizedCrop after a cached Pad: read sample by sample, the
+    # probe's three samples share a size, the read meets another). The entry's key covers the cached part, not
+    # the batched one, so a second recipe with the same cached part finds it: refused as a fresh read would be.
+    sizes = [(20, 24)] * 10
+    sizes[2] = (27, 19)  # file 2 is sample 1 (two classes alternating); the probe reads samples 0, 5 and 9
+    kw = {**KW, "cache": tmp_path / "cache"}
+    folder = image_folder(tmp_path / "photos", sizes, transform=T.Compose([T.Pad(1), T.RandomResizedCrop(8)]))
+    first = gf.accelerate(folder, batch_size=4, **kw)
+    assert isinstance(first.images, Ragged) and first.plan.cache_path is not None
+    assert gf.accelerate(folder, batch_size=4, **kw).plan.ingest.startswith("cache hit")
+    folder.transform = T.Compose([T.Pad(1), T.RandomCrop(8), T.PILToTensor()])
+    with pytest.raises(gf.DataError, match="at their own sizes, and this recipe needs one size"):
+        gf.accelerate(folder, batch_size=4, **kw)
+    with pytest.warns(UserWarning, match="falls back to per-sample"):
+        slow = gf.accelerate(folder, batch_size=4, fallback="prefetch", **kw)
+    assert slow.plan.storage == "fallback" and sum(y.shape[0] for _, y in slow) == 10

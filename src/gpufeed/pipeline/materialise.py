@@ -21,7 +21,7 @@ from dataclasses import replace
 
 from ..device import fmt_bytes
 from ..errors import CacheWriteError
-from ..read.samples import Ingested, ingest
+from ..read.samples import Ingested, RaggedError, ingest
 from ..store import as_store
 from ..store.spill import spill
 from .entries import Source, cached_read, describe_read
@@ -58,6 +58,15 @@ def _samples(req: Request, probed: Probed, decided: StorePlan) -> Source:
     # "auto" persists what was expensive to compute: a read sample by sample
     read_ = with_file_record(dataset, read)
     src = cached_read(dataset, probed.split, options, decided.key_kind, read_, _per_sample, decided.notes)
+    if as_store(src.images).ragged and ragged is False:
+        # an entry kept from a read that met different sizes, under a recipe that could keep them; this one cannot
+        # (the key covers the cached part, not the batched one): what a fresh read would have found
+        raise RaggedError(
+            f"the cache entry {src.cache_path} holds the images of {type(dataset).__name__} at their own sizes, and "
+            "this recipe needs one size (RandomResizedCrop first keeps them as they are): add a Resize and "
+            "CenterCrop first, or pass fallback='prefetch'",
+            sizes_only=True,
+        )
     if as_store(src.images).ragged and RAGGED_NOTE not in src.notes:  # sizes the probe did not see
         src.notes.insert(0, RAGGED_NOTE)
     return src

@@ -1,6 +1,7 @@
 """accelerate() as stages: request -> probe -> plan -> materialise -> loader, each once, the dataset read once."""
 
 from collections import Counter
+from pathlib import Path
 
 import pytest
 import torch
@@ -115,17 +116,22 @@ def _probe_reads(n, transform):
 
 def test_an_entry_of_images_of_different_sizes_is_not_served_to_a_recipe_that_needs_one_size(tmp_path):
     # The first recipe keeps them as they are (RandomResizedCrop after a cached Pad: read sample by sample, the
-    # probe's three samples share a size, the read meets another). The entry's key covers the cached part, not
-    # the batched one, so a second recipe with the same cached part finds it: refused as a fresh read would be.
+    # probe's three samples share a size, the read meets another): one read, kept under the key of images at their
+    # own sizes. A second recipe with the same cached part that needs one size does not find it: its fresh read
+    # meets the other size, and is refused (or takes the fallback) as before.
     sizes = [(20, 24)] * 10
     sizes[2] = (27, 19)  # file 2 is sample 1 (two classes alternating); the probe reads samples 0, 5 and 9
     kw = {**KW, "cache": tmp_path / "cache"}
     folder = image_folder(tmp_path / "photos", sizes, transform=T.Compose([T.Pad(1), T.RandomResizedCrop(8)]))
     first = gf.accelerate(folder, batch_size=4, **kw)
     assert isinstance(first.images, Ragged) and first.plan.cache_path is not None
-    assert gf.accelerate(folder, batch_size=4, **kw).plan.ingest.startswith("cache hit")
+    assert gf.open_cache(first.plan.cache_path).manifest.meta["pipeline"]["kind"] == "pixels"
+    assert [p.name for p in (tmp_path / "cache").glob("imagefolder-*")] == [Path(first.plan.cache_path).name]
+    again = gf.accelerate(folder, batch_size=4, **kw)
+    assert again.plan.ingest.startswith("cache hit") and again.plan.cache_path == first.plan.cache_path
+    assert "images of different sizes" in again.plan.notes[1]
     folder.transform = T.Compose([T.Pad(1), T.RandomCrop(8), T.PILToTensor()])
-    with pytest.raises(gf.DataError, match="at their own sizes, and this recipe needs one size"):
+    with pytest.raises(gf.DataError, match="every image must leave the cached part with one shape"):
         gf.accelerate(folder, batch_size=4, **kw)
     with pytest.warns(UserWarning, match="falls back to per-sample"):
         slow = gf.accelerate(folder, batch_size=4, fallback="prefetch", **kw)

@@ -12,7 +12,7 @@ import math
 import torch
 import torch.nn.functional as nnf
 
-__all__ = ["affine_nearest", "affine_sample", "inverse_affine", "inverse_affine_v2", "sample_grid"]
+__all__ = ["affine_nearest", "affine_sample", "inverse_affine", "inverse_affine_v1", "inverse_affine_v2", "sample_grid"]
 
 
 def inverse_affine(
@@ -31,13 +31,14 @@ def inverse_affine(
     differs from ``math``'s in the last bit, which moves a bilinear sample by a level now and then. Six
     numbers per sample, read to the host once per batch."""
     columns = [t.double().tolist() for t in (angle, tx, ty, scale, shear_x, shear_y, cx, cy)]
-    rows = [_inverse_affine(*sample) for sample in zip(*columns, strict=True)]
+    rows = [inverse_affine_v1(*sample) for sample in zip(*columns, strict=True)]
     return torch.tensor(rows, dtype=torch.float64, device=angle.device).view(-1, 6)
 
 
-def _inverse_affine(
+def inverse_affine_v1(
     angle: float, tx: float, ty: float, scale: float, shear_x: float, shear_y: float, cx: float, cy: float
 ) -> list[float]:
+    """torchvision v1's ``_get_inverse_affine_matrix`` for one sample, in Python's float arithmetic."""
     rot, sx, sy = math.radians(angle), math.radians(shear_x), math.radians(shear_y)
     a = math.cos(rot - sy) / math.cos(sy)
     b = -math.cos(rot - sy) * math.tan(sx) / math.cos(sy) - math.sin(rot)

@@ -19,7 +19,8 @@ from typing import Any
 import torch
 
 from ..errors import ConfigError
-from .auto_ops import _SIGNED, OPS, _augmix_table, _fill, _table, apply_op
+from .auto_ops import OPS, SIGNED, apply_op, augmix_table, magnitude_table
+from .params import fill_tuple
 from .transforms import BatchTransform, Params
 
 __all__ = [
@@ -48,7 +49,7 @@ def _check_mode(interpolation: str) -> None:
 def _signs(n: int, ops: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     """-1 or +1 per sample (a fair coin, drawn for every sample), +1 for the ops without a sign."""
     coin = torch.randint(2, (n,), generator=generator, device=ops.device)
-    signed = torch.isin(ops, torch.tensor([OPS.index(s) for s in _SIGNED], device=ops.device))
+    signed = torch.isin(ops, torch.tensor([OPS.index(s) for s in SIGNED], device=ops.device))
     return torch.where(signed & (coin == 1), -1.0, 1.0).to(torch.float64)
 
 
@@ -59,21 +60,25 @@ class TrivialAugmentWide(BatchTransform):
     num_magnitude_bins: int = 31
     fill: float | tuple[float, ...] | None = None
     interpolation: str = "nearest"
-    v2_thresholds: bool = False  # torchvision v2's: solarize thresholds (see _table), on PIL its affine matrices
+    v2_thresholds: bool = (
+        False  # torchvision v2's: solarize thresholds (see magnitude_table), on PIL its affine matrices
+    )
     pil: bool = False  # torchvision's PIL kernels (see apply_op)
 
     def __post_init__(self) -> None:
         _check_mode(self.interpolation)
         if self.num_magnitude_bins < 2:
             raise ConfigError(f"num_magnitude_bins={self.num_magnitude_bins} must be >= 2")
-        object.__setattr__(self, "fill", _fill(self.fill))
+        object.__setattr__(self, "fill", fill_tuple(self.fill))
 
     def sample(self, x: torch.Tensor, generator: torch.Generator) -> Params:
         _check_uint8(x, "TrivialAugmentWide")
         n, dev = x.shape[0], x.device
         op = torch.randint(14, (n,), generator=generator, device=dev)
         bins = torch.randint(self.num_magnitude_bins, (n,), generator=generator, device=dev)
-        table = _table("wide", self.num_magnitude_bins, x.shape[2], x.shape[3], OPS[:14], self.v2_thresholds).to(dev)
+        table = magnitude_table(
+            "wide", self.num_magnitude_bins, x.shape[2], x.shape[3], OPS[:14], self.v2_thresholds
+        ).to(dev)
         return {"op": op, "magnitude": table[op, bins] * _signs(n, op, generator)}
 
     def apply(self, x: torch.Tensor, params: Params) -> torch.Tensor:
@@ -102,12 +107,14 @@ class RandAugment(BatchTransform):
                 f"num_ops={self.num_ops} must be >= 0 and magnitude={self.magnitude} a bin in "
                 f"[0, num_magnitude_bins={self.num_magnitude_bins})"
             )
-        object.__setattr__(self, "fill", _fill(self.fill))
+        object.__setattr__(self, "fill", fill_tuple(self.fill))
 
     def sample(self, x: torch.Tensor, generator: torch.Generator) -> Params:
         _check_uint8(x, "RandAugment")
         n, dev = x.shape[0], x.device
-        table = _table("rand", self.num_magnitude_bins, x.shape[2], x.shape[3], OPS[:14], self.v2_thresholds).to(dev)
+        table = magnitude_table(
+            "rand", self.num_magnitude_bins, x.shape[2], x.shape[3], OPS[:14], self.v2_thresholds
+        ).to(dev)
         rounds = []
         for _ in range(self.num_ops):
             op = torch.randint(14, (n,), generator=generator, device=dev)
@@ -147,7 +154,7 @@ class AutoAugment(BatchTransform):
     def __post_init__(self) -> None:
         _check_mode(self.interpolation)
         pol = policies(self.policy)
-        object.__setattr__(self, "fill", _fill(self.fill))
+        object.__setattr__(self, "fill", fill_tuple(self.fill))
         ops = torch.tensor([[OPS.index(step[0]) for step in sub] for sub in pol])  # (P, 2)
         probs = torch.tensor([[step[1] for step in sub] for sub in pol], dtype=torch.float64)
         bins = torch.tensor([[step[2] if step[2] is not None else 0 for step in sub] for sub in pol])
@@ -157,7 +164,7 @@ class AutoAugment(BatchTransform):
         _check_uint8(x, "AutoAugment")
         n, dev = x.shape[0], x.device
         ops, probs, bins = (t.to(dev) for t in self._rows)
-        table = _table("auto", 10, x.shape[2], x.shape[3], OPS, self.v2_thresholds).to(dev)
+        table = magnitude_table("auto", 10, x.shape[2], x.shape[3], OPS, self.v2_thresholds).to(dev)
         which = torch.randint(len(ops), (n,), generator=generator, device=dev)
         chance = torch.rand((n, 2), generator=generator, device=dev, dtype=torch.float64)
         rounds = []
@@ -218,12 +225,12 @@ class AugMix(BatchTransform):
                 f"severity={self.severity} must be in [1, 10], mixture_width={self.mixture_width} >= 1, "
                 f"alpha={self.alpha} > 0"
             )
-        object.__setattr__(self, "fill", _fill(self.fill))
+        object.__setattr__(self, "fill", fill_tuple(self.fill))
 
     def sample(self, x: torch.Tensor, generator: torch.Generator) -> Params:
         _check_uint8(x, "AugMix")
         n, dev = x.shape[0], x.device
-        ops, table = (t.to(dev) for t in _augmix_table(x.shape[2], x.shape[3], self.all_ops))
+        ops, table = (t.to(dev) for t in augmix_table(x.shape[2], x.shape[3], self.all_ops))
         m = dirichlet(torch.tensor([self.alpha, self.alpha], device=dev), n, generator)
         weights = dirichlet(torch.tensor([self.alpha] * self.mixture_width, device=dev), n, generator) * m[:, 1:2]
         chains = []

@@ -17,10 +17,21 @@ from typing import Any
 import torch
 import torch.nn.functional as nnf
 
-from .affine import _inverse_affine, affine_sample, inverse_affine, inverse_affine_v2
-from .color import _blend, adjust_brightness, adjust_contrast, adjust_saturation
+from .affine import affine_sample, inverse_affine, inverse_affine_v1, inverse_affine_v2
+from .color import adjust_brightness, adjust_contrast, adjust_saturation, blend
+from .params import fill_tuple
 
-__all__ = ["OPS", "apply_op"]
+__all__ = [
+    "OPS",
+    "SIGNED",
+    "adjust_sharpness",
+    "apply_op",
+    "augmix_table",
+    "autocontrast",
+    "equalize",
+    "magnitude_table",
+    "posterize",
+]
 
 
 # torchvision's op order (its _augmentation_space keys); AutoAugment's policies add Invert.
@@ -42,7 +53,8 @@ OPS = (
     "Invert",
 )
 _GEOMETRIC = ("ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate")
-_SIGNED = (*_GEOMETRIC, "Brightness", "Color", "Contrast", "Sharpness")
+# The ops whose magnitude torchvision negates with probability 1/2.
+SIGNED = (*_GEOMETRIC, "Brightness", "Color", "Contrast", "Sharpness")
 
 
 def _space(kind: str, bins: int, height: int, width: int) -> dict[str, torch.Tensor]:
@@ -65,7 +77,7 @@ def _space(kind: str, bins: int, height: int, width: int) -> dict[str, torch.Ten
     return space
 
 
-def _table(
+def magnitude_table(
     kind: str, bins: int, height: int, width: int, ops: tuple[str, ...], v2_thresholds: bool = False
 ) -> torch.Tensor:
     """``(len(ops), bins)`` float64 magnitudes (0 for the ops without one). ``v2_thresholds``: solarize's as
@@ -99,13 +111,14 @@ def _matrices(op: torch.Tensor, mag: torch.Tensor, height: int, width: int) -> t
     )
 
 
-def _sharpness(x: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
+def adjust_sharpness(x: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
+    """torchvision's tensor ``adjust_sharpness`` with a factor per sample (images of 2 pixels or less stay)."""
     if x.shape[-1] <= 2 or x.shape[-2] <= 2:
         return x
     if x.dtype == torch.uint8:  # torchvision's rounded float blur is Pillow's SMOOTH exactly: integers, 6x faster
         from . import pil
 
-        return _blend(x, pil.smooth(x), factor)
+        return blend(x, pil.smooth(x), factor)
     work = x.dtype
     kernel = torch.ones((3, 3), dtype=work, device=x.device)
     kernel[1, 1] = 5.0
@@ -114,10 +127,11 @@ def _sharpness(x: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
     blurred = nnf.conv2d(x.to(work), kernel, groups=x.shape[1])
     degenerate = x.clone()
     degenerate[..., 1:-1, 1:-1] = blurred.to(x.dtype)
-    return _blend(x, degenerate, factor)
+    return blend(x, degenerate, factor)
 
 
-def _posterize(x: torch.Tensor, bits: torch.Tensor) -> torch.Tensor:
+def posterize(x: torch.Tensor, bits: torch.Tensor) -> torch.Tensor:
+    """The top ``bits[i]`` bits of each uint8 level of sample ``i``, as torchvision's tensor ``posterize``."""
     mask = (-(2 ** (8 - bits.long()))).to(torch.int64) & 0xFF  # torchvision: img & -int(2 ** (8 - bits))
     return x & mask.to(torch.uint8).view(-1, 1, 1, 1)
 
@@ -127,7 +141,8 @@ def _solarize(x: torch.Tensor, threshold: torch.Tensor) -> torch.Tensor:
     return torch.where(x >= threshold.to(torch.float32).view(-1, 1, 1, 1), bound - x, x)
 
 
-def _autocontrast(x: torch.Tensor) -> torch.Tensor:
+def autocontrast(x: torch.Tensor) -> torch.Tensor:
+    """torchvision's tensor ``autocontrast``: each image's channels stretched to the full range."""
     bound = 255.0 if x.dtype == torch.uint8 else 1.0
     work = x.dtype if x.dtype.is_floating_point else torch.float32
     low = x.amin(dim=(-2, -1), keepdim=True).to(work)
@@ -138,7 +153,7 @@ def _autocontrast(x: torch.Tensor) -> torch.Tensor:
     return ((x - low) * scale).clamp(0, bound).to(x.dtype)
 
 
-def _equalize(x: torch.Tensor) -> torch.Tensor:
+def equalize(x: torch.Tensor) -> torch.Tensor:
     """torchvision's per-channel equalisation (``_scale_channel``) for every image and channel at once."""
     n, c, h, w = x.shape
     flat = x.reshape(n * c, h * w).long()
@@ -169,7 +184,7 @@ def apply_op(
 
     The batch is sorted by op once, so that each op reads and writes a contiguous slice (the geometric
     ops, neighbours in :data:`OPS`, one slice and one ``grid_sample``), and put back in order once."""
-    fill = _fill(fill)
+    fill = fill_tuple(fill)
     if op.numel() == 0:
         return x.clone()
     order = torch.argsort(op, stable=True)
@@ -211,7 +226,7 @@ def _pil_geometric(
     colour = pil.parse_fill(fill, c)
     host = torch.stack([op.double(), magnitude.double()]).tolist()  # one host read
     names, mags = [OPS[int(i)] for i in host[0]], host[1]
-    matrix = inverse_affine_v2 if v2 else _inverse_affine
+    matrix = inverse_affine_v2 if v2 else inverse_affine_v1
     out = torch.empty_like(x)
     rotate = [i for i, name in enumerate(names) if name == "Rotate"]
     moves = [i for i, name in enumerate(names) if name != "Rotate"]
@@ -257,24 +272,18 @@ def _colour(name: str, x: torch.Tensor, mag: torch.Tensor) -> torch.Tensor:
     if name == "Contrast":
         return adjust_contrast(x, 1.0 + mag)
     if name == "Sharpness":
-        return _sharpness(x, 1.0 + mag)
+        return adjust_sharpness(x, 1.0 + mag)
     if name == "Posterize":
-        return _posterize(x, mag)
+        return posterize(x, mag)
     if name == "Solarize":
         return _solarize(x, mag)
     if name == "AutoContrast":
-        return _autocontrast(x)
+        return autocontrast(x)
     if name == "Equalize":
-        return _equalize(x)
+        return equalize(x)
     if name == "Invert":
         return (255 if x.dtype == torch.uint8 else 1.0) - x
     return x  # Identity
-
-
-def _fill(fill: Any) -> tuple[float, ...] | None:
-    if fill is None:
-        return None
-    return (float(fill),) if isinstance(fill, (int, float)) else tuple(float(v) for v in fill)
 
 
 _AUGMIX_OPS = (
@@ -291,7 +300,7 @@ _AUGMIX_OPS = (
 _AUGMIX_ALL = ("Brightness", "Color", "Contrast", "Sharpness")
 
 
-def _augmix_table(height: int, width: int, all_ops: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def augmix_table(height: int, width: int, all_ops: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """AugMix's ops (as indices into :data:`OPS`) and their magnitudes over its 10 bins, as torchvision has them."""
     lin = lambda hi: torch.linspace(0.0, hi, 10)  # noqa: E731
     space = {

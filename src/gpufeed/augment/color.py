@@ -18,7 +18,7 @@ import torch
 from ..errors import ConfigError
 from .transforms import BatchTransform, Params
 
-__all__ = ["ColorJitter", "adjust_brightness", "adjust_contrast", "adjust_hue", "adjust_saturation"]
+__all__ = ["ColorJitter", "adjust_brightness", "adjust_contrast", "adjust_hue", "adjust_saturation", "blend", "gray"]
 
 Factor = torch.Tensor  # (N,) per-sample factors
 
@@ -30,13 +30,15 @@ def _col(f: Factor, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return ratio.to(work), (1.0 - ratio.to(torch.float64)).to(work)
 
 
-def _blend(img1: torch.Tensor, img2: torch.Tensor, f: Factor) -> torch.Tensor:
+def blend(img1: torch.Tensor, img2: torch.Tensor, f: Factor) -> torch.Tensor:
+    """torchvision's ``_blend`` with a ratio per sample: ``f * img1 + (1 - f) * img2``, clamped, in ``img1``'s dtype."""
     ratio, rest = _col(f, img1)
     bound = 255 if img1.dtype == torch.uint8 else 1.0
     return (ratio * img1 + rest * img2).clamp(0, bound).to(img1.dtype)
 
 
-def _gray(x: torch.Tensor) -> torch.Tensor:
+def gray(x: torch.Tensor) -> torch.Tensor:
+    """torchvision's tensor ``rgb_to_grayscale`` (one channel, truncated to the dtype); 1 channel stays."""
     if x.shape[1] == 1:
         return x
     r, g, b = x.unbind(dim=1)
@@ -52,11 +54,11 @@ def adjust_brightness(x: torch.Tensor, f: Factor) -> torch.Tensor:
 
 def adjust_contrast(x: torch.Tensor, f: Factor) -> torch.Tensor:
     work = x.dtype if x.dtype.is_floating_point else torch.float32
-    return _blend(x, torch.mean(_gray(x).to(work), dim=(-3, -2, -1), keepdim=True), f)
+    return blend(x, torch.mean(gray(x).to(work), dim=(-3, -2, -1), keepdim=True), f)
 
 
 def adjust_saturation(x: torch.Tensor, f: Factor) -> torch.Tensor:
-    return x if x.shape[1] == 1 else _blend(x, _gray(x), f)
+    return x if x.shape[1] == 1 else blend(x, gray(x), f)
 
 
 def _rgb2hsv(img: torch.Tensor) -> torch.Tensor:

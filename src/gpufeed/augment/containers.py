@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import ConfigError, DataError
-from .random_ops import _check_p, _coin, _on
+from .params import apply_on, check_p, coin
 from .transforms import BatchTransform, Params
 
 __all__ = ["Identity", "RandomApply", "RandomChoice", "RandomOrder"]
@@ -64,10 +64,10 @@ class RandomApply(BatchTransform):
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "transforms", _same_size(self.transforms, "RandomApply"))
-        object.__setattr__(self, "p", _check_p(self.p, "RandomApply"))
+        object.__setattr__(self, "p", check_p(self.p, "RandomApply"))
 
     def sample(self, x: torch.Tensor, generator: torch.Generator) -> Params:
-        return {"apply": _coin(x, self.p, generator), "seed": _seed(generator, x)}
+        return {"apply": coin(x, self.p, generator), "seed": _seed(generator, x)}
 
     def apply(self, x: torch.Tensor, params: Params) -> torch.Tensor:
         def chain(part: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
@@ -76,7 +76,7 @@ class RandomApply(BatchTransform):
                 out = _run(op, out, params["seed"], k)
             return _kept_size(out, part, "RandomApply")
 
-        return _on(x, params["apply"], chain)
+        return apply_on(x, params["apply"], chain)
 
 
 @dataclass(frozen=True)
@@ -102,7 +102,7 @@ class RandomChoice(BatchTransform):
 
     def apply(self, x: torch.Tensor, params: Params) -> torch.Tensor:
         for k, op in enumerate(self.transforms):
-            x = _on(
+            x = apply_on(
                 x,
                 params["which"] == k,
                 lambda part, idx, op=op, k=k: _kept_size(_run(op, part, params["seed"], k), part, "RandomChoice"),
@@ -129,7 +129,7 @@ class RandomOrder(BatchTransform):
         for slot in range(order.shape[1]):
             for k, op in enumerate(self.transforms):
                 salt = slot * len(self.transforms) + k
-                x = _on(
+                x = apply_on(
                     x,
                     order[:, slot] == k,
                     lambda part, idx, op=op, s=salt: _kept_size(_run(op, part, params["seed"], s), part, "RandomOrder"),

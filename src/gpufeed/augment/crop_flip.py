@@ -13,7 +13,8 @@ import torch
 from ..errors import ConfigError
 from . import functional as F
 from . import geometry as G
-from .transforms import GeometricTransform, Params, _pair, _probability
+from .params import check_probability, size_pair
+from .transforms import GeometricTransform, Params
 
 __all__ = ["RandomCrop", "RandomHorizontalFlip", "RandomVerticalFlip"]
 
@@ -38,7 +39,7 @@ class RandomCrop(GeometricTransform):
     padding_mode: Literal["constant", "edge", "reflect", "symmetric"] = "constant"
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "size", _pair(self.size, "size"))
+        object.__setattr__(self, "size", size_pair(self.size, "size"))
         pad = self.padding
         if pad is None:
             pad = (0, 0, 0, 0)
@@ -105,7 +106,7 @@ class RandomHorizontalFlip(GeometricTransform):
     p: float = 0.5
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "p", _probability(self.p))
+        object.__setattr__(self, "p", check_probability(self.p))
 
     def draw(self, n: int, height: int, width: int, device: torch.device, generator: torch.Generator) -> Params:
         return {"mask": torch.rand(n, generator=generator, device=device) < self.p}

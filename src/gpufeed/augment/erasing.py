@@ -10,7 +10,8 @@ import torch
 
 from ..errors import ConfigError
 from . import functional as F
-from .transforms import BatchTransform, Params, _probability
+from .params import check_probability
+from .transforms import BatchTransform, Params
 
 __all__ = ["Cutout", "RandomErasing"]
 
@@ -39,7 +40,7 @@ class RandomErasing(BatchTransform):
     attempts: int = field(default=10, repr=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "p", _probability(self.p))
+        object.__setattr__(self, "p", check_probability(self.p))
         if not (0 < self.scale[0] <= self.scale[1]):
             raise ConfigError(f"scale={self.scale!r} must satisfy 0 < min <= max")
         if not (0 < self.ratio[0] <= self.ratio[1]):
@@ -88,7 +89,7 @@ class Cutout(BatchTransform):
             raise ConfigError(f"size={self.size!r} must be an int >= 1")
         if isinstance(self.fill, str):
             raise ConfigError(f"fill={self.fill!r} must be a number or one number per channel")
-        object.__setattr__(self, "p", _probability(self.p))
+        object.__setattr__(self, "p", check_probability(self.p))
 
     def sample(self, x: torch.Tensor, generator: torch.Generator) -> Params:
         n, _, h, w = x.shape

@@ -1,7 +1,7 @@
 """Resized crops of ragged batches (images of different sizes in one flat buffer) to one output size.
 
 On the CPU each box goes through the user's own kernel, exact; on a GPU the batch is resampled together, a
-horizontal pass gathering each crop row's taps from the flat buffer, then a vertical one (:func:`_batched_ragged`),
+horizontal pass gathering each crop row's taps from the flat buffer, then a vertical one (:func:`batched_ragged`),
 in float or in the integers of torchvision v2's uint8 kernel or Pillow's (:mod:`.fixed_point`).
 """
 
@@ -11,9 +11,9 @@ import torch
 
 from ..store.ragged import Ragged
 from .fixed_point import by_pass_order, fixed_taps, shift_clamp, vertical_first
-from .resample import _resize_on_cpu, _taps
+from .resample import resample_taps, resize_on_cpu
 
-__all__ = ["ragged_resized_crop"]
+__all__ = ["batched_ragged", "ragged_resized_crop"]
 
 
 def ragged_resized_crop(
@@ -29,17 +29,17 @@ def ragged_resized_crop(
 ) -> torch.Tensor:
     """Each image's box resized to ``size``, stacked: ``(N, C, *size)``, as torchvision computes it.
 
-    On the CPU each box goes through the user's own kernel (:func:`_resize_on_cpu`), exact. On a GPU one kernel
-    per image would be launch-bound, so the batch is resampled together (:func:`_batched_ragged`).
+    On the CPU each box goes through the user's own kernel (:func:`resize_on_cpu`), exact. On a GPU one kernel
+    per image would be launch-bound, so the batch is resampled together (:func:`batched_ragged`).
     """
     if x.device.type == "cpu":
         boxes = torch.stack([top, left, height, width], 1).tolist()
         crops = [x.image(i)[:, y0 : y0 + h, x0 : x0 + w] for i, (y0, x0, h, w) in enumerate(boxes)]
-        return _resize_on_cpu(crops, int(x.shapes[0, 0]), x.dtype, size, antialias, mode, kernel)
-    return _batched_ragged(x, top, left, height, width, size, antialias, mode, kernel)
+        return resize_on_cpu(crops, int(x.shapes[0, 0]), x.dtype, size, antialias, mode, kernel)
+    return batched_ragged(x, top, left, height, width, size, antialias, mode, kernel)
 
 
-def _batched_ragged(
+def batched_ragged(
     x: Ragged,
     top: torch.Tensor,
     left: torch.Tensor,
@@ -65,8 +65,8 @@ def _batched_ragged(
     ch_step = torch.ones_like(img_w) if x.hwc else img_h * img_w
     row_step = img_w * c if x.hwc else img_w
     col_step = c if x.hwc else 1
-    ck, cw = _taps(left, width, out_w, antialias, mode)  # (N, out_w, Kc), box-relative
-    rk, rw = _taps(top, height, out_h, antialias, mode)  # (N, out_h, Kr)
+    ck, cw = resample_taps(left, width, out_w, antialias, mode)  # (N, out_w, Kc), box-relative
+    rk, rw = resample_taps(top, height, out_h, antialias, mode)  # (N, out_h, Kr)
     rows_max = int(height.max())  # one host read per batch: the intermediate's size
     r = torch.arange(rows_max, device=dev).view(1, rows_max, 1)
     rows = top.view(n, 1, 1) + torch.minimum(r, height.view(n, 1, 1) - 1)  # (N, Hmax, 1) absolute rows
@@ -98,7 +98,7 @@ def _fixed_ragged(
     mode: str,
     kernel: str,
 ) -> torch.Tensor:
-    """:func:`_batched_ragged` in the integers of torchvision v2's uint8 kernel or Pillow's (:mod:`.fixed_point`):
+    """:func:`batched_ragged` in the integers of torchvision v2's uint8 kernel or Pillow's (:mod:`.fixed_point`):
     the first pass rounded and clamped to 0-255 before the second, as theirs are; the samples Pillow resamples
     vertically first run transposed (``fixed_point.vertical_first``)."""
 

@@ -14,9 +14,8 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import ConfigError
-from .affine import _inverse_affine, affine_sample, inverse_affine, inverse_affine_v2, sample_grid
-from .auto_ops import _fill
-from .random_ops import _check_p, _coin, _on, _uniform
+from .affine import affine_sample, inverse_affine, inverse_affine_v1, inverse_affine_v2, sample_grid
+from .params import apply_on, check_p, coin, fill_tuple, uniform
 from .transforms import BatchTransform, Params
 
 __all__ = ["RandomAffine", "RandomPerspective", "RandomRotation"]
@@ -52,11 +51,11 @@ class RandomRotation(BatchTransform):
             raise ConfigError(f"degrees={d!r} must be a number >= 0 or a (min, max) pair")
         object.__setattr__(self, "degrees", pair)
         object.__setattr__(self, "interpolation", _mode(self.interpolation))
-        object.__setattr__(self, "fill", _fill(self.fill))
+        object.__setattr__(self, "fill", fill_tuple(self.fill))
 
     def sample(self, x: torch.Tensor, generator: torch.Generator) -> Params:
         lo, hi = self.degrees  # type: ignore[misc]
-        return {"angle": _uniform(x.shape[0], lo, hi, x, generator)}
+        return {"angle": uniform(x.shape[0], lo, hi, x, generator)}
 
     def apply(self, x: torch.Tensor, params: Params) -> torch.Tensor:
         if self.pil:  # F.rotate on a PIL image: Image.rotate about the given centre
@@ -102,25 +101,25 @@ class RandomAffine(BatchTransform):
                 raise ConfigError(f"shear={self.shear!r} must be a number or 2 or 4 values")
         object.__setattr__(self, "shear", s)
         object.__setattr__(self, "interpolation", _mode(self.interpolation))
-        object.__setattr__(self, "fill", _fill(self.fill))
+        object.__setattr__(self, "fill", fill_tuple(self.fill))
 
     def sample(self, x: torch.Tensor, generator: torch.Generator) -> Params:
         n, (h, w) = x.shape[0], x.shape[2:]
         lo, hi = self.degrees  # type: ignore[misc]
-        angle = _uniform(n, lo, hi, x, generator)
+        angle = uniform(n, lo, hi, x, generator)
         zero = torch.zeros(n, device=x.device)
         tx = ty = zero
         if self.translate is not None:
             max_dx, max_dy = float(self.translate[0] * w), float(self.translate[1] * h)
-            tx = torch.round(_uniform(n, -max_dx, max_dx, x, generator))  # int(round(...)): half to even
-            ty = torch.round(_uniform(n, -max_dy, max_dy, x, generator))
-        scale = _uniform(n, self.scale[0], self.scale[1], x, generator) if self.scale is not None else zero + 1.0
+            tx = torch.round(uniform(n, -max_dx, max_dx, x, generator))  # int(round(...)): half to even
+            ty = torch.round(uniform(n, -max_dy, max_dy, x, generator))
+        scale = uniform(n, self.scale[0], self.scale[1], x, generator) if self.scale is not None else zero + 1.0
         sx = sy = zero
         shear = self.shear
         if shear is not None:
-            sx = _uniform(n, shear[0], shear[1], x, generator)  # type: ignore[index]
+            sx = uniform(n, shear[0], shear[1], x, generator)  # type: ignore[index]
             if len(shear) == 4:  # type: ignore[arg-type]
-                sy = _uniform(n, shear[2], shear[3], x, generator)  # type: ignore[index]
+                sy = uniform(n, shear[2], shear[3], x, generator)  # type: ignore[index]
         return {"angle": angle, "tx": tx, "ty": ty, "scale": scale, "sx": sx, "sy": sy}
 
     def apply(self, x: torch.Tensor, params: Params) -> torch.Tensor:
@@ -131,7 +130,7 @@ class RandomAffine(BatchTransform):
             cx, cy = self.center if self.center is not None else (w * 0.5, h * 0.5)
             keys = ("angle", "tx", "ty", "scale", "sx", "sy")
             host = torch.stack([params[k].double() for k in keys]).tolist()  # one host read
-            matrix = inverse_affine_v2 if self.v2 else _inverse_affine
+            matrix = inverse_affine_v2 if self.v2 else inverse_affine_v1
             matrices = [matrix(a, dx, dy, z, hx, hy, cx, cy) for a, dx, dy, z, hx, hy in zip(*host, strict=True)]
             return pil.affine(x, matrices, self.interpolation, pil.parse_fill(self.fill, x.shape[1]))
         p = {k: v.double() for k, v in params.items()}
@@ -154,9 +153,9 @@ class RandomPerspective(BatchTransform):
     def __post_init__(self) -> None:
         if not 0.0 <= self.distortion_scale <= 1.0:
             raise ConfigError(f"distortion_scale={self.distortion_scale} must be in [0, 1]")
-        object.__setattr__(self, "p", _check_p(self.p, "RandomPerspective"))
+        object.__setattr__(self, "p", check_p(self.p, "RandomPerspective"))
         object.__setattr__(self, "interpolation", _mode(self.interpolation))
-        object.__setattr__(self, "fill", _fill(self.fill))
+        object.__setattr__(self, "fill", fill_tuple(self.fill))
 
     def sample(self, x: torch.Tensor, generator: torch.Generator) -> Params:
         n, (h, w) = x.shape[0], x.shape[2:]
@@ -175,14 +174,14 @@ class RandomPerspective(BatchTransform):
             ],
             1,
         )
-        return {"apply": _coin(x, self.p, generator), "ends": ends}
+        return {"apply": coin(x, self.p, generator), "ends": ends}
 
     def apply(self, x: torch.Tensor, params: Params) -> torch.Tensor:
         def warp(part: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
             coeffs = _perspective_coeffs(params["ends"][idx], part.shape[3], part.shape[2])
             return _perspective(part, coeffs, self.fill, self.interpolation)  # type: ignore[arg-type]
 
-        return _on(x, params["apply"], warp)
+        return apply_on(x, params["apply"], warp)
 
 
 def _perspective_coeffs(ends: torch.Tensor, width: int, height: int) -> torch.Tensor:

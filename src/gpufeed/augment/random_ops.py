@@ -17,8 +17,9 @@ import torch
 import torch.nn.functional as nnf
 
 from ..errors import ConfigError
-from .auto_ops import _autocontrast, _equalize, _posterize, _sharpness
-from .color import _gray
+from .auto_ops import adjust_sharpness, autocontrast, equalize, posterize
+from .color import gray
+from .params import apply_on, check_p, coin, uniform
 from .transforms import BatchTransform, Params
 
 __all__ = [
@@ -36,40 +37,19 @@ __all__ = [
 ]
 
 
-def _coin(x: torch.Tensor, p: float, generator: torch.Generator) -> torch.Tensor:
-    """Per sample, whether the op applies: torchvision's ``torch.rand(1) < p``."""
-    return torch.rand(x.shape[0], generator=generator, device=x.device) < p
-
-
-def _on(x: torch.Tensor, mask: torch.Tensor, op: Any) -> torch.Tensor:
-    """``op`` applied to the samples ``mask`` picks, the others as they are."""
-    idx = mask.nonzero().flatten()
-    if idx.numel() == 0:
-        return x
-    out = x.clone()
-    out[idx] = op(x[idx], idx)
-    return out
-
-
-def _check_p(p: float, name: str) -> float:
-    if not 0.0 <= float(p) <= 1.0:
-        raise ConfigError(f"{name}: p={p} must be in [0, 1]")
-    return float(p)
-
-
 @dataclass(frozen=True)
 class _Sometimes(BatchTransform):
     """An op with fixed arguments applied with probability ``p`` per sample; subclasses declare their
     arguments in torchvision's order (the op's own first, then ``p``: a field here would come first)."""
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "p", _check_p(getattr(self, "p"), type(self).__name__))  # noqa: B009
+        object.__setattr__(self, "p", check_p(getattr(self, "p"), type(self).__name__))  # noqa: B009
 
     def sample(self, x: torch.Tensor, generator: torch.Generator) -> Params:
-        return {"apply": _coin(x, getattr(self, "p"), generator)}  # noqa: B009
+        return {"apply": coin(x, getattr(self, "p"), generator)}  # noqa: B009
 
     def apply(self, x: torch.Tensor, params: Params) -> torch.Tensor:
-        return _on(x, params["apply"], lambda part, idx: self.op(part))
+        return apply_on(x, params["apply"], lambda part, idx: self.op(part))
 
     def op(self, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
@@ -111,7 +91,7 @@ class RandomPosterize(_Sometimes):
             levels = 1 << self.bits
             return x.mul(levels).floor_().clamp_(0, levels - 1).mul_(1.0 / levels)
         _uint8_only(x, "RandomPosterize")
-        return _posterize(x, torch.full((x.shape[0],), self.bits, device=x.device))
+        return posterize(x, torch.full((x.shape[0],), self.bits, device=x.device))
 
 
 @dataclass(frozen=True)
@@ -119,7 +99,7 @@ class RandomAutocontrast(_Sometimes):
     p: float = 0.5
 
     def op(self, x: torch.Tensor) -> torch.Tensor:
-        return _autocontrast(x)
+        return autocontrast(x)
 
 
 @dataclass(frozen=True)
@@ -132,11 +112,11 @@ class RandomEqualize(_Sometimes):
     def op(self, x: torch.Tensor) -> torch.Tensor:
         if not x.dtype.is_floating_point:
             _uint8_only(x, "RandomEqualize")
-            return _equalize(x)
+            return equalize(x)
         # The cast of a value outside 0-255 (an image after Normalize) is what the CPU does, where torchvision runs:
         # truncate to an integer, keep the low 8 bits; through int32 the same holds on every device.
         levels = x.mul(255.0 + 1.0 - 1e-3).to(torch.int32).to(torch.uint8)
-        return _equalize(levels).to(x.dtype).mul_(1.0 / 255)
+        return equalize(levels).to(x.dtype).mul_(1.0 / 255)
 
 
 @dataclass(frozen=True)
@@ -154,13 +134,13 @@ class RandomAdjustSharpness(_Sometimes):
 
     def op(self, x: torch.Tensor) -> torch.Tensor:
         factor = torch.full((x.shape[0],), float(self.sharpness_factor), dtype=torch.float64, device=x.device)
-        return _sharpness(x, factor)
+        return adjust_sharpness(x, factor)
 
 
 def grayscale(x: torch.Tensor, channels: int) -> torch.Tensor:
     """torchvision's tensor ``rgb_to_grayscale``: the weighted sum, truncated to the dtype; with 3 output channels
     it takes the input's channel count (a 1-channel image stays 1 channel, as torchvision's ``expand``)."""
-    gray = _gray(x) if x.shape[1] == 3 else x.clone()
+    gray = gray(x) if x.shape[1] == 3 else x.clone()
     return gray.expand(-1, x.shape[1], -1, -1).contiguous() if channels == 3 else gray
 
 
@@ -188,11 +168,6 @@ def _pair(value: Any, name: str, positive: bool = True) -> tuple[float, float]:
     return pair
 
 
-def _uniform(n: int, low: float, high: float, x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """``torch.empty(1).uniform_(low, high)`` per sample: float32 draws, as torchvision's."""
-    return torch.empty(n, device=x.device).uniform_(low, high, generator=generator)
-
-
 @dataclass(frozen=True)
 class GaussianBlur(BatchTransform):
     """torchvision's ``GaussianBlur``: a sigma per sample, uniform in ``sigma``; reflect padding."""
@@ -209,7 +184,7 @@ class GaussianBlur(BatchTransform):
 
     def sample(self, x: torch.Tensor, generator: torch.Generator) -> Params:
         lo, hi = self.sigma  # type: ignore[misc]
-        return {"sigma": _uniform(x.shape[0], lo, hi, x, generator)}
+        return {"sigma": uniform(x.shape[0], lo, hi, x, generator)}
 
     def apply(self, x: torch.Tensor, params: Params) -> torch.Tensor:
         return gaussian_blur(x, self.kernel_size, params["sigma"])  # type: ignore[arg-type]

@@ -6,7 +6,7 @@ resampling is separable and linear: for each sample, ``out = Wy @ crop @ Wx.T`` 
 box. With the filter widened by the scale factor when shrinking (``antialias=True``) these are
 exactly the weights of ``F.interpolate(..., mode="bilinear", antialias=True)``; with
 ``antialias=False``, those of plain bilinear. Two batched matmuls do the whole batch. The filter taps
-(:func:`_taps`) and the per-image CPU path (:func:`_resize_on_cpu`) serve the ragged batches too
+(:func:`resample_taps`) and the per-image CPU path (:func:`resize_on_cpu`) serve the ragged batches too
 (:mod:`.ragged_resize`).
 """
 
@@ -21,14 +21,14 @@ from torchvision.transforms import InterpolationMode
 
 from .fixed_point import fixed_resized_crop
 
-__all__ = ["resized_crop"]
+__all__ = ["resample_taps", "resize_on_cpu", "resized_crop"]
 
 
 def _weights(
     start: torch.Tensor, length: torch.Tensor, in_len: int, out_len: int, antialias: bool, mode: str = "bilinear"
 ) -> torch.Tensor:
-    """``(N, out_len, in_len)`` resampling weights of the boxes ``[start, start + length)`` (:func:`_taps`, placed)."""
-    k, w = _taps(start, length, out_len, antialias, mode)
+    """``(N, out_len, in_len)`` resampling weights of the boxes ``[start, start + length)`` (:func:`resample_taps`, placed)."""
+    k, w = resample_taps(start, length, out_len, antialias, mode)
     dense = torch.zeros(k.shape[0], out_len, in_len, dtype=torch.float32, device=start.device)
     return dense.scatter_add_(2, k + start.view(-1, 1, 1), w)
 
@@ -57,7 +57,7 @@ def resized_crop(
             # integer gathers (v2's uint8 resize: 6x at 256 crops of 32x32, 10x at 64 of 375x500 to 224; measured).
             boxes = torch.stack([top, left, height, width], 1).tolist()
             crops = [x[i, :, y0 : y0 + h, x0 : x0 + w] for i, (y0, x0, h, w) in enumerate(boxes)]
-            return _resize_on_cpu(crops, x.shape[1], x.dtype, size, antialias, mode, kernel)
+            return resize_on_cpu(crops, x.shape[1], x.dtype, size, antialias, mode, kernel)
         return fixed_resized_crop(x, top, left, height, width, size, antialias, mode, kernel)
     n, c, h, w = x.shape
     wy = _weights(top, height, h, size[0], antialias, mode)
@@ -70,7 +70,7 @@ def resized_crop(
     return out.to(x.dtype)
 
 
-def _resize_on_cpu(
+def resize_on_cpu(
     crops: Sequence[torch.Tensor],
     channels: int,
     dtype: torch.dtype,
@@ -121,7 +121,7 @@ def _cubic(t: torch.Tensor, a: float) -> torch.Tensor:
     return torch.where(t < 1, near, torch.where(t < 2, far, torch.zeros_like(t)))
 
 
-def _taps(
+def resample_taps(
     start: torch.Tensor, length: torch.Tensor, out_len: int, antialias: bool, mode: str = "bilinear"
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(N, out_len, K)`` box-relative source indices and weights of each box ``[start, start + length)``: only

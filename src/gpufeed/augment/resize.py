@@ -23,7 +23,8 @@ from ..store.ragged import Ragged
 from .fixed_point import KERNELS
 from .ragged_resize import ragged_resized_crop
 from .resample import resized_crop
-from .transforms import BatchTransform, Params, _pair
+from .params import size_pair
+from .transforms import BatchTransform, Params
 
 __all__ = ["RandomResizedCrop"]
 
@@ -48,7 +49,7 @@ class RandomResizedCrop(BatchTransform):
     one_size_output = True
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "size", _pair(self.size, "size"))
+        object.__setattr__(self, "size", size_pair(self.size, "size"))
         modes = (self.interpolation,) if isinstance(self.interpolation, str) else tuple(self.interpolation)
         if not modes or any(m not in ("bilinear", "bicubic", "nearest") for m in modes):
             raise ConfigError(

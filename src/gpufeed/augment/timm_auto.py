@@ -24,10 +24,10 @@ import torch
 
 from ..errors import ConfigError
 from . import pil
-from .auto_ops import _equalize, _posterize
+from .auto_ops import equalize, posterize
 from .transforms import BatchTransform, Params
 
-__all__ = ["NAMES", "TimmAutoAugment", "TimmOp", "TimmRandAugment"]
+__all__ = ["NAMES", "Hparams", "TimmAutoAugment", "TimmOp", "TimmRandAugment"]
 
 # The op names of timm's NAME_TO_OP that gpufeed batches (the GaussianBlur ones it does not).
 NAMES = (
@@ -80,7 +80,9 @@ class TimmOp:
 
 
 @dataclass(frozen=True)
-class _Hparams:
+class Hparams:
+    """The hyper-parameters all of a timm policy's ops share: fill, interpolations, translate sizes."""
+
     fill: tuple[int, ...]
     interpolation: tuple[str, ...]
     translate_const: float
@@ -89,12 +91,12 @@ class _Hparams:
     @staticmethod
     def make(
         fill: int | Sequence[int], interpolation: str | Sequence[str], translate_const: float, translate_pct: float
-    ) -> _Hparams:
+    ) -> Hparams:
         modes = (interpolation,) if isinstance(interpolation, str) else tuple(interpolation)
         if not modes or any(m not in MODES for m in modes):
             raise ConfigError(f"interpolation={interpolation!r}: PIL's affine transform takes {MODES}")
         fills = (int(fill),) if isinstance(fill, (int, float)) else tuple(int(v) for v in fill)
-        return _Hparams(fills, modes, float(translate_const), float(translate_pct))
+        return Hparams(fills, modes, float(translate_const), float(translate_pct))
 
 
 @functools.lru_cache(maxsize=32)
@@ -114,7 +116,7 @@ class _TimmAugment(BatchTransform):
     """The draw and the apply both timm containers share: rounds of (op per sample, or none)."""
 
     ops: tuple[TimmOp, ...]
-    hparams: _Hparams
+    hparams: Hparams
 
     def _table(self, dev: torch.device) -> dict[str, torch.Tensor]:
         return _op_table(self.ops, dev)
@@ -264,11 +266,11 @@ def _colour(name: str, x: torch.Tensor, arg: torch.Tensor) -> torch.Tensor:
     if base == "AutoContrast":
         return pil.autocontrast(x)
     if base == "Equalize":
-        return _equalize(x)
+        return equalize(x)
     if base == "Invert":
         return 255 - x
     if base == "Posterize":
-        return _posterize(x, arg.clamp(max=8))  # bits >= 8: the image as it is
+        return posterize(x, arg.clamp(max=8))  # bits >= 8: the image as it is
     if base == "Solarize":
         return pil.solarize(x, arg)
     if base == "SolarizeAdd":  # below 128: + add, capped at 255
@@ -286,7 +288,7 @@ class TimmRandAugment(_TimmAugment):
     ops: tuple[TimmOp, ...]
     num_layers: int = 2
     choice_weights: tuple[float, ...] | None = None
-    hparams: _Hparams = _Hparams.make((128, 128, 128), ("bilinear", "bicubic"), 250, 0.45)
+    hparams: Hparams = Hparams.make((128, 128, 128), ("bilinear", "bicubic"), 250, 0.45)
 
     def __post_init__(self) -> None:
         if not self.ops or self.num_layers < 0:
@@ -327,7 +329,7 @@ class TimmAutoAugment(_TimmAugment):
 
     ops: tuple[TimmOp, ...]
     policy: tuple[tuple[int, ...], ...]
-    hparams: _Hparams = _Hparams.make((128, 128, 128), ("bilinear", "bicubic"), 250, 0.45)
+    hparams: Hparams = Hparams.make((128, 128, 128), ("bilinear", "bicubic"), 250, 0.45)
 
     def __post_init__(self) -> None:
         if not self.policy or any(not 0 <= i < len(self.ops) for sub in self.policy for i in sub):

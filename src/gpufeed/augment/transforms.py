@@ -61,19 +61,6 @@ def _check_input(x: object, op: BatchTransform) -> None:
     F.check_batch(x)
 
 
-def _pair(value: int | Sequence[int], name: str) -> tuple[int, int]:
-    pair: tuple[int, ...] = (value, value) if isinstance(value, int) else tuple(value)
-    if len(pair) != 2 or not all(isinstance(v, int) and v >= 1 for v in pair):
-        raise ConfigError(f"{name}={value!r} must be a positive int or a (height, width) pair")
-    return pair
-
-
-def _probability(p: float) -> float:
-    if not 0.0 <= p <= 1.0:
-        raise ConfigError(f"{p=} must be in [0, 1]")
-    return float(p)
-
-
 class BatchTransform:
     """Base class: ``out = t(batch, generator=g)`` equals ``t.apply(batch, t.sample(batch, g))``."""
 

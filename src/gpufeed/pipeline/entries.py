@@ -34,6 +34,7 @@ from ..store.entry import Cache, open_cache
 
 __all__ = [
     "Source",
+    "cached_hit",
     "cached_read",
     "check_outside_dataset",
     "describe_read",
@@ -225,6 +226,7 @@ class Source:
     mapped: bool = False  # memory-mapped from a cache file
     notes: list[str] = field(default_factory=list)
     skipped: tuple[tuple[str, str], ...] = ()  # files left out with on_error="skip": (path, why)
+    key: str | None = None  # the cache key it was looked up under (None: not fingerprinted, or cache=False)
     tier: str = ""  # where the loader keeps it: "device", "pinned" or "mmap" (set by the materialise stage)
     why: str = ""  # the plan's sentence for the tier
     nbytes: int = 0  # images and labels
@@ -239,11 +241,12 @@ def cached_read(
     expensive: Callable[[Any], bool],
     notes: Sequence[str] = (),
     resume: Callable[[Path, str], Any] | None = None,
+    fits: Callable[[Any], bool] | None = None,
 ) -> Source:
     """``read()``'s data, or the cache entry of the same key; written to the cache when asked (``cache=True`` or
-    a root) or, for ``"auto"``, when ``expensive(data)``. ``resume``: a ``read`` that resumes a stopped build
-    (see :func:`load_or_ingest`). Files an entry left out (``on_error="skip"``) are an error
-    on a hit with ``on_error="error"``, as they would be on a fresh read."""
+    a root) or, for ``"auto"``, when ``expensive(data)``, and only when ``fits(data)`` (data of the kind this key
+    is for). ``resume``: a ``read`` that resumes a stopped build (see :func:`load_or_ingest`). Files an entry left
+    out (``on_error="skip"``) are an error on a hit with ``on_error="error"``, as they would be on a fresh read."""
     cache, on_error = options.cache, options.on_error
     key = cache_key(dataset, split.cached, kind) if cache is not False else None
     notes = list(notes)
@@ -271,7 +274,7 @@ def cached_read(
         split,
         path,
         key,
-        lambda d: always or expensive(d),
+        lambda d: (fits is None or fits(d)) and (always or expensive(d)),
         None,
         options.progress,
         options.lock_timeout,
@@ -287,7 +290,25 @@ def cached_read(
         src = Source(hit.images, hit.labels, describe_read(data) + ", written to the cache", path, True, notes)
     else:
         src = Source(data.images, data.labels, describe_read(data), None, False, notes)
+    src.key = key
     return _skipping(src, data, hit, on_error)
+
+
+def cached_hit(
+    dataset: Any, split: Any, options: ReadOptions, kind: dict[str, Any] | None, notes: Sequence[str] = ()
+) -> Source | None:
+    """The valid entry of ``kind``'s key if there is one (read without the lock, as :func:`load_or_ingest` reads
+    one), else None: nothing is read from the dataset or written."""
+    key = cache_key(dataset, split.cached, kind) if options.cache is not False else None
+    if key is None:
+        return None
+    path = entry_path(type(dataset).__name__, key, options.cache if isinstance(options.cache, Path) else None)
+    hit = _current(path, key, announce=False)
+    if hit is None:
+        return None
+    src = Source(hit.images, hit.labels, f"cache hit, verified ({len(hit.labels)} samples)", path, True, list(notes))
+    src.key = key
+    return _skipping(src, None, hit, options.on_error)
 
 
 def describe_source(dataset: Any) -> dict[str, Any]:

@@ -16,17 +16,19 @@ entry already is one; other data is spilled to a temporary file). Every tier yie
 
 from __future__ import annotations
 
+import functools
 import warnings
 from dataclasses import replace
+from typing import Any
 
 from ..device import fmt_bytes
 from ..errors import CacheWriteError
-from ..read.samples import Ingested, RaggedError, ingest
+from ..read.samples import Ingested, ingest
 from ..store import as_store
 from ..store.spill import spill
-from .entries import Source, cached_read, describe_read
+from .entries import Source, cached_hit, cached_read, describe_read
 from .folder_store import folder_store, with_file_record
-from .plan import RAGGED_NOTE, StorePlan
+from .plan import PIXELS_BY_SAMPLE, RAGGED_NOTE, StorePlan
 from .probe import Probed
 from .request import Request
 
@@ -46,30 +48,36 @@ def materialise(req: Request, probed: Probed, decided: StorePlan) -> Source:
 
 
 def _samples(req: Request, probed: Probed, decided: StorePlan) -> Source:
-    """Every sample through the cached part: one tensor, or (``"samples-ragged"``, or a read that met images of
-    different sizes a recipe can keep as they are) a Ragged store."""
-    dataset, options = req.dataset, req.read
+    """Every sample through the cached part: one tensor, or (``"samples-ragged"``) a Ragged store; with
+    ``decided.either``, whichever the read finds (RandomResizedCrop first keeps images of different sizes as they
+    are), each kind's entry under its own key, as a read of that kind writes it."""
+    dataset, split, options = req.dataset, probed.split, req.read
     ragged: bool | None = True if decided.route == "samples-ragged" else (None if decided.either else False)
-
-    def read() -> Ingested:
-        cached = probed.split.cached_transform()
-        return ingest(dataset, cached, num_workers=options.num_workers, progress=options.progress, ragged=ragged)
-
-    # "auto" persists what was expensive to compute: a read sample by sample
-    read_ = with_file_record(dataset, read)
-    src = cached_read(dataset, probed.split, options, decided.key_kind, read_, _per_sample, decided.notes)
-    if as_store(src.images).ragged and ragged is False:
-        # an entry kept from a read that met different sizes, under a recipe that could keep them; this one cannot
-        # (the key covers the cached part, not the batched one): what a fresh read would have found
-        raise RaggedError(
-            f"the cache entry {src.cache_path} holds the images of {type(dataset).__name__} at their own sizes, and "
-            "this recipe needs one size (RandomResizedCrop first keeps them as they are): add a Resize and "
-            "CenterCrop first, or pass fallback='prefetch'",
-            sizes_only=True,
-        )
-    if as_store(src.images).ragged and RAGGED_NOTE not in src.notes:  # sizes the probe did not see
+    read = with_file_record(dataset, functools.partial(_read_samples, dataset, split, options, ragged))
+    if not decided.either:
+        # "auto" persists what was expensive to compute: a read sample by sample
+        return cached_read(dataset, split, options, decided.key_kind, read, _per_sample, decided.notes)
+    at_own_sizes = [RAGGED_NOTE, *decided.notes]
+    hit = cached_hit(dataset, split, options, PIXELS_BY_SAMPLE, at_own_sizes)  # an earlier read met other sizes
+    if hit is not None:
+        return hit
+    once = functools.cache(read)  # the dataset is read once, whichever entry it is kept in
+    src = cached_read(dataset, split, options, None, once, _per_sample, decided.notes, fits=_one_size)
+    if not as_store(src.images).ragged:
+        return src
+    if src.key is None:  # nothing persisted (cache=False, or nothing to fingerprint): no other key to try
         src.notes.insert(0, RAGGED_NOTE)
-    return src
+        return src
+    return cached_read(dataset, split, options, PIXELS_BY_SAMPLE, once, _per_sample, at_own_sizes)
+
+
+def _read_samples(dataset: Any, split: Any, options: Any, ragged: bool | None) -> Ingested:
+    cached = split.cached_transform()
+    return ingest(dataset, cached, num_workers=options.num_workers, progress=options.progress, ragged=ragged)
+
+
+def _one_size(data: Ingested) -> bool:
+    return not as_store(data.images).ragged
 
 
 def _per_sample(data: Ingested) -> bool:

@@ -28,7 +28,17 @@ from ..read.samples import exposes_arrays
 from .probe import Probed
 from .request import Request
 
-__all__ = ["DEVICE_BUDGET_FRACTION", "HOST_BUDGET_FRACTION", "RAGGED_NOTE", "Budget", "StorePlan", "budget", "plan"]
+__all__ = [
+    "DEVICE_BUDGET_FRACTION",
+    "HOST_BUDGET_FRACTION",
+    "PIXELS_BY_SAMPLE",
+    "RAGGED_NOTE",
+    "ROUTES",
+    "Budget",
+    "StorePlan",
+    "budget",
+    "plan",
+]
 
 DEVICE_BUDGET_FRACTION = 0.5  # of the device memory free when accelerate() runs: the rest is the model's
 HOST_BUDGET_FRACTION = 0.5  # of the host memory available, for the pinned tier
@@ -85,6 +95,7 @@ def budget(device: torch.device, memory_budget: int | None) -> Budget:
 
 
 ROUTES = ("arrays", "samples", "samples-ragged", "folder")
+PIXELS_BY_SAMPLE = {"kind": "pixels", "read": "samples"}  # what an entry of images read at their own sizes is keyed by
 
 
 @dataclass(frozen=True)
@@ -100,7 +111,7 @@ class StorePlan:
     def key_kind(self) -> dict[str, Any] | None:
         """What an entry of this route is keyed by besides the source and the cached ops (the folder route's
         kind, pixels or the files' bytes, follows from its headers: see :mod:`gpufeed.pipeline.materialise`)."""
-        return {"kind": "pixels", "read": "samples"} if self.route == "samples-ragged" else None
+        return PIXELS_BY_SAMPLE if self.route == "samples-ragged" else None
 
 
 RAGGED_NOTE = (

@@ -44,12 +44,12 @@ from ... import augment as A
 from ...augment.containers import Identity
 from ...errors import ConfigError, UnsupportedTransformError
 from . import refusals
-from .auto import _auto_augment
-from .color import PIL_BOUNDS, _blur, _color_jitter, _grayscale, _per_sample
-from .dtype import _normalize, _to_dtype, _to_float, _to_tensor
-from .from_timm import _timm_auto, _timm_erasing
-from .geometry import _affine, _erasing, _perspective, _random_crop, _resized_crop, _rotation
-from .state import _is_v2, _State
+from .auto import auto_augment
+from .color import PIL_BOUNDS, blur, color_jitter, grayscale, per_sample
+from .dtype import normalize, to_dtype, to_float, to_tensor
+from .from_timm import timm_auto, timm_erasing
+from .geometry import affine, erasing, perspective, random_crop, resized_crop, rotation
+from .state import is_v2, State
 
 __all__ = [
     "CACHEABLE",
@@ -72,7 +72,7 @@ _CONVERSIONS = ("ToTensor", "PILToTensor", "ToImage", "ConvertImageDtype", "ToDt
 _TO_TENSOR = ("ToTensor", "PILToTensor", "ToImage", "MaybeToTensor", "MaybePILToTensor")
 
 
-def _inner(op: Any, s: _State) -> tuple[A.BatchTransform, ...]:
+def _inner(op: Any, s: State) -> tuple[A.BatchTransform, ...]:
     """A container's ops, converted in the state they run in; each keeps its place (an op with nothing to do
     on the device stays as Identity, so that ``RandomChoice``'s weights still line up). They may not change
     the image's size: the samples a container picks and the others would differ."""
@@ -93,8 +93,8 @@ def _inner(op: Any, s: _State) -> tuple[A.BatchTransform, ...]:
     return tuple(out)
 
 
-def _container(make: Callable[[Any, _State], A.BatchTransform]) -> Callable[[Any, _State], A.BatchTransform]:
-    def convert(op: Any, s: _State) -> A.BatchTransform:
+def _container(make: Callable[[Any, State], A.BatchTransform]) -> Callable[[Any, State], A.BatchTransform]:
+    def convert(op: Any, s: State) -> A.BatchTransform:
         try:
             return make(op, s)
         except ConfigError as e:  # what gpufeed's container refuses, the fallback can still run
@@ -106,46 +106,46 @@ def _container(make: Callable[[Any, _State], A.BatchTransform]) -> Callable[[Any
 
 
 # torchvision op name -> converter(op, state) -> gpufeed op (or None for a no-op on the device)
-CONVERTERS: dict[str, Callable[[Any, _State], A.BatchTransform | None]] = {
-    "RandomCrop": _random_crop,
+CONVERTERS: dict[str, Callable[[Any, State], A.BatchTransform | None]] = {
+    "RandomCrop": random_crop,
     "RandomHorizontalFlip": lambda op, s: A.RandomHorizontalFlip(op.p),
     "RandomVerticalFlip": lambda op, s: A.RandomVerticalFlip(op.p),
-    "RandomErasing": _erasing,
-    "RandomResizedCrop": _resized_crop,
+    "RandomErasing": erasing,
+    "RandomResizedCrop": resized_crop,
     # timm's: the same box distribution (its own copy of torchvision's get_params); "random" draws the
     # interpolation per sample; MaybeToTensor is ToTensor on PIL images and passes tensors through.
-    "RandomResizedCropAndInterpolation": _resized_crop,
-    "MaybeToTensor": lambda op, s: _to_float(s) if s.pil else None,
+    "RandomResizedCropAndInterpolation": resized_crop,
+    "MaybeToTensor": lambda op, s: to_float(s) if s.pil else None,
     "MaybePILToTensor": lambda op, s: None,
-    "TimmRandomErasing": _timm_erasing,
-    "TimmRandAugment": _container(_timm_auto),
-    "TimmAutoAugment": _container(_timm_auto),
-    "ColorJitter": _color_jitter,
-    "RandomSolarize": _per_sample(A.RandomSolarize, "threshold", check=refusals.check_solarize),
-    "RandomPosterize": _per_sample(A.RandomPosterize, "bits", check=refusals.check_posterize),
-    "RandomAutocontrast": _per_sample(A.RandomAutocontrast),
-    "RandomEqualize": _per_sample(A.RandomEqualize, check=refusals.check_equalize),
-    "RandomInvert": _per_sample(A.RandomInvert),
-    "RandomAdjustSharpness": _per_sample(A.RandomAdjustSharpness, "sharpness_factor", check=refusals.check_sharpness),
-    "RandomGrayscale": _per_sample(A.RandomGrayscale),
-    "Grayscale": _grayscale,  # after a random op; before one it is cached
-    "GaussianBlur": _blur,
-    "RandomRotation": _rotation,
-    "RandomPerspective": _perspective,
-    "RandomAffine": _affine,
+    "TimmRandomErasing": timm_erasing,
+    "TimmRandAugment": _container(timm_auto),
+    "TimmAutoAugment": _container(timm_auto),
+    "ColorJitter": color_jitter,
+    "RandomSolarize": per_sample(A.RandomSolarize, "threshold", check=refusals.check_solarize),
+    "RandomPosterize": per_sample(A.RandomPosterize, "bits", check=refusals.check_posterize),
+    "RandomAutocontrast": per_sample(A.RandomAutocontrast),
+    "RandomEqualize": per_sample(A.RandomEqualize, check=refusals.check_equalize),
+    "RandomInvert": per_sample(A.RandomInvert),
+    "RandomAdjustSharpness": per_sample(A.RandomAdjustSharpness, "sharpness_factor", check=refusals.check_sharpness),
+    "RandomGrayscale": per_sample(A.RandomGrayscale),
+    "Grayscale": grayscale,  # after a random op; before one it is cached
+    "GaussianBlur": blur,
+    "RandomRotation": rotation,
+    "RandomPerspective": perspective,
+    "RandomAffine": affine,
     "RandomApply": _container(lambda op, s: A.RandomApply(_inner(op, s), op.p)),
     "RandomChoice": _container(lambda op, s: A.RandomChoice(_inner(op, s), tuple(op.p) if op.p is not None else None)),
     "RandomOrder": _container(lambda op, s: A.RandomOrder(_inner(op, s))),
-    "TrivialAugmentWide": _auto_augment,
-    "RandAugment": _auto_augment,
-    "AutoAugment": _auto_augment,
-    "AugMix": _auto_augment,
-    "ToTensor": lambda op, s: _to_tensor(op, s, "ToTensor"),
-    "PILToTensor": lambda op, s: _to_tensor(op, s, "PILToTensor"),
+    "TrivialAugmentWide": auto_augment,
+    "RandAugment": auto_augment,
+    "AutoAugment": auto_augment,
+    "AugMix": auto_augment,
+    "ToTensor": lambda op, s: to_tensor(op, s, "ToTensor"),
+    "PILToTensor": lambda op, s: to_tensor(op, s, "PILToTensor"),
     "ToImage": lambda op, s: None,
-    "ConvertImageDtype": _to_dtype,
-    "ToDtype": _to_dtype,
-    "Normalize": _normalize,
+    "ConvertImageDtype": to_dtype,
+    "ToDtype": to_dtype,
+    "Normalize": normalize,
     "ToPureTensor": lambda op, s: None,  # v2: unwraps tv_tensors; the pixels do not change
     "Identity": lambda op, s: None,
 }
@@ -323,7 +323,7 @@ def build_batched(
     What torchvision itself refuses at an op's place in the pipeline raises ConfigError here, before
     any data is read (:mod:`gpufeed.pipeline.translate.refusals`).
     """
-    state = _State(stored_dtype, image_size, pil, channels=channels)
+    state = State(stored_dtype, image_size, pil, channels=channels)
     out: list[A.BatchTransform] = []
     inputs: list[torch.dtype] = []  # the dtype each op in ``out`` receives
     for op in device_ops:
@@ -332,7 +332,7 @@ def build_batched(
         state.pil = state.pil and kind(op) not in _TO_TENSOR
         state.tensor = state.tensor or kind(op) in _TO_TENSOR
         if kind(op) in _TO_TENSOR or kind(op) == "ToPureTensor":
-            state.tv_image = kind(op) == "ToImage" and _is_v2(op)
+            state.tv_image = kind(op) == "ToImage" and is_v2(op)
         if converted is None:
             continue
         state.size = converted.output_size(*state.size)

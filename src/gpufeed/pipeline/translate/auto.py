@@ -1,5 +1,5 @@
 """Converter of torchvision's auto-augment family (TrivialAugmentWide, RandAugment, AutoAugment, AugMix),
-read at its place in the pipeline (:mod:`.convert_state`); an entry of
+read at its place in the pipeline (:mod:`.state`); an entry of
 :data:`gpufeed.pipeline.translate.CONVERTERS`."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import torch
 from ... import augment as A
 from ...errors import UnsupportedTransformError
 from . import refusals
-from .state import _geometric_fill, _interpolation, _is_v2, _State
+from .state import geometric_fill, interpolation_mode, is_v2, State
 
-__all__ = ["V2_LEVEL_NOTE"]
+__all__ = ["V2_LEVEL_NOTE", "auto_augment"]
 
 
 # v2's kernels against v1's (which gpufeed batches) on uint8 tensors: equal for the geometric ops, equalize,
@@ -27,11 +27,12 @@ V2_LEVEL_NOTE = (
 )
 
 
-def _auto_augment(op: Any, s: _State) -> A.BatchTransform:
+def auto_augment(op: Any, s: State) -> A.BatchTransform:
+    """torchvision's TrivialAugmentWide, RandAugment, AutoAugment or AugMix, batched on uint8 images."""
     name = type(op).__name__
-    mode = _interpolation(op)
+    mode = interpolation_mode(op)
     if s.dtype != torch.uint8:
-        if _is_v2(op):  # v2 runs its ops on float images too (posterize and equalize as floats): not batched here
+        if is_v2(op):  # v2 runs its ops on float images too (posterize and equalize as floats): not batched here
             raise UnsupportedTransformError(
                 f"{op!r} comes after a conversion to {s.dtype}: torchvision v2 runs {name} on float images, gpufeed "
                 "batches it on uint8 only; put it before ToDtype, or pass fallback='prefetch'"
@@ -46,9 +47,9 @@ def _auto_augment(op: Any, s: _State) -> A.BatchTransform:
         )
     if name == "RandAugment":
         refusals.check_magnitude(op, s.dtype, s.pil)
-    fill = _geometric_fill(op, s)
+    fill = geometric_fill(op, s)
     out: A.BatchTransform
-    v2 = _is_v2(op)
+    v2 = is_v2(op)
     # On PIL images torchvision's _apply_op runs PIL's kernels: gpufeed computes those (pil=True), except for
     # AugMix, which turns a PIL image into a tensor and runs tensor kernels.
     pil = s.pil and name != "AugMix"
@@ -60,6 +61,6 @@ def _auto_augment(op: Any, s: _State) -> A.BatchTransform:
         out = A.RandAugment(op.num_ops, op.magnitude, op.num_magnitude_bins, fill, mode, v2_thresholds=v2, pil=pil)
     else:
         out = A.AutoAugment(getattr(op.policy, "value", op.policy), fill, mode, v2_thresholds=v2, pil=pil)
-    if _is_v2(op) and not s.pil:
+    if is_v2(op) and not s.pil:
         s.notes.append(V2_LEVEL_NOTE.format(name=name))
     return out

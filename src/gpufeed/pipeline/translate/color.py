@@ -1,6 +1,6 @@
 """Converters of torchvision's colour and per-pixel random ops: ColorJitter, the per-sample coin ops (solarize,
 posterize, autocontrast, equalize, invert, sharpness, grayscale), Grayscale and GaussianBlur, read at their place
-in the pipeline (:mod:`.convert_state`); entries of :data:`gpufeed.pipeline.translate.CONVERTERS`."""
+in the pipeline (:mod:`.state`); entries of :data:`gpufeed.pipeline.translate.CONVERTERS`."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import torch
 from ... import augment as A
 from . import refusals
 from .auto import V2_LEVEL_NOTE
-from .state import _is_v2, _pil_note, _State
+from .state import is_v2, pil_note, State
 
-__all__ = ["PIL_BOUNDS"]
+__all__ = ["PIL_BOUNDS", "blur", "color_jitter", "grayscale", "per_sample"]
 
 
 # The largest difference, in uint8 intensity levels, between torchvision's PIL kernel and the
@@ -24,9 +24,10 @@ __all__ = ["PIL_BOUNDS"]
 PIL_BOUNDS = {"brightness": 0, "contrast": 3, "saturation": 2, "hue": 18}
 
 
-def _color_jitter(op: Any, s: _State) -> A.BatchTransform:
+def color_jitter(op: Any, s: State) -> A.BatchTransform:
+    """torchvision's ``ColorJitter``, with notes on where its kernels and gpufeed's differ (measured)."""
     jitter = A.ColorJitter(op.brightness, op.contrast, op.saturation, op.hue)
-    if not s.pil and _is_v2(op) and any(getattr(jitter, k) is not None for k in ("contrast", "saturation", "hue")):
+    if not s.pil and is_v2(op) and any(getattr(jitter, k) is not None for k in ("contrast", "saturation", "hue")):
         s.notes.append(
             "v2's ColorJitter rounds its grayscale and HSV steps differently from v1's kernels, which gpufeed "
             "batches: within 1 intensity level per adjustment (measured; contrast, saturation and hue can add up "
@@ -50,14 +51,16 @@ def _color_jitter(op: Any, s: _State) -> A.BatchTransform:
     return jitter
 
 
-def _per_sample(
+def per_sample(
     cls: Any, *fields: str, check: Callable[[Any, torch.dtype, bool], None] | None = None
-) -> Callable[[Any, _State], A.BatchTransform]:
-    def convert(op: Any, s: _State) -> A.BatchTransform:
+) -> Callable[[Any, State], A.BatchTransform]:
+    """The converter of a per-sample coin op ``cls`` taking ``p`` and ``fields`` from torchvision's op."""
+
+    def convert(op: Any, s: State) -> A.BatchTransform:
         if check is not None:  # what torchvision refuses at this point of the pipeline (.refusals)
             check(op, s.dtype, s.pil)
-        _pil_note(op, s)
-        if cls is A.RandomAutocontrast and _is_v2(op) and not s.pil:
+        pil_note(op, s)
+        if cls is A.RandomAutocontrast and is_v2(op) and not s.pil:
             s.notes.append(V2_LEVEL_NOTE.format(name="RandomAutocontrast"))
         extra = {"pil": s.pil} if cls is A.RandomSolarize else {}  # Pillow's LUT compares levels in Python
         return cls(p=op.p, **{f: getattr(op, f) for f in fields}, **extra)
@@ -65,12 +68,14 @@ def _per_sample(
     return convert
 
 
-def _grayscale(op: Any, s: _State) -> A.BatchTransform:
+def grayscale(op: Any, s: State) -> A.BatchTransform:
+    """torchvision's ``Grayscale`` after a random op (before one it is cached)."""
     refusals.check_grayscale(op, s.dtype, s.pil)
-    _pil_note(op, s)
+    pil_note(op, s)
     return A.Grayscale(op.num_output_channels)
 
 
-def _blur(op: Any, s: _State) -> A.BatchTransform:
-    _pil_note(op, s)
+def blur(op: Any, s: State) -> A.BatchTransform:
+    """torchvision's ``GaussianBlur`` as :class:`gpufeed.augment.GaussianBlur`."""
+    pil_note(op, s)
     return A.GaussianBlur(tuple(op.kernel_size), tuple(op.sigma))

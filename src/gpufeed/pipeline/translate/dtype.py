@@ -11,14 +11,15 @@ import torch
 from ... import augment as A
 from ...errors import ConfigError, UnsupportedTransformError
 from . import refusals
-from .state import _is_v2, _State
+from .state import is_v2, State
 
-__all__: list[str] = []  # the converters are reached through gpufeed.pipeline.translate.CONVERTERS
+__all__ = ["normalize", "to_dtype", "to_float", "to_tensor"]
 
 
-def _to_float(
-    s: _State, dtype: torch.dtype = torch.float32, scale: bool = True, reciprocal: bool = False
+def to_float(
+    s: State, dtype: torch.dtype = torch.float32, scale: bool = True, reciprocal: bool = False
 ) -> A.BatchTransform | None:
+    """A conversion to float ``dtype`` scaled by 1/255 from uint8 (``reciprocal``: v2's ``* (1/255)``), or None."""
     if not scale:
         raise UnsupportedTransformError(
             "ToDtype(..., scale=False) keeps 0-255 values in a float tensor, which gpufeed does not batch; "
@@ -30,9 +31,10 @@ def _to_float(
     return A.ConvertDtype(dtype, reciprocal=reciprocal and was_uint8)
 
 
-def _to_dtype(op: Any, s: _State) -> A.BatchTransform | None:
+def to_dtype(op: Any, s: State) -> A.BatchTransform | None:
+    """torchvision's ``ConvertImageDtype`` / ``ToDtype``: a dtype conversion on the device, or None when there is none."""
     if s.pil:  # a PIL image here: v1's refuses it, v2's passes it through unchanged (no scaling)
-        if not _is_v2(op):
+        if not is_v2(op):
             raise refusals.refusal(
                 op, s.dtype, s.pil, "TypeError: 'Input img should be Tensor Image'", "put PILToTensor before it"
             )
@@ -53,21 +55,23 @@ def _to_dtype(op: Any, s: _State) -> A.BatchTransform | None:
         s.dtype = torch.uint8
         return A.ConvertDtype(torch.uint8)
     # v1 ConvertImageDtype divides by 255; v2 ToDtype multiplies by 1/255 (last-bit differences).
-    return _to_float(s, dtype, scale=getattr(op, "scale", True), reciprocal=_is_v2(op))
+    return to_float(s, dtype, scale=getattr(op, "scale", True), reciprocal=is_v2(op))
 
 
-def _to_tensor(op: Any, s: _State, name: str) -> A.BatchTransform | None:
+def to_tensor(op: Any, s: State, name: str) -> A.BatchTransform | None:
+    """torchvision's ``ToTensor`` / ``PILToTensor`` (``name``): ToTensor's /255 on the device, or None."""
     refusals.check_to_tensor(op, name, s.dtype, s.tensor)  # v1's take PIL images (and ndarrays), not tensors
     if name == "PILToTensor" or s.dtype.is_floating_point or s.tensor:  # v2's pass a tensor through; float arrays
         return None  # stay as they are
-    return _to_float(s)
+    return to_float(s)
 
 
-def _normalize(op: Any, s: _State) -> A.BatchTransform:
+def normalize(op: Any, s: State) -> A.BatchTransform:
+    """torchvision's ``Normalize`` as :class:`gpufeed.augment.Normalize`, in the dtype at this point."""
     if s.pil:
         said = (
             "TypeError: 'Normalize() does not support PIL images.'"
-            if _is_v2(op)
+            if is_v2(op)
             else "TypeError: \"img should be Tensor Image. Got <class 'PIL.Image.Image'>\""
         )
         raise refusals.refusal(op, s.dtype, s.pil, said, "put ToTensor (or PILToTensor and ToDtype) before it")

@@ -11,12 +11,13 @@ import torch
 
 from ... import augment as A
 from ...errors import UnsupportedTransformError
-from .state import _State
+from .state import State
 
-__all__ = ["TIMM_POSTERIZE_NOTE"]
+__all__ = ["TIMM_POSTERIZE_NOTE", "timm_auto", "timm_erasing"]
 
 
-def _timm_erasing(op: Any, s: _State) -> A.BatchTransform:
+def timm_erasing(op: Any, s: State) -> A.BatchTransform:
+    """timm's ``RandomErasing`` (``num_splits`` 0 or 1) as :class:`gpufeed.augment.timm_ops.TimmRandomErasing`."""
     from ...augment.timm_ops import TimmRandomErasing
 
     if op.num_splits > 1:
@@ -34,7 +35,7 @@ def _timm_erasing(op: Any, s: _State) -> A.BatchTransform:
 _PIL_FILTERS = {0: "nearest", 2: "bilinear", 3: "bicubic"}
 
 
-def _timm_auto(op: Any, s: _State) -> A.BatchTransform:
+def timm_auto(op: Any, s: State) -> A.BatchTransform:
     """timm's ``RandAugment`` / ``AutoAugment`` (``timm.data.auto_augment``): its ``AugmentOp`` list read back
     into :class:`~gpufeed.augment.timm_auto.TimmOp` s; the hyper-parameters all its ops share."""
     from ...augment import timm_auto as TA
@@ -73,7 +74,7 @@ def _timm_auto(op: Any, s: _State) -> A.BatchTransform:
         ops.append(TA.TimmOp(a.name, prob, float(a.magnitude), float(a.magnitude_std), a.magnitude_max))
     if len(hparams) != 1:
         raise UnsupportedTransformError(f"timm's {name}: its ops have different fills or interpolations ({hparams})")
-    hp = TA._Hparams.make(*hparams.pop())
+    hp = TA.Hparams.make(*hparams.pop())
     if any(o.name in ("Posterize", "PosterizeIncreasing") for o in ops):
         s.notes.append(TIMM_POSTERIZE_NOTE)
     if name == "RandAugment":

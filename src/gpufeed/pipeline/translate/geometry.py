@@ -1,5 +1,5 @@
 """Converters of torchvision's geometric and region ops: crops, resized crops, rotations, affine maps,
-perspective, and erasing (a box per sample), each read at its place in the pipeline (:mod:`.convert_state`).
+perspective, and erasing (a box per sample), each read at its place in the pipeline (:mod:`.state`).
 
 Each converter takes the torchvision op and the state and returns the gpufeed op; what torchvision refuses at that
 place is refused here (:mod:`gpufeed.pipeline.translate.refusals`). They are entries of
@@ -16,12 +16,12 @@ import torch
 from ... import augment as A
 from ...errors import ConfigError, UnsupportedTransformError
 from . import refusals
-from .state import _fill, _fill_or_none, _geometric_fill, _interpolation, _is_v2, _pil_note, _State
+from .state import padding_fill, fill_or_none, geometric_fill, interpolation_mode, is_v2, pil_note, State
 
-__all__: list[str] = []  # the converters are reached through gpufeed.pipeline.translate.CONVERTERS
+__all__ = ["affine", "erasing", "perspective", "random_crop", "resized_crop", "rotation"]
 
 
-def _check_mirror_padding(op: Any, s: _State, pads: tuple[int, int, int, int]) -> None:
+def _check_mirror_padding(op: Any, s: State, pads: tuple[int, int, int, int]) -> None:
     """torch pads tensors by reflection only by less than the image's side, symmetrically by up to it (PIL images
     go through numpy, which repeats the mirror): torchvision raises on every sample beyond, so gpufeed refuses."""
     if s.pil or op.padding_mode not in ("reflect", "symmetric"):
@@ -38,17 +38,18 @@ def _check_mirror_padding(op: Any, s: _State, pads: tuple[int, int, int, int]) -
             )
 
 
-def _random_crop(op: Any, s: _State) -> A.BatchTransform:
+def random_crop(op: Any, s: State) -> A.BatchTransform:
+    """torchvision's ``RandomCrop`` (v1's or v2's padding order) as :class:`gpufeed.augment.RandomCrop`."""
     h, w = (op.size, op.size) if isinstance(op.size, int) else op.size
     if op.padding is not None:
         p = [op.padding] if isinstance(op.padding, int) else list(op.padding)
-        if _is_v2(op):  # v2 stores [left, right, top, bottom]
+        if is_v2(op):  # v2 stores [left, right, top, bottom]
             left, right, top, bottom = op.padding or (0, 0, 0, 0)
         else:
             p = p * 2 if len(p) == 1 else p
             left, top, right, bottom = (p * 2 if len(p) == 2 else p)[:4]
         _check_mirror_padding(op, s, (left, top, right, bottom))
-    if _is_v2(op):
+    if is_v2(op):
         # v2 stores padding as [left, right, top, bottom] and pads once, need included.
         left, right, top, bottom = op.padding or (0, 0, 0, 0)
         if op.pad_if_needed:
@@ -61,15 +62,16 @@ def _random_crop(op: Any, s: _State) -> A.BatchTransform:
     return crop
 
 
-def _crop_fill(op: Any, s: _State) -> float | tuple[float, ...]:
+def _crop_fill(op: Any, s: State) -> float | tuple[float, ...]:
     """The fill torchvision pads with at this point (refusals.crop_fill: casts, clips, refusals); none is 0."""
     if op.padding_mode != "constant" or not (op.padding or op.pad_if_needed):
-        return _fill(op.fill, s)  # never padded with it: torchvision never reads it
-    value = refusals.crop_fill(op, _fill_or_none(op.fill, s), s.dtype, s.pil)
+        return padding_fill(op.fill, s)  # never padded with it: torchvision never reads it
+    value = refusals.crop_fill(op, fill_or_none(op.fill, s), s.dtype, s.pil)
     return 0.0 if value is None else value
 
 
-def _erasing(op: Any, s: _State) -> A.BatchTransform:
+def erasing(op: Any, s: State) -> A.BatchTransform:
+    """torchvision's ``RandomErasing`` as :class:`gpufeed.augment.RandomErasing`, refused where torchvision refuses it."""
     refusals.check_erasing(op, s.dtype, s.pil, s.channels)
     value = op.value
     if value is None or value == "random":
@@ -96,7 +98,8 @@ def _erase_in_uint8(op: Any, value: Any) -> None:
         )
 
 
-def _resized_crop(op: Any, s: _State) -> A.BatchTransform:
+def resized_crop(op: Any, s: State) -> A.BatchTransform:
+    """torchvision's (or timm's) ``RandomResizedCrop`` with the resize kernel the user's pipeline runs here."""
     given = op.interpolation if isinstance(op.interpolation, (tuple, list)) else (op.interpolation,)
     modes = tuple(str(getattr(m, "value", m)) for m in given)
     if "nearest" in modes and s.pil:
@@ -121,7 +124,7 @@ def _resized_crop(op: Any, s: _State) -> A.BatchTransform:
     return A.RandomResizedCrop(size, tuple(op.scale), tuple(op.ratio), antialias, interpolation=mode, kernel=kernel)
 
 
-def _resize_kernel(op: Any, s: _State, modes: tuple[str, ...]) -> str:
+def _resize_kernel(op: Any, s: State, modes: tuple[str, ...]) -> str:
     """How the user's pipeline resamples uint8 images at this point (see gpufeed.augment.fixed_point): Pillow's
     integers on PIL images; v2's on uint8 tensors on the CPU, where DataLoader workers run it; else through float
     (v1, and timm's op, which calls v1's functional)."""
@@ -129,7 +132,7 @@ def _resize_kernel(op: Any, s: _State, modes: tuple[str, ...]) -> str:
         return "float"
     if s.pil:
         return "pil"
-    if not _is_v2(op):
+    if not is_v2(op):
         return "float"
     # torchvision v2 (resize_image, _do_native_uint8_resize_on_cpu): bicubic always takes PyTorch's uint8 kernel
     # on the CPU; bilinear only where the CPU has AVX2/AVX512 or is ARM -- the machine this plan is made on.
@@ -137,17 +140,19 @@ def _resize_kernel(op: Any, s: _State, modes: tuple[str, ...]) -> str:
     return "float" if modes == ("bilinear",) and not native else "torch"
 
 
-def _rotation(op: Any, s: _State) -> A.BatchTransform:
+def rotation(op: Any, s: State) -> A.BatchTransform:
+    """torchvision's ``RandomRotation`` (``expand=False`` only) as :class:`gpufeed.augment.RandomRotation`."""
     if op.expand:
         raise UnsupportedTransformError(
             f"{op!r}: expand=True gives every angle its own output size; gpufeed batches expand=False"
         )
     center = tuple(float(c) for c in op.center) if op.center is not None else None
-    fill = _geometric_fill(op, s)
-    return A.RandomRotation(tuple(op.degrees), _interpolation(op), center, fill, pil=s.pil)  # type: ignore[arg-type]
+    fill = geometric_fill(op, s)
+    return A.RandomRotation(tuple(op.degrees), interpolation_mode(op), center, fill, pil=s.pil)  # type: ignore[arg-type]
 
 
-def _affine(op: Any, s: _State) -> A.BatchTransform:
+def affine(op: Any, s: State) -> A.BatchTransform:
+    """torchvision's ``RandomAffine`` as :class:`gpufeed.augment.RandomAffine`."""
     center = tuple(float(c) for c in op.center) if op.center is not None else None
     shear = tuple(op.shear) if op.shear is not None else None
     return A.RandomAffine(
@@ -155,14 +160,15 @@ def _affine(op: Any, s: _State) -> A.BatchTransform:
         tuple(op.translate) if op.translate is not None else None,
         tuple(op.scale) if op.scale is not None else None,
         shear,
-        _interpolation(op),
-        _geometric_fill(op, s),
+        interpolation_mode(op),
+        geometric_fill(op, s),
         center,  # type: ignore[arg-type]
         pil=s.pil,
-        v2=_is_v2(op),
+        v2=is_v2(op),
     )
 
 
-def _perspective(op: Any, s: _State) -> A.BatchTransform:
-    _pil_note(op, s, _interpolation(op))
-    return A.RandomPerspective(op.distortion_scale, op.p, _interpolation(op), _geometric_fill(op, s))
+def perspective(op: Any, s: State) -> A.BatchTransform:
+    """torchvision's ``RandomPerspective`` as :class:`gpufeed.augment.RandomPerspective`."""
+    pil_note(op, s, interpolation_mode(op))
+    return A.RandomPerspective(op.distortion_scale, op.p, interpolation_mode(op), geometric_fill(op, s))

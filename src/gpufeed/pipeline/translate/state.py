@@ -14,11 +14,20 @@ import torch
 
 from ...errors import UnsupportedTransformError
 
-__all__ = ["PIL_OP_DIFFERENCE"]
+__all__ = [
+    "PIL_OP_DIFFERENCE",
+    "State",
+    "fill_or_none",
+    "geometric_fill",
+    "interpolation_mode",
+    "is_v2",
+    "padding_fill",
+    "pil_note",
+]
 
 
 @dataclass
-class _State:
+class State:
     """What the device part knows while converting: value space, image size, PIL or tensor."""
 
     dtype: torch.dtype  # dtype of the data at this point (uint8 pixels or floating)
@@ -30,11 +39,12 @@ class _State:
     notes: list[str] = field(default_factory=list)
 
 
-def _is_v2(op: Any) -> bool:
+def is_v2(op: Any) -> bool:
+    """Whether ``op`` is one of torchvision v2's transforms (``torchvision.transforms.v2``)."""
     return type(op).__module__.startswith("torchvision.transforms.v2")
 
 
-def _fill_or_none(fill: Any, s: _State) -> float | tuple[float, ...] | None:
+def fill_or_none(fill: Any, s: State) -> float | tuple[float, ...] | None:
     """A fill as numbers; v2's dicts go by the image type at this point, else "others"; None (or no entry) stays
     None."""
     if isinstance(fill, dict):
@@ -49,9 +59,9 @@ def _fill_or_none(fill: Any, s: _State) -> float | tuple[float, ...] | None:
     return float(fill) if isinstance(fill, (int, float)) else tuple(float(v) for v in fill)
 
 
-def _fill(fill: Any, s: _State) -> float | tuple[float, ...]:
+def padding_fill(fill: Any, s: State) -> float | tuple[float, ...]:
     """A padding fill: none is 0."""
-    value = _fill_or_none(fill, s)
+    value = fill_or_none(fill, s)
     return 0.0 if value is None else value
 
 
@@ -76,7 +86,7 @@ PIL_OP_DIFFERENCE = {
 }
 
 
-def _pil_note(op: Any, s: _State, mode: str | None = None) -> None:
+def pil_note(op: Any, s: State, mode: str | None = None) -> None:
     """On PIL images the user's pipeline runs PIL's kernels: say what that changes (measured), if anything."""
     if not s.pil:
         return
@@ -91,7 +101,8 @@ def _pil_note(op: Any, s: _State, mode: str | None = None) -> None:
     )
 
 
-def _interpolation(op: Any) -> str:
+def interpolation_mode(op: Any) -> str:
+    """``op``'s interpolation as gpufeed's mode name; raise for one gpufeed does not batch."""
     mode = getattr(op.interpolation, "value", op.interpolation)
     if mode not in ("nearest", "bilinear"):
         raise UnsupportedTransformError(
@@ -101,7 +112,7 @@ def _interpolation(op: Any) -> str:
     return str(mode)
 
 
-def _geometric_fill(op: Any, s: _State) -> float | tuple[float, ...] | None:
+def geometric_fill(op: Any, s: State) -> float | tuple[float, ...] | None:
     """The fill of a rotation, affine map or perspective; None stays None (v2's ``fill=None``: no fill mask, the
     outside is zero-padded before interpolating, which bilinear sampling shows at the border)."""
-    return _fill_or_none(op.fill, s)
+    return fill_or_none(op.fill, s)

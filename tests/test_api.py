@@ -41,3 +41,11 @@ def test_the_code_passes_the_linter_the_formatter_and_the_type_checker():
     ):
         run = subprocess.run([sys.executable, *cmd], capture_output=True, text=True, cwd=root)
         assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+
+
+def test_the_version_is_the_one_the_package_is_built_with():
+    import tomllib
+    from pathlib import Path
+
+    project = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]
+    assert gpufeed.__version__ == project["version"]

@@ -10,7 +10,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "gpufeed"
 
 # Low to high. A module may import from its own package and from lower layers only; the tools may use each other.
 LAYERS = [
-    {"errors"},
+    {"errors", "version"},
     {"device"},
     {"validate", "sampling", "workers"},
     {"options"},
@@ -47,11 +47,17 @@ def _imports(module: str, source: str, is_package: bool = False) -> list[tuple[i
                 target = ".".join(package[: len(package) - node.level + 1] + ([node.module] if node.module else []))
             else:
                 target = node.module or ""
-            names = [target] if node.module else [f"{target}.{a.name}" for a in node.names]
+            # `from .. import x`: the module x if there is one, else a name of the package (its __init__)
+            names = [target] if node.module else [_submodule_or_package(target, a.name) for a in node.names]
             found += [(node.lineno, name) for name in names if name.startswith("gpufeed")]
         elif isinstance(node, ast.Import):
             found += [(node.lineno, a.name) for a in node.names if a.name.startswith("gpufeed")]
     return found
+
+
+def _submodule_or_package(package: str, name: str) -> str:
+    path = SRC.parent.joinpath(*package.split("."), name)
+    return f"{package}.{name}" if path.with_suffix(".py").is_file() or (path / "__init__.py").is_file() else package
 
 
 def _climbing(module: str, source: str, is_package: bool = False) -> list[str]:
@@ -87,6 +93,10 @@ def test_the_check_finds_an_import_that_climbs_even_inside_a_function():
     sideways = "from ..augment import Compose\n"  # augment and read are different layers; read -> augment is down
     assert _climbing("gpufeed.read.x", sideways) == [] and _climbing("gpufeed.store.x", sideways) != []
     assert _climbing("gpufeed.store", "from . import ragged\nfrom .. import errors\n", is_package=True) == []
+    # a name of the top package (its __init__ is the tools' layer), not a module: climbing
+    assert _climbing("gpufeed.loading.x", "def f():\n    from .. import __version__\n") == [
+        "line 2: gpufeed (__init__, layer 10; loading is layer 8)"
+    ]
 
 
 def test_no_module_is_over_500_lines():

@@ -33,8 +33,7 @@ from .pipeline.accelerate import accelerate
 from .pipeline.build import build_cache
 from .store.entry import Cache, open_cache
 from .tune import LoaderConfig, tune_dataloader
-
-__version__ = "0.1.0"
+from .version import __version__ as __version__
 
 __all__ = [
     "Cache",

@@ -11,7 +11,7 @@ from torchvision.transforms import InterpolationMode
 from torchvision.transforms.autoaugment import _apply_op
 
 from gpufeed.augment.auto import AugMix, AutoAugment, RandAugment, TrivialAugmentWide, policies
-from gpufeed.augment.auto_ops import _SIGNED, OPS, _table, apply_op
+from gpufeed.augment.auto_ops import OPS, SIGNED, apply_op, magnitude_table
 
 from fakes import image_summaries, varied_cifar
 from stats import chi_square_p_value
@@ -28,9 +28,9 @@ def _images(n: int, h: int, w: int, seed: int = 0) -> torch.Tensor:
 
 
 def _magnitudes(kind: str, name: str, h: int, w: int, bins: int) -> list[float]:
-    row = _table(kind, bins, h, w, OPS)[OPS.index(name)]
+    row = magnitude_table(kind, bins, h, w, OPS)[OPS.index(name)]
     values = sorted(set(row.tolist()))
-    signed = name in _SIGNED
+    signed = name in SIGNED
     return values + [-v for v in values if v] if signed else values
 
 
@@ -124,7 +124,7 @@ def test_trivial_augment_draws_ops_bins_and_signs_uniformly():
     p = ta.sample(x, torch.Generator().manual_seed(0))
     op, mag = p["op"], p["magnitude"]
     assert chi_square_p_value(torch.bincount(op, minlength=14)) > 1e-3
-    table = _table("wide", 31, 2, 2, OPS)
+    table = magnitude_table("wide", 31, 2, 2, OPS)
     rotate = op == OPS.index("Rotate")  # 0..135 degrees in 31 bins, either sign
     bins = (mag[rotate].abs()[:, None] - table[OPS.index("Rotate")][None]).abs().argmin(1)
     assert chi_square_p_value(torch.bincount(bins, minlength=31)) > 1e-3
@@ -277,7 +277,7 @@ def test_on_pil_images_v2s_solarize_thresholds_compare_in_float64_as_pillow_does
     from PIL import Image
 
     ramp = torch.arange(256, dtype=torch.uint8).view(1, 1, 16, 16).expand(1, 3, 16, 16).contiguous()
-    table = _table("wide", 31, 16, 16, OPS, v2_thresholds=True)[OPS.index("Solarize")].tolist()
+    table = magnitude_table("wide", 31, 16, 16, OPS, v2_thresholds=True)[OPS.index("Solarize")].tolist()
     x = ramp.expand(len(table), 3, 16, 16).contiguous()
     op = torch.full((len(table),), OPS.index("Solarize"))
     got = apply_op(x, op, torch.tensor(table, dtype=torch.float64), pil=True, v2=True)
@@ -292,7 +292,7 @@ def test_on_pil_images_v2s_solarize_thresholds_compare_in_float64_as_pillow_does
 
 def test_v2_solarize_thresholds_are_v2s():
     x = torch.arange(256, dtype=torch.uint8).view(1, 1, 16, 16).expand(3, 3, 16, 16).contiguous()
-    table = _table("wide", 31, 16, 16, OPS, v2_thresholds=True)
+    table = magnitude_table("wide", 31, 16, 16, OPS, v2_thresholds=True)
     for b in (16, 18, 24):  # where 255 * linspace(1, 0) and linspace(255, 0) differ in the last bit
         t = float(table[OPS.index("Solarize"), b])
         got = apply_op(x, torch.full((3,), OPS.index("Solarize")), torch.full((3,), t, dtype=torch.float64))

@@ -18,7 +18,7 @@ from torchvision.transforms import InterpolationMode
 
 from gpufeed import augment as A
 from gpufeed.augment.fixed_point import fixed_resized_crop, vertical_first
-from gpufeed.augment.ragged_resize import _batched_ragged
+from gpufeed.augment.ragged_resize import batched_ragged
 from gpufeed.errors import ConfigError
 from gpufeed.pipeline.translate import build_batched
 from gpufeed.store.ragged import Ragged
@@ -90,7 +90,7 @@ def test_drawn_boxes_equal_v2_on_the_dense_and_both_ragged_paths(mode, antialias
         dense = fixed_resized_crop(x, p["top"], p["left"], p["height"], p["width"], size, antialias, mode, "torch")
         assert torch.equal(dense, expected), size  # dense as a GPU computes it: fixed_point's integer passes
         assert torch.equal(op.apply(ragged, p), expected), size  # ragged on the CPU: v2's own resize
-        gpu_path = _batched_ragged(ragged, p["top"], p["left"], p["height"], p["width"], size, antialias, mode, "torch")
+        gpu_path = batched_ragged(ragged, p["top"], p["left"], p["height"], p["width"], size, antialias, mode, "torch")
         assert torch.equal(gpu_path, expected), size  # ragged as a GPU computes it: the same integers
 
 
@@ -118,7 +118,7 @@ def test_pil_images_resize_as_pillow_does_on_the_cpu_and_batched(mode):
     assert torch.equal(fixed_resized_crop(x, *box, (16, 40), True, mode, "pil"), expected)
     for hwc in (True, False):
         ragged = Ragged.stack(list(x), hwc=hwc)
-        assert torch.equal(_batched_ragged(ragged, *box, (16, 40), True, mode, "pil"), expected)
+        assert torch.equal(batched_ragged(ragged, *box, (16, 40), True, mode, "pil"), expected)
 
 
 def test_pillow_13_order_of_passes_holds_on_random_shapes():
@@ -150,5 +150,5 @@ def test_the_batched_integer_paths_give_the_same_bytes_on_every_device(device, k
     on = {k: v.to(device) for k, v in p.items()}
     box = (on["top"], on["left"], on["height"], on["width"])
     dense = fixed_resized_crop(x.to(device), *box, (20, 44), True, "bicubic", kernel)
-    ragged = _batched_ragged(Ragged.stack(list(x.to(device))), *box, (20, 44), True, "bicubic", kernel)
+    ragged = batched_ragged(Ragged.stack(list(x.to(device))), *box, (20, 44), True, "bicubic", kernel)
     assert torch.equal(dense.cpu(), expected) and torch.equal(ragged.cpu(), expected)

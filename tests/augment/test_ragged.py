@@ -10,7 +10,7 @@ import torchvision.transforms.v2.functional as F2
 
 from gpufeed import DataError
 from gpufeed.augment import Compose, Normalize, RandomHorizontalFlip, RandomResizedCrop
-from gpufeed.augment.ragged_resize import _batched_ragged
+from gpufeed.augment.ragged_resize import batched_ragged
 from gpufeed.store.ragged import Ragged
 
 from stats import gen as _gen
@@ -61,12 +61,12 @@ def test_the_batched_path_matches_torchvision_in_a_few_kernels(antialias, hwc):
     op = RandomResizedCrop(48, antialias=antialias)
     p = op.sample(x, _gen(2))
     boxes = torch.stack([p["top"], p["left"], p["height"], p["width"]], 1).tolist()
-    out = _batched_ragged(x, p["top"], p["left"], p["height"], p["width"], (48, 48), antialias)
+    out = batched_ragged(x, p["top"], p["left"], p["height"], p["width"], (48, 48), antialias)
     for i, im in enumerate(images):
         ref = F2.resized_crop(im, *boxes[i], [48, 48], antialias=antialias)
         assert (out[i] - ref).abs().max() < 2e-5, i  # float rounding of the weights and sums
     x8 = Ragged.stack(_images())
-    out8 = _batched_ragged(x8, p["top"], p["left"], p["height"], p["width"], (48, 48), antialias)
+    out8 = batched_ragged(x8, p["top"], p["left"], p["height"], p["width"], (48, 48), antialias)
     ref8 = torch.stack([F2.resized_crop(x8.image(i), *boxes[i], [48, 48], antialias=antialias) for i in range(6)])
     assert (out8.int() - ref8.int()).abs().max() <= 1  # torchvision's uint8 kernel is fixed point
 
@@ -120,7 +120,7 @@ def test_bicubic_on_images_of_different_sizes_per_box_and_batched(antialias):
     p = op.sample(x, _gen(3))
     boxes = torch.stack([p["top"], p["left"], p["height"], p["width"]], 1).tolist()
     per_box = op.apply(x, p)  # the CPU path: torchvision's own kernel per box
-    batched = _batched_ragged(x, p["top"], p["left"], p["height"], p["width"], (48, 48), antialias, "bicubic")
+    batched = batched_ragged(x, p["top"], p["left"], p["height"], p["width"], (48, 48), antialias, "bicubic")
     for i, im in enumerate(images):
         ref = F2.resized_crop(im, *boxes[i], [48, 48], InterpolationMode.BICUBIC, antialias=antialias)
         assert (per_box[i] - ref).abs().max() < 1e-6, i

@@ -69,7 +69,7 @@ def test_each_op_equals_timms_pil_op_for_the_same_argument(name, pillow_12_poste
         for level in np.linspace(0.0, 1.0, 7):
             for sign in (1.0, -1.0):
                 for mode in modes:
-                    op = TA.TimmRandAugment((TA.TimmOp(name),), hparams=TA._Hparams.make(FILL, (mode,), 7, 0.45))
+                    op = TA.TimmRandAugment((TA.TimmOp(name),), hparams=TA.Hparams.make(FILL, (mode,), 7, 0.45))
                     kind = torch.tensor([TA.NAMES.index(name)])
                     lv, sg = (torch.tensor([v], dtype=torch.float64) for v in (level, sign))
                     arg = op._arg(kind, lv, sg, h, w)
@@ -154,10 +154,10 @@ def _hparams(**extra) -> dict:
 )
 def test_rand_augment_draws_ops_magnitudes_and_signs_as_timm(config):
     from gpufeed.pipeline.translate import CONVERTERS
-    from gpufeed.pipeline.translate.state import _State
+    from gpufeed.pipeline.translate.state import State
 
     theirs_t = AA.rand_augment_transform(config, _hparams())
-    ours_t = CONVERTERS["TimmRandAugment"](theirs_t, _State(torch.uint8, (8, 8), pil=True))
+    ours_t = CONVERTERS["TimmRandAugment"](theirs_t, State(torch.uint8, (8, 8), pil=True))
     theirs = _timm_draws(theirs_t, DRAWS)
     ours = _our_draws(ours_t, DRAWS)
     _compare(ours, theirs, [o.name for o in theirs_t.ops])
@@ -167,10 +167,10 @@ def test_rand_augment_draws_ops_magnitudes_and_signs_as_timm(config):
 @pytest.mark.parametrize("config", ["original-mstd0.5", "v0", "v0r", "originalr"])
 def test_auto_augment_draws_sub_policies_as_timm(config):
     from gpufeed.pipeline.translate import CONVERTERS
-    from gpufeed.pipeline.translate.state import _State
+    from gpufeed.pipeline.translate.state import State
 
     theirs_t = AA.auto_augment_transform(config, _hparams())
-    ours_t = CONVERTERS["TimmAutoAugment"](theirs_t, _State(torch.uint8, (8, 8), pil=True))
+    ours_t = CONVERTERS["TimmAutoAugment"](theirs_t, State(torch.uint8, (8, 8), pil=True))
     theirs = _timm_draws(theirs_t, DRAWS)
     ours = _our_draws(ours_t, DRAWS)
     _compare(ours, theirs, sorted({a.name for sub in theirs_t.policy for a in sub}))
@@ -240,9 +240,9 @@ def test_a_probability_above_one_applies_always_and_no_layers_leave_the_image(pi
     assert "TimmRandAugment" in " ".join(loader.plan.batched)  # timm runs it (prob >= 1: always), so does gpufeed
     theirs = AA.rand_augment_transform("rand-m9-n0-tweights", _hparams())
     from gpufeed.pipeline.translate import CONVERTERS
-    from gpufeed.pipeline.translate.state import _State
+    from gpufeed.pipeline.translate.state import State
 
-    ours = CONVERTERS["TimmRandAugment"](theirs, _State(torch.uint8, (8, 8), pil=True))
+    ours = CONVERTERS["TimmRandAugment"](theirs, State(torch.uint8, (8, 8), pil=True))
     x = torch.randint(0, 256, (5, 3, 8, 8), dtype=torch.uint8)
     assert torch.equal(ours(x, generator=torch.Generator().manual_seed(0)), x)  # timm: np.random.choice of 0 ops
 
@@ -254,7 +254,7 @@ def test_grey_images_and_short_fills_are_filled_as_pillow_fills_them(fill):
     rgb = _images()[2]
     for a, mode_channels in ((rgb, 3), (rgb[..., 0].copy(), 1)):
         if mode_channels == 1 and len(fill) > 1:
-            op = TA.TimmRandAugment((TA.TimmOp("ShearX"),), hparams=TA._Hparams.make(fill, ("bilinear",), 7, 0.45))
+            op = TA.TimmRandAugment((TA.TimmOp("ShearX"),), hparams=TA.Hparams.make(fill, ("bilinear",), 7, 0.45))
             with pytest.raises(gf.ConfigError, match="TypeError"):  # Pillow refuses 3 values for an L image
                 op(torch.zeros(2, 1, 8, 8, dtype=torch.uint8), generator=torch.Generator())
             continue

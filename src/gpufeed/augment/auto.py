@@ -60,9 +60,7 @@ class TrivialAugmentWide(BatchTransform):
     num_magnitude_bins: int = 31
     fill: float | tuple[float, ...] | None = None
     interpolation: str = "nearest"
-    v2_thresholds: bool = (
-        False  # torchvision v2's: solarize thresholds (see magnitude_table), on PIL its affine matrices
-    )
+    v2_thresholds: bool = False  # v2's: solarize thresholds (see magnitude_table), on PIL its affine matrices
     pil: bool = False  # torchvision's PIL kernels (see apply_op)
 
     def __post_init__(self) -> None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import Any
 
 import torch
 import torch.nn.functional as nnf

@@ -140,8 +140,8 @@ class RandomAdjustSharpness(_Sometimes):
 def grayscale(x: torch.Tensor, channels: int) -> torch.Tensor:
     """torchvision's tensor ``rgb_to_grayscale``: the weighted sum, truncated to the dtype; with 3 output channels
     it takes the input's channel count (a 1-channel image stays 1 channel, as torchvision's ``expand``)."""
-    gray = gray(x) if x.shape[1] == 3 else x.clone()
-    return gray.expand(-1, x.shape[1], -1, -1).contiguous() if channels == 3 else gray
+    out = gray(x) if x.shape[1] == 3 else x.clone()
+    return out.expand(-1, x.shape[1], -1, -1).contiguous() if channels == 3 else out
 
 
 @dataclass(frozen=True)

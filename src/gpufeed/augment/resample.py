@@ -27,7 +27,8 @@ __all__ = ["resample_taps", "resize_on_cpu", "resized_crop"]
 def _weights(
     start: torch.Tensor, length: torch.Tensor, in_len: int, out_len: int, antialias: bool, mode: str = "bilinear"
 ) -> torch.Tensor:
-    """``(N, out_len, in_len)`` resampling weights of the boxes ``[start, start + length)`` (:func:`resample_taps`, placed)."""
+    """``(N, out_len, in_len)`` resampling weights of the boxes ``[start, start + length)``
+    (:func:`resample_taps`, placed)."""
     k, w = resample_taps(start, length, out_len, antialias, mode)
     dense = torch.zeros(k.shape[0], out_len, in_len, dtype=torch.float32, device=start.device)
     return dense.scatter_add_(2, k + start.view(-1, 1, 1), w)

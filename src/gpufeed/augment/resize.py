@@ -21,9 +21,9 @@ import torch
 from ..errors import ConfigError
 from ..store.ragged import Ragged
 from .fixed_point import KERNELS
+from .params import size_pair
 from .ragged_resize import ragged_resized_crop
 from .resample import resized_crop
-from .params import size_pair
 from .transforms import BatchTransform, Params
 
 __all__ = ["RandomResizedCrop"]

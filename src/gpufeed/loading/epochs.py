@@ -203,7 +203,7 @@ class EpochLoader:
         else:
             epoch, batch = self._epoch, self._offset
         state = {"version": STATE_VERSION, "loader": self.kind, "epoch": epoch, "batch": batch, **asdict(self.config)}
-        from .. import __version__
+        from ..version import __version__
 
         return {**state, **self._batch_forms(), "fingerprint": {**self._fingerprint(), "gpufeed": __version__}}
 
@@ -227,7 +227,7 @@ class EpochLoader:
 
         epoch, offset = resume_position(state, self.kind, asdict(self.config), len(self))
         strict = self.strict_state if strict is None else as_flag(strict, "strict")
-        from .. import __version__
+        from ..version import __version__
 
         saved = dict(state["fingerprint"]) if isinstance(state.get("fingerprint"), dict) else {}
         mine = self._fingerprint()

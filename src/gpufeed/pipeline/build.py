@@ -2,8 +2,9 @@
 
 The entry is the one :func:`gpufeed.accelerate` would open for the same dataset and pipeline: a folder whose
 recipe starts with RandomResizedCrop gets accelerate's pixel store (through the same stages: request, probe,
-plan, materialise), anything else the cached part's output, read sample by sample or from the dataset's arrays,
-at ``path`` or under the cache root.
+plan, materialise); anything else the cached part's output, read sample by sample or from the dataset's arrays,
+at ``path`` or under the cache root. Unlike ``accelerate``, nothing else is probed: only the stored part is
+computed here, and a batched part gpufeed could not run does not stop it.
 """
 
 from __future__ import annotations
@@ -11,18 +12,27 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from ..augment.transforms import takes_ragged
 from ..cache import entry_path
 from ..errors import CacheWriteError, ConfigError
 from ..options import BatchOptions, ReadOptions
+from ..read.files import file_samples
 from ..read.fingerprint import cache_key
+from ..read.wrappers import unwrap
 from ..store.entry import Cache, open_cache
+from ..validate import as_workers, check_dataset
 from .entries import describe_source, load_or_ingest
 from .materialise import materialise
 from .plan import plan
 from .probe import probe
 from .request import DATASET, request
+from .translate import build_batched, split_transform
 
 __all__ = ["build_cache"]
+
+_RGB = (torch.uint8, (64, 64), True)  # a folder's files as the RGB PIL images torchvision's loader gives
 
 
 def build_cache(
@@ -56,17 +66,12 @@ def build_cache(
         CacheError: ``path`` is not a gpufeed entry, or the lock wait timed out.
         CacheWriteError: the disk is full or the location not writable (nothing partial is left).
     """
-    root_or_true = Path(root).expanduser() if root is not None else True
-    options = ReadOptions(
-        cache=root_or_true, store="pixels", cache_lambda=cache_lambda, num_workers=num_workers, progress=progress,
-        lock_timeout=lock_timeout,
-    )  # fmt: skip
-    req = request(dataset, BatchOptions(batch_size=1), options, transform=transform, device="cpu")
-    if req.unbatchable is not None:
-        raise req.unbatchable
-    dataset = req.dataset  # a Subset / ConcatDataset: the samples and transform of what it wraps
-    probed = probe(dataset, req.transforms, cache_lambda)
-    split = probed.split
+    check_dataset(dataset)
+    num_workers = None if num_workers is None else as_workers(num_workers)  # a typo must not start 10**6 workers
+    # a Subset / ConcatDataset: the samples and transform of what it wraps (transform= replaces its transforms)
+    dataset = unwrap(dataset, own_transforms=transform is DATASET)
+    transform = getattr(dataset, "transform", None) if transform is DATASET else transform
+    split = split_transform(transform, cache_lambda)
     key = cache_key(dataset, split.cached)
     if key is None:
         raise ConfigError(
@@ -74,8 +79,7 @@ def build_cache(
             "or an opaque transform such as a Lambda), so a cache on disk could later be matched to other data; "
             "use gpufeed.accelerate(..., cache=False) to keep it in memory instead"
         )
-    decided = plan(req, probed)
-    if decided.route == "folder":
+    if not split.cached and file_samples(dataset) is not None and takes_ragged(build_batched(split.device, *_RGB)):
         # A folder of photos with a recipe that starts with RandomResizedCrop: its entry is the pixel store
         # accelerate opens (each image as it is), named by the files and the recipe, so it goes under the root.
         if path is not None:
@@ -83,14 +87,33 @@ def build_cache(
                 f"path={str(path)!r}: a folder whose recipe starts with RandomResizedCrop is stored as accelerate "
                 "stores it, under the cache root by its files and recipe (so accelerate finds it); pass root= instead"
             )
-        src = materialise(req, probed, decided)
-        if src.cache_path is None:
-            raise CacheWriteError(f"the folder's store could not be written ({'; '.join(src.notes)})")
-        return open_cache(src.cache_path, verify=False)  # verified as it was opened
+        return _folder_entry(dataset, transform, cache_lambda, num_workers, progress, root, lock_timeout)
     target = Path(path).expanduser() if path is not None else entry_path(type(dataset).__name__, key, root)
     meta = {"source": describe_source(dataset), "pipeline": {"cached": [repr(op) for op in split.cached]}}
     cache, _ = load_or_ingest(
-        dataset, split, target, key, lambda data: True, options.num_workers, progress, lock_timeout, meta=meta
+        dataset, split, target, key, lambda data: True, num_workers, progress, lock_timeout, meta=meta
     )
     assert cache is not None
     return cache
+
+
+def _folder_entry(
+    dataset: Any,
+    transform: Any,
+    cache_lambda: bool,
+    num_workers: int | None,
+    progress: bool,
+    root: str | Path | None,
+    lock_timeout: float | None,
+) -> Cache:
+    """The folder's pixel store, through accelerate's stages (request, probe, plan, materialise), without a loader."""
+    options = ReadOptions(
+        cache=Path(root).expanduser() if root is not None else True, store="pixels", cache_lambda=cache_lambda,
+        num_workers=num_workers, progress=progress, lock_timeout=lock_timeout,
+    )  # fmt: skip
+    req = request(dataset, BatchOptions(batch_size=1), options, transform=transform, device="cpu")
+    probed = probe(req.dataset, req.transforms, cache_lambda)
+    src = materialise(req, probed, plan(req, probed))
+    if src.cache_path is None:
+        raise CacheWriteError(f"the folder's store could not be written ({'; '.join(src.notes)})")
+    return open_cache(src.cache_path, verify=False)  # verified as it was opened

@@ -64,13 +64,13 @@ def probe(dataset: Any, transforms: Sequence[Any], cache_lambda: bool = False, o
     sample = probe_samples(dataset, split.cached_transform(), "skip" if file_samples(dataset) is not None else on_error)
     notes: list[str] = []
     batched = tuple(
-        build_batched(s.device, sample.dtype, sample.size, sample.pil, notes if k == 0 else None, sample.channels)
-        for k, s in enumerate([split, *others])
+        build_batched(s.device, sample.dtype, sample.size, sample.pil, notes, sample.channels) for s in [split, *others]
     )
     if others and any(ops is None for ops in batched):
         raise ConfigError("views: every view's pipeline needs a random op after its deterministic part")
-    if sample.ragged is not None and not (sample.sizes_only and all(takes_ragged(ops) for ops in batched)):
-        _refuse_ragged(sample, batched[0])
+    refusing = next((ops for ops in batched if not takes_ragged(ops)), None)  # a view that needs one size
+    if sample.ragged is not None and not (sample.sizes_only and refusing is None):
+        _refuse_ragged(sample, refusing if refusing is not None else batched[0])
     for ops in batched:
         _dry_run(ops, sample.samples)
     return Probed(split, sample, batched, tuple(notes))

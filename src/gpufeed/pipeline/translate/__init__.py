@@ -49,7 +49,7 @@ from .color import PIL_BOUNDS, blur, color_jitter, grayscale, per_sample
 from .dtype import normalize, to_dtype, to_float, to_tensor
 from .from_timm import timm_auto, timm_erasing
 from .geometry import affine, erasing, perspective, random_crop, resized_crop, rotation
-from .state import is_v2, State
+from .state import State, is_v2
 
 __all__ = [
     "CACHEABLE",

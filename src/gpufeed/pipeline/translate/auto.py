@@ -11,7 +11,7 @@ import torch
 from ... import augment as A
 from ...errors import UnsupportedTransformError
 from . import refusals
-from .state import geometric_fill, interpolation_mode, is_v2, State
+from .state import State, geometric_fill, interpolation_mode, is_v2
 
 __all__ = ["V2_LEVEL_NOTE", "auto_augment"]
 

@@ -12,7 +12,7 @@ import torch
 from ... import augment as A
 from . import refusals
 from .auto import V2_LEVEL_NOTE
-from .state import is_v2, pil_note, State
+from .state import State, is_v2, pil_note
 
 __all__ = ["PIL_BOUNDS", "blur", "color_jitter", "grayscale", "per_sample"]
 

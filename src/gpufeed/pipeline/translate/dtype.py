@@ -11,7 +11,7 @@ import torch
 from ... import augment as A
 from ...errors import ConfigError, UnsupportedTransformError
 from . import refusals
-from .state import is_v2, State
+from .state import State, is_v2
 
 __all__ = ["normalize", "to_dtype", "to_float", "to_tensor"]
 
@@ -32,7 +32,7 @@ def to_float(
 
 
 def to_dtype(op: Any, s: State) -> A.BatchTransform | None:
-    """torchvision's ``ConvertImageDtype`` / ``ToDtype``: a dtype conversion on the device, or None when there is none."""
+    """torchvision's ``ConvertImageDtype`` / ``ToDtype``: a conversion on the device, or None if none."""
     if s.pil:  # a PIL image here: v1's refuses it, v2's passes it through unchanged (no scaling)
         if not is_v2(op):
             raise refusals.refusal(

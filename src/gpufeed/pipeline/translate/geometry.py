@@ -16,7 +16,7 @@ import torch
 from ... import augment as A
 from ...errors import ConfigError, UnsupportedTransformError
 from . import refusals
-from .state import padding_fill, fill_or_none, geometric_fill, interpolation_mode, is_v2, pil_note, State
+from .state import State, fill_or_none, geometric_fill, interpolation_mode, is_v2, padding_fill, pil_note
 
 __all__ = ["affine", "erasing", "perspective", "random_crop", "resized_crop", "rotation"]
 
@@ -71,7 +71,7 @@ def _crop_fill(op: Any, s: State) -> float | tuple[float, ...]:
 
 
 def erasing(op: Any, s: State) -> A.BatchTransform:
-    """torchvision's ``RandomErasing`` as :class:`gpufeed.augment.RandomErasing`, refused where torchvision refuses it."""
+    """torchvision's ``RandomErasing`` as :class:`gpufeed.augment.RandomErasing` (refused as torchvision refuses)."""
     refusals.check_erasing(op, s.dtype, s.pil, s.channels)
     value = op.value
     if value is None or value == "random":

@@ -10,7 +10,7 @@ import torch
 from PIL import Image
 
 from gpufeed.cache import write_cache
-from gpufeed.errors import DataError
+from gpufeed.errors import CacheError, DataError
 from gpufeed.store import Dense, Encoded, Ragged, Store, as_store, from_arrays
 from gpufeed.store.entry import open_cache
 
@@ -93,7 +93,7 @@ def test_arrays_and_from_arrays_round_trip_and_through_a_cache_entry(kind, tmp_p
     store, images = _store(kind), _images(kind)
     arrays, meta = store.arrays()
     assert meta["store"] == kind
-    back = from_arrays(meta["store"], arrays, meta)
+    back = from_arrays(meta["store"], {**arrays, "labels": torch.arange(6)}, meta)
     assert type(back) is type(store) and _same(_pixels(back.batch(torch.arange(6), torch.device("cpu"))), images)
 
     write_cache(tmp_path / "entry", "k" * 40, {**arrays, "labels": torch.arange(6)}, dict(meta))
@@ -102,6 +102,29 @@ def test_arrays_and_from_arrays_round_trip_and_through_a_cache_entry(kind, tmp_p
     assert _same(_pixels(cache.store.batch(torch.arange(6), torch.device("cpu"))), images)
     # .images as gpufeed.open_cache gave it: the tensor of a dense entry, the store of a folder's
     assert isinstance(cache.images, torch.Tensor) if kind == "dense" else cache.images is cache.store
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_an_entry_whose_arrays_do_not_fit_its_kind_is_a_cache_error_naming_it(kind, tmp_path):
+    # the cache maps whatever arrays its manifest lists; the store of the entry's kind checks they fit together
+    arrays, meta = _store(kind).arrays()
+    broken = {**arrays, "labels": torch.arange(5)}  # one label short of the six images
+    write_cache(tmp_path / "short", "k" * 40, broken, dict(meta))
+    want = "do not form a dataset" if kind == "dense" else "index arrays do not fit its"
+    with pytest.raises(CacheError, match=f"short: .*{want}.*gpufeed cache clear"):
+        open_cache(tmp_path / "short")
+    name = next(iter(arrays))
+    write_cache(
+        tmp_path / "missing",
+        "k" * 40,
+        {**{k: v for k, v in arrays.items() if k != name}, "labels": torch.arange(6)},
+        dict(meta),
+    )
+    with pytest.raises(CacheError, match=f"lists no '{name}' array"):
+        open_cache(tmp_path / "missing")
+    write_cache(tmp_path / "other", "k" * 40, {**arrays, "labels": torch.arange(6)}, {**meta, "store": "webp"})
+    with pytest.raises(CacheError, match="store kind 'webp' is not one gpufeed writes \\(dense, pixels, jpeg\\)"):
+        open_cache(tmp_path / "other")
 
 
 def test_sample_bytes_are_what_one_sample_takes_decoded():

@@ -1,10 +1,10 @@
 """Open a cache entry: validate the manifest and sizes, optionally every block hash, then memory-map its arrays.
 
-Three kinds of entry (the manifest's ``meta["store"]``), each a set of arrays: ``"dense"`` images
-``(N, C, H, W)``; ``"pixels"``, images of different sizes in one buffer with each one's start and (C, H, W);
-``"jpeg"``, the files' own bytes with each one's start, length, decoded (C, H, W) and JPEG flag. Every kind
-has ``labels``. What the arrays mean as images is the storage layer's (:mod:`gpufeed.store.entry` opens an
-entry as its store); here they are only checked to fit together.
+An entry is a set of named arrays with ``labels`` among them, and a kind (the manifest's ``meta["store"]``)
+that says what the others mean. That meaning is the storage layer's: :mod:`gpufeed.store.entry` opens an entry
+as the store of its kind, which checks that its arrays fit together. Here every array the manifest lists is
+checked against its size (and, with ``verify``, its hashes) and memory-mapped, whatever the kind: a new kind of
+store needs nothing from this module.
 """
 
 from __future__ import annotations
@@ -18,23 +18,16 @@ import torch
 from ..errors import CacheError
 from .format import BLOCK_BYTES, Manifest, block_hashes
 
-__all__ = ["Entry", "open_entry", "read_array", "verify_entry"]
-
-_ARRAYS = {
-    "dense": ("images", "labels"),
-    "pixels": ("pixels", "starts", "shapes", "labels"),
-    "jpeg": ("bytes", "starts", "lengths", "shapes", "jpeg", "labels"),
-}
+__all__ = ["Entry", "open_entry", "read_array", "remedy", "verify_entry"]
 
 
 @dataclass(frozen=True)
 class Entry:
-    """An opened entry: its manifest and its memory-mapped arrays of its kind (``labels`` among them), checked
-    to fit together."""
+    """An opened entry: its manifest, its kind and its memory-mapped arrays (``labels`` among them)."""
 
     path: Path
     manifest: Manifest
-    kind: str  # "dense" | "pixels" | "jpeg"
+    kind: str  # what the arrays hold (gpufeed.store's kinds: "dense", "pixels", "jpeg")
     arrays: dict[str, torch.Tensor]
 
     @property
@@ -50,20 +43,21 @@ class Entry:
         return sum(a.nbytes for a in self.manifest.arrays.values())
 
 
-def _remedy(path: Path) -> str:
+def remedy(path: Path) -> str:
+    """What to do about a damaged entry: the end of every CacheError that names one."""
     return f"delete it (gpufeed cache clear {path}) and build it again"
 
 
 def _map(path: Path, name: str, manifest: Manifest, verify: bool) -> np.ndarray:
     spec = manifest.arrays.get(name)
     if spec is None:
-        raise CacheError(f"{path / 'manifest.json'} lists no '{name}' array; {_remedy(path)}")
+        raise CacheError(f"{path / 'manifest.json'} lists no '{name}' array; {remedy(path)}")
     file = path / spec.file
     if not file.is_file():
-        raise CacheError(f"{file} is missing; {_remedy(path)}")
+        raise CacheError(f"{file} is missing; {remedy(path)}")
     size = file.stat().st_size
     if size != spec.nbytes:
-        raise CacheError(f"{file} is {size} bytes but the manifest says {spec.nbytes} (truncated?); {_remedy(path)}")
+        raise CacheError(f"{file} is {size} bytes but the manifest says {spec.nbytes} (truncated?); {remedy(path)}")
     try:
         # Copy-on-write: writable for torch (no warning), and nothing is ever written back to the file.
         array = (
@@ -80,7 +74,7 @@ def _map(path: Path, name: str, manifest: Manifest, verify: bool) -> np.ndarray:
                 start = i * BLOCK_BYTES
                 raise CacheError(
                     f"{file}: bytes {start}-{min(start + BLOCK_BYTES, spec.nbytes)} do not match the manifest's hash "
-                    f"(corrupted, zero-filled or swapped with another cache's file); {_remedy(path)}"
+                    f"(corrupted, zero-filled or swapped with another cache's file); {remedy(path)}"
                 )
     return array
 
@@ -97,39 +91,11 @@ def open_entry(path: str | Path, verify: bool = True, record_use: bool = True) -
 
     path = Path(path)
     manifest = Manifest.read(path)
-    kind = manifest.meta.get("store", "dense")
-    if kind not in _ARRAYS:
-        raise CacheError(
-            f"{path}: store kind {kind!r} is not one gpufeed writes ({', '.join(_ARRAYS)}); {_remedy(path)}"
-        )
-    mapped = {name: _map(path, name, manifest, verify) for name in _ARRAYS[kind]}
-    if verify:  # the arrays an entry holds besides (a folder's file names and hashes) are checked too
-        for name in sorted(set(manifest.arrays) - set(mapped)):
-            _map(path, name, manifest, verify)
+    names = sorted(set(manifest.arrays) | {"labels"})  # every entry has labels: a manifest without is refused
+    mapped = {name: _map(path, name, manifest, verify) for name in names}
     hold(path, list(mapped.values()), record_use)
-    a = {name: torch.from_numpy(array) for name, array in mapped.items()}
-    labels = a["labels"]
-    if kind == "dense":
-        if a["images"].dim() != 4 or labels.shape[:1] != a["images"].shape[:1]:
-            raise CacheError(
-                f"{path}: images {tuple(a['images'].shape)} and labels {tuple(labels.shape)} do not form a dataset; "
-                f"{_remedy(path)}"
-            )
-    else:
-        _check_index(path, kind, a)
-    return Entry(path, manifest, kind, a)
-
-
-def _check_index(path: Path, kind: str, a: dict[str, torch.Tensor]) -> None:
-    """A ragged entry's index arrays (each image's start and size) checked against its buffer."""
-    n, data = a["labels"].shape[0], a["pixels" if kind == "pixels" else "bytes"]
-    starts, shapes = a["starts"], a["shapes"]
-    ok = starts.shape == (n,) and shapes.shape == (n, 3) and (kind == "pixels" or a["lengths"].shape == (n,))
-    if ok and n:
-        sizes = shapes.prod(1) if kind == "pixels" else a["lengths"]
-        ok = bool((starts >= 0).all() and (sizes >= 0).all() and int((starts + sizes).max()) <= data.numel())
-    if not ok:
-        raise CacheError(f"{path}: its index arrays do not fit its {data.numel():,}-element buffer; {_remedy(path)}")
+    kind = str(manifest.meta.get("store", "dense"))
+    return Entry(path, manifest, kind, {name: torch.from_numpy(array) for name, array in mapped.items()})
 
 
 def verify_entry(path: str | Path) -> Entry:

@@ -170,15 +170,15 @@ def _info(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from ..cache import verify_entry
     from ..errors import CacheError
+    from ..store.entry import verify_cache
 
     if args.data is not None:
         return _verify_data(args)
     bad = 0
     for path in _entries(args):
         try:
-            c = verify_entry(path)
+            c = verify_cache(path)
             print(f"OK   {path} ({c.nbytes / 2**20:.1f} MiB)")
         except CacheError as e:
             bad += 1
@@ -188,10 +188,10 @@ def _verify(args: argparse.Namespace) -> int:
 
 def _verify_data(args: argparse.Namespace) -> int:
     """The entries of the folder ``--data`` (and its splits), each checked and compared with its files."""
-    from ..cache import verify_entry
     from ..cache.content import compare_folder, entry_folder
     from ..cache.format import Manifest
     from ..errors import CacheError, ConfigError
+    from ..store.entry import verify_cache
 
     data = args.data.resolve()
     if not data.is_dir():
@@ -213,7 +213,7 @@ def _verify_data(args: argparse.Namespace) -> int:
             continue
         checked += 1
         try:
-            verify_entry(path)
+            verify_cache(path)
             result = compare_folder(path)
         except CacheError as e:
             bad += 1

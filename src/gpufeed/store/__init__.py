@@ -14,14 +14,13 @@ from typing import Any
 
 import torch
 
-from ..errors import CacheError
 from ..validate import as_tensor
 from .base import Store
 from .dense import Dense
 from .encoded import Encoded
 from .ragged import Ragged
 
-__all__ = ["Dense", "Encoded", "Ragged", "Store", "as_store", "from_arrays"]
+__all__ = ["KINDS", "Dense", "Encoded", "Ragged", "Store", "as_store", "from_arrays"]
 
 
 def as_store(images: Any) -> Store:
@@ -37,20 +36,19 @@ def as_store(images: Any) -> Store:
     return Dense(as_tensor(images, "images"))
 
 
+KINDS: dict[str, type[Store]] = {kind.kind: kind for kind in (Dense, Ragged, Encoded)}  # an entry's kind -> its store
+
+
 def from_arrays(kind: str, arrays: dict[str, torch.Tensor], meta: dict[str, Any]) -> Store:
     """The store of a cache entry of ``kind`` (its manifest's ``"store"``) from its ``arrays`` and manifest ``meta``
-    (the inverse of :meth:`Store.arrays`; extra arrays, e.g. ``labels``, are ignored).
+    (the inverse of :meth:`Store.arrays`). ValueError for a kind gpufeed does not write, or arrays that do not fit.
 
     Example:
         >>> r = Ragged.stack([torch.zeros(3, 2, 4, dtype=torch.uint8)])
         >>> arrays, meta = r.arrays()
-        >>> torch.equal(from_arrays(meta["store"], arrays, meta).image(0), r.image(0))
+        >>> torch.equal(from_arrays(meta["store"], {**arrays, "labels": torch.zeros(1)}, meta).image(0), r.image(0))
         True
     """
-    if kind == Dense.kind:
-        return Dense(arrays["images"])
-    if kind == Ragged.kind:
-        return Ragged(arrays["pixels"], arrays["starts"], arrays["shapes"], bool(meta.get("hwc", True)))
-    if kind == Encoded.kind:
-        return Encoded(arrays["bytes"], arrays["starts"], arrays["lengths"], arrays["shapes"], arrays["jpeg"])
-    raise CacheError(f"store kind {kind!r} is not one gpufeed writes ({Dense.kind}, {Ragged.kind}, {Encoded.kind})")
+    if kind not in KINDS:
+        raise ValueError(f"store kind {kind!r} is not one gpufeed writes ({', '.join(KINDS)})")
+    return KINDS[kind].from_arrays(arrays, meta)

@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 
 import torch
 
-__all__ = ["STORAGE_TIERS", "Store"]
+__all__ = ["STORAGE_TIERS", "Store", "need"]
 
 # Where a loader keeps its store: copied to the device, in page-locked host memory, or as it is (a mapped file).
 STORAGE_TIERS = ("device", "pinned", "mmap")
@@ -116,9 +116,22 @@ class Store(ABC):
     @abstractmethod
     def arrays(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         """The arrays a cache entry of this store holds, and what its manifest records besides (``"store"``: the
-        kind, and what reading it back needs); :func:`gpufeed.store.from_arrays` is the inverse."""
+        kind, and what reading it back needs); :meth:`from_arrays` is the inverse."""
+
+    @classmethod
+    @abstractmethod
+    def from_arrays(cls, arrays: dict[str, torch.Tensor], meta: dict[str, Any]) -> Store:
+        """The store a cache entry of this kind holds (its arrays, ``labels`` among them, and its manifest's meta);
+        ValueError or KeyError (via :func:`need`) when they do not fit together."""
 
     @abstractmethod
     def check(self) -> None:
         """Raise :class:`~gpufeed.errors.DataError` if these images cannot be served (none, a dtype a batch cannot
         have, an image with an axis of 0, ...)."""
+
+
+def need(arrays: dict[str, torch.Tensor], name: str) -> torch.Tensor:
+    """``arrays[name]``, or a KeyError that says the entry lists no such array."""
+    if name not in arrays:
+        raise KeyError(f"its manifest lists no '{name}' array")
+    return arrays[name]

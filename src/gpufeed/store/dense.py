@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from ..validate import check_images
-from .base import Store
+from .base import Store, need
 
 __all__ = ["Dense", "pinned", "pinned_gather"]
 
@@ -84,6 +84,13 @@ class Dense(Store):
 
     def arrays(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         return {"images": self.tensor}, {"store": self.kind}
+
+    @classmethod
+    def from_arrays(cls, arrays: dict[str, torch.Tensor], meta: dict[str, Any]) -> Dense:
+        images, labels = need(arrays, "images"), need(arrays, "labels")
+        if images.dim() != 4 or labels.shape[:1] != images.shape[:1]:
+            raise ValueError(f"images {tuple(images.shape)} and labels {tuple(labels.shape)} do not form a dataset")
+        return cls(images)
 
     def check(self) -> None:
         check_images(self.tensor)

@@ -32,8 +32,8 @@ import torch
 from ..device import usable_cores
 from ..errors import ConfigError, DataError
 from . import decoders
-from .base import Store
-from .ragged import Ragged, check_ragged, sizes
+from .base import Store, need
+from .ragged import Ragged, check_index, check_ragged, sizes
 
 __all__ = ["Encoded", "decode", "decode_one", "downscaled"]
 
@@ -139,6 +139,13 @@ class Encoded(Store):
     def arrays(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         fields = {k: getattr(self, k) for k in ("starts", "lengths", "shapes", "jpeg")}
         return fields | {"bytes": self.data}, {"store": self.kind}
+
+    @classmethod
+    def from_arrays(cls, arrays: dict[str, torch.Tensor], meta: dict[str, Any]) -> Encoded:
+        data, starts, lengths = need(arrays, "bytes"), need(arrays, "starts"), need(arrays, "lengths")
+        shapes, jpeg = need(arrays, "shapes"), need(arrays, "jpeg")
+        check_index(data, starts, lengths, shapes, len(need(arrays, "labels")))
+        return cls(data, starts, lengths, shapes, jpeg)
 
     def check(self) -> None:
         check_ragged(len(self), self.dtype, self.shapes)

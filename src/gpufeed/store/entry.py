@@ -13,7 +13,8 @@ from typing import Any
 import torch
 
 from ..cache.format import Manifest
-from ..cache.reader import open_entry
+from ..cache.reader import open_entry, remedy
+from ..errors import CacheError
 from . import from_arrays
 from .base import Store
 
@@ -58,7 +59,11 @@ def open_cache(path: str | Path, verify: bool = True, record_use: bool = True) -
         CacheError: the entry is missing, damaged, or not one gpufeed wrote.
     """
     entry = open_entry(path, verify, record_use)
-    store = from_arrays(entry.kind, entry.arrays, entry.manifest.meta)
+    try:
+        store = from_arrays(entry.kind, entry.arrays, entry.manifest.meta)
+    except (KeyError, ValueError) as e:
+        message = e.args[0] if e.args else str(e)
+        raise CacheError(f"{entry.path}: {message}; {remedy(entry.path)}") from None
     return Cache(entry.path, entry.manifest, store, entry.labels)
 
 

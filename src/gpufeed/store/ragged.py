@@ -23,10 +23,10 @@ from typing import Any
 import torch
 
 from ..errors import DataError
-from .base import Store
+from .base import Store, need
 from .dense import pinned
 
-__all__ = ["Ragged", "check_ragged", "sizes"]
+__all__ = ["Ragged", "check_index", "check_ragged", "sizes"]
 
 
 @dataclass(frozen=True)
@@ -132,8 +132,23 @@ class Ragged(Store):
         arrays = {"pixels": self.data, "starts": self.starts, "shapes": self.shapes}
         return arrays, {"store": self.kind, "hwc": self.hwc}
 
+    @classmethod
+    def from_arrays(cls, arrays: dict[str, torch.Tensor], meta: dict[str, Any]) -> Ragged:
+        data, starts, shapes = need(arrays, "pixels"), need(arrays, "starts"), need(arrays, "shapes")
+        check_index(data, starts, shapes.prod(1) if shapes.dim() == 2 else shapes, shapes, len(need(arrays, "labels")))
+        return cls(data, starts, shapes, bool(meta.get("hwc", True)))
+
     def check(self) -> None:
         check_ragged(len(self), self.dtype, self.shapes)
+
+
+def check_index(data: torch.Tensor, starts: torch.Tensor, sizes: torch.Tensor, shapes: torch.Tensor, n: int) -> None:
+    """An entry's index arrays (each image's start, size and (C, H, W)) against its ``n`` labels and its buffer."""
+    ok = starts.shape == (n,) and shapes.shape == (n, 3) and sizes.shape == (n,)
+    if ok and n:
+        ok = bool((starts >= 0).all() and (sizes >= 0).all() and int((starts + sizes).max()) <= data.numel())
+    if not ok:
+        raise ValueError(f"its index arrays do not fit its {data.numel():,}-element buffer")
 
 
 def sizes(shapes: torch.Tensor) -> str:

@@ -319,9 +319,10 @@ class DeviceLoader(EpochLoader):
 
 
 def _placed_labels(labels: torch.Tensor, store: Store, storage: str, device: torch.device) -> torch.Tensor:
-    """The labels where the chunks are gathered from: beside the images on the device, pinned beside pinned
-    images (a dense chunk is gathered into pinned memory and copied ahead), else where they are."""
-    if storage == "device" or store.device == device:
+    """The labels where the chunks are gathered from: beside the images on the device (and for a store served
+    from host bytes, whose chunks are decoded onto it), pinned beside pinned images (a dense chunk is gathered into
+    pinned memory and copied ahead), else where they are."""
+    if storage == "device" or store.device == device or store.host_bytes:
         return labels.to(device)
     if storage == "pinned" and device.type == "cuda":
         return pinned(labels)

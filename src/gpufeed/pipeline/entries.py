@@ -198,7 +198,7 @@ def store(
 ) -> Cache:
     """Write ingested data (:class:`gpufeed.read.samples.Ingested`) as the entry ``target`` and open it (``adopt``:
     see :func:`gpufeed.cache.write_cache`; ``meta``: recorded besides). A folder's read
-    (:class:`gpufeed.pipeline.materialise.FolderRead`) adds the files it left out and its files' names and hashes."""
+    (:class:`gpufeed.pipeline.folder_store.FolderRead`) adds the files it left out and its files' names and hashes."""
     record: dict[str, Any] = {
         "cached": [repr(op) for op in split.cached],
         "ingest": data.path,

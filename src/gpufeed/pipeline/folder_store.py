@@ -135,7 +135,7 @@ def folder_store(req: Request, split: Any, decided: StorePlan) -> Source:
         )
     resume = None if keep_bytes else lambda target, key: read_folder((target, key))
     src = cached_read(dataset, split, options, kind, read_folder, lambda d: not keep_bytes, notes, resume)
-    if isinstance(src.images, Encoded) and src.images.paths is None:  # from the cache: errors still name files
+    if keep_bytes and src.images.paths is None:  # the files' store, from the cache: errors still name the files
         left_out = {p for p, _ in src.skipped}
         src.images = replace(src.images, paths=[p for p, _ in file_samples(dataset) or [] if p not in left_out])
     return src

@@ -91,7 +91,7 @@ def _placed(src: Source, decided: StorePlan, req: Request) -> Source:
     nbytes = store.nbytes + labels.nbytes
     tier, why = decided.budget.tier(nbytes)
     host_tier = "pinned" if device.type == "cuda" else "device"
-    if store.kind == "jpeg":  # the decoders read host memory, nvJPEG included
+    if store.host_bytes:  # the decoders read host memory, nvJPEG included
         tier, where = host_tier, "pinned host memory" if device.type == "cuda" else "memory"
         why = f"the files' bytes ({fmt_bytes(nbytes)}) are kept in {where}, where the decoders read them"
     elif tier == "mmap" and store.ragged and not src.mapped:

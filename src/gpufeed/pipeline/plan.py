@@ -107,6 +107,9 @@ class StorePlan:
     either: bool = False  # "samples": images of different sizes met by the read are kept as they are
     notes: tuple[str, ...] = ()  # what the plan says about the store before it is made
 
+    def __post_init__(self) -> None:
+        assert self.route in ROUTES, self.route  # an internal invariant: the plan makes no other
+
     @property
     def key_kind(self) -> dict[str, Any] | None:
         """What an entry of this route is keyed by besides the source and the cached ops (the folder route's

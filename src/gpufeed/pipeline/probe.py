@@ -19,7 +19,7 @@ import torch
 from ..augment.transforms import takes_ragged
 from ..errors import ConfigError, DataError, UnsupportedTransformError
 from ..read.files import file_samples
-from ..read.fingerprint import standard_getitem
+from ..read.fingerprint import standard_getitem, standard_loader
 from ..read.samples import RaggedError, as_pair, ragged_message, to_chw, with_transform
 from ..read.wrappers import hidden_transforms
 from ..sampling import derive_seed, global_seed
@@ -131,9 +131,7 @@ def _image_and_label(read: Callable[[int], tuple[Any, torch.Tensor, Any]], i: in
 def _known_reads(dataset: Any) -> bool:
     """Whether ``dataset[i]`` runs only torchvision's or torch's own code once its transform is replaced (its
     ``__getitem__`` and file loader), so reading a sample again gives the same sample."""
-    from ..read.fingerprint import _standard_loader
-
-    return standard_getitem(dataset) and _standard_loader(dataset)
+    return standard_getitem(dataset) and standard_loader(dataset)
 
 
 def _varies(

@@ -27,7 +27,6 @@ from .samples import stored_labels
 __all__ = [
     "bad_files_error",
     "file_samples",
-    "header_shapes",
     "read_files",
     "read_folder",
     "scan_headers",
@@ -217,16 +216,6 @@ def scan_headers(
     bad = {i: str(r) for i, r in enumerate(got) if isinstance(r, DataError)}
     shapes = [(3, 0, 0) if isinstance(r, DataError) else r for r in got]
     return torch.tensor(shapes, dtype=torch.int64).view(-1, 3), bad
-
-
-def header_shapes(dataset: Any, num_workers: int | None = None, progress: bool = True) -> torch.Tensor:
-    """The ``(C, H, W)`` each file of a file-backed dataset decodes to, from the headers alone (a few KB
-    read per file): what a store of them would take is known before anything is read in full. Every file
-    whose header is unusable is named in one DataError."""
-    shapes, bad = scan_headers(dataset, num_workers, progress)
-    if bad:
-        raise bad_files_error(bad, len(shapes), type(dataset).__name__)
-    return shapes
 
 
 def read_folder(

@@ -20,7 +20,7 @@ import torch
 
 from ..cache.format import VERSION, hashes
 
-__all__ = ["cache_key", "dataset_identity", "digest", "standard_getitem", "transform_identity"]
+__all__ = ["cache_key", "dataset_identity", "digest", "standard_getitem", "standard_loader", "transform_identity"]
 
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
@@ -61,7 +61,8 @@ def standard_getitem(dataset: Any) -> bool:
     return (getattr(getitem, "__module__", None) or "").startswith(("torchvision.", "torch.utils.data"))
 
 
-def _standard_loader(dataset: Any) -> bool:
+def standard_loader(dataset: Any) -> bool:
+    """Whether a ``DatasetFolder``'s file loader (if it has one) is torchvision's own."""
     loader = getattr(dataset, "loader", None)  # DatasetFolder: how a file becomes an image
     return loader is None or (getattr(loader, "__module__", None) or "").startswith("torchvision.")
 
@@ -77,7 +78,7 @@ def dataset_identity(dataset: Any) -> dict[str, Any] | None:
     size with its mtime restored still changes the key. (A file rewritten in place keeps its inode but
     gets a new ctime; a copy or a rename onto it gets a new inode.)
     """
-    if not (standard_getitem(dataset) and _standard_loader(dataset)):
+    if not (standard_getitem(dataset) and standard_loader(dataset)):
         return None
     ident: dict[str, Any] = {"class": f"{type(dataset).__module__}.{type(dataset).__qualname__}", "len": len(dataset)}
     for attr in ("train", "split", "classes"):

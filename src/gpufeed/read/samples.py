@@ -125,18 +125,20 @@ def _arrays(dataset: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
         images = images.permute(0, 3, 1, 2)
     elif images.dim() != 4 or images.shape[1] not in (1, 3, 4):
         return None
-    return images.contiguous(), stored_labels(dataset, labels, f"{type(dataset).__name__}.{name}")
+    source = type(dataset).__name__
+    return images.contiguous(), stored_labels(dataset, labels, f"{source}.{name}", f"{source}.target_transform({name})")
 
 
-def stored_labels(dataset: Any, targets: Any, what: str) -> torch.Tensor:
+def stored_labels(dataset: Any, targets: Any, what: str, mapped: str | None = None) -> torch.Tensor:
     """The labels a dataset stores (its ``targets``, a folder's class indices) as ``dataset[i]`` gives them: mapped
     by its ``target_transform``, each target as the dataset stores it (a float stays a float). What every read
-    that skips ``__getitem__`` (the arrays, a folder's files) must do itself."""
+    that skips ``__getitem__`` (the arrays, a folder's files) must do itself. ``what`` names them in an error
+    (``mapped``: when the target_transform made them)."""
     target_transform = getattr(dataset, "target_transform", None)
     if target_transform is None:
         return label_tensor(targets, what)
     raw = targets.tolist() if isinstance(targets, (np.ndarray, torch.Tensor)) else list(targets)
-    return label_tensor([target_transform(v) for v in raw], f"{what} through its target_transform")
+    return label_tensor([target_transform(v) for v in raw], mapped or what)
 
 
 class _Mapped(Dataset):

@@ -41,6 +41,9 @@ class Store(ABC):
     # Batches hold images of different sizes: the transform's first op must take them (RandomResizedCrop), and a
     # chunk is selected on the host, by the store's metadata.
     ragged: ClassVar[bool]
+    # Served from host memory whatever the tier (encoded bytes: the decoders read them there, nvJPEG included); its
+    # labels go to the device, as a device tier's would.
+    host_bytes: ClassVar[bool] = False
 
     @abstractmethod
     def __len__(self) -> int: ...

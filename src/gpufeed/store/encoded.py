@@ -53,6 +53,7 @@ class Encoded(Store):
 
     kind = "jpeg"
     ragged = True
+    host_bytes = True
 
     def __len__(self) -> int:
         return self.starts.shape[0]
@@ -107,10 +108,6 @@ class Encoded(Store):
 
     def pin_memory(self) -> Encoded:
         return replace(self, data=self.data.pin_memory())
-
-    def to(self, device: torch.device, non_blocking: bool = False) -> Encoded:
-        """Encoded bytes stay on the host whatever the device: the decoders read them there."""
-        return self
 
     def placed(self, storage: str, device: torch.device) -> Encoded:
         # whatever the tier: the decoders read host memory; nvJPEG's copies in are faster from pinned memory

@@ -20,7 +20,9 @@ Parts, most valuable first (``--parts`` runs a chosen few, in the order given):
    the slow ``DataLoader`` rungs last -- one rung at a time;
 5. ``cuda_tests``: the CUDA-marked tests; 6. ``tier_fallback``: the memory-cap fallback to pinned
    memory (same batches); 7. ``ddp_overhead``: one GPU under ``torchrun``; 8. ``accelerate_tiers``;
-   9. ``tune``: ``tune_dataloader`` against the rule of thumb on 16 cores.
+   9. ``tune``: ``tune_dataloader`` against the rule of thumb on 16 cores; 10. ``diagnose_script``:
+   ``gpufeed diagnose -- python train.py`` on an unmodified CIFAR-style script on the device (CUDA events per
+   step, NVML samples, the side measurement of accelerate against the script's DataLoader on the GPU).
 
 Each part has its own time limit (and all of them one budget, ``--budget``); the JSON is rewritten
 after every part, every loader row and every ladder rung, so a run cut short keeps what it did, and
@@ -73,6 +75,7 @@ LIMITS = {
     "ddp_overhead": 120,
     "accelerate_tiers": 120,
     "tune": 100,
+    "diagnose_script": 120,
 }
 GPU_ONLY = ("sync_free", "cuda_tests", "tier_fallback")
 
@@ -361,6 +364,44 @@ def ddp_overhead(c: Check) -> dict:
     return res
 
 
+_DIAGNOSED_SCRIPT = """
+import sys, torch, torchvision, torchvision.transforms as T
+from torch.utils.data import DataLoader
+device = "cuda" if torch.cuda.is_available() else "cpu"
+torch.manual_seed(0)
+tf = T.Compose([T.RandomCrop(32, padding=4), T.RandomHorizontalFlip(), T.ToTensor(),
+                T.Normalize((0.49, 0.48, 0.45), (0.25, 0.24, 0.26))])
+data = torchvision.datasets.FakeData(int(sys.argv[1]), (3, 32, 32), 10, transform=tf, random_offset=1)
+loader = DataLoader(data, batch_size=256, shuffle=True, num_workers=int(sys.argv[2]), pin_memory=device == "cuda")
+model = torch.nn.Sequential(torch.nn.Conv2d(3, 32, 3, padding=1), torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1),
+                            torch.nn.Flatten(), torch.nn.Linear(32, 10)).to(device)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for epoch in range(100):
+    for x, y in loader:
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad(); loss.backward(); opt.step()
+print("loss", float(loss))
+"""
+
+
+def diagnose_script(c: Check) -> dict:
+    """An unmodified script under ``gpufeed diagnose --``: the verdict, CUDA-event step times, NVML samples, and the
+    side measurement (accelerate on the device against the script's own DataLoader), from its report.json."""
+    script = c.out / "diagnosed_train.py"
+    script.write_text(_DIAGNOSED_SCRIPT)
+    out = c.out / "diagnose"
+    n, workers, steps = ("2048", "2", "12") if c.small else ("20000", "4", "60")
+    cmd = [sys.executable, "-m", "gpufeed", "diagnose", "--steps", steps, "--out", str(out), "--"]
+    r = _run([*cmd, sys.executable, str(script), n, workers], timeout=LIMITS["diagnose_script"] - 5, cwd=ROOT)
+    (c.out / "diagnose_stdout.txt").write_text(r.stdout + r.stderr)
+    if not (out / "report.json").exists():
+        return {"returncode": r.returncode, "error": (r.stdout + r.stderr)[-2000:]}
+    report = json.loads((out / "report.json").read_text())
+    keep = ("verdict", "data_wait_fraction", "device", "exit", "side", "code_change", "notes", "slowest_rank")
+    return {"returncode": r.returncode, **{k: report.get(k) for k in keep}, "keys": sorted(report)}
+
+
 # -- the run -----------------------------------------------------------------------------------------------------
 
 
@@ -420,6 +461,7 @@ def main(argv: list[str] | None = None) -> int:
         "ddp_overhead": ddp_overhead,
         "accelerate_tiers": accelerate_tiers,
         "tune": tune,
+        "diagnose_script": diagnose_script,
     }
     unknown = [n for n in args.parts or [] if n not in parts]
     if unknown:

@@ -22,7 +22,7 @@ def test_the_cpu_rehearsal_runs_every_cpu_part_and_records_each(tmp_path, monkey
     assert run.returncode == 0, run.stderr[-3000:]
     summary = json.loads((tmp_path / "gpu_check.json").read_text())
     parts = ["prefetch_race", "loader_throughput", "image_folder", "image_sizes", "bench_ladder", "ddp_overhead"]
-    parts += ["accelerate_tiers", "tune"]
+    parts += ["accelerate_tiers", "tune", "diagnose_script"]
     assert [k for k in summary if k in parts] == parts  # in the order of value, each recorded
     assert all("error" not in summary[p] for p in parts), {p: summary[p].get("error") for p in parts}
     assert summary["prefetch_race"]["ok"] and "shm" in summary["environment"]
@@ -37,6 +37,9 @@ def test_the_cpu_rehearsal_runs_every_cpu_part_and_records_each(tmp_path, monkey
     ] * 2
     sizes = summary["image_sizes"]["sizes"]
     assert [s["size"] for s in sizes] == [32, 64] and all(0 < s["fraction_of_copy"] for s in sizes)
+    diagnosed = summary["diagnose_script"]  # an unmodified script under `gpufeed diagnose --`, on the CPU here
+    assert diagnosed["returncode"] == 0 and diagnosed["exit"] == "stopped", diagnosed
+    assert diagnosed["verdict"] in ("data-bound", "data-bound (CPU contention)", "compute-bound") and diagnosed["side"]
     assert summary["total_seconds"] > 0
 
 

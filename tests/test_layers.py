@@ -20,7 +20,7 @@ LAYERS = [
     {"read"},
     {"loading"},
     {"pipeline"},
-    {"diagnose", "findings", "report", "tune", "bench", "train", "cli", "data", "__init__", "__main__"},
+    {"diagnose", "findings", "report", "tune", "bench", "train", "cli", "data", "watch", "__init__", "__main__"},
 ]
 RANK = {name: rank for rank, names in enumerate(LAYERS) for name in names}
 TOOLS = len(LAYERS) - 1

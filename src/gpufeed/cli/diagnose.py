@@ -1,4 +1,9 @@
-"""``gpufeed diagnose``: the diagnosis of a training configuration, without writing code."""
+"""``gpufeed diagnose``: is the GPU waiting on data? Two forms:
+
+- ``gpufeed diagnose [--steps N] [--time S] [--out DIR] [--no-side] -- CMD ...``: your own training command, run
+  unchanged and measured from outside (:mod:`gpufeed.watch`);
+- ``gpufeed diagnose [options of gpufeed train]``: a configuration of ``gpufeed train``, without writing code.
+"""
 
 from __future__ import annotations
 
@@ -8,22 +13,122 @@ from pathlib import Path
 from .common import output_dir
 from .train import add_run_arguments, config_from
 
-HELP = "is the GPU waiting on data? run a configuration for some steps and print the verdict and the fixes"
+HELP = (
+    "is the GPU waiting on data? run your training command (-- python train.py ...) or a configuration for some "
+    "steps and print the verdict and the fix"
+)
+
+USAGE = """%(prog)s [--steps N] [--time S] [--out DIR] [--no-side] -- CMD ...
+       %(prog)s [options of gpufeed train] [--steps N] [--out DIR]"""
+
+EPILOG = """examples:
+  gpufeed diagnose -- python train.py --lr 0.1        your script, unchanged: stops after --steps batches
+  gpufeed diagnose --time 120 -- torchrun --nproc-per-node 4 train.py
+  gpufeed diagnose -- python -m mypackage.train
+  gpufeed diagnose --loader torch --num-workers 4     a configuration of gpufeed train
+
+Everything after the first -- is the command, exactly as you run it (its own options included). Its output
+shows as usual; then the report prints: the verdict, the wait fraction, each DataLoader as found, what
+gf.accelerate does with that dataset measured beside it, and the line to change."""
+
+WATCH_STEPS = 100  # the command form's default --steps: enough past the workers' start for a stable fraction
+CONFIG_STEPS = 50
+_WATCH_OPTIONS = ("--steps", "--time", "--out", "--no-side", "--debug", "--help", "-h")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_run_arguments(p)
-    p.add_argument("--steps", type=int, default=50, help="training steps to measure")
+    p.usage = USAGE
+    p.epilog = EPILOG
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
     p.add_argument(
-        "--out", type=output_dir, default=Path("diagnose-out"), help="folder for report.md/json, timeline.png"
+        "script",  # not "command": the top parser keeps the subcommand's name there
+        nargs="*",
+        metavar="-- CMD ...",
+        help="after --: the training command to diagnose, as you run it (python train.py ..., torchrun ..., "
+        "python -m package.module)",
     )
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"batches to measure: with a command, stop it after N batches of a loader (default {WATCH_STEPS}; 0: "
+        f"let it finish); with a configuration, training steps (default {CONFIG_STEPS})",
+    )
+    p.add_argument("--time", type=float, default=None, metavar="S", help="with a command: interrupt it after S seconds")
+    p.add_argument(
+        "--out",
+        type=output_dir,
+        default=Path("diagnose-out"),
+        metavar="DIR",
+        help="folder for report.md/json, timeline.png",
+    )
+    p.add_argument(
+        "--no-side",
+        action="store_true",
+        help="with a command: skip the side measurement (gf.accelerate on the script's dataset after its steps)",
+    )
+    add_run_arguments(p)
 
 
 def run(args: argparse.Namespace) -> int:
+    command = _command(args)
+    if command:
+        return _watch(args, command)
+    from ..errors import ConfigError
+
+    for option, given in (("--time", args.time is not None), ("--no-side", args.no_side)):
+        if given:
+            raise ConfigError(f"{option} goes with a command to diagnose: gpufeed diagnose {option} ... -- CMD ...")
+    return _configuration(args)
+
+
+def _command(args: argparse.Namespace) -> list[str]:
+    """Everything after the first ``--`` of the command line (argparse keeps later ``--`` but not always the
+    first, so the command is cut from the raw arguments, not from the parsed ones)."""
+    from ..errors import ConfigError
+
+    argv = list(getattr(args, "argv", None) or [])
+    if "--" not in argv:
+        if args.script:
+            raise ConfigError(
+                f"unexpected {' '.join(args.script)!r}: put the command to diagnose after --, as in "
+                f"gpufeed diagnose -- {' '.join(args.script)}"
+            )
+        return []
+    cut = argv.index("--")
+    ours = argv[argv.index("diagnose") + 1 : cut] if "diagnose" in argv[:cut] else argv[:cut]
+    for token in ours:
+        name = token.split("=", 1)[0]
+        if name.startswith("-") and not any(option.startswith(name) for option in _WATCH_OPTIONS):
+            raise ConfigError(
+                f"{name} is an option of a gpufeed train configuration, not of a command to diagnose: "
+                "the command's own options go after --"
+            )
+    if not argv[cut + 1 :]:
+        raise ConfigError("nothing after --: give the training command, as in gpufeed diagnose -- python train.py")
+    return argv[cut + 1 :]
+
+
+def _watch(args: argparse.Namespace, command: list[str]) -> int:
+    from ..errors import ConfigError
+    from ..watch.run import watch
+
+    steps = WATCH_STEPS if args.steps is None else args.steps
+    if steps < 0:
+        raise ConfigError(f"--steps {steps} must be >= 0 (0: let the command finish)")
+    if args.time is not None and not args.time > 0:
+        raise ConfigError(f"--time {args.time:g} must be > 0 seconds")
+    _, status = watch(command, steps, args.time, args.out, side=not args.no_side)
+    return status
+
+
+def _configuration(args: argparse.Namespace) -> int:
     from ..diagnose import diagnose
     from ..train.loop import prepare
     from .common import DEFAULT_BATCH_SIZE, describe_epoch, lead, load_train_test, settle_batch_size, training_images
 
+    steps = CONFIG_STEPS if args.steps is None else args.steps
     config_from(args, batch_size=args.batch_size or DEFAULT_BATCH_SIZE)  # checked before the data is read
     datasets = load_train_test(args, args.train_size, args.test_size)
     settle_batch_size(args, datasets[0], args.train_size)
@@ -32,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
     if lead():
         images = training_images(datasets[0], args.train_size)
         print("\n".join(describe_epoch(prepared.loader, images, cfg.batch_size, prepared.world_size)), flush=True)
-    report = diagnose(prepared.loader, lambda batch: prepared.step(*batch), steps=args.steps, device=prepared.device)
+    report = diagnose(prepared.loader, lambda batch: prepared.step(*batch), steps=steps, device=prepared.device)
     print(report)
     print(f"wrote {report.save(args.out)}")
     return 0

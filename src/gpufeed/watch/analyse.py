@@ -1,0 +1,300 @@
+"""The report of a watched script: its records read as ``gf.diagnose`` reads a loop, with the fix measured.
+
+The main loader is the one that served the most batches (over all ranks: a loader is the same on every rank when
+its creation order and call site are). Its batches after the first (whose wait includes the workers' start-up)
+and before the last (no step follows it) give the verdict, by :mod:`gpufeed.diagnose`'s rules and thresholds:
+
+- ``"data-bound"``: at least :data:`~gpufeed.diagnose.DATA_BOUND_FRACTION` of the wall time waiting in ``next()``;
+- ``"launch-bound"``: otherwise, with NVML's GPU utilisation under :data:`~gpufeed.diagnose.LAUNCH_BOUND_BUSY`
+  while the steps ran (only where NVML sampled it);
+- ``"compute-bound"``: otherwise.
+
+``gf.diagnose``'s third verdict, CPU contention, rests on timing the step with the loader idle, which would change
+the script's course; it is not made here, and the report says so, giving instead the CPU the main process and the
+loader's workers used while the steps ran (saturated cores or not). Under torchrun the slowest rank (the one that
+waited most: the others wait for it at each gradient exchange) gives the verdict, and every rank is listed.
+
+Example:
+    >>> from gpufeed.watch.record import LoaderRecord, ProcessRecord
+    >>> ld = LoaderRecord(0, "DataLoader", "train.py:9", None, "CIFAR10", None, 32, 0, False, False, None,
+    ...                   "RandomSampler", False, epochs=1, requested=[0.0, 1.0, 2.0, 3.0],
+    ...                   waits=[0.5, 0.5, 0.5, 0.5], samples=[32] * 4)
+    >>> rec = ProcessRecord(0, 1, 1, ["train.py"], "cpu", 0.0, 4.0, "finished", [ld], [], 2, [])
+    >>> r = report([rec])
+    >>> r.verdict, r.data_wait_fraction
+    ('data-bound', 0.5)
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..diagnose import CONTENTION_SLOWDOWN, DATA_BOUND_FRACTION, LAUNCH_BOUND_BUSY, Report
+from .advice import code_change, no_change_reason
+from .fixes import fixes
+from .record import LoaderRecord, ProcessRecord
+
+__all__ = ["NO_LOADER", "TOO_FEW", "LoaderSummary", "RankSummary", "WatchReport", "report"]
+
+NO_LOADER = "no loader found"
+TOO_FEW = "too few batches"
+SATURATED = 0.9  # CPU use at or over this share of the usable cores: the cores were saturated
+_MIN_BATCHES = 3  # the first (start-up) and the last (no step after it) are left out: one measured step at least
+
+
+@dataclass
+class LoaderSummary:
+    """One loader of the script, as found, with what it served (summed over ranks)."""
+
+    id: int
+    cls: str
+    built_at: str | None
+    source: str | None
+    dataset: str
+    transform: str | None
+    batch_size: int | None
+    num_workers: int
+    pin_memory: bool
+    persistent_workers: bool
+    prefetch_factor: int | None
+    sampler: str
+    drop_last: bool
+    batches: int
+    epochs: int
+    wait_fraction: float | None  # over the batches after the first (None: fewer than 3 batches)
+    img_s: float | None  # samples per second through the loop, summed over ranks
+    main: bool = False
+
+    @property
+    def name(self) -> str:
+        """Where it was built (``train.py:42``), else its class and creation order."""
+        return self.built_at or f"{self.cls} #{self.id}"
+
+
+@dataclass
+class RankSummary:
+    """One process of the script: how it ended and how long its main loader made it wait."""
+
+    rank: int
+    pid: int
+    exit: str
+    batches: int
+    wait_s: float | None  # waiting in next() over the measured batches (None: too few)
+    wall_s: float | None
+    wait_fraction: float | None
+    first_wait_s: float | None  # the first batch's wait: worker start-up included
+
+
+@dataclass
+class WatchReport:
+    """What ``gpufeed diagnose -- CMD`` found: ``str()`` is the printed report; :meth:`save` writes it."""
+
+    verdict: str  # data-bound | launch-bound | compute-bound | NO_LOADER | TOO_FEW
+    data_wait_fraction: float | None
+    exit: str  # how the script ended: the worst of its processes' ends
+    command: list[str]
+    world_size: int
+    device: str
+    loaders: list[LoaderSummary] = field(default_factory=list)  # the main one first
+    ranks: list[RankSummary] = field(default_factory=list)  # the processes that built the main loader
+    slowest_rank: int | None = None  # under torchrun: the rank that waited most (its figures give the verdict)
+    diagnosis: Report | None = None  # the main loader's measured steps, as gf.diagnose reports a loop
+    cpu: dict[str, float] | None = None  # main %, workers %, cores, saturated (1.0/0.0), over the measured steps
+    side: dict[str, Any] | None = None  # gpufeed.watch.side's measurement
+    code_change: str | None = None  # gpufeed.watch.advice's diff
+    no_change_reason: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def main(self) -> LoaderSummary | None:
+        """The loader the verdict is about."""
+        return next((s for s in self.loaders if s.main), None)
+
+    def __str__(self) -> str:
+        from .text import report_text
+
+        return report_text(self)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Everything in the report, JSON-ready."""
+        return asdict(self)
+
+    def save(self, directory: str | Path) -> Path:
+        """Write ``report.md``, ``report.json`` and ``timeline.png`` to ``directory``."""
+        from .text import save_plot
+
+        out = Path(directory)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "report.json").write_text(json.dumps(self.to_dict(), indent=2, default=str))
+        (out / "report.md").write_text(f"# gpufeed diagnosis\n\n```\n{self}\n```\n\n![timeline](timeline.png)\n")
+        save_plot(self, out / "timeline.png")
+        return out
+
+
+@dataclass
+class _Window:
+    """The measured batches of one loader in one process: after the first, before the last."""
+
+    waits: list[float]
+    steps: list[float]
+    samples: int
+    start: float  # when the second batch was requested (the clock of the record)
+    end: float  # when the last batch was requested
+    device_steps: list[float] | None
+
+    @property
+    def wall(self) -> float:
+        return self.end - self.start
+
+    @property
+    def fraction(self) -> float:
+        return sum(self.waits) / self.wall if self.wall > 0 else 0.0
+
+
+def report(records: list[ProcessRecord]) -> WatchReport:
+    """The report of a watched script from its processes' records (one per process, any order)."""
+    records = sorted(records, key=lambda r: (r.rank, r.pid))
+    out = WatchReport(
+        NO_LOADER,
+        None,
+        _worst_exit(records),
+        records[0].argv if records else [],
+        max((r.world_size for r in records), default=1),
+        next((r.device for r in records if r.device != "cpu"), records[0].device if records else "cpu"),
+        side=next((r.side for r in records if r.side is not None), None),
+        notes=[f"rank {r.rank}: {n}" if len(records) > 1 else n for r in records for n in r.notes],
+    )
+    keys = _loader_keys(records)
+    if not any(ld.batches for found in keys.values() for _, ld in found):
+        out.loaders = [_summary(found, False) for found in keys.values()]
+        return out
+    main_key = max(keys, key=lambda k: sum(ld.batches for _, ld in keys[k]))
+    out.loaders = [_summary(keys[main_key], True)] + [_summary(f, False) for k, f in keys.items() if k != main_key]
+    out.ranks = [_rank(rec, ld) for rec, ld in keys[main_key]]
+    out.code_change, out.no_change_reason = _change(out.loaders[0], out.side)
+    measured = [(rec, ld, w) for rec, ld in keys[main_key] if (w := _window(ld)) is not None]
+    if not measured:
+        out.verdict = TOO_FEW
+        out.notes.append(
+            f"the main loader served {out.loaders[0].batches} batch(es); a verdict needs {_MIN_BATCHES} in one "
+            "process (the first waits for the workers' start-up, the last has no step after it)"
+        )
+        return out
+    rec, ld, win = max(measured, key=lambda m: m[2].fraction)  # the slowest rank sets everyone's pace
+    busy, gpu_note = _gpu_busy(rec, win)
+    out.verdict = "data-bound" if win.fraction >= DATA_BOUND_FRACTION else "compute-bound"
+    if out.verdict != "data-bound" and busy is not None and busy < LAUNCH_BOUND_BUSY:
+        out.verdict = "launch-bound"
+    out.data_wait_fraction, out.cpu = win.fraction, _cpu(rec, win)
+    out.slowest_rank = rec.rank if len(measured) > 1 else None
+    out.notes += [gpu_note] if gpu_note else []
+    out.notes += [
+        f"the first batch ({ld.waits[0]:.2f} s waiting, the loader's start-up included) and the "
+        f"last (no step follows it) are left out: {len(win.waits)} steps measured of {ld.batches} batches",
+        f"CPU contention was not checked as gf.diagnose checks it (a step over {CONTENTION_SLOWDOWN:g}x slower with "
+        "the loader running than with it idle): that needs steps run without the loader, which would change the "
+        "script's course; the CPU use while the steps ran is given instead",
+    ]
+    gpu = [(t - win.start, u, m) for t, u, m in rec.gpu if win.start <= t <= win.end]
+    found = fixes(out.verdict, win.fraction, out.loaders[0], out.cpu, out.side, out.code_change is not None, rec.cores)
+    out.diagnosis = Report(
+        out.verdict, win.fraction, len(win.steps), win.wall, win.waits, win.steps, win.device_steps, busy, gpu,
+        None, rec.device, found,
+    )  # fmt: skip
+    return out
+
+
+def _loader_keys(records: list[ProcessRecord]) -> dict[tuple[int, str | None], list[tuple[ProcessRecord, Any]]]:
+    """Each loader (creation order, call site) with its record in every process that built it."""
+    keys: dict[tuple[int, str | None], list[tuple[ProcessRecord, Any]]] = {}
+    for rec in records:
+        for ld in rec.loaders:
+            keys.setdefault((ld.id, ld.built_at), []).append((rec, ld))
+    return keys
+
+
+def _window(ld: LoaderRecord) -> _Window | None:
+    n = ld.batches
+    if n < _MIN_BATCHES:
+        return None
+    steps = ld.steps()[1 : n - 1]
+    dev = ld.device_step_s[1 : n - 1] if ld.device_step_s is not None and len(ld.device_step_s) >= n - 1 else None
+    return _Window(ld.waits[1 : n - 1], steps, sum(ld.samples[1 : n - 1]), ld.requested[1], ld.requested[n - 1], dev)
+
+
+def _summary(found: list[tuple[ProcessRecord, Any]], main: bool) -> LoaderSummary:
+    ld = found[0][1]
+    windows = [w for _, other in found if (w := _window(other)) is not None]
+    wall = sum(w.wall for w in windows)
+    return LoaderSummary(
+        ld.id, ld.cls, ld.built_at, ld.source, ld.dataset, ld.transform, ld.batch_size, ld.num_workers,
+        ld.pin_memory, ld.persistent_workers, ld.prefetch_factor, ld.sampler, ld.drop_last,
+        batches=sum(other.batches for _, other in found), epochs=max(other.epochs for _, other in found),
+        wait_fraction=sum(sum(w.waits) for w in windows) / wall if windows and wall > 0 else None,
+        img_s=sum(w.samples / w.wall for w in windows if w.wall > 0) if windows else None, main=main,
+    )  # fmt: skip
+
+
+def _change(main: LoaderSummary, side: dict[str, Any] | None) -> tuple[str | None, str | None]:
+    """The diff to gf.accelerate and why there is none; none when accelerate refused the pipeline on this data."""
+    if side is not None and "refused" in side:
+        return None, f"gf.accelerate refused this pipeline ({side['refused']['error']}): the tuned settings are the fix"
+    rec = _as_record(main)
+    return code_change(rec), no_change_reason(rec)
+
+
+def _as_record(s: LoaderSummary) -> LoaderRecord:
+    return LoaderRecord(
+        s.id, s.cls, s.built_at, s.source, s.dataset, s.transform, s.batch_size, s.num_workers, s.pin_memory,
+        s.persistent_workers, s.prefetch_factor, s.sampler, s.drop_last,
+    )  # fmt: skip
+
+
+def _rank(rec: ProcessRecord, ld: LoaderRecord) -> RankSummary:
+    w = _window(ld)
+    return RankSummary(
+        rec.rank, rec.pid, rec.exit, ld.batches,
+        sum(w.waits) if w else None, w.wall if w else None, w.fraction if w else None,
+        ld.waits[0] if ld.waits else None,
+    )  # fmt: skip
+
+
+def _gpu_busy(rec: ProcessRecord, win: _Window) -> tuple[float | None, str]:
+    """NVML's mean utilisation while the measured steps ran, as a fraction; and a note when it is unknown."""
+    if not rec.device.startswith("cuda"):
+        return None, ""
+    samples = [u for t, u, _ in rec.gpu if win.start <= t <= win.end]
+    if not samples:
+        return None, (
+            "GPU utilisation was not sampled while the steps ran (NVML missing, or the steps took under one "
+            "sampling interval): launch-bound cannot be told apart from compute-bound"
+        )
+    return statistics.fmean(samples) / 100, ""
+
+
+def _cpu(rec: ProcessRecord, win: _Window) -> dict[str, float] | None:
+    """Mean CPU use of the main process and of its children (the loader's workers) while the steps ran."""
+    samples = [(m, c) for t, m, c in rec.cpu if win.start <= t <= win.end]
+    if not samples:
+        return None
+    main, workers = statistics.fmean(m for m, _ in samples), statistics.fmean(c for _, c in samples)
+    saturated = (main + workers) / 100 >= SATURATED * rec.cores
+    return {"main_percent": main, "workers_percent": workers, "cores": float(rec.cores), "saturated": float(saturated)}
+
+
+_EXIT_ORDER = ("crashed", "interrupted", "stopped", "finished")
+
+
+def _worst_exit(records: list[ProcessRecord]) -> str:
+    """The end that matters most to the reader: a crash over an interruption over gpufeed's stop over the end."""
+    if not records:
+        return "no record"
+
+    def rank(e: str) -> int:
+        return next((i for i, k in enumerate(_EXIT_ORDER) if e.startswith(k)), len(_EXIT_ORDER))
+
+    return min((r.exit for r in records), key=rank)

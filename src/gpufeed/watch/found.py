@@ -1,0 +1,89 @@
+"""What a ``DataLoader`` is, as the record shows it: its dataset, its transform and the call that built it.
+
+Example:
+    >>> import torch
+    >>> from torch.utils.data import Subset, TensorDataset
+    >>> dataset_name(Subset(TensorDataset(torch.zeros(4)), [0, 1])), transform_text(TensorDataset(torch.zeros(4)))
+    ('Subset of TensorDataset', None)
+"""
+
+from __future__ import annotations
+
+import ast
+import linecache
+import os
+import re
+from types import FrameType
+from typing import Any
+
+__all__ = ["dataset_name", "transform_text", "where_built"]
+
+# the frames skipped to find the line of the script that built a loader
+_LIBRARIES = {"torch", "lightning", "pytorch_lightning", "lightning_fabric", "accelerate", "gpufeed", "_gpufeed_watch"}
+
+
+def dataset_name(dataset: Any) -> str:
+    """The dataset's class name, through ``Subset``: ``"Subset of ImageFolder"``."""
+    inner = getattr(dataset, "dataset", None)
+    if type(dataset).__name__ == "Subset" and inner is not None:
+        return f"Subset of {dataset_name(inner)}"
+    return type(dataset).__name__
+
+
+def transform_text(dataset: Any) -> str | None:
+    """The repr of the dataset's ``transform`` on one line (through ``Subset`` and wrappers), None without one."""
+    for _ in range(4):
+        transform = getattr(dataset, "transform", None)
+        if transform is not None:
+            return re.sub(r"\s*\n\s*", " ", repr(transform))[:2000]
+        dataset = getattr(dataset, "dataset", None)  # through Subset and wrappers
+        if dataset is None:
+            return None
+    return None
+
+
+def where_built(
+    frame: FrameType | None, sources: dict[str, ast.AST | None], notes: list[str]
+) -> tuple[str | None, str | None]:
+    """``("train.py:42", "DataLoader(ds, batch_size=8)")``: the first frame outside the libraries, and its call."""
+    while frame is not None:
+        module = str(frame.f_globals.get("__name__", "")).split(".")[0]
+        if module not in _LIBRARIES:
+            break
+        frame = frame.f_back
+    if frame is None:
+        return None, None
+    filename, line = frame.f_code.co_filename, frame.f_lineno
+    source = None
+    try:
+        source, line = _call_source(sources, frame, filename, line)
+    except Exception as e:  # noqa: BLE001 - no source: the report shows no diff
+        notes.append(f"the source of a DataLoader's call: {type(e).__name__}: {e}")
+    try:
+        shown = os.path.relpath(filename)
+        shown = filename if shown.startswith("..") else shown
+    except ValueError:
+        shown = filename
+    return f"{shown}:{line}", source
+
+
+def _call_source(
+    sources: dict[str, ast.AST | None], frame: FrameType, filename: str, line: int
+) -> tuple[str | None, int]:
+    """The whole Call node running in ``frame`` (found by the instruction's position), and its first line."""
+    if filename not in sources:
+        text = "".join(linecache.getlines(filename))
+        sources[filename] = ast.parse(text) if text else None
+    tree = sources[filename]
+    if tree is None:
+        return None, line
+    positions = list(frame.f_code.co_positions())
+    here = positions[frame.f_lasti // 2] if frame.f_lasti // 2 < len(positions) else (None, None, None, None)
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and n.lineno <= line <= (n.end_lineno or n.lineno)]
+    exact = [n for n in calls if (n.lineno, n.end_lineno, n.col_offset, n.end_col_offset) == tuple(here)]
+    if not exact:  # the smallest call on that line
+        exact = sorted(calls, key=lambda n: ((n.end_lineno or n.lineno) - n.lineno, -n.col_offset))[:1]
+    if not exact:
+        return None, line
+    text = "".join(linecache.getlines(filename))
+    return ast.get_source_segment(text, exact[0]), exact[0].lineno

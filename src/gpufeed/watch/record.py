@@ -1,0 +1,114 @@
+"""What one process of a watched script measured: the records `gpufeed diagnose -- CMD` reads back.
+
+Each process of the script (each rank under torchrun) writes one ``record-<rank>-<pid>.json`` in the directory named
+by ``GPUFEED_WATCH_DIR``. The loader's worker processes write nothing.
+
+Example:
+    >>> rec = ProcessRecord(rank=0, world_size=1, pid=1, argv=["train.py"], device="cpu", started=0.0, ended=1.0,
+    ...                     exit="finished", loaders=[], cpu=[(0.1, 95.0, 0.0)], cores=4, gpu=[])
+    >>> ProcessRecord.from_json(rec.to_json()) == rec
+    True
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["LoaderRecord", "ProcessRecord", "read_records", "record_name"]
+
+
+@dataclass
+class LoaderRecord:
+    """One ``DataLoader`` the script built, its configuration as found and one entry per batch it served.
+
+    The step (compute) time between batches ``k`` and ``k + 1`` is ``requested[k+1] - (requested[k] + waits[k])``.
+    """
+
+    id: int  # order of creation in the process
+    cls: str  # the DataLoader's class name (DataLoader, DataLoaderShard, ...)
+    built_at: str | None  # "path/to/train.py:42": the first frame outside torch, lightning, accelerate, gpufeed
+    source: str | None  # the source text of that call (the whole Call node), when the file is readable
+    dataset: str  # e.g. "CIFAR10", "Subset of ImageFolder"
+    transform: str | None  # repr of the dataset's transform on one line (through Subset), None if none
+    batch_size: int | None
+    num_workers: int
+    pin_memory: bool
+    persistent_workers: bool
+    prefetch_factor: int | None
+    sampler: str  # class name (RandomSampler, SequentialSampler, DistributedSampler, ...)
+    drop_last: bool
+    epochs: int = 0  # iterations started
+    requested: list[float] = field(default_factory=list)  # per batch: when next() was called, s since the start
+    waits: list[float] = field(default_factory=list)  # per batch: host seconds inside next()
+    samples: list[int] = field(default_factory=list)  # per batch: first dim of the first tensor found; 0 if none
+    device_step_s: list[float] | None = None  # per batch on a GPU: CUDA event time between consecutive batches
+
+    @property
+    def batches(self) -> int:
+        """How many batches this loader served."""
+        return len(self.waits)
+
+    def steps(self) -> list[float]:
+        """The host time between a batch's return and the next request, per consecutive pair of batches."""
+        r, w = self.requested, self.waits
+        return [r[k + 1] - (r[k] + w[k]) for k in range(len(w) - 1)]
+
+
+@dataclass
+class ProcessRecord:
+    """One process of the watched script: its loaders, its CPU and GPU samples and how it ended."""
+
+    rank: int
+    world_size: int
+    pid: int
+    argv: list[str]
+    device: str  # "cuda:0" when torch.cuda was initialised by the script, else "cpu"
+    started: float  # time.time() at install
+    ended: float
+    exit: str  # "finished" | "stopped" | "interrupted" | "crashed: <Type>: <message>"
+    loaders: list[LoaderRecord]
+    cpu: list[tuple[float, float, float]]  # (t, main process %, its children's %), % of one core
+    cores: int
+    gpu: list[tuple[float, float, float]]  # (t, utilisation %, memory MiB); [] without NVML
+    side: dict[str, Any] | None = None  # watch/side.py's result
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> str:
+        """This record as JSON text."""
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> ProcessRecord:
+        """The record written by :meth:`to_json`."""
+        raw = json.loads(text)
+        raw["loaders"] = [LoaderRecord(**loader) for loader in raw["loaders"]]
+        raw["cpu"] = [tuple(s) for s in raw["cpu"]]
+        raw["gpu"] = [tuple(s) for s in raw["gpu"]]
+        return cls(**raw)
+
+    def save(self, directory: str | Path) -> Path:
+        """Write this record as ``directory/record-<rank>-<pid>.json`` (through a temporary file, then renamed)."""
+        path = Path(directory) / record_name(self.rank, self.pid)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(self.to_json())
+        tmp.replace(path)  # NOTE: a reader never sees half a record, even when the process is killed mid-write
+        return path
+
+
+def record_name(rank: int, pid: int) -> str:
+    """The file name of a process's record."""
+    return f"record-{rank}-{pid}.json"
+
+
+def read_records(directory: str | Path) -> list[ProcessRecord]:
+    """Every record in ``directory``, ordered by rank then pid; an unreadable file is skipped."""
+    out = []
+    for path in Path(directory).glob("record-*.json"):
+        try:
+            out.append(ProcessRecord.from_json(path.read_text()))
+        except (OSError, ValueError, TypeError, KeyError):
+            continue
+    return sorted(out, key=lambda r: (r.rank, r.pid))

@@ -1,0 +1,203 @@
+"""Run a user's training command under the hook, then report: what ``gpufeed diagnose -- CMD ...`` does.
+
+The command runs as it is, its output going straight to ours; the measurement rides on ``PYTHONPATH`` (the
+``watch/site`` folder first: its ``sitecustomize`` installs :mod:`gpufeed.watch.hook` in every Python process the
+command starts), so ``python train.py``, ``python -m pkg.mod`` and ``torchrun ... train.py`` all work, the last
+because torchrun hands its environment to its workers. Each process writes its record into a fresh folder; the
+report is built from whatever records exist once the command has ended, however it ended.
+
+Example::
+
+    report, status = watch(["python", "train.py", "--lr", "0.1"], steps=100, seconds=None, out=Path("diag"))
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING, Any
+
+from .record import ProcessRecord, read_records
+
+if TYPE_CHECKING:
+    from .analyse import WatchReport
+
+__all__ = ["GRACE_S", "child_env", "exit_status", "watch"]
+
+GRACE_S = 15.0  # after --time's SIGINT, the script's own cleanup (a checkpoint, the hook's flush) gets this long
+
+SITE = Path(__file__).resolve().parent / "site"
+
+
+def child_env(watch_dir: Path, steps: int, side: bool, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The command's environment: ``base`` (default ours) with the hook's folder first on ``PYTHONPATH`` and the
+    settings the hook reads.
+
+    Example:
+        >>> env = child_env(Path("/tmp/w"), 50, False, {"PYTHONPATH": "/mine"})
+        >>> env["PYTHONPATH"].endswith(os.pathsep + "/mine"), env["GPUFEED_WATCH_STEPS"], env["GPUFEED_WATCH_SIDE"]
+        (True, '50', '0')
+    """
+    env = dict(os.environ if base is None else base)
+    paths = [str(SITE), *(p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p)]
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    env["GPUFEED_WATCH_DIR"] = str(watch_dir)
+    env["GPUFEED_WATCH_STEPS"] = str(steps)
+    env["GPUFEED_WATCH_SIDE"] = "1" if side else "0"
+    env.setdefault("GPUFEED_WATCH_SIDE_SECONDS", "20")  # a caller's own budget (tests: a small one) is kept
+    return env
+
+
+def exit_status(returncode: int) -> int:
+    """A process's exit status as a shell reports it: killed by signal N is ``128 + N``.
+
+    Example:
+        >>> exit_status(-signal.SIGINT), exit_status(3)
+        (130, 3)
+    """
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def watch(
+    cmd: list[str], steps: int, seconds: float | None, out: Path, side: bool = True
+) -> tuple[WatchReport | None, int]:
+    """Run ``cmd`` with the hook, stop it after ``steps`` batches of a loader (0: no limit) or ``seconds``, then
+    print the report, save it to ``out`` (with the raw records under ``out/records``) and return it with the
+    command's exit status (0 when gpufeed stopped it). ``None`` when no process wrote a record.
+
+    ``side``: after the measured steps, the script's process measures what ``gf.accelerate`` does with its dataset
+    (see :mod:`gpufeed.watch.side`).
+    """
+    watch_dir = Path(tempfile.mkdtemp(prefix="gpufeed-watch-"))
+    try:
+        status = _run(cmd, child_env(watch_dir, steps, side), seconds)
+        records = _script_records(read_records(watch_dir))
+        if records:
+            kept = out / "records"
+            kept.mkdir(parents=True, exist_ok=True)
+            for path in watch_dir.glob("record-*.json"):
+                shutil.copy(path, kept / path.name)
+    finally:
+        shutil.rmtree(watch_dir, ignore_errors=True)
+    if not records:
+        print(
+            f"gpufeed diagnose: nothing was measured: no Python process of {cmd[0]!r} ran gpufeed's hook (is "
+            "gpufeed installed in the Python that runs the script? did the script start at all?)",
+            file=sys.stderr,
+        )
+        return None, status
+    from .analyse import report
+
+    result = report(records)
+    print(result, flush=True)
+    result.save(out)
+    print(f"wrote {out}", flush=True)
+    return result, status
+
+
+def _script_records(records: list[ProcessRecord]) -> list[ProcessRecord]:
+    """The records of the script's own processes. A launcher (torchrun's agent) runs the hook too, but it builds no
+    loader and its world size is 1 where its workers' is larger: its record is left out."""
+    world = max((r.world_size for r in records), default=1)
+    return [r for r in records if r.loaders or r.world_size == world]
+
+
+def _run(cmd: list[str], env: dict[str, str], seconds: float | None) -> int:
+    """Run the command to its end (or to ``seconds``) and return its exit status.
+
+    NOTE [Ctrl-C]: the command runs in our process group, so a Ctrl-C at the terminal reaches it (and torchrun's
+    workers, and the loader's workers) as it would without gpufeed; we then wait for it to end, its hook flushing
+    its record on the way. When the interrupt reached only us (no terminal in front of our group), we pass it on.
+    A second Ctrl-C kills the command. --time interrupts the command's processes, never our group: that would
+    interrupt whatever runs us (a test runner, a shell script) too.
+    """
+    try:
+        proc = subprocess.Popen(cmd, env=env)
+    except OSError as e:  # no such program: what the shell would say
+        print(f"gpufeed diagnose: cannot run {cmd[0]!r}: {e.strerror or e}", file=sys.stderr)
+        return 127 if isinstance(e, FileNotFoundError) else 126
+    stopped = False
+    with _terminate_forwarded(proc):
+        try:
+            try:
+                proc.wait(timeout=seconds)
+            except subprocess.TimeoutExpired:
+                print(f"gpufeed diagnose: --time {seconds:g} s reached, interrupting the script", file=sys.stderr)
+                stopped = True
+                _signal_tree(proc, signal.SIGINT)
+                _wait_or_kill(proc, GRACE_S)
+        except KeyboardInterrupt:
+            print("gpufeed diagnose: interrupted; waiting for the script (Ctrl-C again stops it now)", file=sys.stderr)
+            if not _terminal_reached(proc):
+                _signal_tree(proc, signal.SIGINT)
+            try:
+                proc.wait()
+            except KeyboardInterrupt:
+                _signal_tree(proc, signal.SIGKILL)
+                proc.wait()
+    return 0 if stopped else exit_status(proc.returncode)
+
+
+def _wait_or_kill(proc: subprocess.Popen[Any], grace: float) -> None:
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        print(f"gpufeed diagnose: the script did not stop within {grace:g} s; killing it", file=sys.stderr)
+        _signal_tree(proc, signal.SIGKILL)
+        proc.wait()
+
+
+@contextmanager
+def _terminate_forwarded(proc: subprocess.Popen[Any]) -> Iterator[None]:
+    """While the command runs, a SIGTERM sent to us (a batch system cancelling the job) goes to the command too,
+    and we still report; without this we would die at once and leave the command running unobserved."""
+
+    def forward(signum: int, frame: FrameType | None) -> None:
+        _signal_tree(proc, signal.SIGTERM)
+
+    try:
+        previous = signal.signal(signal.SIGTERM, forward)
+    except ValueError:  # not the main thread: signals cannot be handled here
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _terminal_reached(proc: subprocess.Popen[Any]) -> bool:
+    """Whether a Ctrl-C typed at a terminal reached the command itself: the command shares our process group and
+    that group is the terminal's foreground group."""
+    try:
+        group = os.getpgid(proc.pid)
+        return group == os.getpgrp() and os.tcgetpgrp(sys.stdin.fileno()) == group
+    except (OSError, ValueError, AttributeError):  # no terminal, stdin closed or replaced
+        return False
+
+
+def _signal_tree(proc: subprocess.Popen[Any], sig: int) -> None:
+    """Send ``sig`` to the command and every process under it (torchrun's workers, the loader's workers), children
+    first listed after their parent, as a Ctrl-C at a terminal would reach them all."""
+    if proc.poll() is not None:
+        return
+    import psutil
+
+    pids = [proc.pid]
+    try:
+        pids += [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
+    except psutil.Error:  # the command ended meanwhile
+        return
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):  # ended meanwhile, or a setuid helper not ours to signal
+            continue

@@ -1,0 +1,230 @@
+"""The fix, measured: gf.accelerate beside the script's own DataLoader, on a few hundred samples of its dataset.
+
+It runs inside the watched script's process once its measured steps are done (:mod:`gpufeed.watch.hook` calls it
+at the stop or at exit), on the same device and data: ``gf.accelerate`` on the first ``k`` samples (its plan, its
+images per second over an epoch after a warm-up epoch) and the script's ``DataLoader`` rebuilt with the same
+settings on the same samples, iterated alone with each batch copied to the device as training would. If accelerate
+refuses the dataset or its transform, the reason and ``tune_dataloader``'s settings in a small budget instead.
+
+NOTE [ The script's state is left as found ]
+The measurement draws random numbers (shuffling, accelerate's probe, augmentations) and may build DataLoaders; the
+global RNG states (torch, numpy, random, CUDA) are saved before and restored after, so whatever the process does
+next draws what it would have drawn. The script's own loader and dataset are read, never changed: the loaders here
+are new objects over a ``Subset``.
+
+Example (a dataset of tensors: accelerate stores it and batches on the device):
+    >>> import torch
+    >>> from torch.utils.data import DataLoader, TensorDataset
+    >>> ds = TensorDataset(torch.zeros(64, 3, 8, 8, dtype=torch.uint8), torch.zeros(64, dtype=torch.long))
+    >>> out = side_measurement(DataLoader(ds, batch_size=16), budget_s=5, device="cpu")
+    >>> out["samples"], out["accelerate"]["img_s"] > 0, out["script_loader"]["img_s"] > 0
+    (64, True, True)
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import random
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, IterableDataset, RandomSampler, Subset
+
+from ..device import resolve_device, sync
+from ..errors import ConfigError, DataError, UnsupportedTransformError
+from ..loading.prefetch import map_tensors
+from ..validate import UnbatchableError
+
+__all__ = ["TUNE_BUDGET_S", "side_measurement", "subset_size"]
+
+TUNE_BUDGET_S = 15.0  # the most tune_dataloader gets when accelerate refuses
+_SAMPLES = 384  # "a few hundred": enough batches for a rate, little enough to read in seconds
+_MIN_TIMED_S = 0.5  # timed epochs repeat until this much time is measured (tiny subsets run in milliseconds)
+_REFUSALS = (UnsupportedTransformError, UnbatchableError, ConfigError, DataError)
+
+
+def subset_size(n: int, batch_size: int, num_workers: int = 0) -> int:
+    """How many of ``n`` samples to measure: whole batches, at least 2 (and 2 per worker, up to 8 batches, so
+    every worker delivers more than its first batch), about :data:`_SAMPLES` when the batches are small.
+
+    Example:
+        >>> subset_size(50_000, 256, 4), subset_size(50_000, 32), subset_size(100, 64)
+        (2048, 384, 64)
+    """
+    batches = max(2, math.ceil(_SAMPLES / batch_size), min(2 * num_workers, 8))
+    return max(1, min(n // batch_size, batches)) * batch_size if n >= batch_size else n
+
+
+def side_measurement(loader: DataLoader, budget_s: float = 20.0, device: str | torch.device | None = None) -> dict:
+    """Measure ``gf.accelerate`` and the script's own loader settings on a few hundred samples of its dataset.
+
+    Args:
+        loader: the script's ``DataLoader`` (the one it iterated most); read, not changed.
+        budget_s: the time this may take, roughly: epochs are only started when they fit in it (the tuning
+            fallback gets at most :data:`TUNE_BUDGET_S`).
+        device: where the script trains (batches are made or copied there).
+
+    Returns a dict (JSON-ready): ``samples``, ``batch_size``, ``device``, ``seconds``, ``notes``; ``script_loader``
+    (``img_s``, ``settings``); and either ``accelerate`` (``plan``: its text, ``img_s``, ``build_s``: reading the
+    samples in) or ``refused`` (``error``: the exception's type, ``reason``) with ``tuned`` (``kwargs``, ``img_s``,
+    ``speedup`` over ``num_workers=0``). Never raises an ``Exception``: any failure gives ``{"error": "..."}``
+    (a ``KeyboardInterrupt`` goes on, the user asked to stop).
+    """
+    start = time.perf_counter()
+    try:
+        with _random_state_kept():
+            out = _measure(loader, float(budget_s), resolve_device(device), start)
+    except Exception as e:  # the report says what failed; the script's own exit is not disturbed
+        return {"error": f"{type(e).__name__}: {e}", "seconds": time.perf_counter() - start}
+    out["seconds"] = time.perf_counter() - start
+    return out
+
+
+def _measure(loader: DataLoader, budget_s: float, device: torch.device, start: float) -> dict[str, Any]:
+    dataset, batch_size = loader.dataset, loader.batch_size
+    if batch_size is None:
+        return {
+            "error": "the loader has batch_size=None (a batch_sampler or no automatic batching): no batch size "
+            "to measure at"
+        }
+    if isinstance(dataset, IterableDataset) or not hasattr(dataset, "__len__"):
+        return {
+            "error": f"{type(dataset).__name__} is an iterable-style dataset: gf.accelerate needs a map-style "
+            "dataset (indexable, with a length)"
+        }
+    k = subset_size(len(dataset), batch_size, loader.num_workers)
+    subset = Subset(dataset, range(k))
+    # a DistributedSampler (torchrun, Lightning, Accelerate) shuffles when its shuffle says so
+    shuffle = isinstance(loader.sampler, RandomSampler) or getattr(loader.sampler, "shuffle", False) is True
+    out: dict[str, Any] = {"samples": k, "batch_size": batch_size, "device": str(device), "notes": []}
+    if k < 2 * batch_size:
+        out["notes"].append(f"the dataset has {len(dataset)} samples: fewer than 2 batches of {batch_size}")
+    kind = type(loader.sampler).__name__
+    if kind not in ("RandomSampler", "SequentialSampler"):
+        order = "shuffled" if shuffle else "in order"
+        out["notes"].append(f"the script's {kind} is replaced by the samples {order}, in one process")
+    deadline = start + budget_s
+    from ..pipeline.accelerate import accelerate
+
+    t0 = time.perf_counter()
+    try:  # rank 0 of 1: every sample of the subset, whatever process group the script set up
+        fast = accelerate(subset, batch_size, shuffle, device=device, cache=False, progress=False, rank=0, world_size=1)
+    except _REFUSALS as e:
+        out["refused"] = {"error": type(e).__name__, "reason": str(e)}
+    else:
+        build_s = time.perf_counter() - t0
+        rate, note = _rate(fast, device, start + budget_s * 0.6)  # the rest for the script's loader
+        out["accelerate"] = {"plan": str(fast.plan), "img_s": rate, "build_s": build_s}
+        out["notes"] += [f"accelerate: {note}"] if note else []
+        del fast
+    out["script_loader"] = _script_rate(loader, subset, shuffle, device, deadline, out["notes"])
+    if "refused" in out:
+        out["tuned"] = _tuned(subset, batch_size, device, min(TUNE_BUDGET_S, max(2.0, deadline - time.perf_counter())))
+    return out
+
+
+def _script_rate(
+    loader: DataLoader, subset: Subset, shuffle: bool, device: torch.device, deadline: float, notes: list[str]
+) -> dict[str, Any]:
+    """The script's settings on ``subset``: img/s with each batch copied to ``device``."""
+    settings: dict[str, Any] = {
+        "batch_size": loader.batch_size,
+        "shuffle": shuffle,
+        "num_workers": loader.num_workers,
+        "pin_memory": loader.pin_memory,
+        "drop_last": loader.drop_last,
+    }
+    extra: dict[str, Any] = {"collate_fn": loader.collate_fn, "timeout": loader.timeout}
+    if loader.num_workers > 0:
+        settings.update(prefetch_factor=loader.prefetch_factor, persistent_workers=loader.persistent_workers)
+        # Workers kept between the warm-up and the timed epochs: the script pays their start-up once per epoch of
+        # its whole dataset, which a few hundred samples would overstate many times.
+        extra.update(
+            persistent_workers=True,
+            worker_init_fn=loader.worker_init_fn,
+            multiprocessing_context=loader.multiprocessing_context,
+        )
+        if not loader.persistent_workers:
+            notes.append("the script's loader was timed with its workers kept between passes (start-up not counted)")
+    own = DataLoader(subset, **{**settings, **extra})
+    try:
+        rate, note = _rate(own, device, deadline)
+    finally:
+        del own
+        gc.collect()  # persistent workers end now, not at some later collection
+    notes += [f"script loader: {note}"] if note else []
+    return {"img_s": rate, "settings": settings}
+
+
+def _tuned(subset: Subset, batch_size: int, device: torch.device, budget_s: float) -> dict[str, Any]:
+    """tune_dataloader's choice on ``subset`` in ``budget_s``: its kwargs and measured img/s."""
+    from ..tune import tune_dataloader
+
+    cfg = tune_dataloader(subset, batch_size, time_budget_s=budget_s, device=device, progress=False)
+    best = [
+        t.images_per_s
+        for t in cfg.table
+        if (t.num_workers, t.pin_memory, t.prefetch_factor) == (cfg.num_workers, cfg.pin_memory, cfg.prefetch_factor)
+    ]
+    kwargs = {k: v for k, v in cfg.kwargs.items() if k != "batch_size"}
+    return {"kwargs": kwargs, "img_s": max(best) if best else None, "speedup": cfg.speedup, "budget_s": budget_s}
+
+
+def _rate(loader: Iterable[Any], device: torch.device, deadline: float) -> tuple[float, str]:
+    """Images per second over whole epochs after a warm-up epoch; ``(rate, note)``.
+
+    Timed epochs repeat until :data:`_MIN_TIMED_S` is measured, and start only when one more fits before
+    ``deadline``; if not even one does, the warm-up epoch's rate stands, and the note says so.
+    """
+    n, seconds = _epoch(loader, device)
+    timed_n, timed_s = 0, 0.0
+    while timed_s < _MIN_TIMED_S and time.perf_counter() + max(seconds, 1e-3) < deadline:
+        n_e, seconds = _epoch(loader, device)
+        timed_n, timed_s = timed_n + n_e, timed_s + seconds
+    if timed_n == 0:
+        return n / max(seconds, 1e-9), "no time left after the warm-up epoch: its rate (start-up included) is given"
+    return timed_n / timed_s, ""
+
+
+def _epoch(loader: Iterable[Any], device: torch.device) -> tuple[int, float]:
+    """One pass over ``loader``, each batch moved to ``device`` as a training loop would: (samples, seconds)."""
+    sync(device)
+    t0 = time.perf_counter()
+    samples = 0
+    it: Iterator[Any] = iter(loader)
+    for batch in it:
+        moved = map_tensors(batch, lambda t: t.to(device, non_blocking=True))
+        samples += _count(moved)
+    sync(device)
+    return samples, time.perf_counter() - t0
+
+
+def _count(batch: Any) -> int:
+    """Samples in a batch: the first dimension of its first tensor."""
+    found: list[torch.Tensor] = []
+    map_tensors(batch, lambda t: found.append(t) or t)  # type: ignore[func-returns-value]
+    return int(found[0].shape[0]) if found and found[0].dim() else 0
+
+
+@contextmanager
+def _random_state_kept() -> Iterator[None]:
+    """NOTE [ The script's state is left as found ]: every global RNG as it was, whatever happens inside."""
+    cuda_was = torch.cuda.is_initialized()
+    states = (torch.get_rng_state(), np.random.get_state(), random.getstate())
+    cuda_states = torch.cuda.get_rng_state_all() if cuda_was else None
+    try:
+        yield
+    finally:
+        torch.set_rng_state(states[0])
+        np.random.set_state(states[1])
+        random.setstate(states[2])
+        if cuda_states is not None:
+            torch.cuda.set_rng_state_all(cuda_states)
+        elif torch.cuda.is_initialized():  # started here: back to the fresh state the script would have found
+            for gen in torch.cuda.default_generators:
+                gen.manual_seed(gen.initial_seed())

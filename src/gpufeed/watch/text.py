@@ -1,0 +1,180 @@
+"""A :class:`~gpufeed.watch.analyse.WatchReport` as a person reads it, and its timeline plot.
+
+The verdict block is ``gf.diagnose``'s own (:func:`gpufeed.report.diagnosis_text`); around it: how the script
+ended, every rank, every loader, the main loader as found, and the fix as measured in the script's process.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..report import diagnosis_text, format_table, timeline_plot
+from .advice import source_lines
+
+if TYPE_CHECKING:
+    from .analyse import LoaderSummary, WatchReport
+
+__all__ = ["report_text", "save_plot"]
+
+_LOADER_COLUMNS = [
+    ("name", "loader", "s"),
+    ("cls", "class", "s"),
+    ("dataset", "dataset", "s"),
+    ("batch_size", "batch", "d"),
+    ("num_workers", "workers", "d"),
+    ("batches", "batches", "d"),
+    ("wait_fraction", "waiting", ".0%"),
+    ("img_s", "img/s", ".0f"),
+]
+_RANK_COLUMNS = [
+    ("rank", "rank", "d"),
+    ("batches", "batches", "d"),
+    ("wait_s", "waiting s", ".2f"),
+    ("wall_s", "wall s", ".2f"),
+    ("wait_fraction", "waiting", ".0%"),
+    ("first_wait_s", "first batch s", ".2f"),
+    ("exit", "end", "s"),
+]
+
+
+def report_text(r: WatchReport) -> str:
+    """The printed report: how the script ended, the verdict and its evidence, the loaders, the fix, the notes."""
+    from .analyse import NO_LOADER, TOO_FEW
+
+    lines = [f"gpufeed diagnose: {' '.join(r.command)}", *_ending(r.exit), ""]
+    if r.verdict == NO_LOADER:
+        lines += [
+            "verdict: no loader found: no DataLoader was iterated",
+            "  the script ran without taking a single batch from a torch.utils.data.DataLoader (or a loader wrapping "
+            "one: Lightning's, Accelerate's, gf.prefetch), so there is no wait for data to measure",
+        ]
+        lines += [f"  built but never iterated: {s.name} ({s.cls} over {s.dataset})" for s in r.loaders]
+    elif r.verdict == TOO_FEW or r.diagnosis is None:
+        lines.append(f"verdict: {TOO_FEW}: nothing to judge on (see the notes)")
+    else:
+        verdict = diagnosis_text(r.diagnosis).splitlines()
+        evidence = next((i for i, line in enumerate(verdict) if not line.startswith(("verdict", "  "))), len(verdict))
+        if r.cpu is not None:  # with the evidence, before the findings
+            state = "saturated" if r.cpu["saturated"] else "not saturated"
+            verdict.insert(
+                evidence,
+                f"  CPU while the steps ran: main process {r.cpu['main_percent']:.0f}%, loader workers "
+                f"{r.cpu['workers_percent']:.0f}% of one core; {r.cpu['cores']:.0f} usable cores {state}",
+            )
+        lines += verdict
+    if r.world_size > 1 and r.ranks:
+        lines += [
+            "",
+            f"ranks ({r.world_size} processes):",
+            _indent(format_table([vars(x) for x in r.ranks], _RANK_COLUMNS)),
+        ]
+        if r.slowest_rank is not None:
+            lines.append(f"  slowest rank: {r.slowest_rank} (it waited most for data; the others wait for it)")
+    if r.loaders:
+        rows = [{**vars(s), "name": ("* " if s.main else "  ") + s.name} for s in r.loaders]
+        lines += ["", "loaders (* the main one):", _indent(format_table(rows, _LOADER_COLUMNS))]
+    if r.main is not None and r.main.batches:
+        lines += ["", *_as_found(r.main)]
+    lines += _fix(r)
+    lines += [f"note: {n}" for n in r.notes]
+    return "\n".join(lines)
+
+
+def save_plot(r: WatchReport, path: Path) -> None:
+    """The main loader's timeline (gf.diagnose's plot), or a figure saying why there is none."""
+    if r.diagnosis is not None:
+        timeline_plot(r.diagnosis, path)
+        return
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only; never opens a window
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 2))
+    ax.axis("off")
+    ax.text(0.5, 0.5, f"gpufeed diagnose: {r.verdict}", ha="center", va="center", fontsize=12)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def _ending(exit: str) -> list[str]:
+    if exit.startswith("crashed"):
+        return [f"!! the script crashed ({exit.partition(': ')[2]}); what follows is what was measured before it"]
+    if exit.startswith("interrupted"):
+        return [
+            "!! the script was interrupted (Ctrl-C, --time or a signal); what follows is what was measured until then"
+        ]
+    if exit == "no record":
+        return ["!! no process of the script wrote a record"]
+    return [f"(the script {'was stopped by gpufeed after the measured steps' if exit == 'stopped' else exit})"]
+
+
+def _as_found(s: LoaderSummary) -> list[str]:
+    lines = [f"the main loader, as found ({s.name}, {s.cls}):"]
+    if s.source:
+        lines += [f"    {line}" for line in source_lines(s.source)]
+    settings = (
+        f"batch_size={s.batch_size} num_workers={s.num_workers} pin_memory={s.pin_memory} "
+        f"persistent_workers={s.persistent_workers} prefetch_factor={s.prefetch_factor} sampler={s.sampler} "
+        f"drop_last={s.drop_last}"
+    )
+    return [
+        *lines,
+        f"  dataset:   {s.dataset}",
+        f"  transform: {s.transform or 'none'}",
+        f"  settings:  {settings}",
+        f"  served:    {s.batches} batches over {s.epochs} epoch(s)",
+    ]
+
+
+def _fix(r: WatchReport) -> list[str]:
+    """The side measurement's figures and the code change, under the heading the verdict gives them."""
+    side, lines = r.side, []
+    data_bound = r.verdict == "data-bound"
+    if side is not None:
+        head = "the fix, measured" if data_bound else "for reference (the loader is not the limit here)"
+        if "error" in side:
+            lines += ["", f"{head}: the side measurement failed: {side['error']}"]
+        else:
+            lines += ["", f"{head}: {side.get('samples')} samples on {side.get('device')} after the script's steps"]
+            lines += _side_figures(side)
+    if data_bound:
+        if r.code_change is not None:
+            caveat = (
+                "" if side and "accelerate" in side else " (not measured: accelerate may still refuse the pipeline)"
+            )
+            lines += ["", f"code change (with `import gpufeed as gf`){caveat}:"]
+            lines += [f"    {line}" for line in r.code_change.splitlines()]
+        elif r.no_change_reason:
+            lines += ["", f"no code change suggested: {r.no_change_reason}"]
+    return lines
+
+
+def _side_figures(side: dict[str, Any]) -> list[str]:
+    script = side.get("script_loader", {}).get("img_s")
+    own = "-" if script is None else f"{script:.0f} img/s"
+    lines = []
+    if "accelerate" in side:
+        fast = side["accelerate"]
+        times = f" ({fast['img_s'] / script:.1f}x)" if script else ""
+        lines += ["  gf.accelerate's plan:", *[f"      {x}" for x in str(fast["plan"]).splitlines()]]
+        lines.append(
+            f"  gf.accelerate: {fast['img_s']:.0f} img/s (after {fast['build_s']:.1f} s reading the samples in); "
+            f"the script's DataLoader settings: {own}{times}"
+        )
+    elif "refused" in side:
+        lines.append(f"  gf.accelerate refused it: {side['refused']['error']}: {side['refused']['reason']}")
+        tuned = side.get("tuned") or {}
+        kwargs = ", ".join(f"{k}={v!r}" for k, v in tuned.get("kwargs", {}).items())
+        rate = "-" if tuned.get("img_s") is None else f"{tuned['img_s']:.0f} img/s"
+        lines.append(
+            f"  tune_dataloader ({tuned.get('budget_s', 0):.0f} s): {kwargs or '-'}: {rate}; "
+            f"the script's settings: {own}"
+        )
+    lines += [f"  ({n})" for n in side.get("notes", [])]
+    return lines
+
+
+def _indent(text: str) -> str:
+    return "\n".join(f"  {line}" for line in text.splitlines())

@@ -1,0 +1,93 @@
+"""A small training loop as people write it, run under the hook by tests/watch/test_hook.py (and without it)."""
+
+import argparse
+import hashlib
+import sys
+import time
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+
+class Scale:
+    """A transform with a repr, as torchvision's have."""
+
+    def __init__(self, factor: float) -> None:
+        self.factor = factor
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.factor
+
+    def __repr__(self) -> str:
+        return f"Compose(\n    Scale(factor={self.factor})\n)"
+
+
+class Points(Dataset):
+    def __init__(self, n: int, transform=None, busy: float = 0.0) -> None:
+        self.x = torch.linspace(-1, 1, n).unsqueeze(1)
+        self.y = 3 * self.x + 0.5
+        self.transform = transform
+        self.busy = busy
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int):
+        end = time.perf_counter() + self.busy
+        while time.perf_counter() < end:  # CPU work in the worker, on purpose
+            pass
+        x = self.x[i] + 0.01 * torch.randn(1)  # randomness in __getitem__: the workers' seeds must not change
+        return (self.transform(x) if self.transform else x), self.y[i]
+
+
+class ShardLoader(DataLoader):
+    """Like Accelerate's DataLoaderShard: its __iter__ goes through DataLoader.__iter__."""
+
+    def __iter__(self):
+        yield from super().__iter__()
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--workers", type=int, default=0)
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--crash-at", type=int, default=-1)
+    p.add_argument("--exit-code", type=int, default=0)
+    p.add_argument("--forever", action="store_true")
+    p.add_argument("--busy", type=float, default=0.0)
+    p.add_argument("--subclass", action="store_true")
+    p.add_argument("--n", type=int, default=64)
+    a = p.parse_args()
+    torch.manual_seed(0)
+    ds = Points(a.n, transform=Scale(2.0), busy=a.busy)
+    cls = ShardLoader if a.subclass else DataLoader
+    loader = cls(
+        ds,
+        batch_size=8,
+        shuffle=True,
+        num_workers=a.workers,
+    )
+    model = torch.nn.Linear(1, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    digest, step = hashlib.sha256(), 0
+    epoch = 0
+    while epoch < a.epochs or a.forever:
+        for x, y in loader:
+            if step == a.crash_at:
+                raise RuntimeError(f"boom at step {step}")
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            digest.update(x.numpy().tobytes())
+            print(f"step {step} loss {loss.item():.6f}", flush=True)
+            step += 1
+            if a.forever:
+                time.sleep(0.02)
+        epoch += 1
+    print("batches", digest.hexdigest()[:16], "rand", torch.rand(3).tolist(), flush=True)
+    return a.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

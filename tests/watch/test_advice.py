@@ -1,0 +1,123 @@
+"""code_change(): the diff from the call that built the script's loader to gf.accelerate, on real source snippets."""
+
+import ast
+import textwrap
+
+import pytest
+
+from gpufeed.watch.advice import code_change, no_change_reason
+from gpufeed.watch.record import LoaderRecord
+
+
+def _loader(source: str | None) -> LoaderRecord:
+    return LoaderRecord(0, "DataLoader", "train.py:12", source, "CIFAR10", None, 256, 4, True, False, 2,
+                        "RandomSampler", False)  # fmt: skip
+
+
+def _added(diff: str) -> str:
+    return next(line[2:] for line in diff.splitlines() if line.startswith("+ "))
+
+
+def test_a_one_line_call_becomes_a_two_line_diff_keeping_batch_size_and_shuffle():
+    diff = code_change(_loader("DataLoader(train_ds, batch_size=256, shuffle=True, num_workers=4, pin_memory=True)"))
+    assert diff == (
+        "- DataLoader(train_ds, batch_size=256, shuffle=True, num_workers=4, pin_memory=True)\n"
+        "+ gf.accelerate(train_ds, batch_size=256, shuffle=True)"
+    )
+
+
+def test_a_multi_line_call_is_removed_line_by_line_and_its_arguments_kept_as_written():
+    source = textwrap.dedent(
+        """\
+        torch.utils.data.DataLoader(
+                datasets.ImageFolder(args.data, transform=train_tf),
+                batch_size=args.batch_size,
+                shuffle=True,
+                drop_last=True,
+                num_workers=args.workers,
+                persistent_workers=True,
+                prefetch_factor=4,
+                worker_init_fn=seed_worker,
+            )"""
+    )
+    diff = code_change(_loader(source))
+    removed = [line for line in diff.splitlines() if line.startswith("- ")]
+    assert len(removed) == 10 and removed[0] == "- torch.utils.data.DataLoader("
+    assert _added(diff) == (
+        "gf.accelerate(datasets.ImageFolder(args.data, transform=train_tf), batch_size=args.batch_size, "
+        "shuffle=True, drop_last=True)"
+    )
+
+
+def test_a_keyword_dataset_and_positional_batch_size_and_shuffle_are_read_by_position():
+    assert _added(code_change(_loader("DataLoader(dataset=ds, batch_size=64)"))) == (
+        "gf.accelerate(ds, batch_size=64, shuffle=False)"
+    )
+    assert _added(code_change(_loader("DataLoader(ds, 128, True, num_workers=2)"))) == (
+        "gf.accelerate(ds, batch_size=128, shuffle=True)"
+    )
+
+
+def test_dataloader_defaults_that_differ_from_accelerate_are_written_out():
+    # DataLoader's defaults: batch_size=1, shuffle=False; accelerate's: 256, True. The batches must stay the same.
+    assert _added(code_change(_loader("DataLoader(ds)"))) == "gf.accelerate(ds, batch_size=1, shuffle=False)"
+    assert _added(code_change(_loader("DataLoader(ds, batch_size=8, shuffle=None)"))) == (
+        "gf.accelerate(ds, batch_size=8, shuffle=False)"
+    )
+
+
+def test_a_variable_batch_size_and_an_expression_are_kept_as_their_source_text():
+    source = "DataLoader(train_set, batch_size=cfg['bs'] * world, shuffle=not args.no_shuffle, num_workers=n)"
+    assert _added(code_change(_loader(source))) == (
+        "gf.accelerate(train_set, batch_size=cfg['bs'] * world, shuffle=not args.no_shuffle)"
+    )
+
+
+def test_the_suggested_call_parses():
+    diff = code_change(_loader("DataLoader(\n    ds,\n    batch_size=32,  # per GPU\n    shuffle=True,\n)"))
+    ast.parse(_added(diff))  # a comment inside the call must not swallow the rest of the line
+    assert _added(diff) == "gf.accelerate(ds, batch_size=32, shuffle=True)"
+
+
+@pytest.mark.parametrize(
+    ("source", "why"),
+    [
+        ("DataLoader(ds, batch_size=32, sampler=DistributedSampler(ds))", "sampler="),
+        ("DataLoader(ds, batch_sampler=BucketSampler(ds, 32))", "batch_sampler="),
+        ("DataLoader(ds, batch_size=32, collate_fn=pad_collate)", "collate_fn="),
+        ("DataLoader(ds, 32, False, RandomSampler(ds))", "sampler="),
+        ("DataLoader(ds, **loader_kwargs)", "**kwargs"),
+        ("DataLoader(*args)", "*args"),
+        (None, "not readable"),
+        ("DataLoader(ds, batch_size=", "could be parsed"),
+    ],
+)
+def test_what_accelerate_cannot_take_as_is_gives_no_change_and_says_why(source, why):
+    loader = _loader(source)
+    assert code_change(loader) is None
+    assert why in no_change_reason(loader)
+
+
+def test_a_sampler_of_none_is_not_a_sampler():
+    loader = _loader("DataLoader(ds, batch_size=32, sampler=None, collate_fn=None)")
+    assert _added(code_change(loader)) == "gf.accelerate(ds, batch_size=32, shuffle=False)"
+    assert no_change_reason(loader) is None
+
+
+def test_an_argument_spanning_lines_with_a_comment_inside_is_rewritten_to_valid_code():
+    source = "DataLoader(\n    Subset(ds,  # the training part\n           idx),\n    batch_size=16,\n)"
+    added = _added(code_change(_loader(source)))
+    ast.parse(added)
+    assert added == "gf.accelerate(Subset(ds, idx), batch_size=16, shuffle=False)"
+
+
+def test_the_removed_lines_read_as_the_call_did_inside_an_indented_block():
+    # the hook's source text starts at the call; its continuation lines keep the file's indentation
+    source = "DataLoader(\n            train_ds,\n            batch_size=32,\n        )"
+    assert code_change(_loader(source)).splitlines() == [
+        "- DataLoader(",
+        "-     train_ds,",
+        "-     batch_size=32,",
+        "- )",
+        "+ gf.accelerate(train_ds, batch_size=32, shuffle=False)",
+    ]

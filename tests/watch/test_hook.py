@@ -1,0 +1,176 @@
+"""The hook in real subprocesses: a script run with watch/site first on its PYTHONPATH, its record read back."""
+
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpufeed.watch.record import LoaderRecord, ProcessRecord, read_records
+
+ROOT = Path(__file__).resolve().parents[2]
+SITE = ROOT / "src" / "gpufeed" / "watch" / "site"
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
+TRAIN = SCRIPTS / "hook_train.py"
+CALL_LINE = next(i for i, t in enumerate(TRAIN.read_text().splitlines(), 1) if t.strip() == "loader = cls(")
+
+
+def _env(watch_dir: Path | None, extra_path: list[Path] = (), **env: str) -> dict[str, str]:
+    out = {k: v for k, v in os.environ.items() if not k.startswith("GPUFEED_WATCH")}
+    paths = [str(SITE)] if watch_dir is not None else []
+    out["PYTHONPATH"] = os.pathsep.join(paths + [str(ROOT / "src")] + [str(p) for p in extra_path])
+    if watch_dir is not None:
+        out["GPUFEED_WATCH_DIR"] = str(watch_dir)
+    return out | env
+
+
+def _run(tmp_path: Path, *args: str, watch: bool = True, **env: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, str(TRAIN), *args]
+    environ = _env(tmp_path if watch else None, **env)
+    return subprocess.run(cmd, cwd=SCRIPTS, env=environ, capture_output=True, text=True, timeout=120)
+
+
+def _record(tmp_path: Path) -> ProcessRecord:
+    records = read_records(tmp_path)
+    assert len(records) == 1, [r.argv for r in records]
+    return records[0]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_loop_over_a_dataloader_is_recorded_with_its_configuration(tmp_path, workers):
+    done = _run(tmp_path, "--workers", str(workers), "--n", "60")
+    assert done.returncode == 0, done.stderr
+    rec = _record(tmp_path)
+    assert (rec.exit, rec.rank, rec.world_size, rec.device, rec.pid > 0) == ("finished", 0, 1, "cpu", True)
+    assert rec.argv[1:] == ["--workers", str(workers), "--n", "60"] and rec.notes == []
+    [loader] = rec.loaders
+    assert loader.built_at == f"hook_train.py:{CALL_LINE}"
+    assert (
+        loader.source
+        == "cls(\n        ds,\n        batch_size=8,\n        shuffle=True,\n        num_workers=a.workers,\n    )"
+    )
+    assert (loader.cls, loader.dataset, loader.transform) == ("DataLoader", "Points", "Compose( Scale(factor=2.0) )")
+    assert (loader.batch_size, loader.num_workers, loader.pin_memory, loader.persistent_workers) == (8, workers, 0, 0)
+    assert (loader.prefetch_factor, loader.sampler, loader.drop_last) == (2 if workers else None, "RandomSampler", 0)
+    # 60 samples in batches of 8: 7 of 8 and one of 4, for 2 epochs; one wait and one request per batch
+    assert loader.epochs == 2 and loader.samples == ([8] * 7 + [4]) * 2
+    assert len(loader.waits) == len(loader.requested) == 16 and all(w >= 0 for w in loader.waits)
+    assert loader.requested == sorted(loader.requested) and len(loader.steps()) == 15
+    assert loader.device_step_s is None
+    assert rec.cores >= 1 and rec.started <= rec.ended
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_the_scripts_results_are_the_same_with_and_without_the_hook(tmp_path, workers):
+    watched = _run(tmp_path, "--workers", str(workers))
+    plain = _run(tmp_path, "--workers", str(workers), watch=False)
+    assert watched.returncode == plain.returncode == 0, watched.stderr + plain.stderr
+    assert watched.stdout == plain.stdout and "batches" in plain.stdout and "step 15 loss" in plain.stdout
+    assert len(_record(tmp_path).loaders[0].waits) == 16
+
+
+def test_a_subclass_whose_iter_calls_super_is_counted_once(tmp_path):
+    done = _run(tmp_path, "--subclass", "--epochs", "1")
+    assert done.returncode == 0, done.stderr
+    [loader] = _record(tmp_path).loaders
+    assert (loader.cls, loader.epochs, len(loader.waits), sum(loader.samples)) == ("ShardLoader", 1, 8, 64)
+
+
+def test_the_steps_limit_stops_the_script_with_status_0(tmp_path):
+    done = _run(tmp_path, "--epochs", "3", GPUFEED_WATCH_STEPS="5")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1].startswith("step 4 loss")  # the 5 batches were trained on, then it stopped
+    rec = _record(tmp_path)
+    assert (rec.exit, len(rec.loaders[0].waits), rec.side) == ("stopped", 5, None)
+
+
+def test_a_crash_leaves_a_record_that_says_so(tmp_path):
+    done = _run(tmp_path, "--crash-at", "3")
+    assert done.returncode == 1 and "RuntimeError: boom at step 3" in done.stderr
+    rec = _record(tmp_path)
+    assert rec.exit == "crashed: RuntimeError: boom at step 3" and len(rec.loaders[0].waits) == 4
+
+
+def test_the_scripts_own_exit_status_is_kept(tmp_path):
+    done = _run(tmp_path, "--exit-code", "3")
+    assert done.returncode == 3, done.stderr
+    assert _record(tmp_path).exit == "finished"
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_mid_loop_leaves_a_record_and_the_default_ending(tmp_path, signum):
+    cmd = [sys.executable, str(TRAIN), "--forever", "--workers", "2"]
+    proc = subprocess.Popen(
+        cmd, cwd=SCRIPTS, env=_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        for line in proc.stdout:
+            if line.startswith("step 5 "):
+                break
+        proc.send_signal(signum)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == -signum or (signum == signal.SIGINT and "KeyboardInterrupt" in err), err
+    rec = _record(tmp_path)
+    assert rec.exit == "interrupted" and len(rec.loaders[0].waits) >= 6
+
+
+def test_a_users_own_sitecustomize_still_runs(tmp_path):
+    user = tmp_path / "user_site"
+    user.mkdir()
+    (user / "sitecustomize.py").write_text("import os\nos.environ['USER_SITE_RAN'] = 'yes'\n")
+    code = "import os, sitecustomize; print(os.environ.get('USER_SITE_RAN'), sitecustomize.__file__)"
+    for watch_dir in (tmp_path / "out", None):
+        env = _env(watch_dir, extra_path=[user])
+        done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+        assert done.stdout.split() == ["yes", str(user / "sitecustomize.py")], done.stderr
+
+
+def test_a_script_without_torch_never_imports_it_and_still_writes_a_record(tmp_path):
+    code = "import sys; print('torch' in sys.modules, 'gpufeed' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], env=_env(tmp_path), capture_output=True, text=True, timeout=60)
+    assert done.stdout.split() == ["False", "False"], done.stderr
+    rec = _record(tmp_path)
+    assert (rec.loaders, rec.exit, rec.argv) == ([], "finished", ["-c"])
+
+
+def test_the_sampler_names_the_workers_cpu_apart_and_no_nvml_means_no_gpu(tmp_path):
+    done = _run(tmp_path, "--workers", "2", "--epochs", "1", "--busy", "0.05")  # 64 x 50 ms in 2 workers: ~1.6 s
+    assert done.returncode == 0, done.stderr
+    rec = _record(tmp_path)
+    assert len(rec.cpu) >= 4 and all(len(s) == 3 for s in rec.cpu)
+    assert [t for t, _, _ in rec.cpu] == sorted(t for t, _, _ in rec.cpu)
+    assert max(children for _, _, children in rec.cpu) > 50  # the workers spin: their CPU, not the main process's
+    if importlib.util.find_spec("pynvml") is None:
+        assert rec.gpu == []
+
+
+def test_a_record_survives_json():
+    loader = LoaderRecord(
+        0,
+        "DataLoader",
+        "t.py:3",
+        "DataLoader(ds)",
+        "Points",
+        None,
+        8,
+        0,
+        False,
+        False,
+        None,
+        "SequentialSampler",
+        False,
+        epochs=1,
+        requested=[0.1, 0.2],
+        waits=[0.01, 0.02],
+        samples=[8, 8],
+    )
+    rec = ProcessRecord(0, 1, 7, ["t.py"], "cpu", 1.0, 2.0, "finished", [loader], [(0.2, 90.0, 10.0)], 2, [])
+    back = ProcessRecord.from_json(rec.to_json())
+    assert back == rec and json.loads(rec.to_json())["loaders"][0]["samples"] == [8, 8]
+    assert back.loaders[0].steps() == pytest.approx([0.2 - 0.11])

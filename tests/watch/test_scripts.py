@@ -1,0 +1,319 @@
+"""``gpufeed diagnose -- CMD`` end to end: real training scripts (tests/watch/scripts/) run through the command line
+in a subprocess, unchanged. Each test checks the verdict, the loader as found, and that the script printed the same
+results (losses, batches seen) as when run without gpufeed."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import re
+import signal
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fakes import image_folder
+
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
+TIMEOUT = 300  # seconds; the runs take a few: a hang must fail, not stall the suite
+QUICK = ("--steps", "0", "--no-side")  # let the script finish, no side measurement
+# One thread per process: two cores are shared by the tests, and a thread pool waiting on a descheduled thread
+# makes a step's time noise rather than work. Both the plain and the diagnosed runs get it.
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "GPUFEED_WATCH_SIDE_SECONDS": "8"}
+# found anywhere in the output: torchrun's ranks share one pipe, and an unbuffered print writes its line and its
+# newline apart, so one rank's line can land inside another's
+RESULT = re.compile(r"(?:rank \d+ )?(?:step \d+ loss -?\d+\.\d{6}|batches seen \d+)")
+
+
+def _results(stdout: str) -> list[str]:
+    """What the script printed about its training (not the report, nor libraries' messages)."""
+    return RESULT.findall(stdout)
+
+
+@functools.cache
+def _plain(*cmd: str) -> tuple[str, ...]:
+    """The script's results run without gpufeed (once per command in a test session)."""
+    run = subprocess.run(list(cmd), capture_output=True, text=True, timeout=TIMEOUT, env=ENV)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return tuple(_results(run.stdout))
+
+
+def _diagnose(out: Path, cmd: list[str], options: tuple[str, ...] = QUICK) -> tuple[subprocess.CompletedProcess, dict]:
+    """``gpufeed diagnose OPTIONS --out OUT -- CMD``, and the report it saved (empty if none)."""
+    argv = [sys.executable, "-m", "gpufeed", "diagnose", *options, "--out", str(out), "--", *cmd]
+    run = subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT, env=ENV)
+    saved = out / "report.json"
+    return run, json.loads(saved.read_text()) if saved.exists() else {}
+
+
+def _python(script: str, *args: str) -> list[str]:
+    return [sys.executable, str(SCRIPTS / script), *args]
+
+
+def _main(report: dict) -> dict:
+    [main] = [loader for loader in report["loaders"] if loader["main"]]
+    return main
+
+
+def _line_of(script: str, text: str) -> int:
+    lines = (SCRIPTS / script).read_text().splitlines()
+    return next(i for i, line in enumerate(lines, 1) if text in line)
+
+
+def _unchanged(run: subprocess.CompletedProcess, cmd: list[str]) -> list[str]:
+    """The diagnosed run printed what the plain run printed; returns those results."""
+    plain = list(_plain(*cmd))
+    assert _results(run.stdout) == plain and plain[-1].startswith("batches seen"), run.stdout[-3000:]
+    return plain
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """64 PNGs of 160 to 232 pixels a side in two classes: decoding and the recipe cost more than the tiny model."""
+    root = tmp_path_factory.mktemp("folder") / "train"
+    image_folder(root, [(160 + 8 * (i % 10), 168 + 8 * (i % 7)) for i in range(64)])
+    return root
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_an_image_folder_with_the_imagenet_recipe_is_data_bound_and_found_as_built(tmp_path, folder, workers):
+    cmd = _python("imagenet_folder.py", str(folder), "--workers", str(workers))
+    run, report = _diagnose(tmp_path, cmd)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert _unchanged(run, cmd)[-1] == "batches seen 8"  # 64 images in batches of 16, 2 epochs
+    assert report["verdict"] == "data-bound" and report["data_wait_fraction"] >= 0.25
+    main = _main(report)
+    assert main["built_at"].endswith(f"imagenet_folder.py:{_line_of('imagenet_folder.py', 'DataLoader(')}")
+    assert (main["cls"], main["dataset"], main["batch_size"], main["num_workers"]) == (
+        "DataLoader",
+        "ImageFolder",
+        16,
+        workers,
+    )
+    assert (main["sampler"], main["pin_memory"], main["persistent_workers"], main["batches"], main["epochs"]) == (
+        "RandomSampler",
+        False,
+        False,
+        8,
+        2,
+    )
+    for op in ("RandomResizedCrop(size=(32, 32)", "RandomHorizontalFlip", "ToTensor", "Normalize"):
+        assert op in main["transform"]
+    assert report["code_change"] == (
+        "- DataLoader(train_ds, batch_size=args.batch_size, shuffle=True, num_workers=args.workers)\n"
+        "+ gf.accelerate(train_ds, batch_size=args.batch_size, shuffle=True)"
+    )
+    assert "verdict: data-bound" in run.stdout and (tmp_path / "report.md").exists()
+    assert (tmp_path / "timeline.png").stat().st_size > 0
+
+
+def _write_mnist(root: Path, n: int) -> None:
+    """``root/MNIST/raw`` in the real idx format (what torchvision downloads, uncompressed): ``n`` random images."""
+    raw = root / "MNIST" / "raw"
+    raw.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for split in ("train", "t10k"):
+        images = rng.integers(0, 256, (n, 28, 28), dtype=np.uint8)
+        labels = rng.integers(0, 10, n, dtype=np.uint8)
+        (raw / f"{split}-images-idx3-ubyte").write_bytes(struct.pack(">IIII", 2051, n, 28, 28) + images.tobytes())
+        (raw / f"{split}-labels-idx1-ubyte").write_bytes(struct.pack(">II", 2049, n) + labels.tobytes())
+
+
+def test_the_mnist_example_loop_is_data_bound_with_its_dataset_and_transform_found(tmp_path):
+    _write_mnist(tmp_path / "data", 512)
+    cmd = _python("mnist_loop.py", str(tmp_path / "data"))
+    run, report = _diagnose(tmp_path / "out", cmd)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert _unchanged(run, cmd)[-1] == "batches seen 16"
+    assert report["verdict"] == "data-bound"
+    main = _main(report)
+    assert (main["dataset"], main["batch_size"], main["num_workers"], main["sampler"]) == (
+        "MNIST",
+        64,
+        0,
+        "RandomSampler",
+    )
+    assert "ToTensor()" in main["transform"] and "Normalize(mean=(0.1307,), std=(0.3081,))" in main["transform"]
+
+
+def test_a_known_wait_fraction_is_measured_within_ten_points(tmp_path):
+    # 4 samples of 10 ms a batch, a step of 40 ms: half the time waiting for data
+    batch, sample_s, step_s = 4, 0.01, 0.04
+    args = ("--batch-size", str(batch), "--sample-s", str(sample_s), "--step-s", str(step_s))
+    cmd = _python("slow_transform.py", *args)
+    run, report = _diagnose(tmp_path, cmd)
+    assert run.returncode == 0, run.stderr[-3000:]
+    _unchanged(run, cmd)
+    truth = batch * sample_s / (batch * sample_s + step_s)
+    assert report["verdict"] == "data-bound"
+    assert abs(report["data_wait_fraction"] - truth) < 0.10, (report["data_wait_fraction"], truth)
+    assert _main(report)["transform"] == f"Sleep({sample_s})"
+
+
+def test_a_loop_with_instant_data_and_a_long_step_is_compute_bound(tmp_path):
+    cmd = _python("compute_bound.py")
+    run, report = _diagnose(tmp_path, cmd)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert _unchanged(run, cmd)[-1] == "batches seen 16"
+    assert report["verdict"] == "compute-bound" and report["data_wait_fraction"] < 0.1
+    main = _main(report)
+    assert (main["dataset"], main["batch_size"], main["drop_last"], main["batches"]) == ("TensorDataset", 32, True, 16)
+
+
+def test_the_steps_limit_stops_the_script_after_that_many_batches_with_status_0(tmp_path):
+    cmd = _python("compute_bound.py")
+    run, report = _diagnose(tmp_path, cmd, ("--steps", "5", "--no-side"))
+    assert run.returncode == 0, run.stderr[-3000:]
+    # stopped at its request for a 6th batch: 5 trained on, as without gpufeed, and no more
+    assert _results(run.stdout) == list(_plain(*cmd))[:5]
+    assert report["exit"] == "stopped" and _main(report)["batches"] == 5
+
+
+def test_a_crash_at_step_5_still_reports_what_was_measured_and_keeps_the_status(tmp_path):
+    cmd = _python("compute_bound.py", "--crash-at", "5")
+    run, report = _diagnose(tmp_path, cmd)
+    assert run.returncode == 1
+    assert "RuntimeError: diverged at step 5" in run.stderr  # the script's traceback still shows
+    assert _results(run.stdout) == list(_plain(*_python("compute_bound.py")))[:5]
+    assert report["exit"] == "crashed: RuntimeError: diverged at step 5"
+    assert report["verdict"] == "compute-bound" and _main(report)["batches"] == 6  # the 6th was fetched, then raised
+
+
+def test_a_script_without_a_dataloader_says_no_loader_was_found(tmp_path):
+    cmd = _python("no_loader.py")
+    run, report = _diagnose(tmp_path, cmd)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert _unchanged(run, cmd)[-1] == "batches seen 8"
+    assert report["verdict"] == "no loader found" and report["loaders"] == []
+    assert "no loader found" in run.stdout
+
+
+def test_time_limit_interrupts_the_script_and_reports(tmp_path):
+    cmd = _python("compute_bound.py", "--epochs", "1000")
+    run, report = _diagnose(tmp_path, cmd, ("--time", "4", "--no-side"))
+    assert run.returncode == 0, run.stderr[-3000:]  # gpufeed stopped it
+    assert "--time 4 s reached" in run.stderr
+    assert report["exit"] == "interrupted" and report["verdict"] == "compute-bound"
+    assert _results(run.stdout)[:3] == list(_plain(*_python("compute_bound.py")))[:3]
+
+
+def test_ctrl_c_reaches_the_script_and_the_report_is_still_made(tmp_path):
+    # As at a terminal: the interrupt goes to the whole process group (gpufeed and the script).
+    cmd = _python("compute_bound.py", "--epochs", "1000")
+    argv = [sys.executable, "-m", "gpufeed", "diagnose", *QUICK, "--out", str(tmp_path), "--", *cmd]
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV, start_new_session=True
+    )
+    assert proc.stdout is not None
+    for line in proc.stdout:  # wait for the training to be under way
+        if line.startswith("step 3 "):
+            break
+    os.killpg(proc.pid, signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=TIMEOUT)
+    assert proc.returncode == 128 + signal.SIGINT, stderr[-3000:]  # the script's own status: killed by SIGINT
+    assert "interrupted; waiting for the script" in stderr
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["exit"] == "interrupted" and _main(report)["batches"] >= 4
+    assert "verdict: compute-bound" in stdout
+
+
+def test_the_suggested_change_applied_to_a_copy_of_the_script_still_trains(tmp_path, folder):
+    script = SCRIPTS / "imagenet_folder.py"
+    cmd = _python("imagenet_folder.py", str(folder), "--workers", "2")
+    run, report = _diagnose(tmp_path / "out", cmd, ("--steps", "0"))  # with the side measurement
+    assert run.returncode == 0, run.stderr[-3000:]
+    _unchanged(run, cmd)
+    old, new = report["code_change"].splitlines()
+    assert old.startswith("- DataLoader(") and new.startswith("+ gf.accelerate(")
+    text = script.read_text()
+    assert text.count(old[2:]) == 1
+    copy = tmp_path / "train_accelerated.py"
+    lines = text.replace(old[2:], new[2:]).splitlines(keepends=True)
+    first = next(
+        i for i, line in enumerate(lines) if line.startswith(("import ", "from ")) and "__future__" not in line
+    )
+    copy.write_text("".join([*lines[:first], "import gpufeed as gf\n", *lines[first:]]))
+    done = subprocess.run(
+        [sys.executable, str(copy), str(folder), "--workers", "2"],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=TIMEOUT,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    losses = [float(line.split()[-1]) for line in _results(done.stdout) if line.startswith("step ")]
+    assert _results(done.stdout)[-1] == "batches seen 8" and len(losses) == 8
+    assert all(np.isfinite(losses))
+
+
+@pytest.mark.slow
+def test_a_lightning_fit_script_is_data_bound_and_its_loader_found_in_train_dataloader(tmp_path):
+    pytest.importorskip("lightning")
+    cmd = _python("lightning_fit.py")
+    run, report = _diagnose(tmp_path, cmd)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert _unchanged(run, cmd)[-1] == "batches seen 16"
+    assert report["verdict"] == "data-bound"
+    main = _main(report)
+    line = _line_of("lightning_fit.py", "return DataLoader(")
+    assert main["built_at"].endswith(f"lightning_fit.py:{line}")
+    assert (main["dataset"], main["batch_size"], main["num_workers"], main["batches"]) == ("SlowFeatures", 8, 0, 16)
+
+
+def test_an_accelerate_script_is_data_bound_and_its_prepared_loader_found(tmp_path):
+    pytest.importorskip("accelerate")
+    cmd = _python("accelerate_loop.py")
+    run, report = _diagnose(tmp_path, cmd)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert _unchanged(run, cmd)[-1] == "batches seen 16"
+    assert report["verdict"] == "data-bound"
+    main = _main(report)  # the loader Accelerate prepared (the one iterated), built on the line that prepared it
+    assert main["built_at"].endswith(f"accelerate_loop.py:{_line_of('accelerate_loop.py', 'accelerator.prepare(')}")
+    assert (main["dataset"], main["batch_size"], main["num_workers"], main["batches"]) == ("SlowFeatures", 8, 0, 16)
+    # the script's own loader is listed too, never iterated
+    [own] = [loader for loader in report["loaders"] if not loader["main"]]
+    assert (own["batches"], own["sampler"]) == (0, "RandomSampler")
+
+
+@pytest.mark.slow
+def test_two_torchrun_ranks_on_gloo_are_both_measured_and_the_slowest_named(tmp_path):
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    cmd = [*torchrun, str(SCRIPTS / "ddp_gloo.py")]
+    run, report = _diagnose(tmp_path, cmd)
+    assert run.returncode == 0, run.stderr[-3000:]
+    plain = list(_plain(*cmd))
+    for rank in (0, 1):  # the ranks' lines interleave differently from run to run; each rank's are in order
+        mine = [line for line in plain if line.startswith(f"rank {rank} ")]
+        assert [line for line in _results(run.stdout) if line.startswith(f"rank {rank} ")] == mine
+        assert mine[-1] == f"rank {rank} batches seen 8"  # 64 samples, 2 ranks, batches of 8, 2 epochs
+    assert report["world_size"] == 2 and [r["rank"] for r in report["ranks"]] == [0, 1]
+    assert report["slowest_rank"] == 1 and report["verdict"] == "data-bound"
+    main = _main(report)
+    assert (main["sampler"], main["batch_size"], main["batches"]) == ("DistributedSampler", 8, 16)
+
+
+def test_the_command_goes_after_a_double_dash_and_options_of_a_configuration_are_refused(capsys):
+    from gpufeed.cli.main import main
+
+    assert main(["diagnose", "python", "train.py"]) == 2
+    assert "put the command to diagnose after --, as in gpufeed diagnose -- python train.py" in capsys.readouterr().err
+    assert main(["diagnose", "--num-workers", "2", "--", "python", "train.py"]) == 2
+    assert "--num-workers is an option of a gpufeed train configuration" in capsys.readouterr().err
+    assert main(["diagnose", "--time", "3"]) == 2
+    assert "--time goes with a command to diagnose" in capsys.readouterr().err
+    assert main(["diagnose", "--"]) == 2
+    assert "nothing after --" in capsys.readouterr().err
+
+
+def test_a_command_that_runs_no_python_keeps_its_status_and_says_nothing_was_measured(tmp_path, capsys):
+    from gpufeed.cli.main import main
+
+    assert main(["diagnose", "--out", str(tmp_path), "--", "false"]) == 1
+    assert "nothing was measured" in capsys.readouterr().err and not (tmp_path / "report.json").exists()
+    assert main(["diagnose", "--out", str(tmp_path), "--", str(tmp_path / "no-such-program")]) == 127
+    assert "cannot run" in capsys.readouterr().err

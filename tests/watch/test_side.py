@@ -1,0 +1,134 @@
+"""side_measurement(): gf.accelerate beside the script's own loader on a real CIFAR-10 dataset, the RNGs as found."""
+
+import random
+
+import numpy as np
+import pytest
+import torch
+import torchvision.transforms as T
+from torch.utils.data import DataLoader, Dataset
+
+from gpufeed.watch.side import side_measurement, subset_size
+
+from fakes import cifar_like
+
+CIFAR_TF = T.Compose(
+    [T.RandomCrop(32, padding=4), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize([0.5] * 3, [0.25] * 3)]
+)
+
+
+def _rng_states():
+    return torch.get_rng_state(), np.random.get_state(), random.getstate()
+
+
+def _assert_same_rng(before):
+    torch_state, np_state, py_state = before
+    assert torch.equal(torch.get_rng_state(), torch_state)
+    now = np.random.get_state()
+    assert now[0] == np_state[0] and np.array_equal(now[1], np_state[1]) and now[2:] == np_state[2:]
+    assert random.getstate() == py_state
+
+
+def test_a_per_sample_pil_pipeline_is_accelerated_and_both_rates_are_measured():
+    loader = DataLoader(cifar_like(1000, transform=CIFAR_TF), batch_size=64, shuffle=True, num_workers=0)
+    torch.manual_seed(7), np.random.seed(7), random.seed(7)
+    before = _rng_states()
+    out = side_measurement(loader, budget_s=10, device="cpu")
+    _assert_same_rng(before)
+    assert "error" not in out and "refused" not in out
+    assert out["samples"] == 384 and out["samples"] % 64 == 0 and out["batch_size"] == 64
+    assert "RandomCrop" in out["accelerate"]["plan"] and "RandomHorizontalFlip" in out["accelerate"]["plan"]
+    assert out["accelerate"]["img_s"] > 0 and out["accelerate"]["build_s"] > 0
+    assert out["script_loader"]["img_s"] > 0
+    assert out["script_loader"]["settings"] == {
+        "batch_size": 64,
+        "shuffle": True,
+        "num_workers": 0,
+        "pin_memory": False,
+        "drop_last": False,
+    }
+    assert out["seconds"] < 20
+
+
+def test_an_opaque_lambda_is_refused_and_tuned_dataloader_settings_are_given_instead():
+    tf = T.Compose([T.ToTensor(), T.Lambda(lambda x: x * 2 - 1)])
+    loader = DataLoader(cifar_like(600, transform=tf), batch_size=32, shuffle=False)
+    before = _rng_states()
+    out = side_measurement(loader, budget_s=4, device="cpu")
+    _assert_same_rng(before)
+    assert "accelerate" not in out
+    assert out["refused"]["error"] == "UnsupportedTransformError" and "Lambda" in out["refused"]["reason"]
+    assert "num_workers" in out["tuned"]["kwargs"] and "batch_size" not in out["tuned"]["kwargs"]
+    assert out["tuned"]["img_s"] > 0 and out["tuned"]["budget_s"] <= 15
+    assert out["script_loader"]["img_s"] > 0
+
+
+def test_the_script_draws_the_same_batches_after_the_measurement_as_without_it():
+    loader = DataLoader(cifar_like(256, transform=CIFAR_TF), batch_size=32, shuffle=True)
+    torch.manual_seed(3)
+    side_measurement(loader, budget_s=5, device="cpu")
+    after = next(iter(loader))
+    torch.manual_seed(3)
+    untouched = next(iter(loader))
+    assert torch.equal(after[0], untouched[0]) and torch.equal(after[1], untouched[1])
+
+
+class _Broken(Dataset):
+    def __len__(self):
+        return 100
+
+    def __getitem__(self, i):
+        raise OSError(f"cannot read sample {i}")
+
+
+def test_a_failure_becomes_an_error_entry_and_the_rngs_are_still_restored():
+    before = _rng_states()
+    out = side_measurement(DataLoader(_Broken(), batch_size=10), budget_s=3, device="cpu")
+    assert "cannot read sample" in out["error"]
+    _assert_same_rng(before)
+
+
+def test_a_loader_without_a_batch_size_is_reported_not_raised():
+    out = side_measurement(DataLoader(cifar_like(16), batch_size=None), budget_s=3, device="cpu")
+    assert "batch_size=None" in out["error"]
+
+
+def test_workers_are_kept_between_passes_and_the_note_says_so():
+    loader = DataLoader(cifar_like(512, transform=CIFAR_TF), batch_size=64, num_workers=1)
+    out = side_measurement(loader, budget_s=10, device="cpu")
+    assert out["script_loader"]["settings"]["num_workers"] == 1
+    assert out["script_loader"]["settings"]["persistent_workers"] is False  # the script's, as found
+    assert any("start-up not counted" in n for n in out["notes"])
+
+
+@pytest.mark.parametrize(
+    ("n", "batch", "workers", "expected"),
+    [(50_000, 256, 0, 512), (50_000, 256, 4, 2048), (50_000, 32, 0, 384), (50_000, 1000, 16, 8000), (100, 64, 0, 64),
+     (20, 64, 0, 20)],
+)  # fmt: skip
+def test_the_subset_is_whole_batches_at_least_two_when_the_data_allows(n, batch, workers, expected):
+    assert subset_size(n, batch, workers) == expected
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_the_gpu_the_cuda_rng_is_restored_and_accelerate_batches_on_the_device():
+    torch.zeros(1, device="cuda")  # the script initialised CUDA
+    torch.cuda.manual_seed_all(11)
+    cuda_before, before = torch.cuda.get_rng_state_all(), _rng_states()
+    loader = DataLoader(cifar_like(1000, transform=CIFAR_TF), batch_size=64, shuffle=True, pin_memory=True)
+    out = side_measurement(loader, budget_s=15, device="cuda")
+    _assert_same_rng(before)
+    assert all(torch.equal(a, b) for a, b in zip(torch.cuda.get_rng_state_all(), cuda_before, strict=True))
+    assert out["device"].startswith("cuda") and "refused" not in out
+    assert out["accelerate"]["img_s"] > out["script_loader"]["img_s"] > 0
+
+
+def test_a_distributed_sampler_becomes_a_shuffled_pass_over_the_whole_subset_in_one_process():
+    from torch.utils.data.distributed import DistributedSampler
+
+    ds = cifar_like(512, transform=CIFAR_TF)
+    loader = DataLoader(ds, batch_size=64, sampler=DistributedSampler(ds, num_replicas=2, rank=1, shuffle=True))
+    out = side_measurement(loader, budget_s=8, device="cpu")
+    assert out["script_loader"]["settings"]["shuffle"] is True and "accelerate" in out
+    assert out["notes"] == ["the script's DistributedSampler is replaced by the samples shuffled, in one process"]

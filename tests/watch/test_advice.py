@@ -121,3 +121,20 @@ def test_the_removed_lines_read_as_the_call_did_inside_an_indented_block():
         "- )",
         "+ gf.accelerate(train_ds, batch_size=32, shuffle=False)",
     ]
+
+
+@pytest.mark.parametrize(
+    "source, inside",
+    [
+        ("accelerator.prepare(model, optimizer, train_dataloader)", "accelerator.prepare"),
+        ("trainer.fit(model, datamodule=dm)", "trainer.fit"),
+        ("fabric.setup_dataloaders(train_loader)", "fabric.setup_dataloaders"),
+    ],
+)
+def test_a_loader_built_inside_a_library_call_gets_no_rewrite_of_that_call(source, inside):
+    # Accelerate and Lightning build the loader the script iterates from one the script made: rewriting their call
+    # as gf.accelerate(model, batch_size=optimizer, ...) would be nonsense
+    from gpufeed.watch.advice import _rewrite
+
+    change, reason = _rewrite(source)
+    assert change is None and f"built inside `{inside}(...)`" in reason and "replace that DataLoader(...)" in reason

@@ -174,3 +174,22 @@ def test_a_record_survives_json():
     back = ProcessRecord.from_json(rec.to_json())
     assert back == rec and json.loads(rec.to_json())["loaders"][0]["samples"] == [8, 8]
     assert back.loaders[0].steps() == pytest.approx([0.2 - 0.11])
+
+
+def test_only_training_batches_count_toward_the_stop_and_an_evaluation_pass_is_not_the_main_loader(tmp_path):
+    # 4 training batches an epoch, then 12 evaluation batches under no_grad: --steps 6 stops at the 7th training
+    # request (in the second epoch), although the evaluation loader served 12 batches by then
+    from gpufeed.watch.analyse import report
+
+    script = SCRIPTS / "hook_eval.py"
+    env = _env(tmp_path, GPUFEED_WATCH_STEPS="6", GPUFEED_WATCH_SIDE="0")
+    done = subprocess.run(
+        [sys.executable, str(script)], cwd=SCRIPTS, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [w for k in range(6) for w in ("train", str(k))]
+    rec = _record(tmp_path)
+    train, evaluation = rec.loaders
+    assert rec.exit == "stopped" and (train.batches, evaluation.batches) == (6, 12)
+    assert train.grad == [True] * 6 and evaluation.grad == [False] * 12
+    assert report([rec]).loaders[0].built_at == train.built_at  # the main loader: the training one

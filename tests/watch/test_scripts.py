@@ -278,6 +278,9 @@ def test_an_accelerate_script_is_data_bound_and_its_prepared_loader_found(tmp_pa
     # the script's own loader is listed too, never iterated
     [own] = [loader for loader in report["loaders"] if not loader["main"]]
     assert (own["batches"], own["sampler"]) == (0, "RandomSampler")
+    assert main["sampler"] == "RandomSampler"  # the order Accelerate's shard serves: the script's sampler
+    # no rewrite of accelerator.prepare(...): the DataLoader(...) the script passes to it is the one to change
+    assert report["code_change"] is None and "built inside `accelerator.prepare(...)`" in report["no_change_reason"]
 
 
 @pytest.mark.slow

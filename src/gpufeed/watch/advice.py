@@ -59,23 +59,31 @@ def code_change(loader: LoaderRecord) -> str | None:
     None when the source is unknown or the call passes what accelerate cannot take as is:
     :func:`no_change_reason` then says why.
     """
-    change, _ = _rewrite(loader.source)
+    change, _ = _rewrite(loader.source, loader.cls)
     return change
 
 
 def no_change_reason(loader: LoaderRecord) -> str | None:
     """Why :func:`code_change` suggests nothing for ``loader`` (None when it suggests a change)."""
-    _, reason = _rewrite(loader.source)
+    _, reason = _rewrite(loader.source, loader.cls)
     return reason
 
 
-def _rewrite(source: str | None) -> tuple[str | None, str | None]:
-    """``(diff, None)`` or ``(None, why not)`` for the source text of a ``DataLoader(...)`` call."""
+def _rewrite(source: str | None, cls: str = "DataLoader") -> tuple[str | None, str | None]:
+    """``(diff, None)`` or ``(None, why not)`` for the source text of a ``DataLoader(...)`` call (or of the loader's
+    own class, ``cls``); any other call (``accelerator.prepare(...)``, ``trainer.fit(...)``, a subclass's
+    ``super().__init__(...)``) built the loader from one the script made elsewhere: that one is the one to change."""
     if not source:
         return None, "the source of the call that built the loader was not readable"
     call = _parse_call(source)
     if call is None:
         return None, f"the loader was not built by a plain call that could be parsed: {_one_line(source)!r}"
+    callee = call.func.id if isinstance(call.func, ast.Name) else getattr(call.func, "attr", None)
+    if callee not in ("DataLoader", cls):
+        return None, (
+            f"the loader was built inside `{_one_line(_text(source, call.func))}(...)` from a DataLoader the script "
+            "made elsewhere: replace that DataLoader(...) with gf.accelerate(dataset, batch_size=..., shuffle=...)"
+        )
     if any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords):
         return None, "the call passes *args or **kwargs, whose contents are not in the source"
     if len(call.args) > len(_POSITIONAL):

@@ -1,8 +1,10 @@
 """The report of a watched script: its records read as ``gf.diagnose`` reads a loop, with the fix measured.
 
-The main loader is the one that served the most batches (over all ranks: a loader is the same on every rank when
-its creation order and call site are). Its batches after the first (whose wait includes the workers' start-up)
-and before the last (no step follows it) give the verdict, by :mod:`gpufeed.diagnose`'s rules and thresholds:
+The main loader is the training loader: the one that served the most batches asked for with autograd on (an
+evaluation loop runs under no_grad or inference_mode), else the most batches (over all ranks: a loader is the same
+on every rank when its creation order and call site are). Its batches after the first (whose wait includes the
+workers' start-up) and before the last (no step follows it) give the verdict, by :mod:`gpufeed.diagnose`'s rules
+and thresholds:
 
 - ``"data-bound"``: at least :data:`~gpufeed.diagnose.DATA_BOUND_FRACTION` of the wall time waiting in ``next()``;
 - ``"launch-bound"``: otherwise, with NVML's GPU utilisation under :data:`~gpufeed.diagnose.LAUNCH_BOUND_BUSY`
@@ -172,7 +174,12 @@ def report(records: list[ProcessRecord]) -> WatchReport:
     if not any(ld.batches for found in keys.values() for _, ld in found):
         out.loaders = [_summary(found, False) for found in keys.values()]
         return out
-    main_key = max(keys, key=lambda k: sum(ld.batches for _, ld in keys[k]))
+    # the training loader: most batches asked for with autograd on (an evaluation pass, under no_grad or
+    # inference_mode, can serve more); most batches of all where none was
+    main_key = max(
+        keys,
+        key=lambda k: (sum(ld.training_batches for _, ld in keys[k]), sum(ld.batches for _, ld in keys[k])),
+    )
     out.loaders = [_summary(keys[main_key], True)] + [_summary(f, False) for k, f in keys.items() if k != main_key]
     out.ranks = [_rank(rec, ld) for rec, ld in keys[main_key]]
     out.code_change, out.no_change_reason = _change(out.loaders[0], out.side)

@@ -18,7 +18,8 @@ script has initialised CUDA), and returns what ``next()`` returned. Its own erro
 record, never raised into the script.
 
 The record is written at exit (``atexit``; a crash is read from ``sys.last_value``), on SIGINT/SIGTERM (then the
-previous handler runs), and at ``GPUFEED_WATCH_STEPS`` batches of one loader, where the process exits with status 0.
+previous handler runs), and at ``GPUFEED_WATCH_STEPS`` training batches of one loader (asked for with autograd on:
+an evaluation pass does not count), where the process exits with status 0.
 """
 
 from __future__ import annotations
@@ -197,7 +198,8 @@ def _patch(module: Any) -> None:
         if watched is None or state.paused:
             return next_(self)
         rec = watched.record
-        if state.steps and len(rec.waits) >= state.steps:
+        grad = state.torch.is_grad_enabled()  # a training loop's request; an evaluation loop runs without autograd
+        if state.steps and grad and rec.training_batches >= state.steps:
             _stop(watched)
         t0 = time.perf_counter()
         data = next_(self)
@@ -205,6 +207,7 @@ def _patch(module: Any) -> None:
         try:
             rec.requested.append(t0 - state.origin)
             rec.waits.append(t1 - t0)
+            rec.grad.append(grad)
             rec.samples.append(_samples(data, state.torch.Tensor))
             if state.cuda or _cuda_up(state):
                 event = state.torch.cuda.Event(enable_timing=True)
@@ -360,6 +363,8 @@ def _side(watched: _Watched | None) -> None:
     state = _state
     if state is None or not state.side or watched is None:
         return
+    if int(os.environ.get("RANK", "0") or 0) != 0:  # the report reads rank 0's; the others would compete for the cores
+        return
     loader = watched.loader()
     if loader is None:
         state.notes.append("side measurement not made: the loader no longer exists")
@@ -400,7 +405,7 @@ def _at_exit() -> None:
     elif state.exit is None and last is not None:
         state.exit = f"crashed: {type(last).__name__}: {last}"
     if state.exit is None:
-        main = max(state.watched, key=lambda w: len(w.record.waits), default=None)
+        main = max(state.watched, key=lambda w: (w.record.training_batches, w.record.batches), default=None)
         _side(main if main is not None and main.record.waits else None)
     if state.sampler is not None:
         state.sampler.stop()

@@ -45,11 +45,19 @@ class LoaderRecord:
     waits: list[float] = field(default_factory=list)  # per batch: host seconds inside next()
     samples: list[int] = field(default_factory=list)  # per batch: first dim of the first tensor found; 0 if none
     device_step_s: list[float] | None = None  # per batch on a GPU: CUDA event time between consecutive batches
+    # per batch: whether autograd was on when it was asked for (a training loop; an evaluation loop runs under
+    # no_grad / inference_mode, Lightning's validation included)
+    grad: list[bool] = field(default_factory=list)
 
     @property
     def batches(self) -> int:
         """How many batches this loader served."""
         return len(self.waits)
+
+    @property
+    def training_batches(self) -> int:
+        """How many of them were asked for with autograd on (records without ``grad``: all of them)."""
+        return sum(self.grad) if len(self.grad) == len(self.waits) else len(self.waits)
 
     def steps(self) -> list[float]:
         """The host time between a batch's return and the next request, per consecutive pair of batches."""

@@ -391,9 +391,10 @@ def diagnose_script(c: Check) -> dict:
     script = c.out / "diagnosed_train.py"
     script.write_text(_DIAGNOSED_SCRIPT)
     out = c.out / "diagnose"
-    n, workers, steps = ("2048", "2", "12") if c.small else ("20000", "4", "60")
+    n, workers, steps = ("1024", "0", "6") if c.small else ("20000", "4", "60")
     cmd = [sys.executable, "-m", "gpufeed", "diagnose", "--steps", steps, "--out", str(out), "--"]
-    r = _run([*cmd, sys.executable, str(script), n, workers], timeout=LIMITS["diagnose_script"] - 5, cwd=ROOT)
+    env = {**os.environ, "GPUFEED_WATCH_SIDE_SECONDS": "4" if c.small else "20"}  # the rehearsal: the path, not figures
+    r = _run([*cmd, sys.executable, str(script), n, workers], timeout=LIMITS["diagnose_script"] - 5, cwd=ROOT, env=env)
     (c.out / "diagnose_stdout.txt").write_text(r.stdout + r.stderr)
     if not (out / "report.json").exists():
         return {"returncode": r.returncode, "error": (r.stdout + r.stderr)[-2000:]}

@@ -138,3 +138,21 @@ def test_a_loader_built_inside_a_library_call_gets_no_rewrite_of_that_call(sourc
 
     change, reason = _rewrite(source)
     assert change is None and f"built inside `{inside}(...)`" in reason and "replace that DataLoader(...)" in reason
+
+
+def test_a_stateful_dataloader_takes_dataloaders_arguments_and_a_subclass_with_its_own_init_does_not():
+    stateful = LoaderRecord(0, "StatefulDataLoader", "train.py:12", "StatefulDataLoader(ds, 64, True, num_workers=8)",
+                            "CIFAR10", None, 64, 8, False, False, 2, "RandomSampler", False,
+                            init_of="StatefulDataLoader")  # fmt: skip
+    assert code_change(stateful) == (
+        "- StatefulDataLoader(ds, 64, True, num_workers=8)\n+ gf.accelerate(ds, batch_size=64, shuffle=True)"
+    )
+    own = LoaderRecord(0, "MyLoader", "train.py:12", "MyLoader(ds, 64, augment=True)", "CIFAR10", None, 64, 0, False,
+                       False, None, "RandomSampler", False, init_of="MyLoader")  # fmt: skip
+    assert code_change(own) is None
+    assert "a MyLoader, a DataLoader subclass with its own __init__: its arguments are its own" in no_change_reason(own)
+    plain_subclass = LoaderRecord(0, "MyLoader", "train.py:12", "MyLoader(ds, batch_size=64)", "CIFAR10", None, 64,
+                                  0, False, False, None, "SequentialSampler", False)  # fmt: skip
+    assert code_change(plain_subclass) == (  # DataLoader's __init__: DataLoader's arguments
+        "- MyLoader(ds, batch_size=64)\n+ gf.accelerate(ds, batch_size=64, shuffle=False)"
+    )

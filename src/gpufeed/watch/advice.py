@@ -59,20 +59,21 @@ def code_change(loader: LoaderRecord) -> str | None:
     None when the source is unknown or the call passes what accelerate cannot take as is:
     :func:`no_change_reason` then says why.
     """
-    change, _ = _rewrite(loader.source, loader.cls)
+    change, _ = _rewrite(loader.source, loader.cls, loader.init_of)
     return change
 
 
 def no_change_reason(loader: LoaderRecord) -> str | None:
     """Why :func:`code_change` suggests nothing for ``loader`` (None when it suggests a change)."""
-    _, reason = _rewrite(loader.source, loader.cls)
+    _, reason = _rewrite(loader.source, loader.cls, loader.init_of)
     return reason
 
 
-def _rewrite(source: str | None, cls: str = "DataLoader") -> tuple[str | None, str | None]:
+def _rewrite(source: str | None, cls: str = "DataLoader", init_of: str = "DataLoader") -> tuple[str | None, str | None]:
     """``(diff, None)`` or ``(None, why not)`` for the source text of a ``DataLoader(...)`` call (or of the loader's
-    own class, ``cls``); any other call (``accelerator.prepare(...)``, ``trainer.fit(...)``, a subclass's
-    ``super().__init__(...)``) built the loader from one the script made elsewhere: that one is the one to change."""
+    own class, ``cls``, when its ``__init__`` is DataLoader's or StatefulDataLoader's: ``init_of``); any other call
+    (``accelerator.prepare(...)``, ``trainer.fit(...)``) built the loader from one the script made elsewhere: that
+    one is the one to change."""
     if not source:
         return None, "the source of the call that built the loader was not readable"
     call = _parse_call(source)
@@ -83,6 +84,12 @@ def _rewrite(source: str | None, cls: str = "DataLoader") -> tuple[str | None, s
         return None, (
             f"the loader was built inside `{_one_line(_text(source, call.func))}(...)` from a DataLoader the script "
             "made elsewhere: replace that DataLoader(...) with gf.accelerate(dataset, batch_size=..., shuffle=...)"
+        )
+    if callee == cls and init_of not in ("DataLoader", "StatefulDataLoader"):
+        return None, (
+            f"the loader is a {cls}, a DataLoader subclass with its own __init__: its arguments are its own, not "
+            f"DataLoader's; replace {cls}(...) with gf.accelerate(dataset, batch_size=..., shuffle=...) if its "
+            "iteration adds nothing the training needs"
         )
     if any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords):
         return None, "the call passes *args or **kwargs, whose contents are not in the source"

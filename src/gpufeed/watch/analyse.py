@@ -70,6 +70,7 @@ class LoaderSummary:
     wait_fraction: float | None  # over the batches after the first (None: fewer than 3 batches)
     img_s: float | None  # samples per second through the loop, summed over ranks
     main: bool = False
+    init_of: str = "DataLoader"  # the class whose __init__ took the call's arguments (LoaderRecord.init_of)
 
     @property
     def name(self) -> str:
@@ -228,9 +229,10 @@ def _window(ld: LoaderRecord) -> _Window | None:
     n = ld.batches
     if n < _MIN_BATCHES:
         return None
-    steps = ld.steps()[1 : n - 1]
+    t = ld.timeline()
     dev = ld.device_step_s[1 : n - 1] if ld.device_step_s is not None and len(ld.device_step_s) >= n - 1 else None
-    return _Window(ld.waits[1 : n - 1], steps, sum(ld.samples[1 : n - 1]), ld.requested[1], ld.requested[n - 1], dev)
+    inner = slice(1, n - 1)  # after the first (start-up), before the last (no step follows it)
+    return _Window(t.waits[inner], t.steps[inner], sum(t.samples[inner]), t.requested[1], t.requested[n - 1], dev)
 
 
 def _summary(found: list[tuple[ProcessRecord, Any]], main: bool) -> LoaderSummary:
@@ -243,6 +245,7 @@ def _summary(found: list[tuple[ProcessRecord, Any]], main: bool) -> LoaderSummar
         batches=sum(other.batches for _, other in found), epochs=max(other.epochs for _, other in found),
         wait_fraction=sum(sum(w.waits) for w in windows) / wall if windows and wall > 0 else None,
         img_s=sum(w.samples / w.wall for w in windows if w.wall > 0) if windows else None, main=main,
+        init_of=ld.init_of,
     )  # fmt: skip
 
 
@@ -257,7 +260,7 @@ def _change(main: LoaderSummary, side: dict[str, Any] | None) -> tuple[str | Non
 def _as_record(s: LoaderSummary) -> LoaderRecord:
     return LoaderRecord(
         s.id, s.cls, s.built_at, s.source, s.dataset, s.transform, s.batch_size, s.num_workers, s.pin_memory,
-        s.persistent_workers, s.prefetch_factor, s.sampler, s.drop_last,
+        s.persistent_workers, s.prefetch_factor, s.sampler, s.drop_last, init_of=s.init_of,
     )  # fmt: skip
 
 

@@ -1,4 +1,4 @@
-"""What a ``DataLoader`` is, as the record shows it: its dataset, its transform and the call that built it.
+"""What a ``DataLoader`` is, as the record shows it: its dataset, its transform, its sampler, the call that built it.
 
 Example:
     >>> import torch
@@ -16,10 +16,13 @@ import re
 from types import FrameType
 from typing import Any
 
-__all__ = ["dataset_name", "transform_text", "where_built"]
+from .record import LoaderRecord
+
+__all__ = ["batch_samples", "dataset_name", "loader_record", "transform_text", "where_built"]
 
 # the frames skipped to find the line of the script that built a loader
-_LIBRARIES = {"torch", "lightning", "pytorch_lightning", "lightning_fabric", "accelerate", "gpufeed", "_gpufeed_watch"}
+_LIBRARIES = {"torch", "torchdata", "lightning", "pytorch_lightning", "lightning_fabric", "accelerate", "gpufeed"}
+_LIBRARIES.add("_gpufeed_watch")  # the hook's own frames, loaded under its private package name
 
 
 def dataset_name(dataset: Any) -> str:
@@ -43,12 +46,14 @@ def transform_text(dataset: Any) -> str | None:
 
 
 def where_built(
-    frame: FrameType | None, sources: dict[str, ast.AST | None], notes: list[str]
+    frame: FrameType | None, sources: dict[str, ast.AST | None], notes: list[str], loader: Any = None
 ) -> tuple[str | None, str | None]:
-    """``("train.py:42", "DataLoader(ds, batch_size=8)")``: the first frame outside the libraries, and its call."""
+    """``("train.py:42", "DataLoader(ds, batch_size=8)")``: the first frame outside the libraries and outside
+    ``loader``'s own ``__init__`` (a script's subclass calling ``super().__init__(...)``), and its call."""
     while frame is not None:
         module = str(frame.f_globals.get("__name__", "")).split(".")[0]
-        if module not in _LIBRARIES:
+        own_init = loader is not None and frame.f_code.co_name == "__init__" and frame.f_locals.get("self") is loader
+        if module not in _LIBRARIES and not own_init:
             break
         frame = frame.f_back
     if frame is None:
@@ -87,3 +92,61 @@ def _call_source(
         return None, line
     text = "".join(linecache.getlines(filename))
     return ast.get_source_segment(text, exact[0]), exact[0].lineno
+
+
+def loader_record(loader: Any, id: int, built_at: str | None, source: str | None) -> LoaderRecord:
+    """A new loader's record: its configuration as found on it (no batches yet)."""
+    batch_size = loader.batch_size
+    if batch_size is None:
+        batch_size = getattr(loader.batch_sampler, "batch_size", None)
+    return LoaderRecord(
+        id=id,
+        cls=type(loader).__name__,
+        built_at=built_at,
+        source=source,
+        dataset=dataset_name(loader.dataset),
+        transform=transform_text(loader.dataset),
+        batch_size=batch_size,
+        num_workers=int(loader.num_workers),
+        pin_memory=bool(loader.pin_memory),
+        persistent_workers=bool(loader.persistent_workers),
+        prefetch_factor=loader.prefetch_factor,
+        sampler=type(_order_sampler(loader)).__name__,
+        drop_last=bool(loader.drop_last),
+        init_of=_init_of(type(loader)),
+    )
+
+
+def batch_samples(data: Any, tensor: Any) -> int:
+    """The first dimension of the first tensor in a batch (a tensor, or nested tuples, lists and dicts)."""
+    for _ in range(4):
+        if isinstance(data, tensor):
+            return int(data.shape[0]) if data.dim() else 0
+        if isinstance(data, (list, tuple)) and data:
+            data = data[0]
+        elif isinstance(data, dict) and data:
+            data = next(iter(data.values()))
+        else:
+            return 0
+    return 0
+
+
+def _order_sampler(loader: Any) -> Any:
+    """The sampler that orders the batches: a ``batch_sampler=`` (Accelerate's shards wrap the script's) is followed
+    down to the sampler it batches; a plain loader's is its ``sampler``."""
+    batches = loader.batch_sampler
+    for _ in range(4):  # a wrapper of a wrapper (BatchSamplerShard over BatchSampler), never a loop
+        inner = getattr(batches, "batch_sampler", None)
+        if inner is None:
+            break
+        batches = inner
+    return getattr(batches, "sampler", None) or loader.sampler
+
+
+def _init_of(cls: type) -> str:
+    """The class whose ``__init__`` took the call's arguments: a subclass's own, or DataLoader's (the patched
+    ``__init__`` of DataLoader or StatefulDataLoader is defined on them)."""
+    for klass in cls.__mro__:
+        if "__init__" in vars(klass):
+            return klass.__name__
+    return cls.__name__

@@ -13,18 +13,21 @@ Example:
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["LoaderRecord", "ProcessRecord", "read_records", "record_name"]
+__all__ = ["LoaderRecord", "ProcessRecord", "Timeline", "read_records", "record_name"]
 
 
 @dataclass
 class LoaderRecord:
     """One ``DataLoader`` the script built, its configuration as found and one entry per batch it served.
 
-    The step (compute) time between batches ``k`` and ``k + 1`` is ``requested[k+1] - (requested[k] + waits[k])``.
+    The lists are in the order the batches came back; :meth:`timeline` puts them in the order they were asked for
+    and gives the step (compute) time between them: ``requested[k+1] - (requested[k] + waits[k])`` for one
+    iterator at a time.
     """
 
     id: int  # order of creation in the process
@@ -48,6 +51,9 @@ class LoaderRecord:
     # per batch: whether autograd was on when it was asked for (a training loop; an evaluation loop runs under
     # no_grad / inference_mode, Lightning's validation included)
     grad: list[bool] = field(default_factory=list)
+    # the class whose __init__ took the call's arguments: DataLoader's (StatefulDataLoader's are the same), or a
+    # subclass's own, whose arguments the code change cannot map to gf.accelerate's
+    init_of: str = "DataLoader"
 
     @property
     def batches(self) -> int:
@@ -59,10 +65,44 @@ class LoaderRecord:
         """How many of them were asked for with autograd on (records without ``grad``: all of them)."""
         return sum(self.grad) if len(self.grad) == len(self.waits) else len(self.waits)
 
+    def timeline(self) -> Timeline:
+        """The batches in the order they were asked for, each wait counted once in time.
+
+        One iterator at a time asks for a batch only after the last came back: the waits are the waits, the steps
+        the gaps between them. Two iterators at once (one in a thread, or two epochs interleaved) can wait at the
+        same time: a wait counts only for its time not already spent waiting for an earlier request, and a step
+        is the time from the last return so far to the next request, 0 while a request was pending. The waits
+        then sum to the time the script spent with a batch asked for and not yet served, never over the wall.
+        """
+        order = sorted(range(len(self.waits)), key=self.requested.__getitem__)
+        requested: list[float] = []
+        waits: list[float] = []
+        steps: list[float] = []
+        samples: list[int] = []
+        served = -math.inf  # when the latest return so far happened
+        for k in order:
+            start, end = self.requested[k], self.requested[k] + self.waits[k]
+            if requested:
+                steps.append(max(0.0, start - served))
+            requested.append(start)
+            waits.append(max(0.0, end - max(start, served)))
+            samples.append(self.samples[k] if k < len(self.samples) else 0)
+            served = max(served, end)
+        return Timeline(requested, waits, steps, samples)
+
     def steps(self) -> list[float]:
-        """The host time between a batch's return and the next request, per consecutive pair of batches."""
-        r, w = self.requested, self.waits
-        return [r[k + 1] - (r[k] + w[k]) for k in range(len(w) - 1)]
+        """The host time between a batch's return and the next request, per consecutive pair (see :meth:`timeline`)."""
+        return self.timeline().steps
+
+
+@dataclass
+class Timeline:
+    """A loader's batches in request order (:meth:`LoaderRecord.timeline`)."""
+
+    requested: list[float]  # s since the start, ascending
+    waits: list[float]  # the time each request added to the time spent waiting
+    steps: list[float]  # one fewer: from the latest return to the next request, never negative
+    samples: list[int]
 
 
 @dataclass

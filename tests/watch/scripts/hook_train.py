@@ -2,7 +2,9 @@
 
 import argparse
 import hashlib
+import signal
 import sys
+import threading
 import time
 
 import torch
@@ -47,6 +49,52 @@ class ShardLoader(DataLoader):
         yield from super().__iter__()
 
 
+class OwnLoader(DataLoader):
+    """A script's own loader class: its __init__ has its own arguments and calls DataLoader's."""
+
+    def __init__(self, data, batch_size, shuffle, num_workers, persistent_workers=False):
+        super().__init__(
+            data, batch_size=batch_size, shuffle=shuffle, num_workers=num_workers, persistent_workers=persistent_workers
+        )
+
+
+def _loader_class(kind: str):
+    if kind == "stateful":
+        from torchdata.stateful_dataloader import StatefulDataLoader
+
+        return StatefulDataLoader
+    return {"plain": DataLoader, "subclass": ShardLoader, "own-init": OwnLoader}[kind]
+
+
+def _graceful_sigterm() -> list[bool]:
+    """As Lightning does: a SIGTERM handler that calls the one before it, then lets the loop end by itself."""
+    asked, previous = [], signal.getsignal(signal.SIGTERM)
+
+    def handle(signum, frame):
+        asked.append(True)
+        if callable(previous):
+            previous(signum, frame)
+
+    signal.signal(signal.SIGTERM, handle)
+    return asked
+
+
+def _two_threads(loader, epochs: int) -> None:
+    """Two iterators of one loader at the same time, each in its thread (a prefetching thread does this)."""
+    seen = []
+
+    def run():
+        seen.append(sum(len(x) for x, _ in loader))
+
+    for _ in range(epochs):
+        threads = [threading.Thread(target=run) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    print("samples seen", sum(seen), flush=True)
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--workers", type=int, default=0)
@@ -55,18 +103,27 @@ def main() -> int:
     p.add_argument("--exit-code", type=int, default=0)
     p.add_argument("--forever", action="store_true")
     p.add_argument("--busy", type=float, default=0.0)
-    p.add_argument("--subclass", action="store_true")
+    p.add_argument("--kind", choices=["plain", "subclass", "own-init", "stateful"], default="plain")
+    p.add_argument("--persistent", action="store_true")
+    p.add_argument("--graceful-sigterm", action="store_true")
+    p.add_argument("--threads", action="store_true")
     p.add_argument("--n", type=int, default=64)
     a = p.parse_args()
     torch.manual_seed(0)
     ds = Points(a.n, transform=Scale(2.0), busy=a.busy)
-    cls = ShardLoader if a.subclass else DataLoader
+    cls = _loader_class(a.kind)
+    extra = {"persistent_workers": True} if a.persistent else {}
     loader = cls(
         ds,
         batch_size=8,
         shuffle=True,
         num_workers=a.workers,
+        **extra,
     )
+    if a.threads:
+        _two_threads(loader, a.epochs)
+        return 0
+    asked = _graceful_sigterm() if a.graceful_sigterm else []
     model = torch.nn.Linear(1, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     digest, step = hashlib.sha256(), 0
@@ -84,7 +141,12 @@ def main() -> int:
             step += 1
             if a.forever:
                 time.sleep(0.02)
+            if asked:
+                break
         epoch += 1
+        if asked:
+            print("ended gracefully after SIGTERM", flush=True)
+            return 0
     print("batches", digest.hexdigest()[:16], "rand", torch.rand(3).tolist(), flush=True)
     return a.exit_code
 

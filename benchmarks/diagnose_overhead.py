@@ -3,8 +3,8 @@
 A small training loop (an MLP on CPU over an in-memory ``TensorDataset`` through a ``DataLoader``) runs in a
 process started as ``gpufeed diagnose`` starts a script (``watch/site`` first on ``PYTHONPATH``,
 ``GPUFEED_WATCH_DIR`` set: the hook is installed, its CPU sampler thread runs). Its epochs alternate between the
-hook's timing of each batch and torch's own methods (the hook's patched ``DataLoader.__iter__`` and
-``_BaseDataLoaderIter.__next__`` swapped for the originals they wrap, ``__wrapped__``), in the order ABBA so that a
+hook's timing of each batch and torch's own methods (the hook's patched ``_BaseDataLoaderIter.__init__``, ``_reset``
+and ``__next__`` swapped for the originals they wrap, ``__wrapped__``), in the order ABBA so that a
 drift of the machine's speed cancels. Alternating within one process, epoch by epoch, resolves a difference far
 smaller than comparing separate processes does: on a shared machine, process-to-process noise was 8%.
 
@@ -50,7 +50,7 @@ def child(workers: int, blocks: int, batches: int, batch_size: int) -> None:
     loader = DataLoader(data, batch_size=batch_size, shuffle=True, num_workers=workers, persistent_workers=workers > 0)
     model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    hot = [(dl.DataLoader, "__iter__"), (dl._BaseDataLoaderIter, "__next__")]
+    hot = [(dl._BaseDataLoaderIter, name) for name in ("__init__", "_reset", "__next__")]
     patched = {(cls, name): cls.__dict__[name] for cls, name in hot}
     if not all(hasattr(fn, "__wrapped__") for fn in patched.values()):
         raise SystemExit("the hook is not installed: run this through the parent, not with --child alone")

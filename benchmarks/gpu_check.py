@@ -189,7 +189,7 @@ def image_folder(c: Check) -> dict:
     PIL's, each store against DataLoader(num_workers=16) with PIL, a ResNet-50 epoch against the model alone."""
     import image_folder as folder_bench
 
-    small = ["--n", "100", "--size", "64", "--batch", "16", "--compare", "10", "--model", "resnet18"]
+    small = ["--n", "64", "--size", "64", "--batch", "16", "--compare", "8", "--model", "resnet18"]
     full = ["--n", "2000", "--batch", "256", "--compare", "100", "--model", "resnet50"]
     folder_bench.main(
         ["--device", c.device, "--workers", "2" if c.small else "16", "--repeats", "1" if c.small else "2"]
@@ -205,7 +205,7 @@ def augment_recipes(c: Check) -> dict:
     channels_last training step (goal: under 10%)."""
     import augment_recipes as recipes
 
-    small = ["--n", "256", "--batch", "64", "--workers", "1", "--repeats", "1", "--cost", "32,8,resnet18"]
+    small = ["--n", "128", "--batch", "64", "--workers", "1", "--repeats", "1", "--cost", "32,8,resnet18"]
     full = ["--n", "10000", "--batch", "256", "--workers", "16", "--repeats", "3", "--cost", "224,256,resnet50"]
     recipes.main(["--device", c.device, "--out", str(c.out)] + (small if c.small else full))
     return json.loads((c.out / "augment_recipes.json").read_text())
@@ -332,7 +332,7 @@ def accelerate_tiers(c: Check) -> dict:
     at.main(
         ["--device", c.device, "--workers", "2" if c.small else "16", "--repeats", "1" if c.small else "5"]
         + ["--out", str(c.out)]
-        + (["--n", "2000"] if c.small else [])
+        + (["--n", "1000"] if c.small else [])
     )
     return json.loads((c.out / "accelerate_tiers.json").read_text())
 
@@ -341,7 +341,7 @@ def tune(c: Check) -> dict:
     import tune_throughput as tt
 
     tt.main(
-        ["--device", c.device, "--budget", "5" if c.small else "45", "--n", "4000" if c.small else "20000"]
+        ["--device", c.device, "--budget", "2" if c.small else "45", "--n", "2000" if c.small else "20000"]
         + ["--repeats", "1" if c.small else "2", "--out", str(c.out)]
     )
     return json.loads((c.out / "tune_throughput.json").read_text())
@@ -349,10 +349,11 @@ def tune(c: Check) -> dict:
 
 def ddp_overhead(c: Check) -> dict:
     """One GPU: the same run plain and under torchrun --nproc-per-node 1 (NCCL, DDP); last-epoch times."""
-    base = [sys.executable, "-m", "gpufeed", "train", "--model", "small" if c.small else "resnet9", "--epochs", "3"]
+    epochs = "2" if c.small else "3"  # the last epoch is the measured one; the rehearsal checks the path
+    base = [sys.executable, "-m", "gpufeed", "train", "--model", "small" if c.small else "resnet9", "--epochs", epochs]
     base += ["--amp", "bf16", "--channels-last", "--no-progress", "--device", c.device]
     if c.small:
-        base += ["--train-size", "1024", "--test-size", "256"]
+        base += ["--train-size", "512", "--test-size", "128"]
     res = {}
     for name, extra in [("plain", []), ("torchrun_1", ["--nproc-per-node", "1"])]:
         r = _run([*base, *extra, "--out", str(c.out / f"ddp_{name}")])
@@ -391,9 +392,9 @@ def diagnose_script(c: Check) -> dict:
     script = c.out / "diagnosed_train.py"
     script.write_text(_DIAGNOSED_SCRIPT)
     out = c.out / "diagnose"
-    n, workers, steps = ("1024", "0", "6") if c.small else ("20000", "4", "60")
+    n, workers, steps = ("768", "0", "4") if c.small else ("20000", "4", "60")
     cmd = [sys.executable, "-m", "gpufeed", "diagnose", "--steps", steps, "--out", str(out), "--"]
-    env = {**os.environ, "GPUFEED_WATCH_SIDE_SECONDS": "4" if c.small else "20"}  # the rehearsal: the path, not figures
+    env = {**os.environ, "GPUFEED_WATCH_SIDE_SECONDS": "2" if c.small else "20"}  # the rehearsal: the path, not figures
     r = _run([*cmd, sys.executable, str(script), n, workers], timeout=LIMITS["diagnose_script"] - 5, cwd=ROOT, env=env)
     (c.out / "diagnose_stdout.txt").write_text(r.stdout + r.stderr)
     if not (out / "report.json").exists():

@@ -1,5 +1,4 @@
 import json
-import os
 import subprocess
 import sys
 
@@ -203,17 +202,22 @@ def test_real_cifar10_files_are_never_replaced_by_synthetic_ones(cache_home, tmp
     assert snapshot(tmp_path) == before
 
 
-def test_typed_errors_print_a_message_and_exit_2_and_debug_shows_the_traceback():
+def test_typed_errors_print_a_message_and_exit_2_and_debug_shows_the_traceback(monkeypatch, capsys):
     cmd = [sys.executable, "-m", "gpufeed", "train", "--epochs", "0", "--device", "cpu"]
     plain = subprocess.run(cmd, capture_output=True, text=True)
     assert plain.returncode == 2 and "Traceback" not in plain.stderr
     assert plain.stderr.splitlines()[0] == "gpufeed train: ConfigError: epochs=0 must be >= 1"
-    for debug in ([*cmd, "--debug"], [*cmd[:3], "--debug", *cmd[3:]]):  # after the command or before it
-        shown = subprocess.run(debug, capture_output=True, text=True)
-        assert shown.returncode == 1 and "Traceback" in shown.stderr and "ConfigError" in shown.stderr
-    env = {**os.environ, "GPUFEED_DEBUG": "1"}
-    shown = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    assert shown.returncode == 1 and "Traceback" in shown.stderr
+    shown = subprocess.run([*cmd, "--debug"], capture_output=True, text=True)
+    assert shown.returncode == 1 and "Traceback" in shown.stderr and "ConfigError" in shown.stderr
+    # the other ways to ask for the traceback, in this process (each subprocess costs seconds of imports): the
+    # error goes through to Python, which prints its traceback and exits 1
+    args = cmd[3:]
+    for argv, env in (([args[0], "--debug", *args[1:]], "0"), (["--debug", *args], ""), (args, "1")):
+        monkeypatch.setenv("GPUFEED_DEBUG", env)
+        with pytest.raises(gpufeed.ConfigError, match="epochs=0 must be >= 1"):
+            main(argv)
+    monkeypatch.setenv("GPUFEED_DEBUG", "0")
+    assert main(args) == 2 and "(run with --debug or GPUFEED_DEBUG=1" in capsys.readouterr().err
 
 
 def test_a_corrupt_data_file_is_a_message_not_a_traceback(cache_home, tmp_path, capsys):

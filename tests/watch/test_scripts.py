@@ -80,10 +80,25 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+@pytest.fixture(scope="module")
+def diagnosed_folder(tmp_path_factory: pytest.TempPathFactory, folder: Path):
+    """The ImageFolder script at 2 workers diagnosed with the side measurement: one run for the two tests that read
+    it (each run costs seconds of imports in two processes)."""
+    out = tmp_path_factory.mktemp("diagnosed_folder")
+    cmd = _python("imagenet_folder.py", str(folder), "--workers", "2")
+    return cmd, *_diagnose(out, cmd, ("--steps", "0"))
+
+
 @pytest.mark.parametrize("workers", [0, 2])
-def test_an_image_folder_with_the_imagenet_recipe_is_data_bound_and_found_as_built(tmp_path, folder, workers):
+def test_an_image_folder_with_the_imagenet_recipe_is_data_bound_and_found_as_built(
+    tmp_path, folder, workers, diagnosed_folder
+):
     cmd = _python("imagenet_folder.py", str(folder), "--workers", str(workers))
-    run, report = _diagnose(tmp_path, cmd)
+    if workers == 2:  # with the side measurement, which the next test needs
+        _, run, report = diagnosed_folder
+        tmp_path = Path(run.args[run.args.index("--out") + 1])
+    else:
+        run, report = _diagnose(tmp_path, cmd)
     assert run.returncode == 0, run.stderr[-3000:]
     assert _unchanged(run, cmd)[-1] == "batches seen 8"  # 64 images in batches of 16, 2 epochs
     assert report["verdict"] == "data-bound" and report["data_wait_fraction"] >= 0.25
@@ -194,12 +209,27 @@ def test_a_script_without_a_dataloader_says_no_loader_was_found(tmp_path):
 
 
 def test_time_limit_interrupts_the_script_and_reports(tmp_path):
+    # --time counts from the first batch: a slow start (torch's import on a loaded machine) is not in the 2 s
     cmd = _python("compute_bound.py", "--epochs", "1000")
-    run, report = _diagnose(tmp_path, cmd, ("--time", "4", "--no-side"))
+    run, report = _diagnose(tmp_path, cmd, ("--time", "2", "--no-side"))
     assert run.returncode == 0, run.stderr[-3000:]  # gpufeed stopped it
-    assert "--time 4 s reached" in run.stderr
+    assert "--time 2 s reached (counted from the first batch)" in run.stderr
     assert report["exit"] == "interrupted" and report["verdict"] == "compute-bound"
     assert _results(run.stdout)[:3] == list(_plain(*_python("compute_bound.py")))[:3]
+
+
+def test_the_time_limit_starts_at_the_first_batch_not_at_the_start(tmp_path):
+    import time
+
+    from gpufeed.watch.record import FIRST_BATCH
+    from gpufeed.watch.run import _run
+
+    # a script that takes 1.5 s to start (imports, an index to read), then asks for its first batch, then runs on
+    code = f"import time; time.sleep(1.5); open({str(tmp_path / FIRST_BATCH)!r}, 'a').close(); time.sleep(60)"
+    t0 = time.perf_counter()
+    status = _run([sys.executable, "-c", code], {**ENV, "GPUFEED_WATCH_DIR": str(tmp_path)}, 0.5)
+    took = time.perf_counter() - t0
+    assert status == 0 and 2.0 <= took < 30, took  # 1.5 s before the first batch, then the 0.5 s limit
 
 
 def test_ctrl_c_reaches_the_script_and_the_report_is_still_made(tmp_path):
@@ -222,10 +252,9 @@ def test_ctrl_c_reaches_the_script_and_the_report_is_still_made(tmp_path):
     assert "verdict: compute-bound" in stdout
 
 
-def test_the_suggested_change_applied_to_a_copy_of_the_script_still_trains(tmp_path, folder):
+def test_the_suggested_change_applied_to_a_copy_of_the_script_still_trains(tmp_path, folder, diagnosed_folder):
     script = SCRIPTS / "imagenet_folder.py"
-    cmd = _python("imagenet_folder.py", str(folder), "--workers", "2")
-    run, report = _diagnose(tmp_path / "out", cmd, ("--steps", "0"))  # with the side measurement
+    cmd, run, report = diagnosed_folder  # with the side measurement
     assert run.returncode == 0, run.stderr[-3000:]
     _unchanged(run, cmd)
     old, new = report["code_change"].splitlines()

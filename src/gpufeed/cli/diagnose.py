@@ -55,7 +55,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help=f"batches to measure: with a command, stop it after N batches of a loader (default {WATCH_STEPS}; 0: "
         f"let it finish); with a configuration, training steps (default {CONFIG_STEPS})",
     )
-    p.add_argument("--time", type=float, default=None, metavar="S", help="with a command: interrupt it after S seconds")
+    p.add_argument(
+        "--time",
+        type=float,
+        default=None,
+        metavar="S",
+        help="with a command: interrupt it S seconds after its first batch",
+    )
     p.add_argument(
         "--out",
         type=output_dir,

@@ -44,7 +44,7 @@ from typing import Any
 
 from .clock import DeviceClock, nvml_index
 from .found import batch_samples, loader_record, where_built
-from .record import LoaderRecord, ProcessRecord
+from .record import FIRST_BATCH, LoaderRecord, ProcessRecord
 from .sampler import Sampler, usable_cores
 
 __all__ = ["install"]
@@ -84,6 +84,7 @@ class _State:
         self.side_result: dict[str, Any] | None = None
         self.paused = False  # True during the side measurement: its loaders are not the script's
         self.cuda = False  # True once the script has initialised CUDA
+        self.first_batch = False  # True once a loader of this process served a batch
         self.gpu_index = int(os.environ.get("LOCAL_RANK", "0") or 0)
         self.sampler: Sampler | None = None
         self.torch: Any = None
@@ -264,6 +265,10 @@ def _batch(state: _State, watched: _Watched, t0: float, t1: float, grad: bool, d
         watched.trained += grad
         if state.cuda or _cuda_up(state):
             watched.clock.mark(len(rec.waits) - 1, state.torch.cuda)
+    if not state.first_batch:  # once per process: gpufeed diagnose --time counts from the first batch
+        state.first_batch = True
+        with open(os.path.join(state.directory, FIRST_BATCH), "a"):
+            pass
 
 
 def _cuda_up(state: _State) -> bool:

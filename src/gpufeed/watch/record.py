@@ -18,7 +18,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["LoaderRecord", "ProcessRecord", "Timeline", "read_records", "record_name"]
+__all__ = ["FIRST_BATCH", "LoaderRecord", "ProcessRecord", "Timeline", "read_records", "record_name"]
+
+FIRST_BATCH = "first-batch"  # an empty file the first process to ask a loader for a batch creates: --time starts
 
 
 @dataclass

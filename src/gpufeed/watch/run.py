@@ -25,7 +25,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from .record import ProcessRecord, read_records
+from .record import FIRST_BATCH, ProcessRecord, read_records
 
 if TYPE_CHECKING:
     from .analyse import WatchReport
@@ -128,9 +128,14 @@ def _run(cmd: list[str], env: dict[str, str], seconds: float | None) -> int:
     with _terminate_forwarded(proc):
         try:
             try:
+                _wait_for_first_batch(proc, Path(env["GPUFEED_WATCH_DIR"]) if seconds is not None else None)
                 proc.wait(timeout=seconds)
             except subprocess.TimeoutExpired:
-                print(f"gpufeed diagnose: --time {seconds:g} s reached, interrupting the script", file=sys.stderr)
+                print(
+                    f"gpufeed diagnose: --time {seconds:g} s reached (counted from the first batch), interrupting "
+                    "the script",
+                    file=sys.stderr,
+                )
                 stopped = True
                 _signal_tree(proc, signal.SIGINT)
                 _wait_or_kill(proc, GRACE_S)
@@ -144,6 +149,21 @@ def _run(cmd: list[str], env: dict[str, str], seconds: float | None) -> int:
                 _signal_tree(proc, signal.SIGKILL)
                 proc.wait()
     return 0 if stopped else exit_status(proc.returncode)
+
+
+def _wait_for_first_batch(proc: subprocess.Popen[Any], watch_dir: Path | None) -> None:
+    """Wait until a process of the command has asked a loader for its first batch (the hook marks it), or the
+    command ended. NOTE: --time counts from there: what a script does before (imports, reading an index,
+    downloading a model) can take minutes and is not what is measured, and a slow start (a loaded machine) must
+    not leave a time limit that ends the script before its loop began."""
+    if watch_dir is None:
+        return
+    while not (watch_dir / FIRST_BATCH).exists():
+        try:
+            proc.wait(timeout=0.2)
+            return
+        except subprocess.TimeoutExpired:
+            continue
 
 
 def _wait_or_kill(proc: subprocess.Popen[Any], grace: float) -> None:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -56,3 +59,26 @@ def decode_indices(batch: torch.Tensor) -> list[int]:
     """Inverse of :func:`indexed_images` for an untransformed batch."""
     b = batch.cpu().long()
     return (b[:, 0, 0, 0] + 256 * b[:, 1, 0, 0]).tolist()
+
+
+@pytest.fixture(scope="session")
+def synthetic_cifar10(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The default synthetic CIFAR-10 (50,000 + 10,000 samples, seed 0), generated once per test process where
+    every test's gpufeed finds it by default (generating it takes seconds; copying it, a fraction of one)."""
+    from gpufeed.data.synthetic import write_synthetic_cifar10
+
+    root = tmp_path_factory.getbasetemp() / "gpufeed-cache" / "data" / "synthetic-cifar10-0-50000-10000"
+    return write_synthetic_cifar10(root)
+
+
+def copy_synthetic_cifar10(source: Path, root: Path) -> Path:
+    """A copy of the generated files (``source``: the fixture's root) under ``root``, as generating them there
+    would leave them: for tests about what a command does with data, not about generating it."""
+    shutil.copytree(source / "cifar-10-batches-py", root / "cifar-10-batches-py")
+    return root
+
+
+def home_with_synthetic_cifar10(source: Path, home: Path) -> Path:
+    """``home`` as a gpufeed cache directory that already holds the default synthetic CIFAR-10."""
+    copy_synthetic_cifar10(source, home / "data" / source.name)
+    return home

@@ -8,13 +8,15 @@ from torchvision.datasets import ImageFolder
 import gpufeed
 from gpufeed.cli.main import main
 
+from conftest import copy_synthetic_cifar10, home_with_synthetic_cifar10
 from fakes import snapshot, user_folder
 
 
 @pytest.fixture(scope="module")
-def _module_home(tmp_path_factory):
-    """A cache root shared by this module's tests; the synthetic data is generated there once."""
-    return tmp_path_factory.mktemp("gpufeed-home")
+def _module_home(tmp_path_factory, synthetic_cifar10):
+    """A cache root shared by this module's tests, holding the synthetic data (copied: generating it is not what
+    these tests are about; tests/data/test_synthetic.py is)."""
+    return home_with_synthetic_cifar10(synthetic_cifar10, tmp_path_factory.mktemp("gpufeed-home"))
 
 
 @pytest.fixture
@@ -220,10 +222,8 @@ def test_typed_errors_print_a_message_and_exit_2_and_debug_shows_the_traceback(m
     assert main(args) == 2 and "(run with --debug or GPUFEED_DEBUG=1" in capsys.readouterr().err
 
 
-def test_a_corrupt_data_file_is_a_message_not_a_traceback(cache_home, tmp_path, capsys):
-    from gpufeed.data import write_synthetic_cifar10
-
-    root = write_synthetic_cifar10(tmp_path / "data")
+def test_a_corrupt_data_file_is_a_message_not_a_traceback(cache_home, tmp_path, capsys, synthetic_cifar10):
+    root = copy_synthetic_cifar10(synthetic_cifar10, tmp_path / "data")
     batch = root / "cifar-10-batches-py" / "data_batch_3"
     batch.write_bytes(batch.read_bytes()[:-100])
     before = snapshot(tmp_path)
@@ -233,11 +233,12 @@ def test_a_corrupt_data_file_is_a_message_not_a_traceback(cache_home, tmp_path, 
     assert "Traceback" not in err and snapshot(tmp_path) == before
 
 
-def test_commands_that_read_valid_data_in_a_users_folder_leave_the_folder_as_it_was(cache_home, tmp_path, capsys):
-    from gpufeed.data import write_synthetic_cifar10
-
-    folder = tmp_path / "datasets"
-    write_synthetic_cifar10(folder)  # data the user keeps, beside their own files
+def test_commands_that_read_valid_data_in_a_users_folder_leave_the_folder_as_it_was(
+    cache_home, tmp_path, capsys, synthetic_cifar10
+):
+    folder = copy_synthetic_cifar10(
+        synthetic_cifar10, tmp_path / "datasets"
+    )  # data the user keeps, beside their own files
     user_folder(folder)
     (folder / "README.txt").write_text("my datasets\n")
     before = snapshot(tmp_path)

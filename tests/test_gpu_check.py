@@ -8,13 +8,16 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import home_with_synthetic_cifar10
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 
 @pytest.mark.slow
-def test_the_cpu_rehearsal_runs_every_cpu_part_and_records_each(tmp_path, monkeypatch):
-    monkeypatch.setenv("GPUFEED_CACHE_DIR", str(tmp_path / "home"))
+def test_the_cpu_rehearsal_runs_every_cpu_part_and_records_each(tmp_path, monkeypatch, synthetic_cifar10):
+    # its own cache home (its entries are its own), with the synthetic data its training parts read already there
+    monkeypatch.setenv("GPUFEED_CACHE_DIR", str(home_with_synthetic_cifar10(synthetic_cifar10, tmp_path / "home")))
     # No time limits: the rehearsal's sizes bound its work, so a loaded machine makes it slower, never failed (it
     # failed `make test` once by the clock, at 240 s). The timeout only guards against a hang: 30x a normal run.
     script = [sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--cpu-rehearsal", "--no-time-limits"]

@@ -18,6 +18,7 @@ LAYERS = [
     {"store"},
     {"augment"},
     {"read"},
+    {"stream"},
     {"loading"},
     {"pipeline"},
     {"diagnose", "findings", "report", "tune", "bench", "train", "cli", "data", "watch", "__init__", "__main__"},
@@ -88,14 +89,14 @@ def test_a_layer_imports_only_from_the_layers_below(path):
 def test_the_check_finds_an_import_that_climbs_even_inside_a_function():
     lazy = "import torch\n\ndef f():\n    from ..pipeline.accelerate import accelerate\n    return accelerate\n"
     assert _climbing("gpufeed.cache.x", lazy) == [
-        "line 4: gpufeed.pipeline.accelerate (pipeline, layer 9; cache is layer 4)"
+        "line 4: gpufeed.pipeline.accelerate (pipeline, layer 10; cache is layer 4)"
     ]
     sideways = "from ..augment import Compose\n"  # augment and read are different layers; read -> augment is down
     assert _climbing("gpufeed.read.x", sideways) == [] and _climbing("gpufeed.store.x", sideways) != []
     assert _climbing("gpufeed.store", "from . import ragged\nfrom .. import errors\n", is_package=True) == []
     # a name of the top package (its __init__ is the tools' layer), not a module: climbing
     assert _climbing("gpufeed.loading.x", "def f():\n    from .. import __version__\n") == [
-        "line 2: gpufeed (__init__, layer 10; loading is layer 8)"
+        "line 2: gpufeed (__init__, layer 11; loading is layer 9)"
     ]
 
 

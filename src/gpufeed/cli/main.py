@@ -7,12 +7,13 @@ from collections.abc import Callable, Sequence
 
 import gpufeed
 
-from . import bench, cache, diagnose, train, tune
+from . import bench, cache, convert, diagnose, train, tune
 
 # name -> (help, add_arguments(parser), run(args) -> exit code)
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {
     "bench": (bench.HELP, bench.add_arguments, bench.run),
     "cache": (cache.HELP, cache.add_arguments, cache.run),
+    "convert": (convert.HELP, convert.add_arguments, convert.run),
     "diagnose": (diagnose.HELP, diagnose.add_arguments, diagnose.run),
     "train": (train.HELP, train.add_arguments, train.run),
     "tune": (tune.HELP, tune.add_arguments, tune.run),

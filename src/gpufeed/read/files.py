@@ -27,6 +27,7 @@ from .samples import stored_labels
 __all__ = [
     "bad_files_error",
     "file_samples",
+    "header_shape",
     "read_files",
     "read_folder",
     "scan_headers",
@@ -68,7 +69,7 @@ def file_samples(dataset: Any) -> list[tuple[str, Any]] | None:
     return None
 
 
-def _size(source: Any, path: str) -> tuple[int, int, int]:
+def header_shape(source: Any, path: str) -> tuple[int, int, int]:
     """The ``(C, H, W)`` an image decodes to as RGB, from its header (PIL reads no pixels to tell), checked
     against Pillow's decompression-bomb limit and against the file's size (:func:`_check_room`)."""
     from PIL import Image, UnidentifiedImageError
@@ -162,11 +163,11 @@ def _read_into(path: str, out: torch.Tensor) -> tuple[tuple[int, int, int], bool
         raise DataError(f"{path}: cannot be read ({e.strerror or e})") from e
     if got != out.numel() or more:
         raise DataError(f"{path} changed size while gpufeed read it; read the folder again once it is written")
-    return _size(path, path), bytes(out[:3].numpy()) == _JPEG_MAGIC
+    return header_shape(path, path), bytes(out[:3].numpy()) == _JPEG_MAGIC
 
 
 def _header(path: str) -> tuple[int, int, int]:
-    return _size(path, path)  # a few KB read, not the file
+    return header_shape(path, path)  # a few KB read, not the file
 
 
 def _caught(fn: Callable[..., Any]) -> Callable[..., Any]:

@@ -1,0 +1,1 @@
+"""Datasets beyond one node: MosaicML Streaming (MDS shards) as gpufeed's engine."""

@@ -1,0 +1,159 @@
+"""An MDS index: its shards, where a global sample id lives, and how a sample record holds its image and label.
+
+MDS layout (``streaming``'s ``MDSWriter``): ``index.json`` lists the shards (``samples``, ``raw_data.basename``,
+``column_names``/``column_encodings``/``column_sizes``, ...); a shard file is ``uint32 samples``,
+``uint32 offsets[samples + 1]`` (absolute), then each sample record: one ``uint32`` size per variable-size column,
+then the columns' bytes, in the index's column order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import ConfigError, DataError
+
+__all__ = ["IMAGE_ENCODINGS", "LABEL_ENCODINGS", "Index"]
+
+# encodings whose bytes are a whole image file, as the file was (``bytes``: whatever was written; ``jpeg``/``png``:
+# the engine's PIL encoders write a file's bytes). Not ``pil``/``ndarray`` (pixels), nor ``jpeg_array`` or
+# ``list[...]`` (several images behind a header of their own).
+IMAGE_ENCODINGS = ("bytes", "jpeg", "png")
+# integer encodings -> struct format (little-endian, as numpy writes them); ``str_int``: decimal digits
+LABEL_ENCODINGS = {
+    "int": "<q",
+    "int8": "<b",
+    "int16": "<h",
+    "int32": "<i",
+    "int64": "<q",
+    "uint8": "<B",
+    "uint16": "<H",
+    "uint32": "<I",
+    "uint64": "<Q",
+    "str_int": "",
+}
+
+
+@dataclass(frozen=True)
+class _Columns:
+    """Where a shard layout keeps the image and label columns inside a sample record."""
+
+    sizes: tuple[int | None, ...]  # fixed size of each column, None = variable (its size leads the record)
+    image: int
+    label: int | None
+    label_format: str
+
+    @classmethod
+    def of(cls, shard: dict[str, Any], image_key: str, label_key: str | None) -> _Columns:
+        names, encodings = shard["column_names"], shard["column_encodings"]
+        where = f"shard {shard['raw_data']['basename']} (columns {dict(zip(names, encodings, strict=True))})"
+        if image_key not in names:
+            raise ConfigError(f"image_key={image_key!r} is not a column of {where}; pass image_key=<its image column>")
+        image_encoding = encodings[names.index(image_key)]
+        if image_encoding not in IMAGE_ENCODINGS:
+            raise ConfigError(
+                f"column {image_key!r} has encoding {image_encoding!r}, not an image file's bytes ({where}); gpufeed "
+                f"reads image columns of encodings {IMAGE_ENCODINGS}: convert with `gpufeed convert` or write the "
+                "files' bytes with MDSWriter(columns={..., 'image': 'bytes'})"
+            )
+        label, label_format = None, ""
+        if label_key is not None:
+            if label_key not in names:
+                raise ConfigError(f"label_key={label_key!r} is not a column of {where}; pass label_key=None for none")
+            label = names.index(label_key)
+            if encodings[label] not in LABEL_ENCODINGS:
+                raise ConfigError(
+                    f"column {label_key!r} has encoding {encodings[label]!r} ({where}); a label column is one of "
+                    f"{sorted(LABEL_ENCODINGS)}"
+                )
+            label_format = LABEL_ENCODINGS[encodings[label]]
+        sizes = tuple(int(s) if s else None for s in shard["column_sizes"])
+        return cls(sizes, names.index(image_key), label, label_format)
+
+    def parse(self, record: bytes) -> tuple[bytes, int]:
+        """The image bytes and the label (-1 without a label column) of one sample record."""
+        variable = sum(s is None for s in self.sizes)
+        lengths = iter(struct.unpack_from(f"<{variable}I", record, 0))
+        at = 4 * variable
+        image, label = b"", -1
+        for column, fixed in enumerate(self.sizes):
+            size = fixed if fixed is not None else next(lengths)
+            if column == self.image:
+                image = record[at : at + size]
+            elif column == self.label:
+                raw = record[at : at + size]
+                label = int(raw.decode()) if not self.label_format else struct.unpack(self.label_format, raw)[0]
+            at += size
+        if at > len(record):
+            raise ValueError(f"the record holds {len(record)} bytes, its columns {at}")
+        return image, label
+
+
+class Index:
+    """An MDS ``index.json``: its shards, their sample counts and files, and where each global sample id lives.
+
+    Example::
+
+        index = Index.load("/data/imagenet-mds/index.json")
+        shard, position = index.locate(np.array([0, 5000]))
+    """
+
+    def __init__(self, obj: dict[str, Any], source: str, image_key: str = "image", label_key: str | None = "label"):
+        shards = obj.get("shards") if isinstance(obj, dict) else None
+        if not shards or obj.get("version") != 2:
+            raise DataError(f"{source} is not an MDS index (version 2, with shards); write it with streaming.MDSWriter")
+        for s in shards:
+            if s.get("format") != "mds":
+                raise DataError(f"{source}: shard {s.get('raw_data')} has format {s.get('format')!r}, not 'mds'")
+        self.source = source
+        self.shards: list[dict[str, Any]] = shards
+        self.samples_per_shard = np.array([s["samples"] for s in shards], dtype=np.int64)
+        self.ends = np.cumsum(self.samples_per_shard)
+        self.starts = self.ends - self.samples_per_shard
+        self.num_samples = int(self.ends[-1])
+        self.basenames = [s["raw_data"]["basename"] for s in shards]
+        self.max_bytes = np.array(
+            [s["raw_data"]["bytes"] + ((s.get("zip_data") or {}).get("bytes") or 0) for s in shards], dtype=np.int64
+        )
+        canonical = json.dumps(shards, sort_keys=True, separators=(",", ":")).encode()
+        self.fingerprint = hashlib.sha1(canonical).hexdigest()
+        layouts: dict[str, _Columns] = {}
+        self.columns: list[_Columns] = []
+        for s in shards:
+            key = json.dumps([s["column_names"], s["column_encodings"], s["column_sizes"]])
+            if key not in layouts:
+                layouts[key] = _Columns.of(s, image_key, label_key)
+            self.columns.append(layouts[key])
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str], image_key: str = "image", label_key: str | None = "label") -> Index:
+        try:
+            obj = json.loads(Path(path).read_text())
+        except FileNotFoundError:
+            raise DataError(
+                f"{path} does not exist: local= must hold an MDS dataset (index.json and its shards); for remote data "
+                "pass remote=<its URL or directory> and local=<a cache directory>"
+            ) from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise DataError(f"{path} is not JSON ({e}); it is not an MDS index") from None
+        return cls(obj, str(path), image_key, label_key)
+
+    @property
+    def num_shards(self) -> int:
+        return len(self.shards)
+
+    def locate(self, ids: np.ndarray | Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+        """``(shard, position in shard)`` of each global sample id."""
+        ids = np.asarray(ids, dtype=np.int64)
+        if ids.size and (ids.min() < 0 or ids.max() >= self.num_samples):
+            raise IndexError(f"sample ids must be in [0, {self.num_samples}); got {ids.min()}..{ids.max()}")
+        shard = np.searchsorted(self.ends, ids, side="right")
+        return shard, ids - self.starts[shard]

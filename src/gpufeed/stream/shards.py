@@ -1,0 +1,316 @@
+"""MDS shards, local or remote: the index, where a sample lives, and its image bytes and label.
+
+The engine fetches, gpufeed reads. A remote dataset (``s3://``, ``gs://``, a plain directory, ...) is fetched
+into ``local`` by the engine's ``StreamingDataset.prepare_shard`` (its downloads, its per-node cache accounting
+shared by the node's ranks, its LRU eviction under ``cache_limit``); local-only data (``local`` alone) needs no
+engine object at all. Either way gpufeed reads the samples itself, with ``pread`` on the shard file (the layout:
+``index.py``), keeping only the two columns it serves; ``prefetch.py`` fetches shards ahead of the reader.
+
+NOTE [ Cache limit: what the engine is given ]
+The engine checks ``cache_usage + shard <= cache_limit`` before a download but adds the shard's size only when it
+completes, so concurrent downloads on a node each pass the check and the directory overshoots (measured: +2.7
+shards with two ranks). gpufeed gives the engine ``cache_limit - downloaders x largest shard``, where each rank
+downloads from at most two threads (its prefetcher and a reader re-fetching an evicted shard): the directory then
+stays under the user's limit (polled in ``tests/stream/test_shards.py``). Local-only data takes no limit: its
+shards are the only copy and are never to be evicted (the engine's upstream release deleted them).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..cache.location import default_cache_dir
+from ..errors import ConfigError, DataError
+from . import engine, shm
+from .index import Index
+from .plan import block_size_for_cache
+
+__all__ = ["Samples", "Shards", "engine_cache_limit"]
+
+DOWNLOADERS_PER_RANK = 2  # NOTE [ Cache limit: what the engine is given ]
+RETRIES = 7  # re-fetches of a shard evicted between its fetch and its read, as the engine's get_item
+# seconds a read trusts the engine's last touch of a shard: LRU order at that grain is plenty (a shuffle block keeps
+# a shard in use for seconds), and each touch takes the engine's cache lock
+TOUCH_EVERY = 0.25
+
+
+@dataclass(frozen=True)
+class Samples:
+    """What :meth:`Shards.read` returns: ``images[i]`` (a file's bytes) and ``labels[i]`` of sample ``ids[i]``."""
+
+    ids: np.ndarray
+    images: list[bytes]
+    labels: np.ndarray
+
+
+def _same(a: str, b: str) -> bool:
+    return os.path.exists(b) and os.path.samefile(a, b)
+
+
+def engine_cache_limit(cache_limit: int, max_shard_bytes: int, ranks_per_node: int) -> int:
+    """The limit the engine gets for a user's ``cache_limit`` (NOTE [ Cache limit: what the engine is given ])."""
+    return cache_limit - DOWNLOADERS_PER_RANK * ranks_per_node * max_shard_bytes
+
+
+class Shards:
+    """The samples of an MDS dataset by global id: local-only (``local`` alone) or fetched from ``remote`` into
+    ``local``. Thread-safe; :meth:`close` (or ``with``) when done.
+
+    Args:
+        local: the dataset's directory (local-only), or where a remote's shards are cached (default: under gpufeed's
+            cache directory). Every rank of a node must construct with the same ``local`` at about the same time
+            (the engine's ranks of a node meet in shared memory). Under torchrun, construct it after
+            ``torch.distributed.init_process_group``: else the engine starts and ends a process group of its own in
+            each construction (two in a row raced in a test: "Gloo connectFullMesh failed", the other rank hung).
+        remote: where the dataset lives (``s3://bucket/prefix``, ``gs://...``, a directory, ...); None: local-only.
+        image_key, label_key: the columns holding an image file's bytes and the integer label (None: no labels).
+        cache_limit: bytes (or ``"64gb"``) the node's ``local`` may hold; remote data only.
+        ranks_per_node: ranks sharing ``local`` (default ``LOCAL_WORLD_SIZE``, else 1); sizes the download margin.
+        download_retry, download_timeout, validate_hash: passed to the engine.
+
+    Example::
+
+        with Shards(remote="s3://bucket/imagenet-mds", local="/scratch/imagenet") as shards:
+            batch = shards.read(plan.batch(0))   # batch.images: JPEG bytes, batch.labels: int64
+    """
+
+    def __init__(
+        self,
+        local: str | os.PathLike[str] | None = None,
+        remote: str | None = None,
+        *,
+        image_key: str = "image",
+        label_key: str | None = "label",
+        cache_limit: int | str | None = None,
+        ranks_per_node: int | None = None,
+        download_retry: int = 2,
+        download_timeout: float = 60.0,
+        validate_hash: str | None = None,
+    ) -> None:
+        if local is None and remote is None:
+            raise ConfigError("Shards needs local= (a local MDS dataset) or remote= (and optionally local=)")
+        self.remote = None if remote is None else str(remote)
+        if self.remote is not None and local is None:
+            key = hashlib.sha1(self.remote.encode()).hexdigest()[:20]
+            local = default_cache_dir() / "stream" / key
+        self.local = os.path.abspath(os.fspath(local))  # type: ignore[arg-type]
+        if self.remote is not None and os.path.isdir(self.remote) and _same(self.remote, self.local):
+            raise ConfigError(f"remote and local are the same directory ({self.local}): pass local= alone")
+        self.ranks_per_node = ranks_per_node or int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+        self._lock: shm.RunLock | None = None
+        self._ds: Any = None
+        self._offsets: dict[int, np.ndarray] = {}
+        self._touched: dict[int, float] = {}
+        self.cache_limit: int | None = None
+        self.engine_cache_limit: int | None = None
+        if self.remote is None:
+            if cache_limit is not None:
+                raise ConfigError(
+                    f"cache_limit={cache_limit!r} with local-only data ({self.local}): its shards are the only copy "
+                    "and are never evicted; leave cache_limit out, or pass remote=<the data> and local=<a cache>"
+                )
+            self.index = Index.load(os.path.join(self.local, "index.json"), image_key, label_key)
+        else:
+            self._open_remote(cache_limit, download_retry, download_timeout, validate_hash, image_key, label_key)
+        self.meta = self._read_meta(download_timeout)
+        classes = self.meta.get("classes")
+        self.classes: list[str] | None = list(classes) if isinstance(classes, list) else None
+
+    def _open_remote(
+        self,
+        cache_limit: int | str | None,
+        retry: int,
+        timeout: float,
+        validate_hash: str | None,
+        image_key: str,
+        label_key: str | None,
+    ) -> None:
+        os.makedirs(self.local, exist_ok=True)
+        self._lock = shm.hold(self.local)
+        try:
+            # never iterated: batch_size and num_canonical_nodes only satisfy the constructor
+            self._ds = engine.dataset(
+                remote=self.remote,
+                local=self.local,
+                download_retry=retry,
+                download_timeout=timeout,
+                validate_hash=validate_hash,
+                batch_size=1,
+                num_canonical_nodes=1,
+            )
+        except ValueError as e:
+            self.close()
+            if "Reused local directory" in str(e):
+                raise ConfigError(
+                    f"local={self.local} is in use by another reader of this machine (a Shards or StreamingDataset "
+                    "still open on it, in this process or another): close it, or give this one another local"
+                ) from e
+            raise
+        except BaseException:
+            self.close()
+            raise
+        self.index = Index.load(os.path.join(self.local, "index.json"), image_key, label_key)
+        if cache_limit is not None:
+            self._set_cache_limit(engine.bytes_to_int(cache_limit))
+
+    def _set_cache_limit(self, limit: int) -> None:
+        biggest = int(self.index.max_bytes.max())
+        index_bytes = os.path.getsize(os.path.join(self.local, "index.json"))
+        given = engine_cache_limit(limit, biggest, self.ranks_per_node)
+        # the engine's own floor (index + 4 largest shards), after gpufeed's margin
+        floor = index_bytes + 4 * biggest
+        if given < floor:
+            self.close()
+            need = floor + limit - given
+            raise ConfigError(
+                f"cache_limit={limit} bytes is too small for this dataset: its index takes {index_bytes} bytes, its "
+                f"largest shard {biggest}, and {self.ranks_per_node} rank(s) download up to "
+                f"{DOWNLOADERS_PER_RANK * self.ranks_per_node} shards at once; give at least {need} bytes"
+            )
+        self.cache_limit, self.engine_cache_limit = limit, given
+        # read at each download (prepare_shard), so set after construction: the index is known only then
+        self._ds.cache_limit = given
+
+    def _read_meta(self, timeout: float) -> dict[str, Any]:
+        """``gpufeed.json`` (written by ``gpufeed convert``: classes, source, ...); {} for a user's own MDS."""
+        path = os.path.join(self.local, "gpufeed.json")
+        if self.remote is not None and not os.path.exists(path):
+            from streaming.base.storage.download import CloudDownloader
+
+            try:
+                CloudDownloader.direct_download(f"{self.remote.rstrip('/')}/gpufeed.json", path, timeout)
+            except FileNotFoundError:
+                return {}
+        try:
+            meta = json.loads(Path(path).read_text())
+        except FileNotFoundError:
+            return {}
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise DataError(f"{path} is not JSON ({e}); rewrite it with gpufeed convert, or remove it") from None
+        return meta if isinstance(meta, dict) else {}
+
+    def shuffle_block_size(self, num_canonical_nodes: int) -> int | None:
+        """A shuffle block that fits the cache limit (``plan.block_size_for_cache``); None without a limit."""
+        if self.engine_cache_limit is None:
+            return None
+        index_bytes = os.path.getsize(os.path.join(self.local, "index.json"))
+        return block_size_for_cache(
+            self.index.samples_per_shard,
+            int(self.index.max_bytes.max()),
+            self.engine_cache_limit - index_bytes,
+            num_canonical_nodes,
+        )
+
+    def prepare(self, shard: int) -> None:
+        """Make ``shard`` local (download it, evicting the coldest under the limit) and mark it used; for
+        local-only data, ask the kernel to read it ahead."""
+        if self._ds is not None:
+            self._ds.prepare_shard(int(shard), blocking=True)
+            return
+        if hasattr(os, "posix_fadvise"):
+            try:
+                fd = os.open(os.path.join(self.local, self.index.basenames[shard]), os.O_RDONLY)
+            except FileNotFoundError:
+                return  # read() names the missing file
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+            finally:
+                os.close(fd)
+
+    def _open(self, shard: int) -> int:
+        path = os.path.join(self.local, self.index.basenames[shard])
+        if self._ds is not None and time.monotonic() - self._touched.get(shard, -TOUCH_EVERY) < TOUCH_EVERY:
+            try:  # fetched and touched a moment ago: skip the engine's lock (about 100 us a call)
+                return os.open(path, os.O_RDONLY)
+            except FileNotFoundError:
+                pass
+        for _ in range(1 + RETRIES):
+            if self._ds is not None:
+                # also touches the shard in the engine's LRU: a shard being read is not the coldest
+                self._ds.prepare_shard(int(shard), blocking=True)
+                self._touched[shard] = time.monotonic()
+            try:
+                return os.open(path, os.O_RDONLY)
+            except FileNotFoundError:
+                if self._ds is None:
+                    zipped = (self.index.shards[shard].get("zip_data") or {}).get("basename")
+                    fix = (
+                        f"it is compressed ({zipped}): pass remote={self.local} and local=<a cache directory>"
+                        if zipped and os.path.exists(os.path.join(self.local, zipped))
+                        else "the dataset is incomplete: convert or copy it again"
+                    )
+                    raise DataError(
+                        f"shard file {path} (listed in {self.index.source}) does not exist; {fix}"
+                    ) from None
+                # evicted by another rank between its fetch and this open: fetch again
+        raise DataError(
+            f"shard {path} was evicted {1 + RETRIES} times before it could be read: cache_limit={self.cache_limit} is "
+            "too small for this many ranks and this shuffle block; raise it or lower shuffle_block_size"
+        )
+
+    def _read_shard(self, shard: int, positions: np.ndarray) -> list[tuple[bytes, int]]:
+        fd = self._open(shard)
+        try:  # an open file stays readable even if it is evicted now
+            offsets = self._offsets.get(shard)
+            count = int(self.index.samples_per_shard[shard])
+            if offsets is None:
+                head = os.pread(fd, 4 * (count + 2), 0)
+                if len(head) < 4 * (count + 2) or int.from_bytes(head[:4], "little") != count:
+                    name = self.index.basenames[shard]
+                    raise DataError(f"shard {name} does not hold the {count} samples its index lists")
+                offsets = np.frombuffer(head, dtype="<u4", offset=4).astype(np.int64)
+                self._offsets[shard] = offsets
+            out = []
+            columns = self.index.columns[shard]
+            for position in positions.tolist():
+                begin, end = int(offsets[position]), int(offsets[position + 1])
+                try:
+                    record = os.pread(fd, end - begin, begin) if end >= begin else b""
+                    if len(record) != end - begin:
+                        raise ValueError(f"bytes {begin}..{end} are not in the file")
+                    out.append(columns.parse(record))
+                except (ValueError, struct.error, UnicodeDecodeError) as e:
+                    sample = int(self.index.starts[shard]) + position
+                    raise DataError(
+                        f"sample {sample} (shard {self.index.basenames[shard]}, position {position}) is corrupt: {e}"
+                    ) from None
+            return out
+        finally:
+            os.close(fd)
+
+    def read(self, ids: np.ndarray | Sequence[int]) -> Samples:
+        """Image bytes and labels of global sample ids, in the order given (each shard opened once)."""
+        ids = np.asarray(ids, dtype=np.int64)
+        shard_of, position = self.index.locate(ids)
+        images: list[bytes] = [b""] * len(ids)
+        labels = np.empty(len(ids), dtype=np.int64)
+        order = np.argsort(shard_of, kind="stable")
+        bounds = np.flatnonzero(np.diff(shard_of[order])) + 1
+        for group in np.split(order, bounds) if len(ids) else []:
+            got = self._read_shard(int(shard_of[group[0]]), position[group])
+            for slot, (image, label) in zip(group.tolist(), got, strict=True):
+                images[slot], labels[slot] = image, label
+        return Samples(ids, images, labels)
+
+    def close(self) -> None:
+        """Drop the engine's dataset and release ``local``; idempotent."""
+        self._ds = None  # its destructor marks its shared memory released
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
+
+    def __enter__(self) -> Shards:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,227 @@
+"""What ``gpufeed convert`` reads: an ImageFolder, a Food101 folder, or WebDataset tars, as units of samples.
+
+A source is a list of units read in order (the folder itself, or each tar), each a stream of samples that can
+start at any position, so a conversion resumes where its last finished part ended. A folder's listing is
+torchvision's own (``ImageFolder``'s classes and files; ``Food101``'s ``meta/<split>.json``), so sample ``i`` of
+the conversion is sample ``i`` of the dataset a user would build over the same folder. Sources are only read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+from collections import deque
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from ..errors import ConfigError, DataError
+from . import wds
+
+__all__ = ["Item", "Ready", "Source", "image_type", "open_source", "prepare", "ready"]
+
+_SPLIT_NAMES = {"train", "val", "valid", "validation", "test"}
+_MAGIC = (
+    (b"\xff\xd8\xff", "jpeg"),
+    (b"\x89PNG\r\n\x1a\n", "png"),
+    (b"GIF8", "gif"),
+    (b"BM", "bmp"),
+    (b"II*\x00", "tiff"),
+    (b"MM\x00*", "tiff"),
+)
+
+
+@dataclass(frozen=True)
+class Item:
+    """One source sample: its key, label (-1: none), the image file's bytes (``None`` for a folder's file until
+    :func:`ready` reads it), where it is (a path, or ``tar:key.ext``) and why it cannot be used (``None``: it may).
+    """
+
+    key: str
+    label: int
+    data: bytes | None
+    where: str
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class Ready:
+    """An item read and checked: ``why`` it cannot be converted (``None``: it can), its bytes' ``sha1`` (hex)
+    and image ``kind`` (``jpeg``, ``png``, ...)."""
+
+    item: Item
+    why: str | None
+    sha1: str = ""
+    kind: str = ""
+
+
+@dataclass(frozen=True)
+class Source:
+    """``kind`` ``folder``, ``food101`` or ``wds``; ``units`` the folder or the tars; ``count`` the samples when
+    known before reading (folders); ``fingerprint`` a digest of the listing (file names, tar sizes)."""
+
+    path: str
+    root: Path
+    kind: str
+    units: tuple[str, ...]
+    classes: tuple[str, ...] | None
+    count: int | None
+    fingerprint: str
+    split: str | None = None
+    files: tuple[tuple[str, int], ...] = ()  # a folder's (path, label), in the dataset's order
+
+    def items(self, unit: int, start: int = 0) -> Iterator[Item]:
+        """The samples of ``units[unit]`` from position ``start`` on."""
+        if self.kind == "wds":
+            for sample in wds.samples(Path(self.units[unit]), skip=start):
+                yield _tar_item(sample)
+            return
+        for path, label in self.files[start:]:
+            yield Item(Path(path).relative_to(self.root).as_posix(), label, None, path)
+
+
+def ready(items: Iterator[Item], threads: int) -> Iterator[Ready]:
+    """Each item read (a folder's file), checked and hashed by :func:`prepare` on ``threads`` threads (file reads
+    and sha1 release the GIL: a network file system's latency overlaps), in order, a bounded window ahead."""
+    if threads <= 1:
+        yield from map(prepare, items)
+        return
+    with ThreadPoolExecutor(threads, thread_name_prefix="gpufeed-convert") as pool:
+        window: deque[Future[Ready]] = deque()
+        for item in items:
+            window.append(pool.submit(prepare, item))
+            if len(window) >= 4 * threads:
+                yield window.popleft().result()
+        while window:
+            yield window.popleft().result()
+
+
+def prepare(item: Item) -> Ready:
+    """The item's bytes read if need be, then why it cannot be converted (unreadable; not an image by gpufeed's
+    header reader: Pillow's header, its decompression-bomb limit, the file's size against the size claimed),
+    else its sha1 and image kind."""
+    from ..read.files import header_shape  # image folders' header check (NOTE [ Header sizes against file sizes ])
+
+    if item.data is None and item.error is None:
+        try:
+            with open(item.where, "rb") as f:
+                item = replace(item, data=f.read())
+        except OSError as e:
+            item = replace(item, error=f"{item.where}: cannot be read ({e.strerror or e})")
+    if item.error is not None or item.data is None:
+        return Ready(item, item.error or f"{item.where}: no data")
+    try:
+        header_shape(io.BytesIO(item.data), item.where)
+    except DataError as e:
+        return Ready(item, str(e))
+    return Ready(item, None, hashlib.sha1(item.data).hexdigest(), image_type(item.data))
+
+
+def image_type(data: bytes) -> str:
+    """``jpeg``, ``png``, ``webp``, ``gif``, ``bmp``, ``tiff`` from the file's first bytes, else ``other``."""
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "webp"
+    return next((name for magic, name in _MAGIC if data.startswith(magic)), "other")
+
+
+def _tar_item(sample: wds.WdsSample) -> Item:
+    field = wds.image_field(sample)
+    if field is None:
+        has = ", ".join(sorted(sample.fields)) or "nothing"
+        return Item(
+            sample.key,
+            -1,
+            None,
+            sample.where,
+            f"{sample.where}: no image (fields {has}; an image is one of {', '.join(wds.IMAGE_FIELDS)})",
+        )
+    try:
+        label = wds.label_of(sample)
+    except DataError as e:
+        return Item(sample.key, -1, None, sample.where, str(e))
+    return Item(sample.key, label, sample.fields[field], f"{sample.where}.{field}")
+
+
+def open_source(src: str | Path, split: str | None = None) -> Source:
+    """The source ``src`` names: WebDataset tars (a tar, a folder of tars, a glob pattern), a Food101 folder
+    (``images/`` beside ``meta/<split>.json``; ``split`` default ``"train"``), or an ImageFolder.
+
+    Raises:
+        ConfigError: ``src`` does not exist or is no such source, or ``split`` does not apply to it.
+    """
+    text = str(src)
+    tars = wds.list_tars(src)
+    if tars is not None:
+        _no_split(split, text)
+        listing = [(t.name, t.stat().st_size) for t in tars]
+        given = Path(text).expanduser()
+        root = given.resolve() if given.is_dir() else tars[0].resolve()  # nothing is written into a folder of tars
+        shown = str(given.resolve() if given.exists() else given.absolute())  # a glob pattern stays one
+        return Source(shown, root, "wds", tuple(str(t.resolve()) for t in tars), None, None, _digest(listing))
+    root = Path(text).expanduser()
+    if not root.is_dir():
+        raise ConfigError(
+            f"src={text!r}: no such folder or tar; give an image folder (SRC/<class>/<files>), a "
+            "Food101 folder, or WebDataset tars (a .tar, a folder of them, or a quoted glob)"
+        )
+    root = root.resolve()
+    if (root / "meta").is_dir() and (root / "images").is_dir():
+        return _food101(root, split or "train", text)
+    _no_split(split, text)
+    return _image_folder(root, text)
+
+
+def _no_split(split: str | None, text: str) -> None:
+    if split is not None:
+        raise ConfigError(
+            f"split={split!r} applies to a Food101 folder (meta/<split>.json); {text} is not one: "
+            "drop it, and give the folder of the split you want"
+        )
+
+
+def _digest(listing: object) -> str:
+    return hashlib.sha1(json.dumps(listing).encode()).hexdigest()
+
+
+def _image_folder(root: Path, text: str) -> Source:
+    from torchvision.datasets import ImageFolder
+
+    folders = {p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")}
+    if "train" in folders and folders <= _SPLIT_NAMES:
+        raise ConfigError(
+            f"{text} holds the splits {', '.join(sorted(folders))}, not classes: convert each split on "
+            f"its own (gpufeed convert {root / 'train'} DST/train)"
+        )
+    try:
+        ds = ImageFolder(str(root))
+    except (FileNotFoundError, OSError) as e:  # torchvision: no class folder, or a class without image files
+        raise ConfigError(
+            f"src={text!r} is not an image folder ({e}); the layout is {text}/<class name>/<image "
+            "files>, or a Food101 folder, or WebDataset tars"
+        ) from None
+    files = tuple((str(p), int(t)) for p, t in ds.samples)
+    listing = [[Path(p).relative_to(root).as_posix(), t] for p, t in files]
+    return Source(str(root), root, "folder", (str(root),), tuple(ds.classes), len(files), _digest(listing), files=files)
+
+
+def _food101(root: Path, split: str, text: str) -> Source:
+    """torchvision's Food101 listing: classes sorted, samples in ``meta/<split>.json``'s order, ``<id>.jpg``."""
+    meta = root / "meta" / f"{split}.json"
+    try:
+        listed = json.loads(meta.read_text())
+    except FileNotFoundError:
+        have = sorted(p.stem for p in (root / "meta").glob("*.json"))
+        raise ConfigError(
+            f"{text} is a Food101 folder without {meta.name}: split={split!r}; use one of {have}"
+        ) from None
+    except (OSError, ValueError) as e:
+        raise DataError(f"{meta}: cannot be read as Food101's split list ({e}); download the dataset again") from None
+    classes = sorted(listed)
+    index = {c: i for i, c in enumerate(classes)}
+    files = tuple((str(root / "images" / f"{rel}.jpg"), index[c]) for c, rels in listed.items() for rel in rels)
+    if not files:
+        raise DataError(f"{meta} lists no image; nothing to convert")
+    listing = [[Path(p).relative_to(root).as_posix(), t] for p, t in files]
+    return Source(str(root), root, "food101", (str(root),), tuple(classes), len(files), _digest(listing), split, files)

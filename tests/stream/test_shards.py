@@ -1,0 +1,313 @@
+"""Shards: the bytes and labels written come back, from local-only data, a directory remote and an emulated S3; two
+real ranks (torchrun) get the engine's order and, sharing a local directory under a cache limit, never exceed it; a
+large index starts fast."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gpufeed.errors import ConfigError, DataError
+from gpufeed.stream import shm
+from gpufeed.stream.plan import Layout, StreamSettings, plan_epoch
+from gpufeed.stream.prefetch import Prefetcher
+from gpufeed.stream.shards import Shards
+
+from .mds import CLASSES, child_env, free_port, payload, replicate, total_bytes, write_mds
+
+pytest.importorskip("streaming", reason="gpufeed.stream needs MosaicML Streaming: pip install 'gpufeed[streaming]'")
+
+MDS = Path(__file__).with_name("mds.py")
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return write_mds(tmp_path_factory.mktemp("shards") / "mds", 300)
+
+
+@pytest.fixture(autouse=True)
+def _engine_locks_in_tmp(tmp_path_factory, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path_factory.getbasetemp()))
+
+
+def _check(shards: Shards, ids) -> None:
+    got = shards.read(ids)
+    assert got.ids.tolist() == list(ids)
+    assert [bytes(b) for b in got.images] == [payload(i) for i in ids]
+    assert got.labels.tolist() == [i % 10 for i in ids]
+
+
+ORDER = np.random.default_rng(0).permutation(300)
+
+
+def test_local_only_data_reads_back_what_was_written_without_the_engines_shared_memory(data):
+    with Shards(data) as shards:
+        assert shards.index.num_samples == 300 and shards.classes == CLASSES
+        _check(shards, ORDER.tolist())
+        _check(shards, [7, 7, 299, 0])  # repeats, any order
+        assert shards._ds is None and shm.blocks_naming(data) == {}
+
+
+def test_a_directory_remote_is_fetched_into_local_and_reads_back_identical(data, tmp_path):
+    local = tmp_path / "cache"
+    with Shards(local, str(data)) as shards:
+        assert shards.index.fingerprint == Shards(data).index.fingerprint
+        _check(shards, ORDER.tolist())
+        assert shards.classes == CLASSES
+    assert len(list(local.glob("shard.*.mds"))) == shards.index.num_shards
+
+
+def test_a_shard_evicted_between_its_fetch_and_its_read_is_fetched_again(data, tmp_path):
+    with Shards(tmp_path / "cache", str(data)) as shards:
+        _check(shards, [0, 1])
+        shards._ds.evict_shard(0)  # as another rank of the node would, under a cache limit
+        assert not (tmp_path / "cache" / shards.index.basenames[0]).exists()
+        _check(shards, [1, 0])
+
+
+# samples of the first two shards and the last: the bucket holds only those shards (and the index), so a fetch of any
+# other shard would fail the test
+S3_IDS = [41, 0, 299, 13, 5, 297]
+
+
+@pytest.fixture(scope="module")
+def s3(data, tmp_path_factory):
+    """A bucket on moto's S3 server on the loopback address: ``data``'s index, gpufeed.json and the shards of
+    :data:`S3_IDS` under ``mds/``."""
+    pytest.importorskip("moto", reason="the S3 emulator: pip install 'moto[server]'")
+    server = Path(sys.executable).with_name("moto_server")
+    if not server.exists():
+        pytest.skip("moto_server is not installed next to this Python: pip install 'moto[server]'")
+    port = free_port()
+    keys = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+    log = open(tmp_path_factory.mktemp("moto") / "log", "w")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen(
+        [str(server), "-H", "127.0.0.1", "-p", str(port)], stdout=log, stderr=log, env=os.environ | keys
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), 0.2).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    pytest.fail(f"moto_server did not start on port {port}")
+                time.sleep(0.1)
+        import boto3
+
+        endpoint = f"http://127.0.0.1:{port}"
+        client = boto3.client("s3", endpoint_url=endpoint, **{k.lower(): v for k, v in keys.items() if "KEY" in k})
+        client.create_bucket(Bucket="gpufeed-test")
+        index = Shards(data).index
+        needed = {index.basenames[s] for s in index.locate(S3_IDS)[0].tolist()} | {"index.json", "gpufeed.json"}
+        for f in sorted(needed):
+            client.upload_file(str(data / f), "gpufeed-test", f"mds/{f}")
+        yield {"S3_ENDPOINT_URL": endpoint, **keys}
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        log.close()
+
+
+def test_an_s3_remote_emulated_on_the_loopback_reads_back_identical(s3, tmp_path, monkeypatch):
+    for k, v in s3.items():
+        monkeypatch.setenv(k, v)
+    with Shards(tmp_path / "cache", "s3://gpufeed-test/mds") as shards:
+        assert shards.classes == CLASSES  # gpufeed.json fetched too
+        assert shards.index.num_samples == 300
+        _check(shards, S3_IDS)
+
+
+@pytest.mark.parametrize("encoding", ["jpeg", "png"])
+def test_image_columns_of_whole_file_encodings_are_read_as_the_files_bytes(tmp_path, encoding):
+    # the engine's jpeg/png encoders store a file's bytes (bytes given to MDSWriter are stored as they are)
+    with Shards(write_mds(tmp_path / "mds", 40, image_encoding=encoding)) as shards:
+        _check(shards, list(range(40)))
+
+
+@pytest.mark.parametrize("encoding", ["pil", "ndarray", "jpeg_array", "list[jpeg]"])
+def test_image_columns_of_pixels_or_several_images_are_refused_naming_the_encoding(tmp_path, encoding):
+    data = write_mds(tmp_path / "mds", 10, image_encoding=encoding)
+    with pytest.raises(ConfigError, match=re.escape(f"column 'image' has encoding '{encoding}', not an image file's")):
+        Shards(data)
+
+
+@pytest.mark.parametrize("encoding", ["int32", "uint8", "int64", "str_int"])
+def test_label_columns_of_the_integer_encodings_are_read(tmp_path, encoding):
+    with Shards(write_mds(tmp_path / "mds", 30, label_encoding=encoding)) as shards:
+        _check(shards, list(range(30)))
+
+
+def test_other_columns_and_no_labels_are_taken_by_name(data):
+    with Shards(data, label_key="idx") as shards:
+        got = shards.read([3, 250])
+        assert got.labels.tolist() == [3, 250] and got.images == [payload(3), payload(250)]
+    with Shards(data, label_key=None) as shards:
+        assert shards.read([3]).labels.tolist() == [-1]
+    with pytest.raises(ConfigError, match=r"image_key='jpeg' is not a column of shard shard.00000.mds \(columns"):
+        Shards(data, image_key="jpeg")
+    with pytest.raises(ConfigError, match="column 'sha1' has encoding 'str', not an image file's bytes"):
+        Shards(data, image_key="sha1")
+    with pytest.raises(ConfigError, match="column 'key' has encoding 'str'.* a label column is one of"):
+        Shards(data, label_key="key")
+
+
+def test_a_cache_limit_is_refused_for_local_only_data_and_when_too_small(data, tmp_path):
+    with pytest.raises(ConfigError, match="cache_limit=1000000 with local-only data .* never evicted"):
+        Shards(data, cache_limit=1_000_000)
+    with pytest.raises(ConfigError, match=r"cache_limit=30000 bytes is too small .* give at least \d+ bytes"):
+        Shards(tmp_path / "cache", str(data), cache_limit=30_000)
+
+
+def test_a_missing_or_truncated_shard_is_an_error_naming_it(data, tmp_path):
+    copy = tmp_path / "copy"
+    shutil.copytree(data, copy)
+    (copy / "shard.00001.mds").unlink()
+    with open(copy / "shard.00002.mds", "r+b") as f:
+        f.truncate(500)
+    with Shards(copy) as shards:
+        first, _ = shards.index.locate([0])
+        with pytest.raises(
+            DataError, match=r"shard file .*shard.00001.mds .* does not exist; the dataset is incomplete"
+        ):
+            shards.read([int(shards.index.starts[1])])
+        with pytest.raises(DataError, match=r"sample \d+ \(shard shard.00002.mds, position \d+\) is corrupt"):
+            shards.read([int(shards.index.ends[2]) - 1])
+    with pytest.raises(DataError, match=r"index.json does not exist: local= must hold an MDS dataset"):
+        Shards(tmp_path)
+
+
+class _Fake:
+    """A Shards whose prepare records its calls (and fails on one shard)."""
+
+    def __init__(self, fail: int = -1):
+        self.index = Shards.__new__(Shards)  # only .locate is used: sample i lives in shard i // 10
+        self.index.locate = lambda ids: (np.asarray(ids) // 10, np.asarray(ids) % 10)  # type: ignore[attr-defined]
+        self.prepared: list[int] = []
+        self.fail = fail
+
+    def prepare(self, shard: int) -> None:
+        if shard == self.fail:
+            raise OSError(f"shard {shard} unreachable")
+        self.prepared.append(shard)
+
+
+def _settle(fake: _Fake, count: int) -> None:
+    """Until ``count`` shards are prepared, and a moment more (for one too many to show)."""
+    deadline = time.monotonic() + 5
+    while len(fake.prepared) < count and time.monotonic() < deadline:
+        time.sleep(0.005)
+    time.sleep(0.05)
+
+
+def test_the_prefetcher_fetches_shards_in_order_of_first_use_at_most_ahead_of_the_reader():
+    ids = [35, 0, 36, 12, 51, 1, 22, 40]  # shards 3, 0, 1, 5, 2, 4 by first use (at 0, 1, 3, 4, 6, 7)
+    fake = _Fake()
+    with Prefetcher(fake, ids, ahead=2) as ahead:
+        _settle(fake, 2)
+        assert fake.prepared == [3, 0]
+        ahead.advance(1)  # the reader is in shard 3: one more
+        _settle(fake, 3)
+        assert fake.prepared == [3, 0, 1]
+        ahead.advance(3)  # and in shard 0: one more
+        _settle(fake, 4)
+        assert fake.prepared == [3, 0, 1, 5]
+        ahead.advance(5)
+        _settle(fake, 6)
+        assert fake.prepared == [3, 0, 1, 5, 2, 4]
+
+
+def test_the_prefetcher_skips_shards_the_reader_reached_before_it():
+    fake = _Fake()
+    ahead = Prefetcher(fake, [35, 0, 36, 12, 51, 1, 22, 40], ahead=1)
+    _settle(fake, 1)
+    ahead.advance(8)  # all read (the reader fetched them itself): fetching them now could only re-download
+    ahead._thread.join(5)  # it ends on its own, having skipped them
+    assert not ahead._thread.is_alive() and fake.prepared == [3]
+
+
+def test_a_shard_the_prefetcher_cannot_fetch_is_raised_in_the_reader():
+    fake = _Fake(fail=0)
+    with Prefetcher(fake, [35, 0, 12], ahead=4) as ahead:
+        _settle(fake, 1)
+        with pytest.raises(OSError, match="shard 0 unreachable"):
+            ahead.advance(1)
+
+
+@pytest.mark.slow
+def test_two_ranks_under_torchrun_serve_the_engines_order_and_never_exceed_a_shared_quarter_cache(tmp_path):
+    # one launch, two behaviours (each process start costs seconds): each real rank's planned ids equal what the
+    # engine's own iteration gives it; then the two ranks share one local directory with a cache limit of a quarter
+    # of the dataset, read their whole epoch, and the directory (polled) never exceeds the limit
+    data = write_mds(tmp_path / "mds", 1200, size_limit=16384)  # 60 shards of ~16 KB
+    local, limit = tmp_path / "cache", total_bytes(data) // 4
+    peak, polls, stop = [0], [0], threading.Event()
+
+    def poll():
+        while not stop.is_set():
+            peak[0] = max(peak[0], total_bytes(local))
+            polls[0] += 1
+            time.sleep(0.003)
+
+    poller = threading.Thread(target=poll)
+    poller.start()
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1"]
+    cmd += ["--master-port", str(free_port()), str(MDS), "rank", str(data), str(local), str(limit), str(tmp_path / "r")]
+    # its own session: a hang is ended with every rank, not only the launcher (ranks in a C call ignore SIGTERM)
+    run = subprocess.Popen(
+        cmd,
+        env=child_env(tmp_path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out = run.communicate(timeout=120)[0]
+    finally:
+        stop.set()
+        poller.join()
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+            run.wait()
+    assert run.returncode == 0, out[-4000:]
+    ranks = [json.loads((tmp_path / f"r.{r}.json").read_text()) for r in range(2)]
+    for epoch in (0, 1):
+        assert [r["seen"][epoch] for r in ranks] == [r["planned"][epoch] for r in ranks]
+        assert sorted(ranks[0]["seen"][epoch] + ranks[1]["seen"][epoch]) == list(range(1200))
+    assert [r["bad"] for r in ranks] == [[], []]
+    served = ranks[0]["ids"] + ranks[1]["ids"]
+    assert len(served) == 1200 // 16 * 16 == len(set(served))
+    settings = StreamSettings(16, 1, shuffle=True, shuffle_seed=5, shuffle_block_size=ranks[0]["block"])
+    sizes = Shards(data).index.samples_per_shard
+    assert ranks[1]["ids"] == plan_epoch(sizes, settings, Layout.of_rank(1, 2, 2), 0).ids.tolist()
+    assert polls[0] > 100 and 0 < peak[0] <= limit, f"peak {peak[0]} bytes, limit {limit}"
+    assert len(list(local.glob("shard.*.mds"))) < len(sizes), "a quarter cache holds a quarter of the shards"
+
+
+def test_an_index_of_a_thousand_shards_serves_its_first_batch_within_5_seconds(data, tmp_path):
+    remote = replicate(data, tmp_path / "many", 1000)
+    start = time.perf_counter()
+    with Shards(tmp_path / "cache", str(remote)) as shards:
+        settings = StreamSettings(64, 1, shuffle=True)
+        plan = plan_epoch(shards.index.samples_per_shard, settings, Layout(), 0)
+        first = shards.read(plan.batch(0))
+        elapsed = time.perf_counter() - start
+    assert shards.index.num_shards == 1000 and len(first.images) == 64
+    original = {i: payload(i) for i in range(300)}
+    assert all(bytes(b) in original.values() for b in first.images)
+    assert elapsed < 5, f"first batch after {elapsed:.2f} s"

@@ -1,0 +1,118 @@
+"""Shared-memory hygiene: a reader killed with its process group leaves the engine's blocks, the next run cleans them
+and works; blocks a living process uses are never touched."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from gpufeed.cache.location import default_cache_dir
+from gpufeed.errors import ConfigError
+from gpufeed.stream import shm
+from gpufeed.stream.shards import Shards
+
+from .mds import child_env, payload, write_mds
+
+pytest.importorskip("streaming", reason="gpufeed.stream needs MosaicML Streaming: pip install 'gpufeed[streaming]'")
+pytestmark = pytest.mark.skipif(not shm.SHM_DIR.is_dir(), reason="no /dev/shm on this system")
+
+MDS = Path(__file__).with_name("mds.py")
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return write_mds(tmp_path_factory.mktemp("shm") / "mds", 40)
+
+
+@pytest.fixture(autouse=True)
+def _engine_locks_in_tmp(tmp_path_factory, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path_factory.getbasetemp()))
+
+
+def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            out = proc.stdout.read() if proc.stdout else ""
+            pytest.fail(f"the child did not get ready (exit {proc.poll()}): {out[-2000:]}")
+        time.sleep(0.05)
+
+
+def test_a_reader_killed_with_its_process_group_leaves_blocks_the_next_run_cleans_and_works(data, tmp_path):
+    from streaming import StreamingDataset
+
+    local, ready = tmp_path / "cache", tmp_path / "ready"
+    cmd = [sys.executable, str(MDS), "hold", str(data), str(local), str(ready)]
+    child = subprocess.Popen(
+        cmd,
+        env=child_env(tmp_path),
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        _wait_for(ready, child)
+        (prefix, names), *others = shm.blocks_naming(local).items()
+        assert not others and f"{prefix}_locals" in names and len(names) >= 6
+        # alive: the lock is shared by the living run, and its blocks are mapped: nothing may be cleaned
+        with shm.hold(local) as lock:
+            assert not lock.first and lock.cleaned == []
+        assert shm.clean_stale(local) == []
+        assert shm.blocks_naming(local) == {prefix: names}
+    finally:
+        os.killpg(child.pid, signal.SIGKILL)  # the reader and its resource tracker, as a scheduler kills a job
+        child.wait(10)
+        child.stdout.close()  # type: ignore[union-attr]
+    assert shm.blocks_naming(local) == {prefix: names}, "the killed run's blocks are left behind"
+    # the engine alone cannot start again on this directory
+    with pytest.raises(ValueError, match="Reused local directory"):
+        StreamingDataset(remote=str(data), local=str(local))
+    with Shards(local, str(data)) as shards:
+        assert shards._lock is not None and shards._lock.first and sorted(shards._lock.cleaned) == sorted(names)
+        assert shards.read([3]).images == [payload(3)]
+        mine = shm.blocks_naming(local)
+        assert len(mine) == 1 and set(next(iter(mine.values()))) <= shm.mapped_blocks()
+
+
+def test_the_blocks_of_a_living_reader_outside_gpufeed_are_never_touched(data, tmp_path):
+    from streaming import StreamingDataset
+
+    local = tmp_path / "theirs"
+    theirs = StreamingDataset(remote=str(data), local=str(local), batch_size=4)
+    blocks = shm.blocks_naming(local)
+    assert len(blocks) == 1
+    with shm.hold(local) as lock:  # no gpufeed run holds it, but the blocks are mapped by a living process
+        assert lock.first and lock.cleaned == []
+    assert shm.clean_stale(local) == [] and shm.blocks_naming(local) == blocks
+    assert theirs[5]["image"] == payload(5)
+
+
+def test_the_first_holder_of_a_directory_is_told_so_and_the_others_share_it(tmp_path):
+    local = tmp_path / "cache"
+    a = shm.hold(local)
+    b = shm.hold(local)
+    assert (a.first, b.first) == (True, False)
+    assert a.path == b.path and a.path.parent == default_cache_dir() / "stream-locks"
+    assert a.path.read_text() == f"{local}\n"
+    a.release()
+    b.release()
+    with shm.hold(local) as c:
+        assert c.first
+
+
+def test_a_local_directory_open_in_a_reader_is_refused_to_a_second_until_the_first_closes(data, tmp_path):
+    local = tmp_path / "cache"
+    first = Shards(local, str(data))
+    with pytest.raises(ConfigError, match=r"local=.*cache is in use by another reader of this machine"):
+        Shards(local, str(data))
+    first.close()
+    with Shards(local, str(data)) as second:
+        assert second.read([9]).images == [payload(9)]

@@ -6,6 +6,7 @@ from .color import ColorJitter
 from .containers import RandomApply, RandomChoice, RandomOrder
 from .crop_flip import RandomCrop, RandomHorizontalFlip, RandomVerticalFlip
 from .erasing import Cutout, RandomErasing
+from .keyed import KeyedDraws
 from .mix import CutMix, MixChoice, MixUp
 from .random_geometry import RandomAffine, RandomPerspective, RandomRotation
 from .random_ops import (
@@ -33,6 +34,7 @@ __all__ = [
     "Cutout",
     "GaussianBlur",
     "Grayscale",
+    "KeyedDraws",
     "MixChoice",
     "MixUp",
     "Normalize",

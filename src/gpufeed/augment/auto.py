@@ -20,7 +20,7 @@ import torch
 
 from ..errors import ConfigError
 from .auto_ops import OPS, SIGNED, apply_op, augmix_table, magnitude_table
-from .params import fill_tuple
+from .params import Draws, fill_tuple, rand, randint, randn, spawn
 from .transforms import BatchTransform, Params
 
 __all__ = [
@@ -46,9 +46,9 @@ def _check_mode(interpolation: str) -> None:
         raise ConfigError(f"interpolation={interpolation!r}: gpufeed batches 'nearest' and 'bilinear'")
 
 
-def _signs(n: int, ops: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+def _signs(n: int, ops: torch.Tensor, generator: Draws) -> torch.Tensor:
     """-1 or +1 per sample (a fair coin, drawn for every sample), +1 for the ops without a sign."""
-    coin = torch.randint(2, (n,), generator=generator, device=ops.device)
+    coin = randint(generator, 0, 2, (n,), ops.device)
     signed = torch.isin(ops, torch.tensor([OPS.index(s) for s in SIGNED], device=ops.device))
     return torch.where(signed & (coin == 1), -1.0, 1.0).to(torch.float64)
 
@@ -69,11 +69,11 @@ class TrivialAugmentWide(BatchTransform):
             raise ConfigError(f"num_magnitude_bins={self.num_magnitude_bins} must be >= 2")
         object.__setattr__(self, "fill", fill_tuple(self.fill))
 
-    def sample(self, x: torch.Tensor, generator: torch.Generator) -> Params:
+    def sample(self, x: torch.Tensor, generator: Draws) -> Params:
         _check_uint8(x, "TrivialAugmentWide")
         n, dev = x.shape[0], x.device
-        op = torch.randint(14, (n,), generator=generator, device=dev)
-        bins = torch.randint(self.num_magnitude_bins, (n,), generator=generator, device=dev)
+        op = randint(generator, 0, 14, (n,), dev)
+        bins = randint(generator, 0, self.num_magnitude_bins, (n,), dev)
         table = magnitude_table(
             "wide", self.num_magnitude_bins, x.shape[2], x.shape[3], OPS[:14], self.v2_thresholds
         ).to(dev)
@@ -107,7 +107,7 @@ class RandAugment(BatchTransform):
             )
         object.__setattr__(self, "fill", fill_tuple(self.fill))
 
-    def sample(self, x: torch.Tensor, generator: torch.Generator) -> Params:
+    def sample(self, x: torch.Tensor, generator: Draws) -> Params:
         _check_uint8(x, "RandAugment")
         n, dev = x.shape[0], x.device
         table = magnitude_table(
@@ -115,7 +115,7 @@ class RandAugment(BatchTransform):
         ).to(dev)
         rounds = []
         for _ in range(self.num_ops):
-            op = torch.randint(14, (n,), generator=generator, device=dev)
+            op = randint(generator, 0, 14, (n,), dev)
             rounds.append((op, table[op, self.magnitude] * _signs(n, op, generator)))
         return {"rounds": rounds}
 
@@ -158,13 +158,13 @@ class AutoAugment(BatchTransform):
         bins = torch.tensor([[step[2] if step[2] is not None else 0 for step in sub] for sub in pol])
         object.__setattr__(self, "_rows", (ops, probs, bins))
 
-    def sample(self, x: torch.Tensor, generator: torch.Generator) -> Params:
+    def sample(self, x: torch.Tensor, generator: Draws) -> Params:
         _check_uint8(x, "AutoAugment")
         n, dev = x.shape[0], x.device
         ops, probs, bins = (t.to(dev) for t in self._rows)
         table = magnitude_table("auto", 10, x.shape[2], x.shape[3], OPS, self.v2_thresholds).to(dev)
-        which = torch.randint(len(ops), (n,), generator=generator, device=dev)
-        chance = torch.rand((n, 2), generator=generator, device=dev, dtype=torch.float64)
+        which = randint(generator, 0, len(ops), (n,), dev)
+        chance = rand(generator, (n, 2), dev, torch.float64)
         rounds = []
         for j in range(2):
             op = ops[which, j]
@@ -179,9 +179,11 @@ class AutoAugment(BatchTransform):
         return x
 
 
-def dirichlet(concentration: torch.Tensor, n: int, generator: torch.Generator) -> torch.Tensor:
+def dirichlet(concentration: torch.Tensor, n: int, generator: Draws) -> torch.Tensor:
     """``(n, k)`` Dirichlet draws from ``generator``: normalised Gamma(alpha_j) draws (Marsaglia and Tsang's
-    method, boosted below 1), since torch's own Dirichlet sampler takes no generator."""
+    method, boosted below 1), since torch's own Dirichlet sampler takes no generator. Keyed, the rejection loop
+    (as many rounds as the batch's slowest sample needs) draws from a stream of its own and the boost from
+    another, so that neither depends on the other samples."""
     alpha = concentration.to(torch.float64).expand(n, -1)
     boost = alpha < 1
     a = torch.where(boost, alpha + 1, alpha)
@@ -189,15 +191,16 @@ def dirichlet(concentration: torch.Tensor, n: int, generator: torch.Generator) -
     c = 1.0 / torch.sqrt(9 * d)
     gamma = torch.zeros_like(a)
     todo = torch.ones_like(a, dtype=torch.bool)
+    rounds, last = spawn(generator), spawn(generator)
     while bool(todo.any()):
-        z = torch.randn(a.shape, generator=generator, device=a.device, dtype=torch.float64)
-        u = torch.rand(a.shape, generator=generator, device=a.device, dtype=torch.float64)
+        z = randn(rounds, a.shape, a.device, torch.float64)
+        u = rand(rounds, a.shape, a.device, torch.float64)
         v = (1 + c * z) ** 3
         ok = (v > 0) & (torch.log(u) < 0.5 * z * z + d - d * v + d * torch.log(v.clamp(min=1e-300)))
         take = todo & ok
         gamma = torch.where(take, d * v, gamma)
         todo = todo & ~ok
-    u = torch.rand(a.shape, generator=generator, device=a.device, dtype=torch.float64)
+    u = rand(last, a.shape, a.device, torch.float64)
     gamma = torch.where(boost, gamma * u ** (1.0 / alpha), gamma)
     return (gamma / gamma.sum(1, keepdim=True)).to(torch.float32)
 
@@ -225,7 +228,7 @@ class AugMix(BatchTransform):
             )
         object.__setattr__(self, "fill", fill_tuple(self.fill))
 
-    def sample(self, x: torch.Tensor, generator: torch.Generator) -> Params:
+    def sample(self, x: torch.Tensor, generator: Draws) -> Params:
         _check_uint8(x, "AugMix")
         n, dev = x.shape[0], x.device
         ops, table = (t.to(dev) for t in augmix_table(x.shape[2], x.shape[3], self.all_ops))
@@ -236,11 +239,11 @@ class AugMix(BatchTransform):
             if self.chain_depth > 0:
                 depth = torch.full((n,), self.chain_depth, device=dev)
             else:
-                depth = torch.randint(1, 4, (n,), generator=generator, device=dev)
+                depth = randint(generator, 1, 4, (n,), dev)
             steps = []
             for step in range(int(self.chain_depth) if self.chain_depth > 0 else 3):
-                pick = torch.randint(len(ops), (n,), generator=generator, device=dev)
-                bins = torch.randint(self.severity, (n,), generator=generator, device=dev)
+                pick = randint(generator, 0, len(ops), (n,), dev)
+                bins = randint(generator, 0, self.severity, (n,), dev)
                 op = torch.where(step < depth, ops[pick], 0)  # Identity past the sample's depth
                 magnitude = torch.where(step < depth, table[pick, bins] * _signs(n, ops[pick], generator), 0.0)
                 steps.append((op, magnitude))

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import ConfigError
+from .params import Draws, permutation, rand
 from .transforms import BatchTransform, Params
 
 __all__ = ["ColorJitter", "adjust_brightness", "adjust_contrast", "adjust_hue", "adjust_saturation", "blend", "gray"]
@@ -151,12 +152,12 @@ class ColorJitter(BatchTransform):
     def _ranges(self) -> tuple:
         return (self.brightness, self.contrast, self.saturation, self.hue)
 
-    def sample(self, x: torch.Tensor, generator: torch.Generator) -> Params:
+    def sample(self, x: torch.Tensor, generator: Draws) -> Params:
         n = x.shape[0]
-        order = torch.rand((n, 4), generator=generator, device=x.device).argsort(dim=1)  # a uniform permutation
+        order = permutation(generator, n, 4, x.device)  # a uniform permutation
         factors = []
         for r in self._ranges():
-            u = torch.rand(n, generator=generator, device=x.device)
+            u = rand(generator, (n,), x.device)
             factors.append(None if r is None else r[0] + (r[1] - r[0]) * u)
         return {"order": order, "factors": factors}
 

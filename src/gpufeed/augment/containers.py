@@ -1,8 +1,9 @@
 """torchvision's random containers, batched: ``RandomApply``, ``RandomChoice`` and ``RandomOrder``, decided per
 sample as torchvision decides per call.
 
-The inner ops draw from a seed recorded in the parameters, so ``apply`` stays a pure function of them; an inner op
-may not change the image's size (the samples a container picks and the others would differ).
+The inner ops draw from a seed recorded in the parameters (keyed draws: from the container's ``"inner"`` stream, each
+inner op from a child of it selected to the samples it runs on), so ``apply`` stays a pure function of them; an
+inner op may not change the image's size (the samples a container picks and the others would differ).
 """
 
 from __future__ import annotations
@@ -13,19 +14,20 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import ConfigError, DataError
-from .params import apply_on, check_p, coin
+from .keyed import KeyedDraws
+from .params import Draws, apply_on, categorical, check_p, coin, inner_draws, permutation
 from .transforms import BatchTransform, Params
 
 __all__ = ["Identity", "RandomApply", "RandomChoice", "RandomOrder"]
 
 
-def _seed(generator: torch.Generator, x: torch.Tensor) -> int:
-    """A seed for the inner ops, drawn from the loader's generator (one host read per batch)."""
-    return int(torch.randint(0, 2**62, (1,), generator=generator, device=x.device).item())
-
-
-def _run(op: BatchTransform, x: torch.Tensor, seed: int, salt: int) -> torch.Tensor:
-    g = torch.Generator(device=x.device).manual_seed(seed + salt)
+def _run(op: BatchTransform, x: torch.Tensor, inner: int | KeyedDraws, salt: int, idx: torch.Tensor) -> torch.Tensor:
+    """``op`` on ``x``, the samples at ``idx`` of the container's batch: from a generator seeded with the
+    container's seed plus ``salt`` (the op's place), or keyed, from the inner stream's child ``salt``, selected to
+    those samples."""
+    if isinstance(inner, KeyedDraws):
+        return op(x, generator=inner.child(salt).select(idx))
+    g = torch.Generator(device=x.device).manual_seed(inner + salt)
     return op(x, generator=g)
 
 
@@ -66,14 +68,14 @@ class RandomApply(BatchTransform):
         object.__setattr__(self, "transforms", _same_size(self.transforms, "RandomApply"))
         object.__setattr__(self, "p", check_p(self.p, "RandomApply"))
 
-    def sample(self, x: torch.Tensor, generator: torch.Generator) -> Params:
-        return {"apply": coin(x, self.p, generator), "seed": _seed(generator, x)}
+    def sample(self, x: torch.Tensor, generator: Draws) -> Params:
+        return {"apply": coin(x, self.p, generator), "seed": inner_draws(generator, x)}
 
     def apply(self, x: torch.Tensor, params: Params) -> torch.Tensor:
         def chain(part: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
             out = part
             for k, op in enumerate(self.transforms):
-                out = _run(op, out, params["seed"], k)
+                out = _run(op, out, params["seed"], k, idx)
             return _kept_size(out, part, "RandomApply")
 
         return apply_on(x, params["apply"], chain)
@@ -93,19 +95,18 @@ class RandomChoice(BatchTransform):
         if self.p is not None and (len(self.p) != len(self.transforms) or min(self.p) < 0 or sum(self.p) <= 0):
             raise ConfigError(f"RandomChoice: p={self.p!r} needs one weight >= 0 per transform")
 
-    def sample(self, x: torch.Tensor, generator: torch.Generator) -> Params:
-        weights = torch.tensor(self.p or [1.0] * len(self.transforms), dtype=torch.float64, device=x.device)
+    def sample(self, x: torch.Tensor, generator: Draws) -> Params:
         if x.shape[0] == 0:
             return {"which": torch.zeros(0, dtype=torch.long, device=x.device), "seed": 0}
-        which = torch.multinomial(weights, x.shape[0], replacement=True, generator=generator)
-        return {"which": which, "seed": _seed(generator, x)}
+        which = categorical(generator, self.p or [1.0] * len(self.transforms), x.shape[0], x.device)
+        return {"which": which, "seed": inner_draws(generator, x)}
 
     def apply(self, x: torch.Tensor, params: Params) -> torch.Tensor:
         for k, op in enumerate(self.transforms):
             x = apply_on(
                 x,
                 params["which"] == k,
-                lambda part, idx, op=op, k=k: _kept_size(_run(op, part, params["seed"], k), part, "RandomChoice"),
+                lambda part, idx, op=op, k=k: _kept_size(_run(op, part, params["seed"], k, idx), part, "RandomChoice"),
             )
         return x
 
@@ -119,10 +120,10 @@ class RandomOrder(BatchTransform):
     def __post_init__(self) -> None:
         object.__setattr__(self, "transforms", _same_size(self.transforms, "RandomOrder"))
 
-    def sample(self, x: torch.Tensor, generator: torch.Generator) -> Params:
+    def sample(self, x: torch.Tensor, generator: Draws) -> Params:
         k = len(self.transforms)
-        order = torch.rand((x.shape[0], k), generator=generator, device=x.device).argsort(1)  # uniform permutations
-        return {"order": order, "seed": _seed(generator, x)}
+        order = permutation(generator, x.shape[0], k, x.device)  # uniform permutations
+        return {"order": order, "seed": inner_draws(generator, x)}
 
     def apply(self, x: torch.Tensor, params: Params) -> torch.Tensor:
         order = params["order"]
@@ -132,6 +133,8 @@ class RandomOrder(BatchTransform):
                 x = apply_on(
                     x,
                     order[:, slot] == k,
-                    lambda part, idx, op=op, s=salt: _kept_size(_run(op, part, params["seed"], s), part, "RandomOrder"),
+                    lambda part, idx, op=op, s=salt: _kept_size(
+                        _run(op, part, params["seed"], s, idx), part, "RandomOrder"
+                    ),
                 )
         return x

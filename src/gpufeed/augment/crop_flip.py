@@ -13,7 +13,7 @@ import torch
 from ..errors import ConfigError
 from . import functional as F
 from . import geometry as G
-from .params import check_probability, size_pair
+from .params import Draws, check_probability, rand, randint, size_pair
 from .transforms import GeometricTransform, Params
 
 __all__ = ["RandomCrop", "RandomHorizontalFlip", "RandomVerticalFlip"]
@@ -79,7 +79,7 @@ class RandomCrop(GeometricTransform):
     def output_size(self, height: int, width: int) -> tuple[int, int]:
         return self.size  # type: ignore[return-value]
 
-    def draw(self, n: int, height: int, width: int, device: torch.device, generator: torch.Generator) -> Params:
+    def draw(self, n: int, height: int, width: int, device: torch.device, generator: Draws) -> Params:
         stages = self.resolved_padding(height, width)
         h, w = self.size  # type: ignore[misc]
         ph = height + sum(p[1] + p[3] for p in stages)
@@ -89,8 +89,8 @@ class RandomCrop(GeometricTransform):
                 f"size={self.size} is larger than the padded image ({ph}, {pw}); increase padding or set pad_if_needed"
             )
         return {
-            "top": torch.randint(0, ph - h + 1, (n,), generator=generator, device=device),
-            "left": torch.randint(0, pw - w + 1, (n,), generator=generator, device=device),
+            "top": randint(generator, 0, ph - h + 1, (n,), device),
+            "left": randint(generator, 0, pw - w + 1, (n,), device),
         }
 
     def index_map(self, params: Params, height: int, width: int) -> G.IndexMap:
@@ -108,8 +108,8 @@ class RandomHorizontalFlip(GeometricTransform):
     def __post_init__(self) -> None:
         object.__setattr__(self, "p", check_probability(self.p))
 
-    def draw(self, n: int, height: int, width: int, device: torch.device, generator: torch.Generator) -> Params:
-        return {"mask": torch.rand(n, generator=generator, device=device) < self.p}
+    def draw(self, n: int, height: int, width: int, device: torch.device, generator: Draws) -> Params:
+        return {"mask": rand(generator, (n,), device) < self.p}
 
     def index_map(self, params: Params, height: int, width: int) -> G.IndexMap:
         return G.flip_map(params["mask"], width, "cols")

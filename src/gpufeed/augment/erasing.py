@@ -10,17 +10,17 @@ import torch
 
 from ..errors import ConfigError
 from . import functional as F
-from .params import check_probability
+from .params import Draws, check_probability, rand, randint, randn
 from .transforms import BatchTransform, Params
 
 __all__ = ["Cutout", "RandomErasing"]
 
 
-def _erase_value(value: float | Sequence[float] | str, x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+def _erase_value(value: float | Sequence[float] | str, x: torch.Tensor, generator: Draws) -> torch.Tensor:
     if isinstance(value, str):  # "random": independent N(0, 1) per erased pixel, as torchvision
         if x.dtype == torch.uint8:
             raise ConfigError("value='random' draws N(0, 1) values and needs float input; erase after Normalize")
-        return torch.randn(x.shape, generator=generator, device=x.device, dtype=x.dtype)
+        return randn(generator, x.shape, x.device, x.dtype)
     return F.constant(value, x, "value")
 
 
@@ -48,11 +48,11 @@ class RandomErasing(BatchTransform):
         if isinstance(self.value, str) and self.value != "random":
             raise ConfigError(f"value={self.value!r} must be a number, a sequence of numbers or 'random'")
 
-    def sample(self, x: torch.Tensor, generator: torch.Generator) -> Params:
+    def sample(self, x: torch.Tensor, generator: Draws) -> Params:
         n, _, img_h, img_w = x.shape
         dev, k = x.device, self.attempts
         # float64 like torchvision's Python floats, so round() sees the same values.
-        u = torch.rand((4, n, k), generator=generator, device=dev, dtype=torch.float64)
+        u = rand(generator, (4, n, k), dev, torch.float64, axis=1)
         area = img_h * img_w * (self.scale[0] + (self.scale[1] - self.scale[0]) * u[0])
         lo, hi = math.log(self.ratio[0]), math.log(self.ratio[1])
         aspect = torch.exp(lo + (hi - lo) * u[1])
@@ -63,7 +63,7 @@ class RandomErasing(BatchTransform):
         h, w = h.gather(1, first).squeeze(1), w.gather(1, first).squeeze(1)
         top = (u[2, :, 0] * (img_h - h + 1)).floor().long()
         left = (u[3, :, 0] * (img_w - w + 1)).floor().long()
-        coin = torch.rand(n, generator=generator, device=dev) < self.p
+        coin = rand(generator, (n,), dev) < self.p
         value = _erase_value(self.value, x, generator)
         return {"mask": coin & fits.any(dim=1), "top": top, "left": left, "height": h, "width": w, "value": value}
 
@@ -91,11 +91,11 @@ class Cutout(BatchTransform):
             raise ConfigError(f"fill={self.fill!r} must be a number or one number per channel")
         object.__setattr__(self, "p", check_probability(self.p))
 
-    def sample(self, x: torch.Tensor, generator: torch.Generator) -> Params:
+    def sample(self, x: torch.Tensor, generator: Draws) -> Params:
         n, _, h, w = x.shape
-        cy = torch.randint(0, h, (n,), generator=generator, device=x.device)
-        cx = torch.randint(0, w, (n,), generator=generator, device=x.device)
-        coin = torch.rand(n, generator=generator, device=x.device) < self.p
+        cy = randint(generator, 0, h, (n,), x.device)
+        cx = randint(generator, 0, w, (n,), x.device)
+        coin = rand(generator, (n,), x.device) < self.p
         return {"mask": coin, "top": cy - self.size // 2, "left": cx - self.size // 2}
 
     def apply(self, x: torch.Tensor, params: Params) -> torch.Tensor:

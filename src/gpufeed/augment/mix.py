@@ -5,6 +5,10 @@ Each batch is mixed with itself rolled by one sample; the labels become soft tar
 applies them after the per-sample ops, to each batch it yields, drawing lambda (and CutMix's box)
 from a stream derived from its seed, epoch, rank and batch number, so that a resumed epoch mixes
 exactly as the uninterrupted one. ``lambda ~ Beta(alpha, alpha)`` (torchvision's Dirichlet of two).
+
+They stay batch-level under keyed draws too (:class:`~gpufeed.augment.keyed.KeyedDraws`): a mix pairs each sample
+with its neighbour in the batch and shares one lambda among all of them, so what a sample becomes depends on its
+companions by definition and cannot be keyed per sample; a run resumed at another world size mixes differently.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ import torch
 
 from ..errors import ConfigError
 from .affine import affine_sample, inverse_affine, inverse_affine_v1, inverse_affine_v2, sample_grid
-from .params import apply_on, check_p, coin, fill_tuple, uniform
+from .params import Draws, apply_on, check_p, coin, fill_tuple, randint, uniform
 from .transforms import BatchTransform, Params
 
 __all__ = ["RandomAffine", "RandomPerspective", "RandomRotation"]
@@ -53,7 +53,7 @@ class RandomRotation(BatchTransform):
         object.__setattr__(self, "interpolation", _mode(self.interpolation))
         object.__setattr__(self, "fill", fill_tuple(self.fill))
 
-    def sample(self, x: torch.Tensor, generator: torch.Generator) -> Params:
+    def sample(self, x: torch.Tensor, generator: Draws) -> Params:
         lo, hi = self.degrees  # type: ignore[misc]
         return {"angle": uniform(x.shape[0], lo, hi, x, generator)}
 
@@ -103,7 +103,7 @@ class RandomAffine(BatchTransform):
         object.__setattr__(self, "interpolation", _mode(self.interpolation))
         object.__setattr__(self, "fill", fill_tuple(self.fill))
 
-    def sample(self, x: torch.Tensor, generator: torch.Generator) -> Params:
+    def sample(self, x: torch.Tensor, generator: Draws) -> Params:
         n, (h, w) = x.shape[0], x.shape[2:]
         lo, hi = self.degrees  # type: ignore[misc]
         angle = uniform(n, lo, hi, x, generator)
@@ -157,12 +157,12 @@ class RandomPerspective(BatchTransform):
         object.__setattr__(self, "interpolation", _mode(self.interpolation))
         object.__setattr__(self, "fill", fill_tuple(self.fill))
 
-    def sample(self, x: torch.Tensor, generator: torch.Generator) -> Params:
+    def sample(self, x: torch.Tensor, generator: Draws) -> Params:
         n, (h, w) = x.shape[0], x.shape[2:]
         bw, bh = int(self.distortion_scale * (w // 2)) + 1, int(self.distortion_scale * (h // 2)) + 1
 
         def draw(low: int, high: int) -> torch.Tensor:
-            return torch.randint(low, high, (n,), generator=generator, device=x.device)
+            return randint(generator, low, high, (n,), x.device)
 
         # corners: top-left, top-right, bottom-right, bottom-left, each (x, y)
         ends = torch.stack(

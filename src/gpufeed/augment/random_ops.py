@@ -19,7 +19,7 @@ import torch.nn.functional as nnf
 from ..errors import ConfigError
 from .auto_ops import adjust_sharpness, autocontrast, equalize, posterize
 from .color import gray
-from .params import apply_on, check_p, coin, uniform
+from .params import Draws, apply_on, check_p, coin, uniform
 from .transforms import BatchTransform, Params
 
 __all__ = [
@@ -45,7 +45,7 @@ class _Sometimes(BatchTransform):
     def __post_init__(self) -> None:
         object.__setattr__(self, "p", check_p(getattr(self, "p"), type(self).__name__))  # noqa: B009
 
-    def sample(self, x: torch.Tensor, generator: torch.Generator) -> Params:
+    def sample(self, x: torch.Tensor, generator: Draws) -> Params:
         return {"apply": coin(x, getattr(self, "p"), generator)}  # noqa: B009
 
     def apply(self, x: torch.Tensor, params: Params) -> torch.Tensor:
@@ -182,7 +182,7 @@ class GaussianBlur(BatchTransform):
         object.__setattr__(self, "kernel_size", ks)
         object.__setattr__(self, "sigma", _pair(self.sigma, "sigma"))
 
-    def sample(self, x: torch.Tensor, generator: torch.Generator) -> Params:
+    def sample(self, x: torch.Tensor, generator: Draws) -> Params:
         lo, hi = self.sigma  # type: ignore[misc]
         return {"sigma": uniform(x.shape[0], lo, hi, x, generator)}
 

@@ -21,7 +21,7 @@ import torch
 from ..errors import ConfigError
 from ..store.ragged import Ragged
 from .fixed_point import KERNELS
-from .params import size_pair
+from .params import Draws, rand, randint, size_pair
 from .ragged_resize import ragged_resized_crop
 from .resample import resized_crop
 from .transforms import BatchTransform, Params
@@ -63,8 +63,8 @@ class RandomResizedCrop(BatchTransform):
         if not (0 < self.ratio[0] <= self.ratio[1]):
             raise ConfigError(f"ratio={self.ratio!r} must satisfy 0 < min <= max")
 
-    def sample(self, x: torch.Tensor | Ragged, generator: torch.Generator) -> Params:
-        if isinstance(x, Ragged):  # each image's own size (the sizes live on the CPU)
+    def sample(self, x: torch.Tensor | Ragged, generator: Draws) -> Params:
+        if isinstance(x, Ragged):  # each image's own size (the sizes live on the CPU); keyed: one id per image
             device = generator.device
             heights, widths = x.shapes[:, 1].to(device), x.shapes[:, 2].to(device)
         else:
@@ -77,16 +77,14 @@ class RandomResizedCrop(BatchTransform):
         params = self.draw(heights, widths, generator, device)
         if not isinstance(self.interpolation, str):  # timm's random.choice of interpolation, per sample
             modes = len(self.interpolation)
-            params["mode"] = torch.randint(modes, (heights.shape[0],), generator=generator, device=device)
+            params["mode"] = randint(generator, 0, modes, (heights.shape[0],), device)
         return params
 
-    def draw(
-        self, heights: torch.Tensor, widths: torch.Tensor, generator: torch.Generator, device: torch.device
-    ) -> Params:
+    def draw(self, heights: torch.Tensor, widths: torch.Tensor, generator: Draws, device: torch.device) -> Params:
         """Boxes for images of these (per-sample) sizes, as torchvision's ``get_params`` draws them."""
         n = heights.shape[0]
         height, width = heights.view(-1, 1), widths.view(-1, 1)
-        u = torch.rand((4, n, self.attempts), generator=generator, device=device, dtype=torch.float64)
+        u = rand(generator, (4, n, self.attempts), device, torch.float64, axis=1)
         area = (height * width) * (self.scale[0] + (self.scale[1] - self.scale[0]) * u[0])
         lo, hi = math.log(self.ratio[0]), math.log(self.ratio[1])
         aspect = torch.exp(lo + (hi - lo) * u[1])

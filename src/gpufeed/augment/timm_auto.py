@@ -25,6 +25,7 @@ import torch
 from ..errors import ConfigError
 from . import pil
 from .auto_ops import equalize, posterize
+from .params import Draws, rand, randint, randn, without_replacement
 from .transforms import BatchTransform, Params
 
 __all__ = ["NAMES", "Hparams", "TimmAutoAugment", "TimmOp", "TimmRandAugment"]
@@ -121,21 +122,21 @@ class _TimmAugment(BatchTransform):
     def _table(self, dev: torch.device) -> dict[str, torch.Tensor]:
         return _op_table(self.ops, dev)
 
-    def _round(self, pick: torch.Tensor, x: torch.Tensor, generator: torch.Generator) -> dict[str, torch.Tensor]:
+    def _round(self, pick: torch.Tensor, x: torch.Tensor, generator: Draws) -> dict[str, torch.Tensor]:
         """Draw one round for op ``pick[i]`` (an index into ``ops``; -1: none) of each sample, as AugmentOp does."""
         n, dev = pick.shape[0], pick.device
         t = self._table(dev)
         some = pick >= 0
         at = pick.clamp(min=0)
-        u = lambda: torch.rand(n, generator=generator, device=dev, dtype=torch.float64)  # noqa: E731
+        u = lambda: rand(generator, (n,), dev, torch.float64)  # noqa: E731
         apply = some & (u() <= t["prob"][at])  # timm skips when random() > prob
         base, std = t["magnitude"][at], t["std"][at]
-        gauss = base + std * torch.randn(n, generator=generator, device=dev, dtype=torch.float64)
+        gauss = base + std * randn(generator, (n,), dev, torch.float64)
         uniform = u() * base
         magnitude = torch.where(torch.isinf(std), uniform, torch.where(std > 0, gauss, base))
         magnitude = torch.minimum(magnitude, t["upper"][at]).clamp(min=0.0)
         sign = torch.where(u() > 0.5, -1.0, 1.0)  # _randomly_negate
-        mode = torch.randint(len(self.hparams.interpolation), (n,), generator=generator, device=dev)
+        mode = randint(generator, 0, len(self.hparams.interpolation), (n,), dev)
         kind = torch.where(apply, t["kind"][at], -1)
         level = magnitude / torch.full_like(
             magnitude, 10.0
@@ -304,16 +305,15 @@ class TimmRandAugment(_TimmAugment):
         how = "weighted, without replacement" if self.choice_weights is not None else "uniform"
         return f"{self.num_layers} per image, {how}"
 
-    def sample(self, x: torch.Tensor, generator: torch.Generator) -> Params:
+    def sample(self, x: torch.Tensor, generator: Draws) -> Params:
         self._check(x)
         n, dev = x.shape[0], x.device
         if self.num_layers == 0:  # timm's choice of no ops: the image as it is
             return {"rounds": []}
         if self.choice_weights is None:
-            picks = torch.randint(len(self.ops), (n, self.num_layers), generator=generator, device=dev)
+            picks = randint(generator, 0, len(self.ops), (n, self.num_layers), dev)
         else:
-            weights = torch.tensor(self.choice_weights, dtype=torch.float64, device=dev).expand(n, -1)
-            picks = torch.multinomial(weights, self.num_layers, replacement=False, generator=generator)
+            picks = without_replacement(generator, self.choice_weights, n, self.num_layers, dev)
         return {"rounds": [self._round(picks[:, j], x, generator) for j in range(self.num_layers)]}
 
     def apply(self, x: torch.Tensor, params: Params) -> torch.Tensor:
@@ -338,12 +338,12 @@ class TimmAutoAugment(_TimmAugment):
     def _choice(self) -> str:
         return f"one of {len(self.policy)} sub-policies per image"
 
-    def sample(self, x: torch.Tensor, generator: torch.Generator) -> Params:
+    def sample(self, x: torch.Tensor, generator: Draws) -> Params:
         self._check(x)
         n, dev = x.shape[0], x.device
         depth = max(len(sub) for sub in self.policy)
         table = torch.tensor([list(sub) + [-1] * (depth - len(sub)) for sub in self.policy], device=dev)
-        which = torch.randint(len(self.policy), (n,), generator=generator, device=dev)
+        which = randint(generator, 0, len(self.policy), (n,), dev)
         return {"rounds": [self._round(table[which, j], x, generator) for j in range(depth)]}
 
     def apply(self, x: torch.Tensor, params: Params) -> torch.Tensor:

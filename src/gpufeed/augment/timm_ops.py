@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import ConfigError
+from .params import Draws, rand, randint, randn
 from .transforms import BatchTransform, Params
 
 __all__ = ["TimmRandomErasing"]
@@ -40,7 +41,7 @@ class TimmRandomErasing(BatchTransform):
         if not 1 <= self.min_count <= self.max_count:  # type: ignore[operator]
             raise ConfigError(f"min_count={self.min_count} and max_count={self.max_count} must be 1 <= min <= max")
 
-    def sample(self, x: torch.Tensor, generator: torch.Generator) -> Params:
+    def sample(self, x: torch.Tensor, generator: Draws) -> Params:
         if not x.dtype.is_floating_point:
             raise ConfigError(
                 "timm's RandomErasing fills normalised float images (0 or normal draws); this batch is "
@@ -48,9 +49,9 @@ class TimmRandomErasing(BatchTransform):
             )
         n, c, h, w = x.shape
         dev = x.device
-        u = lambda *shape: torch.rand(shape, generator=generator, device=dev, dtype=torch.float64)  # noqa: E731
+        u = lambda *shape: rand(generator, shape, dev, torch.float64)  # noqa: E731
         apply = u(n) <= self.probability  # timm: skip when random() > probability
-        count = torch.randint(self.min_count, self.max_count + 1, (n,), generator=generator, device=dev)  # type: ignore[operator]
+        count = randint(generator, self.min_count, self.max_count + 1, (n,), dev)  # type: ignore[operator]
         lo, hi = math.log(self.min_aspect), math.log(self.max_aspect)  # type: ignore[arg-type]
         boxes = []
         for j in range(self.max_count):  # type: ignore[arg-type]
@@ -65,9 +66,9 @@ class TimmRandomErasing(BatchTransform):
             left = (u(n) * (w - bw + 1)).floor().long()
             boxes.append((apply & (j < count) & fits.any(1), top, left, bh, bw))
         if self.mode == "pixel":
-            noise = [torch.randn(x.shape, generator=generator, device=dev, dtype=x.dtype) for _ in boxes]
+            noise = [randn(generator, x.shape, dev, x.dtype) for _ in boxes]
         elif self.mode == "rand":
-            noise = [torch.randn((n, c, 1, 1), generator=generator, device=dev, dtype=x.dtype) for _ in boxes]
+            noise = [randn(generator, (n, c, 1, 1), dev, x.dtype) for _ in boxes]
         else:
             noise = [torch.zeros((1, 1, 1, 1), device=dev, dtype=x.dtype) for _ in boxes]
         return {"boxes": boxes, "noise": noise}

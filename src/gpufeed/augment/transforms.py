@@ -3,7 +3,9 @@
 Each transform draws its own parameters for every sample in one call (``sample``) and applies
 them with a pure function from :mod:`gpufeed.augment.functional` (``apply``). Random transforms
 take randomness only from the ``generator=`` passed in, never from torch's global RNG, so a
-loader can make every batch reproducible from its seed.
+loader can make every batch reproducible from its seed: a ``torch.Generator`` (one stream per batch),
+or a :class:`~gpufeed.augment.keyed.KeyedDraws` (draws keyed by seed, epoch and sample id, so that a
+sample is augmented the same in any batch; the draw functions in :mod:`gpufeed.augment.params` take either).
 
 This module holds the base classes, the value ops that :class:`Compose` fuses with the crops and flips
 (``Normalize``, ``ConvertDtype``) and ``Compose`` itself; the crops and flips are in :mod:`.crop_flip`, the
@@ -23,6 +25,8 @@ from ..store.ragged import Ragged
 from . import chunks as C
 from . import functional as F
 from . import geometry as G
+from .keyed import KeyedDraws
+from .params import Draws
 
 __all__ = [
     "BatchTransform",
@@ -36,12 +40,26 @@ __all__ = [
 Params = dict[str, Any]
 
 
-def _check_generator(generator: torch.Generator | None, x: torch.Tensor, op: str) -> torch.Generator:
+def _check_generator(generator: Draws | None, x: torch.Tensor | Ragged, op: str) -> Draws:
+    """The op's draws, or a typed error: none given, or on another device than the batch (keyed: or another
+    number of ids than samples)."""
     if generator is None:
         raise ConfigError(
-            f"{op} is random and needs generator=torch.Generator(device={x.device.type!r}).manual_seed(SEED); "
+            f"{op} is random and needs generator=torch.Generator(device={x.device.type!r}).manual_seed(SEED) "
+            "(or gpufeed.augment.KeyedDraws(seed, epoch, ids) for draws keyed per sample); "
             "gpufeed never draws from torch's global RNG"
         )
+    if isinstance(generator, KeyedDraws):
+        if generator.device != x.device:
+            raise DeviceError(
+                f"{op}: KeyedDraws' ids are on {str(generator.device)!r} but the batch is on {str(x.device)!r}; "
+                f"move them: KeyedDraws(seed, epoch, ids.to({str(x.device)!r}))"
+            )
+        if len(generator) != len(x):
+            raise ConfigError(
+                f"{op}: KeyedDraws holds {len(generator)} ids for a batch of {len(x)} samples; give one id per sample"
+            )
+        return generator
     if generator.device.type != x.device.type:
         raise DeviceError(
             f"{op}: generator is on {generator.device.type!r} but the batch is on {x.device.type!r}; "
@@ -66,8 +84,9 @@ class BatchTransform:
 
     random: bool = True
 
-    def sample(self, x: torch.Tensor, generator: torch.Generator) -> Params:
-        """Draw this transform's parameters for every sample of ``x`` (on ``x.device``)."""
+    def sample(self, x: torch.Tensor, generator: Draws) -> Params:
+        """Draw this transform's parameters for every sample of ``x`` (on ``x.device``), from a generator or keyed
+        draws (through :mod:`gpufeed.augment.params`' draw functions, which take either)."""
         return {}
 
     def apply(self, x: torch.Tensor, params: Params) -> torch.Tensor:
@@ -85,7 +104,7 @@ class BatchTransform:
     ragged_input = False  # True for an op that takes images of different sizes (a Ragged batch)
     one_size_output = False  # True for an op whose output has one size whatever its input's (RandomResizedCrop)
 
-    def __call__(self, x: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, generator: Draws | None = None) -> torch.Tensor:
         _check_input(x, self)
         if not self.random:
             return self.apply(x, {})
@@ -95,7 +114,7 @@ class BatchTransform:
 class GeometricTransform(BatchTransform):
     """A transform that only moves pixels (crop, flip): :class:`Compose` fuses a run of them into one gather."""
 
-    def draw(self, n: int, height: int, width: int, device: torch.device, generator: torch.Generator) -> Params:
+    def draw(self, n: int, height: int, width: int, device: torch.device, generator: Draws) -> Params:
         """Draw parameters for ``n`` samples of size ``(height, width)``; needs no pixels."""
         raise NotImplementedError
 
@@ -103,7 +122,7 @@ class GeometricTransform(BatchTransform):
         """Where each output pixel reads from, for inputs of size ``(height, width)``."""
         raise NotImplementedError
 
-    def sample(self, x: torch.Tensor, generator: torch.Generator) -> Params:
+    def sample(self, x: torch.Tensor, generator: Draws) -> Params:
         return self.draw(x.shape[0], x.shape[2], x.shape[3], x.device, generator)
 
     def apply(self, x: torch.Tensor, params: Params) -> torch.Tensor:
@@ -165,7 +184,8 @@ class ConvertDtype(BatchTransform):
 
 
 class Compose(BatchTransform):
-    """Apply transforms in order, all drawing from the one generator passed in.
+    """Apply transforms in order, all drawing from the one generator passed in (keyed draws: each op from its own
+    stream, ``draws.child(position)``, position in the flattened list).
 
     Consecutive crops and flips are fused: their index maps are composed and the batch is read
     once, which gives the same pixels as applying them one by one. A nested ``Compose`` is
@@ -197,24 +217,32 @@ class Compose(BatchTransform):
             height, width = t.output_size(height, width)
         return height, width
 
-    def __call__(self, x: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, generator: Draws | None = None) -> torch.Tensor:
         if self.transforms:
             _check_input(x, self.transforms[0])
         if self.random:
-            _check_generator(generator, x, "Compose")
+            generator = _check_generator(generator, x, "Compose")
+        sources = [_op_draws(generator, k, t) for k, t in enumerate(self.transforms)]
         if isinstance(x, Ragged):  # ops that take it, up to the one that makes the batch one size; then as usual
             for k, t in enumerate(self.transforms):
                 _check_input(x, t)
-                x = t.apply(x, t.sample(x, generator) if t.random else {})
+                x = t.apply(x, t.sample(x, sources[k]) if t.random else {})
                 if not isinstance(x, Ragged):
-                    rest = self.transforms[k + 1 :]
-                    return Compose(rest)(x, generator) if rest else x
+                    if k + 1 == len(self.transforms):
+                        return x
+                    _check_input(x, self.transforms[k + 1])
+                    return self._dense(x, k + 1, sources)
             return x
+        return self._dense(x, 0, sources)
+
+    def _dense(self, x: torch.Tensor, first: int, sources: list[Draws | None]) -> torch.Tensor:
+        """The ops from ``first`` on a batch of one size, each drawing from its source (``sources[k]``: the one
+        generator, or keyed, op ``k``'s own stream)."""
         n, _, h, w = x.shape
         pending: G.IndexMap | None = None  # composed map of the geometric ops not yet applied
-        for t in self.transforms:
+        for t, source in zip(self.transforms[first:], sources[first:], strict=True):
             if isinstance(t, GeometricTransform):
-                m = t.index_map(t.draw(n, h, w, x.device, generator), h, w)  # type: ignore[arg-type]
+                m = t.index_map(t.draw(n, h, w, x.device, source), h, w)  # type: ignore[arg-type]
                 h, w = t.output_size(h, w)
                 fused = pending.then(m) if pending is not None else m
                 if fused is None:  # two paddings with different fills cannot share one map
@@ -227,13 +255,22 @@ class Compose(BatchTransform):
                 pending = None
                 if normalized:
                     continue
-            x = t.apply(x, t.sample(x, generator) if t.random else {})  # type: ignore[arg-type]
+            x = t.apply(x, t.sample(x, source) if t.random else {})  # type: ignore[arg-type]
             h, w = x.shape[-2:]  # a resize changes the size the next crop or flip draws for
         return _remap(x, pending)[0] if pending is not None else x
 
     def __repr__(self) -> str:
         body = "".join(f"\n    {t!r}," for t in self.transforms)
         return f"Compose([{body}\n])"
+
+
+def _op_draws(generator: Draws | None, position: int, op: BatchTransform) -> Draws | None:
+    """What op ``position`` of a Compose draws from: the one generator (its stream shared in order, as always),
+    or keyed, the op's own child stream, so that what one op draws (or does not draw, on a batch where it applies
+    to no sample) never moves another op's draws."""
+    if isinstance(generator, KeyedDraws) and op.random:
+        return generator.child(position)
+    return generator
 
 
 def _remap(x: torch.Tensor, m: G.IndexMap, then: Normalize | None = None) -> tuple[torch.Tensor, bool]:

@@ -245,6 +245,22 @@ def test_one_draws_object_advances_like_a_generator_and_its_children_are_pure():
         d.child(1.5)  # type: ignore[arg-type]
 
 
+def test_a_pipeline_or_a_container_called_twice_with_one_draws_object_draws_anew_each_time():
+    # two views of a batch from one KeyedDraws (a contrastive recipe): different, as with a generator; the same
+    # calls from a fresh object repeat them exactly
+    x = torch.randint(0, 256, (N, 3, 16, 16), dtype=torch.uint8)
+    recipes = [
+        Compose([RandomResizedCrop(8), RandomHorizontalFlip()]),
+        RandomApply([ColorJitter(0.4, 0.4, 0.4)], p=1.0),
+    ]
+    for aug in recipes:
+        d = _draws(IDS)
+        first, second = aug(x, generator=d), aug(x, generator=d)
+        assert not torch.equal(first, second), aug
+        again = _draws(IDS)
+        assert torch.equal(aug(x, generator=again), first) and torch.equal(aug(x, generator=again), second)
+
+
 def test_an_op_that_draws_differently_or_applies_to_no_sample_leaves_the_next_ops_draws_alone():
     x = _images()
     crop = RandomCrop(14, padding=3)

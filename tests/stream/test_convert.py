@@ -354,7 +354,10 @@ def test_a_dst_that_holds_something_else_is_refused_and_left_untouched(tmp_path)
         convert(src, done, shard_size=1 << 20, progress=False)
     with pytest.raises(ConfigError, match="is inside src"):
         convert(src, src / "mds", progress=False)
-    assert snapshot(done) == before and not (src / "mds").exists()
+    for given in (f"{other}/*.tar", other / "shard-000.tar"):  # a glob or one tar: their folder is the dataset's
+        with pytest.raises(ConfigError, match="is inside src"):
+            convert(given, other / "mds", progress=False)
+    assert snapshot(done) == before and not (src / "mds").exists() and not (other / "mds").exists()
     assert convert(src, done, progress=False).finished  # the same conversion again: nothing to do
 
     (src / "class0" / "new.png").write_bytes(_png(9))  # the source changed since

@@ -70,6 +70,14 @@ def test_a_directory_remote_is_fetched_into_local_and_reads_back_identical(data,
     assert len(list(local.glob("shard.*.mds"))) == shards.index.num_shards
 
 
+def test_a_remote_opened_with_a_wrong_column_releases_local_for_the_corrected_retry(data, tmp_path):
+    local = tmp_path / "cache"
+    with pytest.raises(ConfigError, match="image_key=.jpg. is not a column"):  # a first guess at the column
+        Shards(local, str(data), image_key="jpg")
+    with Shards(local, str(data)) as shards:  # not "in use by another reader": the failed one let go
+        _check(shards, [0, 1, 299])
+
+
 def test_a_shard_evicted_between_its_fetch_and_its_read_is_fetched_again(data, tmp_path):
     with Shards(tmp_path / "cache", str(data)) as shards:
         _check(shards, [0, 1])

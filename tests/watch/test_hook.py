@@ -114,9 +114,8 @@ def test_two_threads_iterating_one_loader_at_once_keep_each_batch_whole_and_the_
     assert sum(t.waits) <= span + 1e-9  # each moment of waiting counted once, however many threads waited
 
 
-def test_a_sigterm_handler_installed_after_the_hook_keeps_its_graceful_ending(tmp_path):
-    # Lightning's way: its handler calls the one it found (the hook's), then the loop ends by itself
-    cmd = [sys.executable, str(TRAIN), "--forever", "--graceful-sigterm"]
+def _sigterm_after_step_3(tmp_path: Path, option: str) -> tuple[subprocess.Popen, str, str]:
+    cmd = [sys.executable, str(TRAIN), "--forever", option]
     proc = subprocess.Popen(
         cmd, cwd=SCRIPTS, env=_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
@@ -129,9 +128,23 @@ def test_a_sigterm_handler_installed_after_the_hook_keeps_its_graceful_ending(tm
         out, err = proc.communicate(timeout=60)
     finally:
         proc.kill()
+    return proc, out, err
+
+
+def test_lightnings_graceful_sigterm_installed_after_the_hook_still_decides_the_ending(tmp_path):
+    pytest.importorskip("lightning")
+    # Lightning's handler composition calls the one it found (the hook's), then its loop ends by itself
+    proc, out, err = _sigterm_after_step_3(tmp_path, "--graceful-sigterm")
     assert proc.returncode == 0 and "ended gracefully after SIGTERM" in out, err
     rec = _record(tmp_path)
     assert rec.exit == "interrupted" and len(rec.loaders[0].waits) >= 4
+
+
+def test_a_scripts_own_handler_that_hands_sigterm_over_gets_the_default_ending(tmp_path):
+    # any other handler calling the hook's expects what the hook's predecessor (the default) does: the end
+    proc, out, err = _sigterm_after_step_3(tmp_path, "--chained-sigterm")
+    assert proc.returncode == -signal.SIGTERM and "SIGTERM: handing over" in out, (proc.returncode, err)
+    assert _record(tmp_path).exit == "interrupted"
 
 
 def test_the_steps_limit_stops_the_script_with_status_0(tmp_path):

@@ -232,6 +232,19 @@ def test_the_time_limit_starts_at_the_first_batch_not_at_the_start(tmp_path):
     assert status == 0 and 2.0 <= took < 30, took  # 1.5 s before the first batch, then the 0.5 s limit
 
 
+def test_a_script_that_never_asks_for_a_batch_is_still_bounded_by_the_time_limit(tmp_path, monkeypatch):
+    import time
+
+    from gpufeed.watch import run
+
+    monkeypatch.setattr(run, "START_CAP_S", 1.0)  # 600 s for users: a hang before the loop, a script without loader
+    t0 = time.perf_counter()
+    status = run._run(
+        [sys.executable, "-c", "import time; time.sleep(60)"], {**ENV, "GPUFEED_WATCH_DIR": str(tmp_path)}, 0.5
+    )
+    assert status == 0 and 1.4 <= time.perf_counter() - t0 < 30
+
+
 def test_ctrl_c_reaches_the_script_and_the_report_is_still_made(tmp_path):
     # As at a terminal: the interrupt goes to the whole process group (gpufeed and the script).
     cmd = _python("compute_bound.py", "--epochs", "1000")

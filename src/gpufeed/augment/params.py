@@ -175,5 +175,5 @@ def inner_draws(generator: Draws, x: torch.Tensor) -> int | KeyedDraws:
     keyed, the container's own ``"inner"`` stream (each inner op then takes a child of it, selected to the
     samples it runs on: per sample, as everything keyed)."""
     if isinstance(generator, KeyedDraws):
-        return generator.child("inner")
+        return generator.spawn().child("inner")  # spawned: a second call of the container draws anew
     return int(torch.randint(0, 2**62, (1,), generator=generator, device=x.device).item())

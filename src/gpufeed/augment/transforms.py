@@ -222,6 +222,8 @@ class Compose(BatchTransform):
             _check_input(x, self.transforms[0])
         if self.random:
             generator = _check_generator(generator, x, "Compose")
+        if isinstance(generator, KeyedDraws):  # one draw of the caller's stream per call, as a generator advances:
+            generator = generator.spawn()  # a second call (another view) draws anew; the ops' children come from it
         sources = [_op_draws(generator, k, t) for k, t in enumerate(self.transforms)]
         if isinstance(x, Ragged):  # ops that take it, up to the one that makes the batch one size; then as usual
             for k, t in enumerate(self.transforms):

@@ -2,8 +2,10 @@
 
 ``import streaming`` takes seconds (it pulls ``transformers``), so nothing in gpufeed imports it at module level:
 every use goes through :func:`streaming`, which imports it on first call, checks the release, and names the fix
-when it is missing. The other functions here are the few engine names gpufeed calls, so a change of the engine's
-(semi-private) API shows up in one file, guarded by the conformance tests in ``tests/stream/test_plan.py``.
+when it is missing. The other functions here wrap the planner's names (a change there is guarded by the
+conformance tests in ``tests/stream/test_plan.py``); the writer's (``MDSWriter``, its upload queue: convert.py),
+the downloader (shards.py) and the shared-memory names (shm.py) are reached through :func:`streaming` where they
+are used, each covered by its module's tests.
 
 Supported releases: ``streaming-community`` >= 0.14.2 (the maintained fork: same ``import streaming``, same MDS
 format, same order) or ``mosaicml-streaming`` >= 0.13 (upstream's last release: it pins ``numpy<2.2`` and deletes

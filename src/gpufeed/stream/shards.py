@@ -120,9 +120,14 @@ class Shards:
                     "and are never evicted; leave cache_limit out, or pass remote=<the data> and local=<a cache>"
                 )
             self.index = Index.load(os.path.join(self.local, "index.json"), image_key, label_key)
+            self.meta = self._read_meta(download_timeout)
         else:
-            self._open_remote(cache_limit, download_retry, download_timeout, validate_hash, image_key, label_key)
-        self.meta = self._read_meta(download_timeout)
+            try:
+                self._open_remote(cache_limit, download_retry, download_timeout, validate_hash, image_key, label_key)
+                self.meta = self._read_meta(download_timeout)
+            except BaseException:  # a wrong image_key, an unreachable gpufeed.json: a retry must find local free
+                self.close()
+                raise
         classes = self.meta.get("classes")
         self.classes: list[str] | None = list(classes) if isinstance(classes, list) else None
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -157,7 +158,8 @@ def open_source(src: str | Path, split: str | None = None) -> Source:
         _no_split(split, text)
         listing = [(t.name, t.stat().st_size) for t in tars]
         given = Path(text).expanduser()
-        root = given.resolve() if given.is_dir() else tars[0].resolve()  # nothing is written into a folder of tars
+        # the folder that holds the tars (a glob's or one tar's too): nothing is written into a dataset's folder
+        root = given.resolve() if given.is_dir() else Path(os.path.commonpath([t.resolve().parent for t in tars]))
         shown = str(given.resolve() if given.exists() else given.absolute())  # a glob pattern stays one
         return Source(shown, root, "wds", tuple(str(t.resolve()) for t in tars), None, None, _digest(listing))
     root = Path(text).expanduser()

@@ -195,6 +195,8 @@ def _patch(module: Any) -> None:
         grad = state.torch.is_grad_enabled()  # a training loop's request; an evaluation loop runs without autograd
         if state.steps and grad and watched.trained >= state.steps:
             _stop(watched)
+        if not state.first_batch:  # once per process, at the request: gpufeed diagnose --time counts from here
+            _mark_first_batch(state)
         t0 = time.perf_counter()
         data = next_(self)
         t1 = time.perf_counter()
@@ -265,10 +267,15 @@ def _batch(state: _State, watched: _Watched, t0: float, t1: float, grad: bool, d
         watched.trained += grad
         if state.cuda or _cuda_up(state):
             watched.clock.mark(len(rec.waits) - 1, state.torch.cuda)
-    if not state.first_batch:  # once per process: gpufeed diagnose --time counts from the first batch
-        state.first_batch = True
+
+
+def _mark_first_batch(state: _State) -> None:
+    state.first_batch = True
+    try:
         with open(os.path.join(state.directory, FIRST_BATCH), "a"):
             pass
+    except OSError as e:  # the mark only starts --time; the script goes on
+        state.note("the first-batch mark", e)
 
 
 def _cuda_up(state: _State) -> bool:
@@ -307,11 +314,18 @@ def _record(state: _State) -> ProcessRecord:
     loaders = []
     for watched in state.watched:
         rec = watched.record
+        # NOTE: a signal handler runs this in the main thread, possibly while that thread holds the lock in
+        # _batch: waiting on it would hang the script for good; a record without device times is written instead
+        if not state.lock.acquire(timeout=0.5):
+            state.notes.append("the CUDA events were not read: a batch was being recorded when the record was written")
+            loaders.append(rec)
+            continue
         try:
-            with state.lock:
-                rec.device_step_s = watched.clock.steps(len(rec.waits))
+            rec.device_step_s = watched.clock.steps(len(rec.waits))
         except Exception as e:  # noqa: BLE001
             state.note("the CUDA events", e)
+        finally:
+            state.lock.release()
         loaders.append(rec)
     device = "cpu"
     torch = sys.modules.get("torch")
@@ -426,6 +440,13 @@ def _install_signal_handlers() -> None:
                 _state.note("signal handlers", e)
 
 
+def _called_by_lightning() -> bool:
+    """Whether the signal handler that called ours is Lightning's (its handler composition): it ends the process
+    itself, after the step. Any other handler that chains to ours expects the default ending from it."""
+    caller = sys._getframe(2)  # _called_by_lightning <- handle <- the handler that called it
+    return str(caller.f_globals.get("__name__", "")).split(".")[0] in ("lightning", "pytorch_lightning")
+
+
 def _handler(previous: Any) -> Any:
     def handle(signum: int, frame: FrameType | None) -> Any:
         state = _state
@@ -435,8 +456,8 @@ def _handler(previous: Any) -> Any:
             _flush()
         if callable(previous):
             return previous(signum, frame)
-        if signal.getsignal(signum) is not handle:
-            return None  # a handler installed after ours called it (Lightning's graceful SIGTERM): it decides the end
+        if signal.getsignal(signum) is not handle and _called_by_lightning():
+            return None  # Lightning's graceful SIGTERM called ours: it stops the loop and ends the process itself
         signal.signal(signum, signal.SIG_DFL)  # SIG_DFL: end as the signal would have without the hook
         os.kill(os.getpid(), signum)
         return None

@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
 
 __all__ = ["GRACE_S", "child_env", "exit_status", "watch"]
 
+START_CAP_S = 600.0  # --time starts anyway this long after the command, when no batch was asked for by then
 GRACE_S = 15.0  # after --time's SIGINT, the script's own cleanup (a checkpoint, the hook's flush) gets this long
 
 SITE = Path(__file__).resolve().parent / "site"
@@ -128,7 +130,8 @@ def _run(cmd: list[str], env: dict[str, str], seconds: float | None) -> int:
     with _terminate_forwarded(proc):
         try:
             try:
-                _wait_for_first_batch(proc, Path(env["GPUFEED_WATCH_DIR"]) if seconds is not None else None)
+                if seconds is not None:
+                    _wait_for_first_batch(proc, Path(env["GPUFEED_WATCH_DIR"]), seconds)
                 proc.wait(timeout=seconds)
             except subprocess.TimeoutExpired:
                 print(
@@ -151,14 +154,16 @@ def _run(cmd: list[str], env: dict[str, str], seconds: float | None) -> int:
     return 0 if stopped else exit_status(proc.returncode)
 
 
-def _wait_for_first_batch(proc: subprocess.Popen[Any], watch_dir: Path | None) -> None:
-    """Wait until a process of the command has asked a loader for its first batch (the hook marks it), or the
-    command ended. NOTE: --time counts from there: what a script does before (imports, reading an index,
-    downloading a model) can take minutes and is not what is measured, and a slow start (a loaded machine) must
-    not leave a time limit that ends the script before its loop began."""
+def _wait_for_first_batch(proc: subprocess.Popen[Any], watch_dir: Path | None, seconds: float) -> None:
+    """Wait until a process of the command has asked a loader for its first batch (the hook marks the request),
+    the command ended, or ``START_CAP_S`` (at least ``seconds``) passed without one. NOTE: --time counts from
+    there: what a script does before (imports, reading an index, downloading a model) can take minutes and is not
+    what is measured, and a slow start (a loaded machine) must not end the script before its loop began; the cap
+    keeps --time a bound on a script that never asks for a batch (a hang before its loop, no DataLoader)."""
     if watch_dir is None:
         return
-    while not (watch_dir / FIRST_BATCH).exists():
+    cap = time.monotonic() + max(seconds, START_CAP_S)
+    while not (watch_dir / FIRST_BATCH).exists() and time.monotonic() < cap:
         try:
             proc.wait(timeout=0.2)
             return

@@ -67,16 +67,28 @@ def _loader_class(kind: str):
 
 
 def _graceful_sigterm() -> list[bool]:
-    """As Lightning does: a SIGTERM handler that calls the one before it, then lets the loop end by itself."""
-    asked, previous = [], signal.getsignal(signal.SIGTERM)
+    """Lightning's own way (its handler composition): a SIGTERM sets a flag and calls the handler it found before
+    it; the loop then ends by itself."""
+    from lightning.pytorch.trainer.connectors.signal_connector import _HandlersCompose
+
+    asked: list[bool] = []
+    previous = signal.getsignal(signal.SIGTERM)  # as Lightning composes: its own handlers, then the one it found
+    signal.signal(signal.SIGTERM, _HandlersCompose([lambda signum, frame: asked.append(True), previous]))
+    return asked
+
+
+def _chained_sigterm() -> None:
+    """A handler of the script's own that logs, then hands the signal to the one before it (which ends it)."""
+    previous = signal.getsignal(signal.SIGTERM)
 
     def handle(signum, frame):
-        asked.append(True)
+        print("SIGTERM: handing over", flush=True)
         if callable(previous):
             previous(signum, frame)
+        else:
+            sys.exit(143)
 
     signal.signal(signal.SIGTERM, handle)
-    return asked
 
 
 def _two_threads(loader, epochs: int) -> None:
@@ -106,6 +118,7 @@ def main() -> int:
     p.add_argument("--kind", choices=["plain", "subclass", "own-init", "stateful"], default="plain")
     p.add_argument("--persistent", action="store_true")
     p.add_argument("--graceful-sigterm", action="store_true")
+    p.add_argument("--chained-sigterm", action="store_true")
     p.add_argument("--threads", action="store_true")
     p.add_argument("--n", type=int, default=64)
     a = p.parse_args()
@@ -124,6 +137,8 @@ def main() -> int:
         _two_threads(loader, a.epochs)
         return 0
     asked = _graceful_sigterm() if a.graceful_sigterm else []
+    if a.chained_sigterm:
+        _chained_sigterm()
     model = torch.nn.Linear(1, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     digest, step = hashlib.sha256(), 0

@@ -143,14 +143,20 @@ def test_a_loader_built_inside_a_library_call_gets_no_rewrite_of_that_call(sourc
 def test_a_stateful_dataloader_takes_dataloaders_arguments_and_a_subclass_with_its_own_init_does_not():
     stateful = LoaderRecord(0, "StatefulDataLoader", "train.py:12", "StatefulDataLoader(ds, 64, True, num_workers=8)",
                             "CIFAR10", None, 64, 8, False, False, 2, "RandomSampler", False,
-                            init_of="StatefulDataLoader")  # fmt: skip
+                            init_of="torchdata.stateful_dataloader.stateful_dataloader.StatefulDataLoader")  # fmt: skip
     assert code_change(stateful) == (
         "- StatefulDataLoader(ds, 64, True, num_workers=8)\n+ gf.accelerate(ds, batch_size=64, shuffle=True)"
     )
     own = LoaderRecord(0, "MyLoader", "train.py:12", "MyLoader(ds, 64, augment=True)", "CIFAR10", None, 64, 0, False,
-                       False, None, "RandomSampler", False, init_of="MyLoader")  # fmt: skip
+                       False, None, "RandomSampler", False, init_of="train.MyLoader")  # fmt: skip
     assert code_change(own) is None
-    assert "a MyLoader, a DataLoader subclass with its own __init__: its arguments are its own" in no_change_reason(own)
+    assert "a train.MyLoader, a subclass of torch's DataLoader with its own __init__" in no_change_reason(own)
+    # a library's subclass called DataLoader too (torch_geometric's: its own arguments and collate)
+    graphs = LoaderRecord(0, "DataLoader", "train.py:12", "DataLoader(graphs, batch_size=32, shuffle=True)", "QM9",
+                          None, 32, 0, False, False, None, "RandomSampler", False,
+                          init_of="torch_geometric.loader.dataloader.DataLoader")  # fmt: skip
+    assert code_change(graphs) is None
+    assert "replace DataLoader(...) with gf.accelerate" in no_change_reason(graphs)
     plain_subclass = LoaderRecord(0, "MyLoader", "train.py:12", "MyLoader(ds, batch_size=64)", "CIFAR10", None, 64,
                                   0, False, False, None, "SequentialSampler", False)  # fmt: skip
     assert code_change(plain_subclass) == (  # DataLoader's __init__: DataLoader's arguments

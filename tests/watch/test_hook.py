@@ -78,13 +78,16 @@ def test_a_subclass_whose_iter_calls_super_is_counted_once(tmp_path):
     assert (loader.cls, loader.epochs, len(loader.waits), sum(loader.samples)) == ("ShardLoader", 1, 8, 64)
 
 
+STATEFUL = "torchdata.stateful_dataloader.stateful_dataloader.StatefulDataLoader"
+
+
 @pytest.mark.parametrize(
     ("args", "cls", "init_of"),
     [
-        (("--kind", "own-init"), "OwnLoader", "OwnLoader"),  # its own __init__ calls super().__init__(...)
-        (("--kind", "stateful"), "StatefulDataLoader", "StatefulDataLoader"),  # never calls DataLoader.__init__
-        (("--kind", "stateful", "--workers", "2", "--persistent"), "StatefulDataLoader", "StatefulDataLoader"),
-        (("--workers", "2", "--persistent"), "DataLoader", "DataLoader"),  # one iterator, reset each epoch
+        (("--kind", "own-init"), "OwnLoader", "__main__.OwnLoader"),  # its own __init__ calls super().__init__
+        (("--kind", "stateful"), "StatefulDataLoader", STATEFUL),  # never calls DataLoader.__init__
+        (("--kind", "stateful", "--workers", "2", "--persistent"), "StatefulDataLoader", STATEFUL),
+        (("--workers", "2", "--persistent"), "DataLoader", "torch.utils.data.dataloader.DataLoader"),  # one iterator
     ],
 )
 def test_every_loader_class_is_found_where_the_script_built_it_with_every_epoch(tmp_path, args, cls, init_of):

@@ -40,6 +40,11 @@ _POSITIONAL = (
     "multiprocessing_context",
     "generator",
 )
+# the classes whose __init__ takes DataLoader's arguments with their meaning ("module.QualName")
+_INITS = (
+    "torch.utils.data.dataloader.DataLoader",
+    "torchdata.stateful_dataloader.stateful_dataloader.StatefulDataLoader",
+)
 _KEPT = ("batch_size", "shuffle", "drop_last")  # accelerate takes these with the same meaning
 # Where DataLoader's default differs from accelerate's, the default is written out so the batches stay the same.
 _DEFAULTS = {"batch_size": "1", "shuffle": "False"}
@@ -69,7 +74,7 @@ def no_change_reason(loader: LoaderRecord) -> str | None:
     return reason
 
 
-def _rewrite(source: str | None, cls: str = "DataLoader", init_of: str = "DataLoader") -> tuple[str | None, str | None]:
+def _rewrite(source: str | None, cls: str = "DataLoader", init_of: str = _INITS[0]) -> tuple[str | None, str | None]:
     """``(diff, None)`` or ``(None, why not)`` for the source text of a ``DataLoader(...)`` call (or of the loader's
     own class, ``cls``, when its ``__init__`` is DataLoader's or StatefulDataLoader's: ``init_of``); any other call
     (``accelerator.prepare(...)``, ``trainer.fit(...)``) built the loader from one the script made elsewhere: that
@@ -85,11 +90,11 @@ def _rewrite(source: str | None, cls: str = "DataLoader", init_of: str = "DataLo
             f"the loader was built inside `{_one_line(_text(source, call.func))}(...)` from a DataLoader the script "
             "made elsewhere: replace that DataLoader(...) with gf.accelerate(dataset, batch_size=..., shuffle=...)"
         )
-    if callee == cls and init_of not in ("DataLoader", "StatefulDataLoader"):
+    if init_of not in _INITS:
         return None, (
-            f"the loader is a {cls}, a DataLoader subclass with its own __init__: its arguments are its own, not "
-            f"DataLoader's; replace {cls}(...) with gf.accelerate(dataset, batch_size=..., shuffle=...) if its "
-            "iteration adds nothing the training needs"
+            f"the loader is a {init_of}, a subclass of torch's DataLoader with its own __init__: its arguments are "
+            f"its own, not DataLoader's; replace {callee}(...) with gf.accelerate(dataset, batch_size=..., "
+            "shuffle=...) if what it adds (a collate, a sampler) is nothing the training needs"
         )
     if any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords):
         return None, "the call passes *args or **kwargs, whose contents are not in the source"

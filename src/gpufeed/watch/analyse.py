@@ -70,7 +70,7 @@ class LoaderSummary:
     wait_fraction: float | None  # over the batches after the first (None: fewer than 3 batches)
     img_s: float | None  # samples per second through the loop, summed over ranks
     main: bool = False
-    init_of: str = "DataLoader"  # the class whose __init__ took the call's arguments (LoaderRecord.init_of)
+    init_of: str = "torch.utils.data.dataloader.DataLoader"  # whose __init__ took the arguments (LoaderRecord's)
 
     @property
     def name(self) -> str:

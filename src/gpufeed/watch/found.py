@@ -144,9 +144,10 @@ def _order_sampler(loader: Any) -> Any:
 
 
 def _init_of(cls: type) -> str:
-    """The class whose ``__init__`` took the call's arguments: a subclass's own, or DataLoader's (the patched
-    ``__init__`` of DataLoader or StatefulDataLoader is defined on them)."""
+    """The class whose ``__init__`` took the call's arguments, as ``module.QualName``: a subclass's own, or
+    DataLoader's (the patched ``__init__`` of DataLoader or StatefulDataLoader is defined on them). Qualified: a
+    library's subclass may be called ``DataLoader`` too (torch_geometric's, with its own arguments)."""
     for klass in cls.__mro__:
         if "__init__" in vars(klass):
-            return klass.__name__
-    return cls.__name__
+            return f"{klass.__module__}.{klass.__qualname__}"
+    return f"{cls.__module__}.{cls.__qualname__}"

@@ -53,9 +53,9 @@ class LoaderRecord:
     # per batch: whether autograd was on when it was asked for (a training loop; an evaluation loop runs under
     # no_grad / inference_mode, Lightning's validation included)
     grad: list[bool] = field(default_factory=list)
-    # the class whose __init__ took the call's arguments: DataLoader's (StatefulDataLoader's are the same), or a
-    # subclass's own, whose arguments the code change cannot map to gf.accelerate's
-    init_of: str = "DataLoader"
+    # the class whose __init__ took the call's arguments, "module.QualName": DataLoader's (StatefulDataLoader's are
+    # the same), or a subclass's own, whose arguments the code change cannot map to gf.accelerate's
+    init_of: str = "torch.utils.data.dataloader.DataLoader"
 
     @property
     def batches(self) -> int:

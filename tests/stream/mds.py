@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 CLASSES = [f"class{c}" for c in range(10)]
+MDS_SCRIPT = Path(__file__)  # what a test runs as a child process (see the module's docstring)
 
 
 def payload(i: int) -> bytes:

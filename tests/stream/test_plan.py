@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import ast
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -34,12 +33,6 @@ SETTINGS = StreamSettings(32, 4, shuffle=True, shuffle_seed=7, shuffle_block_siz
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     return write_mds(tmp_path_factory.mktemp("plan") / "mds", 300)
-
-
-@pytest.fixture(autouse=True)
-def _engine_locks_in_tmp(tmp_path_factory, monkeypatch):
-    """The engine's file locks (one per dataset, never deleted) go to pytest's directory, not /tmp."""
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path_factory.getbasetemp()))
 
 
 def _sizes(data: Path) -> np.ndarray:

@@ -12,7 +12,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -26,21 +25,14 @@ from gpufeed.stream.plan import Layout, StreamSettings, plan_epoch
 from gpufeed.stream.prefetch import Prefetcher
 from gpufeed.stream.shards import Shards
 
-from .mds import CLASSES, child_env, free_port, payload, replicate, total_bytes, write_mds
+from .mds import CLASSES, MDS_SCRIPT, child_env, free_port, payload, replicate, total_bytes, write_mds
 
 pytest.importorskip("streaming", reason="gpufeed.stream needs MosaicML Streaming: pip install 'gpufeed[streaming]'")
-
-MDS = Path(__file__).with_name("mds.py")
 
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     return write_mds(tmp_path_factory.mktemp("shards") / "mds", 300)
-
-
-@pytest.fixture(autouse=True)
-def _engine_locks_in_tmp(tmp_path_factory, monkeypatch):
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path_factory.getbasetemp()))
 
 
 def _check(shards: Shards, ids) -> None:
@@ -274,7 +266,8 @@ def test_two_ranks_under_torchrun_serve_the_engines_order_and_never_exceed_a_sha
     poller = threading.Thread(target=poll)
     poller.start()
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1"]
-    cmd += ["--master-port", str(free_port()), str(MDS), "rank", str(data), str(local), str(limit), str(tmp_path / "r")]
+    cmd += ["--master-port", str(free_port()), str(MDS_SCRIPT), "rank", str(data), str(local), str(limit)]
+    cmd.append(str(tmp_path / "r"))
     # its own session: a hang is ended with every rank, not only the launcher (ranks in a C call ignore SIGTERM)
     run = subprocess.Popen(
         cmd,

@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -18,22 +17,15 @@ from gpufeed.errors import ConfigError
 from gpufeed.stream import shm
 from gpufeed.stream.shards import Shards
 
-from .mds import child_env, payload, write_mds
+from .mds import MDS_SCRIPT, child_env, payload, write_mds
 
 pytest.importorskip("streaming", reason="gpufeed.stream needs MosaicML Streaming: pip install 'gpufeed[streaming]'")
 pytestmark = pytest.mark.skipif(not shm.SHM_DIR.is_dir(), reason="no /dev/shm on this system")
-
-MDS = Path(__file__).with_name("mds.py")
 
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     return write_mds(tmp_path_factory.mktemp("shm") / "mds", 40)
-
-
-@pytest.fixture(autouse=True)
-def _engine_locks_in_tmp(tmp_path_factory, monkeypatch):
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path_factory.getbasetemp()))
 
 
 def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 60) -> None:
@@ -49,7 +41,7 @@ def test_a_reader_killed_with_its_process_group_leaves_blocks_the_next_run_clean
     from streaming import StreamingDataset
 
     local, ready = tmp_path / "cache", tmp_path / "ready"
-    cmd = [sys.executable, str(MDS), "hold", str(data), str(local), str(ready)]
+    cmd = [sys.executable, str(MDS_SCRIPT), "hold", str(data), str(local), str(ready)]
     child = subprocess.Popen(
         cmd,
         env=child_env(tmp_path),

@@ -4,7 +4,6 @@ the uninterrupted run had left; a state of other data, batch size or seed is ref
 from __future__ import annotations
 
 import json
-import tempfile
 
 import numpy as np
 import pytest
@@ -26,11 +25,6 @@ FP = "f" * 40
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     return write_mds(tmp_path_factory.mktemp("state") / "mds", 300)
-
-
-@pytest.fixture(autouse=True)
-def _engine_locks_in_tmp(tmp_path_factory, monkeypatch):
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path_factory.getbasetemp()))
 
 
 def _global(settings, nodes, ranks, epoch, sample_in_epoch=0, initial=None, sizes=SIZES) -> list[frozenset[int]]:

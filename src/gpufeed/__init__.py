@@ -29,8 +29,10 @@ from .loading.fallback import FallbackLoader
 from .loading.loader import DeviceLoader
 from .loading.plan import Plan
 from .loading.prefetch import prefetch
+from .loading.stream import StreamLoader
 from .pipeline.accelerate import accelerate
 from .pipeline.build import build_cache
+from .pipeline.stream import stream
 from .store.entry import Cache, open_cache
 from .tune import LoaderConfig, tune_dataloader
 from .version import __version__ as __version__
@@ -51,6 +53,7 @@ __all__ = [
     "Plan",
     "Report",
     "StateError",
+    "StreamLoader",
     "UnsupportedTransformError",
     "WorkerError",
     "accelerate",
@@ -59,5 +62,6 @@ __all__ = [
     "diagnose",
     "open_cache",
     "prefetch",
+    "stream",
     "tune_dataloader",
 ]

@@ -67,6 +67,33 @@ def write_mds(
     return out
 
 
+def photo(i: int) -> bytes:
+    """Sample ``i`` of :func:`write_photos`: a real image file of its own size (16-55 px sides), every seventh a
+    PNG, the rest JPEGs."""
+    import io
+
+    from PIL import Image
+
+    rng = np.random.default_rng(i)
+    h, w = 16 + (i * 7) % 40, 16 + (i * 13) % 40
+    pixels = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, "PNG" if i % 7 == 3 else "JPEG", quality=90)
+    return out.getvalue()
+
+
+def write_photos(out: Path, n: int, *, size_limit: int = 8192, bad: tuple[int, ...] = ()) -> Path:
+    """``n`` real images as MDS (columns image: bytes, label: int = the sample's id, so a batch's labels are its
+    ids); the samples in ``bad`` hold bytes that are no image."""
+    from streaming import MDSWriter
+
+    columns = {"image": "bytes", "label": "int"}
+    with MDSWriter(out=str(out), columns=columns, size_limit=size_limit, progress_bar=False) as w:
+        for i in range(n):
+            w.write({"image": b"\xff\xd8\xff not a JPEG" if i in bad else photo(i), "label": i})
+    return out
+
+
 def replicate(src: Path, out: Path, shards: int) -> Path:
     """A dataset of ``shards`` shards made of copies of ``src``'s (shard ``k`` is a copy of shard ``k % len``): an
     index of a thousand shards in a fraction of a second (MDSWriter takes ~10 ms a shard)."""
@@ -110,10 +137,45 @@ def child_env(tmp: Path, **extra: str) -> dict[str, str]:
     return {**os.environ, "TMPDIR": str(tmp), "PYTHONPATH": path, "OMP_NUM_THREADS": "1", **extra}
 
 
-def _rank(data: str, local: str, limit: int, out: str) -> None:
+def recipe():
+    """The augmentation the stream loader tests serve (torchvision's, converted by gf.stream)."""
+    import torchvision.transforms as T
+
+    return T.Compose([T.RandomResizedCrop(12), T.RandomHorizontalFlip(), T.ColorJitter(0.4, 0.4), T.ToTensor()])
+
+
+def open_photos(data: str, **kw):
+    """gf.stream over a :func:`write_photos` dataset as the loader tests open it (global batch 8, two canonical
+    nodes, shuffled, seed 3, on the CPU)."""
+    import gpufeed as gf
+
+    defaults = {"global_batch_size": 8, "transform": recipe(), "device": "cpu", "seed": 3, "shuffle": True}
+    return gf.stream(num_canonical_nodes=2, **{"local": data, **defaults, **kw})
+
+
+def digest(x) -> str:
+    """A served image, as a hex digest of its bytes."""
+    return hashlib.sha1(x.contiguous().numpy().tobytes()).hexdigest()
+
+
+def _stream(photos: str, out: str, rank: int) -> None:
+    """(3) gf.stream over ``photos`` in this process group: epoch 1, the state saved after 3 global batches, every
+    served image's digest by sample id."""
+    loader = open_photos(photos)
+    loader.set_epoch(1)
+    served: dict[int, str] = {}
+    for k, (x, y) in enumerate(loader):
+        served.update((int(i), digest(image)) for i, image in zip(y, x, strict=True))
+        if k == 2:
+            head = sorted(served)
+            Path(f"{out}.state.{rank}.json").write_text(json.dumps({"state": loader.state_dict(), "head": head}))
+    Path(f"{out}.served.{rank}.json").write_text(json.dumps(served))
+
+
+def _rank(data: str, local: str, limit: int, out: str, photos: str | None = None) -> None:
     """One rank of a torchrun job: (1) the engine's own iteration of ``data`` (local) against gpufeed's plan, epochs
     0 and 1; (2) this rank's planned epoch read from ``data`` as a remote through a shared ``local`` under
-    ``limit``, with a prefetcher, each sample checked."""
+    ``limit``, with a prefetcher, each sample checked; (3) with ``photos``, :func:`_stream`."""
     import torch.distributed as dist
     from streaming import StreamingDataset
 
@@ -149,6 +211,8 @@ def _rank(data: str, local: str, limit: int, out: str) -> None:
                 ahead.advance((k + 1) * plan.batch_size)
         result |= {"ids": plan.ids.tolist(), "bad": bad, "block": block, "engine_limit": shards.engine_cache_limit}
     Path(f"{out}.{layout.rank}.json").write_text(json.dumps(result))
+    if photos is not None:
+        _stream(photos, out, layout.rank)
     dist.destroy_process_group()
 
 
@@ -165,7 +229,7 @@ def _hold(remote: str, local: str, ready: str) -> None:
 if __name__ == "__main__":
     mode, *args = sys.argv[1:]
     if mode == "rank":
-        _rank(args[0], args[1], int(args[2]), args[3])
+        _rank(args[0], args[1], int(args[2]), args[3], *args[4:])
     elif mode == "hold":
         _hold(*args)
     else:

@@ -25,7 +25,19 @@ from gpufeed.stream.plan import Layout, StreamSettings, plan_epoch
 from gpufeed.stream.prefetch import Prefetcher
 from gpufeed.stream.shards import Shards
 
-from .mds import CLASSES, MDS_SCRIPT, child_env, free_port, payload, replicate, total_bytes, write_mds
+from .mds import (
+    CLASSES,
+    MDS_SCRIPT,
+    child_env,
+    digest,
+    free_port,
+    open_photos,
+    payload,
+    replicate,
+    total_bytes,
+    write_mds,
+    write_photos,
+)
 
 pytest.importorskip("streaming", reason="gpufeed.stream needs MosaicML Streaming: pip install 'gpufeed[streaming]'")
 
@@ -249,11 +261,14 @@ def test_a_shard_the_prefetcher_cannot_fetch_is_raised_in_the_reader():
 
 
 @pytest.mark.slow
-def test_two_ranks_under_torchrun_serve_the_engines_order_and_never_exceed_a_shared_quarter_cache(tmp_path):
-    # one launch, two behaviours (each process start costs seconds): each real rank's planned ids equal what the
+def test_two_ranks_under_torchrun_serve_the_engines_order_share_a_quarter_cache_and_resume_on_one_rank(tmp_path):
+    # one launch, three behaviours (each process start costs seconds): each real rank's planned ids equal what the
     # engine's own iteration gives it; then the two ranks share one local directory with a cache limit of a quarter
-    # of the dataset, read their whole epoch, and the directory (polled) never exceeds the limit
+    # of the dataset, read their whole epoch, and the directory (polled) never exceeds the limit; then gf.stream in
+    # the process group saves a state after 3 global batches, which one rank here resumes: the remaining samples,
+    # each with the pixels the two ranks gave it
     data = write_mds(tmp_path / "mds", 1200, size_limit=16384)  # 60 shards of ~16 KB
+    photos = write_photos(tmp_path / "photos", 90)
     local, limit = tmp_path / "cache", total_bytes(data) // 4
     peak, polls, stop = [0], [0], threading.Event()
 
@@ -267,7 +282,7 @@ def test_two_ranks_under_torchrun_serve_the_engines_order_and_never_exceed_a_sha
     poller.start()
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1"]
     cmd += ["--master-port", str(free_port()), str(MDS_SCRIPT), "rank", str(data), str(local), str(limit)]
-    cmd.append(str(tmp_path / "r"))
+    cmd += [str(tmp_path / "r"), str(photos)]
     # its own session: a hang is ended with every rank, not only the launcher (ranks in a C call ignore SIGTERM)
     run = subprocess.Popen(
         cmd,
@@ -298,6 +313,17 @@ def test_two_ranks_under_torchrun_serve_the_engines_order_and_never_exceed_a_sha
     assert ranks[1]["ids"] == plan_epoch(sizes, settings, Layout.of_rank(1, 2, 2), 0).ids.tolist()
     assert polls[0] > 100 and 0 < peak[0] <= limit, f"peak {peak[0]} bytes, limit {limit}"
     assert len(list(local.glob("shard.*.mds"))) < len(sizes), "a quarter cache holds a quarter of the shards"
+    saved = [json.loads((tmp_path / f"r.state.{r}.json").read_text()) for r in range(2)]
+    assert saved[0]["state"] == saved[1]["state"] and saved[0]["state"]["engine"]["sample_in_epoch"] == 24
+    served = [json.loads((tmp_path / f"r.served.{r}.json").read_text()) for r in range(2)]
+    two = {int(i): d for r in served for i, d in r.items()}
+    assert len(two) == 88  # 11 global batches of 8
+    one = open_photos(photos, layout=Layout())
+    one.load_state_dict(saved[0]["state"])
+    rest = {int(i): digest(image) for x, y in one for i, image in zip(y, x, strict=True)}
+    head = saved[0]["head"] + saved[1]["head"]
+    assert len(rest) == 64 and sorted([*head, *rest]) == sorted(two)
+    assert rest == {i: two[i] for i in rest}
 
 
 def test_an_index_of_a_thousand_shards_serves_its_first_batch_within_5_seconds(data, tmp_path):

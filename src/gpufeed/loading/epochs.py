@@ -195,17 +195,20 @@ class EpochLoader:
         """Where the loader stands: the epoch and the next batch within it, plus what fixes them."""
         from dataclasses import asdict
 
-        live = self._live_position()
-        if live is not None:
-            epoch, batch = live.epoch, live.next_batch
-        elif self._stopped is not None:  # NOTE [ When an epoch is claimed ]: an interrupted epoch resumes there
-            epoch, batch = self._stopped
-        else:
-            epoch, batch = self._epoch, self._offset
+        epoch, batch = self._saved_position()
         state = {"version": STATE_VERSION, "loader": self.kind, "epoch": epoch, "batch": batch, **asdict(self.config)}
         from ..version import __version__
 
         return {**state, **self._batch_forms(), "fingerprint": {**self._fingerprint(), "gpufeed": __version__}}
+
+    def _saved_position(self) -> tuple[int, int]:
+        """``(epoch, next batch)`` a state records: the running epoch's, an interrupted one's, or the next one's."""
+        live = self._live_position()
+        if live is not None:
+            return live.epoch, live.next_batch
+        if self._stopped is not None:  # NOTE [ When an epoch is claimed ]: an interrupted epoch resumes there
+            return self._stopped
+        return self._epoch, self._offset
 
     def _batch_forms(self) -> dict[str, Any]:
         """What else fixes the batches served: the mixing and the number of views."""

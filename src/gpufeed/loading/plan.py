@@ -17,7 +17,7 @@ class Plan:
 
     cached: tuple[str, ...]
     batched: tuple[str, ...]
-    storage: str  # "device", "pinned", "mmap", or "fallback"
+    storage: str  # "device", "pinned", "mmap", "fallback" or "stream"
     stored_shape: tuple[int, ...]
     stored_dtype: str
     bytes: int
@@ -36,6 +36,8 @@ class Plan:
             )
         gib = self.bytes / 2**30
         size = f"{gib:.2f} GiB" if gib >= 0.1 else f"{self.bytes / 2**20:.1f} MiB"
+        if self.storage == "stream":
+            return f"not stored: {size} of shards, each batch read, decoded and augmented on {self.device}"
         what = f"{size}, {self.stored_dtype} {self.layout or tuple(self.stored_shape)}"
         if self.storage == "device":
             where = "in memory (the CPU is the device)" if self.device.startswith("cpu") else f"on {self.device}"

@@ -50,6 +50,7 @@ __all__ = [
     "Layout",
     "StreamSettings",
     "block_size_for_cache",
+    "check_layout",
     "plan_epoch",
     "plan_work",
     "rank_order",
@@ -171,7 +172,9 @@ def stream_length(num_samples: int, num_canonical_nodes: int) -> int:
     return num_canonical_nodes * math.ceil(num_samples / num_canonical_nodes)
 
 
-def _check_layout(settings: StreamSettings, num_nodes: int, ranks_per_node: int, initial: int | None) -> None:
+def check_layout(settings: StreamSettings, num_nodes: int, ranks_per_node: int, initial: int | None) -> None:
+    """A ConfigError if ``num_nodes`` nodes cannot serve ``settings``' canonical nodes (``initial``: the node count
+    of the run's first epoch, from a state)."""
     ncn = settings.num_canonical_nodes
     fits = ncn % num_nodes == 0 or num_nodes % ncn == 0
     if initial in (None, num_nodes) or fits:
@@ -222,7 +225,7 @@ def plan_work(
         )
     if sample_in_epoch > stream_length(num_samples, ncn):
         raise ConfigError(f"sample_in_epoch={sample_in_epoch} is past the epoch's {num_samples} samples")
-    _check_layout(settings, num_nodes, ranks_per_node, initial_physical_nodes)
+    check_layout(settings, num_nodes, ranks_per_node, initial_physical_nodes)
     positions = engine.get_partitions(
         num_samples, ncn, num_nodes, ranks_per_node, batch, sample_in_epoch, initial_physical_nodes
     )

@@ -1,0 +1,354 @@
+"""StreamLoader: an MDS dataset (local, or fetched from an object store) served as augmented batches.
+
+NOTE [ A stream's batch, step by step ]
+Per epoch, the order is the engine's (:func:`gpufeed.stream.plan.plan_epoch`: its partition and shuffle, from the
+index alone), planned from the position the epoch starts at. Then, per batch of this rank:
+
+1. in a reader thread (:class:`~gpufeed.loading.ahead.Ahead`, ``ahead`` batches in advance): the samples' bytes
+   and labels read from their shards (:class:`~gpufeed.stream.shards.Shards`; a
+   :class:`~gpufeed.stream.prefetch.Prefetcher` fetches the next shards meanwhile), each image's decoded size read
+   from its header, and the batch decoded at once (:func:`gpufeed.store.encoded.decode`: CPU threads, or nvJPEG on
+   a GPU on a side stream) into a ragged batch on the device;
+2. in the consumer: the transform, with draws keyed by (seed, epoch, sample id)
+   (:class:`~gpufeed.augment.keyed.KeyedDraws`), so a sample's crop is the same whichever rank, batch or position
+   serves it; then the dtype and layout.
+
+NOTE [ Positions in global batches ]
+The epoch/position bookkeeping is :class:`~gpufeed.loading.epochs.EpochLoader`'s, with one change of unit: a
+"batch" is a global batch (``global_batch_size`` samples over all ranks), and ``len(loader)`` the global batches
+of an epoch, the same on every rank and at every world size. So a state (:mod:`gpufeed.stream.state`: epoch and
+``sample_in_epoch = batch x global_batch_size``) saved at one world size resumes at another: the plan from that
+position holds exactly the global batches the saved run had left, and keyed draws give their samples the same
+pixels.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..augment.functional import convert_dtype
+from ..augment.keyed import KeyedDraws
+from ..augment.mix import as_mix
+from ..augment.transforms import BatchTransform, takes_ragged
+from ..device import resolve_device
+from ..errors import ConfigError, DataError, StateError
+from ..read.files import header_shape
+from ..store.encoded import Encoded, decode
+from ..store.ragged import Ragged
+from ..stream.engine import release
+from ..stream.plan import EpochPlan, Layout, StreamSettings, check_layout, plan_epoch, stream_length
+from ..stream.prefetch import Prefetcher
+from ..stream.shards import Samples, Shards
+from ..stream.state import load_stream_state, stream_state
+from ..validate import as_flag, as_int, check_transform
+from .ahead import Ahead
+from .config import EpochConfig
+from .epochs import EpochLoader
+from .identity import describe, differences
+from .plan import Plan
+
+__all__ = ["StreamLoader", "encoded_batch", "process_layout"]
+
+_JPEG = b"\xff\xd8\xff"
+
+
+def encoded_batch(samples: Samples, ids: np.ndarray) -> Encoded:
+    """The samples' image bytes as an :class:`Encoded` store, each image's decoded size from its header; errors
+    name the sample id."""
+    lengths = torch.tensor([len(b) for b in samples.images], dtype=torch.int64)
+    starts = torch.cumsum(lengths, 0) - lengths
+    data = torch.frombuffer(bytearray(b"".join(samples.images)), dtype=torch.uint8) if int(lengths.sum()) else None
+    shapes = torch.tensor(
+        [header_shape(io.BytesIO(b), f"sample {int(i)}") for i, b in zip(ids, samples.images, strict=True)],
+        dtype=torch.int64,
+    ).view(-1, 3)
+    jpeg = torch.tensor([b[:3] == _JPEG for b in samples.images], dtype=torch.bool)
+    data = data if data is not None else torch.empty(0, dtype=torch.uint8)
+    return Encoded(data, starts, lengths, shapes, jpeg, index=torch.from_numpy(np.asarray(ids, dtype=np.int64)))
+
+
+def process_layout() -> Layout:
+    """This process's place: the process group's rank and size when it exists (ranks per node from torchrun's
+    ``LOCAL_WORLD_SIZE``), else torchrun's variables, else one rank."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        world = dist.get_world_size()
+        per_node = os.environ.get("LOCAL_WORLD_SIZE")
+        if per_node is None and world > 1:
+            raise ConfigError(
+                f"a process group of {world} ranks, but LOCAL_WORLD_SIZE is not set: launch with torchrun (it sets "
+                "it), set LOCAL_WORLD_SIZE to the ranks on each node, or pass layout=Layout.of_rank(rank, world, "
+                "ranks_per_node)"
+            )
+        return Layout.of_rank(dist.get_rank(), world, int(per_node or 1))
+    return Layout.from_env()
+
+
+class StreamLoader(EpochLoader):
+    """Yield ``(images, labels)`` batches of an MDS dataset in the engine's order, decoded and augmented in
+    batches. Built by :func:`gpufeed.stream`, which converts a torchvision transform and opens the shards.
+
+    Args:
+        shards: the dataset (:class:`~gpufeed.stream.shards.Shards`); the loader reads it, the caller closes it.
+        settings: what fixes the order (:class:`~gpufeed.stream.plan.StreamSettings`: the global batch size, the
+            canonical nodes, the shuffle); the global batch stays fixed when the world size changes.
+        transform: gpufeed's batched ops, starting with ``RandomResizedCrop`` (the images come at their own sizes).
+        device: where batches are decoded and augmented; ``None``: CUDA if available, else CPU.
+        seed: the augmentation's seed (the order's is ``settings.shuffle_seed``).
+        dtype, channels_last, num_classes, mix, views: as for :class:`~gpufeed.DeviceLoader`.
+        layout: this rank's place (:class:`~gpufeed.stream.plan.Layout`); by default from the process group and
+            torchrun's ``LOCAL_WORLD_SIZE``.
+        ahead: batches read and decoded ahead of the one in use; prefetch_shards: shards fetched ahead.
+        explicit_order: the order settings the caller chose (a resumed state's differing ones are then warned of).
+
+    Epochs, ``set_epoch``, ``break`` and resume follow NOTE [ When an epoch is claimed ] in
+    :mod:`gpufeed.loading.epochs`, counted in global batches (NOTE [ Positions in global batches ]).
+    """
+
+    kind = "stream"
+
+    def __init__(
+        self,
+        shards: Shards,
+        settings: StreamSettings,
+        transform: BatchTransform,
+        *,
+        device: str | torch.device | None = None,
+        seed: int = 0,
+        dtype: torch.dtype | None = torch.float32,
+        channels_last: bool = False,
+        num_classes: int | None = None,
+        layout: Layout | None = None,
+        mix: Any = None,
+        views: int = 1,
+        ahead: int = 2,
+        prefetch_shards: int = 4,
+        explicit_order: frozenset[str] = frozenset(),
+        plan: Plan | None = None,
+    ) -> None:
+        if not isinstance(transform, BatchTransform) or not takes_ragged(transform):
+            if not isinstance(transform, BatchTransform) and transform is not None:
+                check_transform(transform)
+            raise ConfigError(
+                f"transform={transform!r}: a stream's images come at their own sizes, so the transform must start "
+                "with RandomResizedCrop (it draws each image's box from that image's size and makes the batch one size)"
+            )
+        self.shards = shards
+        self.transform: Callable[..., torch.Tensor] = transform  # it takes ragged batches too
+        self.device = resolve_device(device)
+        self.seed = as_int(seed, "seed", 0)
+        self.dtype = dtype
+        self.channels_last = as_flag(channels_last, "channels_last")
+        self.layout = layout if layout is not None else process_layout()
+        self._explicit_world = layout is not None
+        self.views = as_int(views, "views", 1)
+        if self.views > 1 and not transform.random:
+            raise ConfigError(f"views={self.views} draws each view's own augmentation: it needs a random transform")
+        self.mix = as_mix(mix, num_classes)
+        if self.views > 1 and self.mix is not None:
+            raise ConfigError("mix= mixes one batch of images with its labels; with views > 1 mix each view yourself")
+        self.num_classes = None if num_classes is None else as_int(num_classes, "num_classes", 1)
+        self.labelled = shards.index.columns[0].label is not None  # else batches are images alone
+        if self.mix is not None and not self.labelled:
+            raise ConfigError("mix= mixes images with their labels, but this dataset has no label column (label_key)")
+        self.ahead = as_int(ahead, "ahead", 1)
+        self.prefetch_shards = as_int(prefetch_shards, "prefetch_shards", 1)
+        self.explicit_order = explicit_order
+        self.initial_physical_nodes = self.layout.num_nodes  # the run's first node count (a state may say another)
+        self._use(settings)
+        self._start_epochs()
+        self._probe()
+        self.plan = plan
+
+    def _use(self, settings: StreamSettings) -> None:
+        """Take ``settings`` (at construction, or adopted from a state): the layout checked against them, the
+        epoch's length and the configuration the bookkeeping reads."""
+        layout = self.layout
+        check_layout(settings, layout.num_nodes, layout.ranks_per_node, self.initial_physical_nodes)
+        index = self.shards.index
+        if index.num_samples <= settings.num_canonical_nodes or index.num_samples < settings.global_batch_size:
+            raise ConfigError(
+                f"the dataset has {index.num_samples} samples: it needs more than num_canonical_nodes="
+                f"{settings.num_canonical_nodes} and at least global_batch_size={settings.global_batch_size}"
+            )
+        self.settings = settings
+        self.batch_size = settings.batch_size(layout.world_size)  # this rank's share of a global batch
+        self._length = stream_length(index.num_samples, settings.num_canonical_nodes) // settings.global_batch_size
+        # what the bookkeeping reads: a "batch" is a global batch (NOTE [ Positions in global batches ])
+        self.config = EpochConfig(
+            self._length * settings.global_batch_size, self.batch_size, settings.shuffle, True, self.seed, 1,
+            layout.rank, layout.world_size,
+        )  # fmt: skip
+
+    def __len__(self) -> int:
+        return self._length
+
+    def _probe(self) -> None:
+        """Two samples through the transform now, so a bad argument fails here, not in the first epoch."""
+        ids = np.arange(min(2, self.shards.index.num_samples))
+        self._finish(self._decoded(ids), epoch=0)
+
+    def epoch_plan(self, epoch: int, batch: int = 0) -> EpochPlan:
+        """This rank's ids of ``epoch`` from global batch ``batch`` on."""
+        s = self.settings
+        return plan_epoch(
+            self.shards.index.samples_per_shard, s, self.layout, epoch, batch * s.global_batch_size,
+            self.initial_physical_nodes,
+        )  # fmt: skip
+
+    def _batches(self, epoch: int, start: int, side: bool = False) -> Iterator[Any]:
+        plan = self.epoch_plan(epoch, start)
+        if plan.num_batches != len(self) - start:  # every rank must stop after the same batch
+            raise ConfigError(
+                f"epoch {epoch} plans {plan.num_batches} batches from batch {start}, not {len(self) - start}: this "
+                f"engine release ({' '.join(release())}) plans otherwise than gpufeed expects"
+            )
+        fetch = Prefetcher(self.shards, plan.ids, ahead=self.prefetch_shards)
+        size = plan.batch_size
+
+        def make(k: int) -> tuple[torch.Tensor, Any, torch.Tensor, Any]:
+            item = self._decoded(plan.batch(k))
+            fetch.advance((k + 1) * size)
+            return item
+
+        reader = Ahead(make, plan.num_batches, self.ahead, name="gpufeed-stream-read")
+        try:
+            for item in reader:
+                yield self._finish(item, epoch)
+        finally:
+            reader.close()
+            fetch.close()
+
+    def _decoded(self, ids: np.ndarray) -> tuple[torch.Tensor, Any, torch.Tensor, Any]:
+        """(ids, ragged images, labels, event) of one batch on the device; ``event``: a CUDA event the consumer
+        waits on (the decode ran on the reader's stream), else None."""
+        samples = self.shards.read(ids)
+        if self.num_classes is not None and self.labelled:
+            bad = np.flatnonzero((samples.labels < 0) | (samples.labels >= self.num_classes))
+            if bad.size:
+                i = bad[0]
+                raise DataError(
+                    f"sample {int(ids[i])} has label {int(samples.labels[i])}, not in [0, num_classes="
+                    f"{self.num_classes}): check label_key and num_classes"
+                )
+        encoded = encoded_batch(samples, ids)
+        ids_t, labels = torch.from_numpy(np.array(ids, dtype=np.int64)), torch.from_numpy(samples.labels)
+        if self.device.type != "cuda":
+            return ids_t.to(self.device), decode(encoded, self.device), labels.to(self.device), None
+        with torch.cuda.device(self.device), torch.cuda.stream(self._side_stream()):
+            x = decode(replace(encoded, data=encoded.data.pin_memory()), self.device)
+            ids_t = ids_t.pin_memory().to(self.device, non_blocking=True)
+            labels = labels.pin_memory().to(self.device, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record()
+        return ids_t, x, labels, event
+
+    def _side_stream(self) -> Any:
+        stream = getattr(self, "_stream", None)
+        if stream is None:
+            with torch.cuda.device(self.device):
+                stream = self._stream = torch.cuda.Stream(self.device)
+        return stream
+
+    def _finish(self, item: tuple[torch.Tensor, Any, torch.Tensor, Any], epoch: int) -> Any:
+        ids, x, labels, event = item
+        if event is not None:  # NOTE [ Stream ownership in prefetch ] in gpufeed.loading.prefetch, steps 3-4
+            consumer = torch.cuda.current_stream(self.device)
+            consumer.wait_event(event)
+            for t in (ids, x.data, labels):
+                t.record_stream(consumer)
+        draws = KeyedDraws(self.seed, epoch, ids)
+        if self.views == 1:
+            images: Any = self._view(x, draws)
+        else:  # view 0 draws as a single view would; the others from their own streams
+            images = [self._view(x, draws if v == 0 else draws.child(("view", v))) for v in range(self.views)]
+        return (images, labels) if self.labelled else images
+
+    def _view(self, x: Ragged, draws: KeyedDraws) -> torch.Tensor:
+        count = len(x)
+        out = self.transform(x, generator=draws)
+        if not isinstance(out, torch.Tensor) or out.dim() < 1 or out.shape[0] != count:
+            got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+            raise DataError(f"transform returned {got} for a batch of {count}; it must keep the batch axis")
+        if self.dtype is not None:
+            out = convert_dtype(out, self.dtype)
+        if self.channels_last and out.dim() == 4:
+            out = out.contiguous(memory_format=torch.channels_last)
+        return out
+
+    # -- state ------------------------------------------------------------------------------------------------
+
+    def _pipeline(self) -> dict[str, Any]:
+        return {
+            "transform": describe(self.transform),
+            "dtype": str(self.dtype),
+            "channels_last": self.channels_last,
+            **self._batch_forms(),
+        }
+
+    def _fingerprint(self) -> dict[str, Any]:
+        return {"dataset": self.shards.index.fingerprint, **self._pipeline()}
+
+    def state_dict(self) -> dict[str, Any]:
+        """The stream state (:mod:`gpufeed.stream.state`: the engine's five keys nested in ``state["engine"]``)
+        at the next global batch, plus the pipeline it belongs to; JSON-able, valid at any world size."""
+        epoch, batch = self._saved_position()
+        index = self.shards.index
+        state = stream_state(
+            self.settings,
+            epoch=epoch,
+            sample_in_epoch=batch * self.settings.global_batch_size,
+            initial_physical_nodes=self.initial_physical_nodes,
+            fingerprint=index.fingerprint,
+            num_samples=index.num_samples,
+            seed=self.seed,
+            engine_release=" ".join(release()),
+        )
+        return {**state, "pipeline": self._pipeline()}
+
+    def load_state_dict(self, state: dict[str, Any], strict: bool | None = None) -> None:
+        """Continue from ``state`` (this loader's, saved at any world size, or a ``StreamingDataLoader``'s): the next
+        iteration serves exactly the global batches the saved run had left.
+
+        The saved run's order settings (canonical nodes, shuffle seed, algorithm, block) are taken over, as the
+        engine does; one the caller set otherwise is warned of. A state of another dataset, global batch size or seed
+        is a StateError; another pipeline too, unless ``strict=False`` (default ``loader.strict_state``).
+        """
+        index = self.shards.index
+        resume = load_stream_state(
+            state, self.settings, fingerprint=index.fingerprint, num_samples=index.num_samples, seed=self.seed
+        )
+        strict = self.strict_state if strict is None else as_flag(strict, "strict")
+        saved = state.get("pipeline")
+        found = differences(saved, self._pipeline()) if isinstance(saved, dict) else []
+        if strict and found:
+            raise StateError(
+                f"state: {'; '.join(found)}. The resumed batches would differ from the saved run's: build the loader "
+                "as it was, or load the position anyway with loader.load_state_dict(state, strict=False)"
+            )
+        chosen = sorted(set(resume.adopted) & self.explicit_order)
+        if chosen:
+            said = ", ".join(f"{k}={resume.adopted[k][1]!r} (you passed {resume.adopted[k][0]!r})" for k in chosen)
+            warnings.warn(f"state: continuing the saved run's order with {said}", stacklevel=2)
+        initial = resume.initial_physical_nodes or self.layout.num_nodes
+        previous = (self.settings, self.initial_physical_nodes)
+        self.initial_physical_nodes = initial
+        try:
+            self._use(resume.settings)
+        except ConfigError:
+            self.settings, self.initial_physical_nodes = previous
+            self._use(self.settings)
+            raise
+        batch = resume.sample_in_epoch // resume.settings.global_batch_size
+        epoch, batch = (resume.epoch + 1, 0) if batch >= len(self) else (resume.epoch, batch)
+        self._live, self._stopped = None, None  # as set_epoch: a running iteration is detached, not cut short
+        self._epoch, self._offset = epoch, batch

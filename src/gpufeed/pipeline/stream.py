@@ -1,0 +1,210 @@
+"""stream(): an MDS dataset (a directory, or ``s3://``, ``gs://``, ... fetched into a local cache) -> StreamLoader.
+
+The torchvision transform is converted as :func:`gpufeed.accelerate` converts a folder of photos kept as JPEGs:
+nothing is cached (the images are decoded per batch at their own sizes), every op runs batched, and the recipe
+must start with ``RandomResizedCrop``. The order's settings default as the engine's do, except that the shuffle
+block is fitted to the cache when a limit is set (:func:`gpufeed.stream.plan.block_size_for_cache`).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from ..augment.transforms import BatchTransform, takes_ragged
+from ..device import resolve_device
+from ..errors import ConfigError
+from ..loading.plan import Plan
+from ..loading.stream import StreamLoader, process_layout
+from ..stream.plan import Layout, StreamSettings
+from ..stream.shards import Shards
+from ..validate import as_int
+from .translate import build_batched, split_transform
+
+__all__ = ["stream"]
+
+_RGB = (torch.uint8, (64, 64), True)  # decoded files: RGB images, as the PIL images a dataset's loader gives
+
+
+def batched_transform(transform: Any) -> tuple[BatchTransform, tuple[str, ...]]:
+    """gpufeed's batched ops for ``transform`` (gpufeed's own, or torchvision's / timm's converted), and the notes
+    the conversion made; a ConfigError if it does not start with RandomResizedCrop."""
+    notes: list[str] = []
+    if isinstance(transform, BatchTransform):
+        ops: Any = transform
+    elif transform is None:
+        ops = None
+    else:
+        split = split_transform(transform)
+        if split.cached:
+            raise ConfigError(
+                f"transform starts with {', '.join(repr(op) for op in split.cached)}: a stream's images are decoded "
+                "per batch at their own sizes, so its recipe must start with RandomResizedCrop (a training recipe); "
+                "a deterministic resize first (an evaluation recipe) is not supported for streams yet"
+            )
+        ops = build_batched(split.device, *_RGB, notes=notes, channels=3)
+    if ops is None or not takes_ragged(ops):
+        raise ConfigError(
+            f"transform={transform!r}: a stream's images come at their own sizes, so the transform must start with "
+            "RandomResizedCrop (it draws each image's box from that image's size and makes the batch one size)"
+        )
+    return ops, tuple(notes)
+
+
+def stream(
+    remote: str | None = None,
+    local: str | os.PathLike[str] | None = None,
+    *,
+    transform: Any,
+    batch_size: int | None = None,
+    global_batch_size: int | None = None,
+    shuffle: bool = True,
+    seed: int = 0,
+    device: str | torch.device | None = None,
+    dtype: torch.dtype | None = None,
+    channels_last: bool = False,
+    image_key: str = "image",
+    label_key: str | None = "label",
+    num_classes: int | None = None,
+    cache_limit: int | str | None = None,
+    num_canonical_nodes: int | None = None,
+    shuffle_seed: int = 9176,
+    shuffle_algo: str = "py1e",
+    shuffle_block_size: int | None = None,
+    mix: Any = None,
+    views: int = 1,
+    layout: Layout | None = None,
+    ahead: int = 2,
+    prefetch_shards: int = 4,
+    download_retry: int = 2,
+    download_timeout: float = 60.0,
+    validate_hash: str | None = None,
+) -> StreamLoader:
+    """A loader over an MDS dataset, in the engine's order, decoded and augmented in batches on ``device``.
+
+    Needs the streaming extra (``pip install 'gpufeed[streaming]'``). Under ``torch.distributed`` call it after
+    ``init_process_group``, on every rank, with the same arguments: each rank serves its share of every global
+    batch, and the node's ranks share ``local``.
+
+    Args:
+        remote: where the dataset lives (``s3://bucket/prefix``, ``gs://...``, a directory, ...); None: ``local``
+            holds it (local-only data: never evicted, no engine object).
+        local: the dataset's directory (local-only), or where a remote's shards are cached (default: under
+            gpufeed's cache directory).
+        transform: a torchvision (v1 or v2) or timm training recipe, or gpufeed's ops, starting with
+            ``RandomResizedCrop``; converted as :func:`gpufeed.accelerate` converts it.
+        batch_size: samples per batch on each rank (as ``DataLoader``'s), or ``global_batch_size``: over all ranks,
+            kept when the run resumes at another world size (give one of the two).
+        shuffle, shuffle_seed, shuffle_algo, shuffle_block_size, num_canonical_nodes: the engine's order
+            (``StreamingDataset``'s arguments of the same names); ``num_canonical_nodes`` defaults to this run's
+            node count (the engine's default), ``shuffle_block_size`` to one that fits ``cache_limit`` when set.
+            A resumed state's order settings are taken over.
+        seed: the augmentation's seed; each sample's draws are keyed by (seed, epoch, sample id).
+        dtype, channels_last, num_classes, mix, views, device: as for :func:`gpufeed.accelerate`.
+        image_key, label_key: the columns holding an image file's bytes and its integer label (None: batches are
+            images alone).
+        cache_limit: bytes (or ``"64gb"``) the node's ``local`` may hold (remote data only).
+        layout: this rank's place (:class:`gpufeed.stream.plan.Layout`); by default from the process group and
+            torchrun's ``LOCAL_WORLD_SIZE``.
+        ahead, prefetch_shards: batches read and decoded, and shards fetched, ahead of use.
+        download_retry, download_timeout, validate_hash: passed to the engine.
+
+    Example::
+
+        loader = gf.stream("s3://bucket/imagenet-mds", "/scratch/imagenet", global_batch_size=1024,
+                           transform=T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(),
+                                                T.ToTensor(), T.Normalize(mean, std)]))
+        for epoch in range(epochs):
+            for x, y in loader: ...
+        torch.save(loader.state_dict(), "loader.pt")   # resumes at any world size
+    """
+    ops, notes = batched_transform(transform)
+    if (batch_size is None) == (global_batch_size is None):
+        raise ConfigError(
+            "give batch_size= (per rank, as DataLoader's) or global_batch_size= (over all ranks; kept when a run "
+            "resumes at another world size), not both or neither"
+        )
+    where = layout if layout is not None else process_layout()
+    if global_batch_size is None:
+        global_batch_size = as_int(batch_size, "batch_size", 1) * where.world_size
+    if num_canonical_nodes is None:  # the engine's default: from the run's first layout (a state keeps it)
+        num_canonical_nodes = where.num_nodes * (64 if shuffle_algo in ("py1s", "py2s") else 1)
+    explicit = {
+        name
+        for name, value in (
+            ("num_canonical_nodes", num_canonical_nodes),
+            ("shuffle_block_size", shuffle_block_size),
+        )
+        if value is not None
+    } | {"shuffle", "shuffle_seed", "shuffle_algo"}
+    settings = StreamSettings(
+        global_batch_size, num_canonical_nodes, shuffle, shuffle_seed, shuffle_algo, shuffle_block_size
+    )  # checked before the shards are opened
+    settings.batch_size(where.world_size)
+    resolve_device(device)
+    shards = Shards(
+        local,
+        remote,
+        image_key=image_key,
+        label_key=label_key,
+        cache_limit=cache_limit,
+        ranks_per_node=where.ranks_per_node,
+        download_retry=download_retry,
+        download_timeout=download_timeout,
+        validate_hash=validate_hash,
+    )
+    try:
+        if shuffle_block_size is None and shards.engine_cache_limit is not None:
+            settings = StreamSettings(
+                global_batch_size, num_canonical_nodes, shuffle, shuffle_seed, shuffle_algo,
+                shards.shuffle_block_size(num_canonical_nodes),
+            )  # fmt: skip
+        if num_classes is None and shards.classes is not None:
+            num_classes = len(shards.classes)
+        loader = StreamLoader(
+            shards,
+            settings,
+            ops,
+            device=device,
+            seed=seed,
+            dtype=dtype,
+            channels_last=channels_last,
+            num_classes=num_classes,
+            layout=layout,
+            mix=mix,
+            views=views,
+            ahead=ahead,
+            prefetch_shards=prefetch_shards,
+            explicit_order=frozenset(explicit),
+        )
+    except BaseException:
+        shards.close()
+        raise
+    loader.plan = _plan(loader, shards, notes)
+    return loader
+
+
+def _plan(loader: StreamLoader, shards: Shards, notes: tuple[str, ...]) -> Plan:
+    index, s = shards.index, loader.settings
+    where = f"fetched from {shards.remote} into {shards.local}" if shards.remote else f"read from {shards.local}"
+    limit = f" (cache limit {shards.cache_limit:,} bytes)" if shards.cache_limit is not None else ""
+    shuffled = f"shuffled ({s.shuffle_algo}, block {s.block_size:,})" if s.shuffle else "in order"
+    order = (
+        f"the engine's order: {shuffled}, {s.num_canonical_nodes} canonical node(s); global batch "
+        f"{s.global_batch_size} = {loader.layout.world_size} rank(s) x {loader.batch_size}"
+    )
+    lines = tuple(op.describe() for op in getattr(loader.transform, "transforms", [loader.transform]))
+    return Plan(
+        cached=(),
+        batched=lines,
+        storage="stream",
+        stored_shape=(index.num_samples, 3),
+        stored_dtype="uint8",
+        bytes=int(index.max_bytes.sum()),
+        ingest=f"MDS shards {where}{limit}: {index.num_samples:,} samples in {index.num_shards:,} shards",
+        notes=(order, *notes),
+        device=str(loader.device),
+        layout="encoded files decoded per batch",
+    )

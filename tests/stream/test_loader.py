@@ -1,0 +1,251 @@
+"""gf.stream / StreamLoader: the engine's order in whole global batches, each sample's pixels its own whatever rank or
+batch serves it, elastic resume (2 ranks -> 1, 1 -> 2) bit-identical, the epoch contract (break, set_epoch, side
+passes), a remote fetched under a cache limit, and the errors a user meets.
+
+Every dataset here is :func:`~tests.stream.mds.write_photos`: real JPEGs and PNGs of different sizes whose label is
+the sample's id, so a batch's labels say which samples it holds.
+"""
+
+from __future__ import annotations
+
+import gc
+import threading
+import warnings
+
+import numpy as np
+import pytest
+import torch
+import torchvision.transforms as T
+
+from gpufeed import augment as A
+from gpufeed.augment.keyed import KeyedDraws
+from gpufeed.errors import ConfigError, DataError, StateError
+from gpufeed.loading.stream import encoded_batch
+from gpufeed.store.encoded import decode
+from gpufeed.stream.plan import Layout
+from gpufeed.stream.shards import Samples
+
+from .mds import open_photos, photo, recipe, write_photos
+
+pytest.importorskip("streaming", reason="gpufeed.stream needs MosaicML Streaming: pip install 'gpufeed[streaming]'")
+
+N = 90  # samples; shards of ~8 KB hold 4-10 of them
+RECIPE = recipe()
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory):
+    return write_photos(tmp_path_factory.mktemp("photos") / "mds", N)
+
+
+def _loader(data, world=1, rank=0, **kw):
+    return open_photos(data, layout=Layout.of_rank(rank, world, 1), **kw)
+
+
+def _served(loader, epoch=None, batches=None):
+    """[(ids, images)] per batch; ``batches``: stop after that many (the iteration dropped there)."""
+    if epoch is not None:
+        loader.set_epoch(epoch)
+    out = []
+    for k, (x, y) in enumerate(loader):
+        out.append((y.tolist(), x))
+        if batches is not None and k + 1 == batches:
+            break
+    return out
+
+
+def _by_id(served):
+    return {i: x[j] for ids, x in served for j, i in enumerate(ids)}
+
+
+def _alone(loader, i, epoch):
+    """Sample ``i`` decoded and augmented on its own, with its keyed draws."""
+    ids = np.array([i])
+    x = decode(encoded_batch(Samples(ids, [photo(i)], np.array([i])), ids), torch.device("cpu"))
+    return loader.transform(x, generator=KeyedDraws(loader.seed, epoch, torch.tensor([i])))[0]
+
+
+def test_an_epoch_serves_the_engines_plan_in_whole_global_batches_a_new_order_each_epoch(photos):
+    loader = _loader(photos, shuffle=True)
+    assert len(loader) == N // 8  # 2 canonical nodes: the stream is 90 positions, 11 whole global batches
+    epochs = []
+    for epoch in (0, 1):
+        plan = loader.epoch_plan(epoch)
+        served = _served(loader)
+        assert [ids for ids, _ in served] == plan.batches().tolist()
+        assert all(x.shape == (8, 3, 12, 12) and x.dtype == torch.float32 for _, x in served)
+        epochs.append([i for ids, _ in served for i in ids])
+    assert len(set(epochs[0])) == 88 and epochs[0] != epochs[1] and loader.epoch == 2
+
+
+def test_each_samples_pixels_are_its_own_keyed_draws_whatever_batch_serves_it(photos):
+    loader = _loader(photos, shuffle=True)
+    served = _served(loader, epoch=1)
+    for i, x in list(_by_id(served).items())[::9]:
+        assert torch.equal(x, _alone(loader, i, epoch=1)), f"sample {i}"
+    again = _by_id(_served(loader, epoch=1))  # the same epoch again: the same pixels
+    assert all(torch.equal(x, again[i]) for i, x in _by_id(served).items())
+    other = _by_id(_served(loader, epoch=2))
+    assert sum(not torch.equal(x, other[i]) for i, x in _by_id(served).items() if i in other) > 40
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_more_ranks_serve_the_same_global_batches_with_the_same_pixels_as_one(photos, world):
+    one = _served(_loader(photos, shuffle=True), epoch=1)
+    ranks = [_served(_loader(photos, world, r, shuffle=True), epoch=1) for r in range(world)]
+    assert all(len(r) == len(one) for r in ranks)
+    for k, (ids, _) in enumerate(one):
+        assert sorted(i for r in ranks for i in r[k][0]) == sorted(ids), f"global batch {k}"
+    pixels = _by_id(one)
+    for r in ranks:
+        assert all(torch.equal(x, pixels[i]) for i, x in _by_id(r).items())
+
+
+@pytest.mark.parametrize(("saved_world", "resumed_world"), [(2, 1), (1, 2)])
+def test_a_state_saved_at_one_world_size_resumes_at_another_with_the_remaining_samples_bit_identical(
+    photos, saved_world, resumed_world
+):
+    whole = _served(_loader(photos, shuffle=True), epoch=1)
+    saving = [_loader(photos, saved_world, r, shuffle=True) for r in range(saved_world)]
+    first = [_served(loader, epoch=1, batches=3) for loader in saving]
+    state = saving[-1].state_dict()  # any rank's state resumes every rank
+    assert state["engine"]["epoch"] == 1 and state["engine"]["sample_in_epoch"] == 24
+    resumed = []
+    for r in range(resumed_world):
+        loader = _loader(photos, resumed_world, r, shuffle=True)
+        loader.load_state_dict(state)
+        resumed.append(_served(loader))
+    assert all(len(r) == len(whole) - 3 for r in resumed)
+    for k, (ids, _) in enumerate(whole):
+        got = [i for r in (first if k < 3 else resumed) for i in r[k if k < 3 else k - 3][0]]
+        assert sorted(got) == sorted(ids), f"global batch {k}"
+    pixels = _by_id(whole)
+    for r in resumed:
+        assert all(torch.equal(x, pixels[i]) for i, x in _by_id(r).items())
+
+
+def test_a_break_then_a_saved_state_finishes_the_interrupted_epoch_and_stops_the_reader(photos):
+    loader = _loader(photos, shuffle=True)
+    whole = _served(loader, epoch=0)
+    loader.set_epoch(0)
+    for k, _ in enumerate(loader):
+        if k == 4:
+            break
+    gc.collect()
+    assert not [t for t in threading.enumerate() if t.name.startswith(("gpufeed-stream-read", "gpufeed-stream-pre"))]
+    state = loader.state_dict()
+    assert (state["engine"]["epoch"], state["engine"]["sample_in_epoch"]) == (0, 40)
+    assert [ids for ids, _ in _served(loader)] == [ids for ids, _ in _served(_loader(photos, shuffle=True), 1)]
+    fresh = _loader(photos, shuffle=True)
+    fresh.load_state_dict(state)
+    rest = _served(fresh)
+    assert [ids for ids, _ in rest] == [ids for ids, _ in whole[5:]]
+    assert all(torch.equal(a, b) for (_, a), (_, b) in zip(rest, whole[5:], strict=True))
+    assert fresh.epoch == 1
+
+
+def test_a_side_pass_inside_the_loop_serves_the_same_epoch_and_moves_nothing(photos):
+    loader = _loader(photos, shuffle=True)
+    it = iter(loader)
+    first = next(it)[1].tolist()
+    side = next(iter(loader))[1].tolist()
+    assert side == first and loader.state_dict()["engine"]["sample_in_epoch"] == 8
+    assert len(list(it)) == len(loader) - 1
+
+
+def test_set_epoch_with_a_batch_starts_part_way_as_the_engine_resumes(photos):
+    loader = _loader(photos, shuffle=True)
+    whole = _served(loader, epoch=2)
+    loader.set_epoch(2, batch=6)
+    part = _served(loader)
+    assert [sorted(ids) for ids, _ in part] == [sorted(ids) for ids, _ in whole[6:]]
+    pixels = _by_id(whole)
+    assert all(torch.equal(x, pixels[i]) for i, x in _by_id(part).items())
+
+
+def test_views_draw_their_own_pixels_and_the_first_view_is_the_single_views(photos):
+    single = _by_id(_served(_loader(photos), epoch=0))
+    loader = _loader(photos, views=2)
+    (views, y), *_ = loader
+    assert isinstance(views, list) and len(views) == 2
+    assert all(torch.equal(views[0][j], single[i]) for j, i in enumerate(y.tolist()))
+    assert not torch.equal(views[0], views[1])
+
+
+def test_gpufeed_ops_dtype_and_channels_last_are_served_as_asked(photos):
+    ops = A.Compose([A.RandomResizedCrop(10), A.RandomHorizontalFlip()])
+    loader = _loader(photos, transform=ops, dtype=torch.float16, channels_last=True)
+    x, y = next(iter(loader))
+    assert x.dtype == torch.float16 and x.shape == (8, 3, 10, 10)
+    assert x.is_contiguous(memory_format=torch.channels_last) and float(x.max()) <= 1.0
+    assert "RandomResizedCrop" in str(loader.plan) and "global batch 8 = 1 rank(s) x 8" in str(loader.plan)
+
+
+def test_a_state_of_another_seed_or_pipeline_is_refused_naming_it_and_strict_false_loads_it(photos):
+    state = _loader(photos).state_dict()
+    with pytest.raises(StateError, match="seed=3 .this run: 4."):
+        _loader(photos, seed=4).load_state_dict(state)
+    other = _loader(photos, transform=T.Compose([T.RandomResizedCrop(12), T.ToTensor()]))
+    with pytest.raises(StateError, match="transform="):
+        other.load_state_dict(state)
+    other.load_state_dict(state, strict=False)
+    with pytest.raises(StateError, match="global_batch_size=8 .this run: 16."):
+        _loader(photos, global_batch_size=16).load_state_dict(state)
+
+
+def test_a_saved_runs_order_settings_are_taken_over_and_a_differing_choice_is_warned_of(photos):
+    state = _loader(photos, shuffle=True, shuffle_seed=11).state_dict()
+    loader = _loader(photos, shuffle=True, shuffle_seed=12)
+    with pytest.warns(UserWarning, match="shuffle_seed=11 .you passed 12."):
+        loader.load_state_dict(state)
+    assert loader.settings.shuffle_seed == 11
+    expected = _loader(photos, shuffle=True, shuffle_seed=11).epoch_plan(0).ids
+    assert np.array_equal(loader.epoch_plan(0).ids, expected)
+
+
+def test_a_sample_that_is_no_image_fails_at_its_batch_naming_it_after_the_batches_before(tmp_path):
+    data = write_photos(tmp_path / "mds", 40, bad=(21,))
+    loader = _loader(data, shuffle=False)
+    where = [k for k in range(len(loader)) if 21 in loader.epoch_plan(0).batch(k)][0]
+    got = []
+    with pytest.raises(DataError, match="sample 21"):
+        for x, _ in loader:
+            got.append(x)
+    assert len(got) == where
+    gc.collect()
+    assert not [t for t in threading.enumerate() if t.name.startswith("gpufeed-stream")]
+
+
+def test_a_remote_directory_is_fetched_under_a_cache_limit_with_each_samples_pixels_unchanged(photos, tmp_path):
+    pixels = _by_id(_served(_loader(photos, shuffle=True), epoch=0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the small cache's one-shard shuffle block is warned of
+        loader = _loader(photos, remote=str(photos), local=tmp_path / "cache", cache_limit=120_000, shuffle=True)
+    try:
+        assert loader.settings.block_size < _loader(photos).settings.block_size  # fitted to the cache
+        served = _served(loader, epoch=0)
+        ids = [i for ids, _ in served for i in ids]
+        assert len(served) == N // 8 and len(set(ids)) == len(ids) == 88
+        assert all(torch.equal(x, pixels[i]) for i, x in _by_id(served).items() if i in pixels)
+        assert "fetched from" in str(loader.plan) and "cache limit 120,000 bytes" in str(loader.plan)
+    finally:
+        loader.shards.close()
+
+
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [
+        ({"transform": T.Compose([T.Resize(16), T.CenterCrop(12), T.ToTensor()])}, "evaluation recipe"),
+        ({"transform": A.Compose([A.RandomHorizontalFlip()])}, "must start with RandomResizedCrop"),
+        ({"batch_size": 4}, "not both or neither"),
+        ({"global_batch_size": 7, "world": 2}, "not divisible by the world size 2"),
+        ({"global_batch_size": 200}, "at least global_batch_size=200"),
+        ({"num_classes": 10}, "sample .* has label .*num_classes=10"),
+    ],
+)
+def test_mistakes_are_typed_errors_naming_the_argument(photos, kw, match):
+    kw = dict(kw)
+    world = kw.pop("world", 1)
+    error = DataError if "num_classes" in kw else ConfigError
+    with pytest.raises(error, match=match):
+        list(_loader(photos, world, **kw))

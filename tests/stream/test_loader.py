@@ -17,6 +17,7 @@ import pytest
 import torch
 import torchvision.transforms as T
 
+import gpufeed as gf
 from gpufeed import augment as A
 from gpufeed.augment.keyed import KeyedDraws
 from gpufeed.errors import ConfigError, DataError, StateError
@@ -193,6 +194,14 @@ def test_a_state_of_another_seed_or_pipeline_is_refused_naming_it_and_strict_fal
         _loader(photos, global_batch_size=16).load_state_dict(state)
 
 
+def test_a_streaming_dataloaders_five_keys_resume_at_their_position(photos):
+    whole = _served(_loader(photos), epoch=1)
+    loader = _loader(photos)
+    keys = {"epoch": 1, "sample_in_epoch": 16, "num_canonical_nodes": 2, "shuffle_seed": 9176}
+    loader.load_state_dict({**keys, "initial_physical_nodes": None})
+    assert [ids for ids, _ in _served(loader)] == [ids for ids, _ in whole[2:]]
+
+
 def test_a_saved_runs_order_settings_are_taken_over_and_a_differing_choice_is_warned_of(photos):
     state = _loader(photos, shuffle=True, shuffle_seed=11).state_dict()
     loader = _loader(photos, shuffle=True, shuffle_seed=12)
@@ -249,3 +258,12 @@ def test_mistakes_are_typed_errors_naming_the_argument(photos, kw, match):
     error = DataError if "num_classes" in kw else ConfigError
     with pytest.raises(error, match=match):
         list(_loader(photos, world, **kw))
+
+
+def test_a_streaming_dataset_given_to_accelerate_is_refused_naming_the_stream_call(photos, tmp_path):
+    from streaming import StreamingDataset
+
+    dataset = StreamingDataset(local=str(photos), batch_size=8, shuffle=True, shuffle_seed=5)
+    with pytest.raises(ConfigError, match=rf"gpufeed\.stream\(remote=None, local='{photos}', .*shuffle_seed=5"):
+        gf.accelerate(dataset)
+    del dataset

@@ -64,6 +64,11 @@ def request(
 ) -> Request:
     """Check what depends on the dataset (a map-style dataset, an epoch of at least one batch, the views, the
     mixing op's class count) and see through torch's wrappers: a bad argument costs no read of the data."""
+    from .stream import streaming_dataset_error
+
+    streaming = streaming_dataset_error(dataset)
+    if streaming is not None:
+        raise streaming
     check_dataset(dataset)
     check_epoch(len(dataset), batch.batch_size, batch.drop_last)  # the rank-aware check follows in the loader
     watch = SourceWatch(dataset, transform_given=transform is not DATASET)  # what is read once, by identity

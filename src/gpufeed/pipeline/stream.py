@@ -23,7 +23,7 @@ from ..stream.shards import Shards
 from ..validate import as_int
 from .translate import build_batched, split_transform
 
-__all__ = ["stream"]
+__all__ = ["stream", "streaming_dataset_error"]
 
 _RGB = (torch.uint8, (64, 64), True)  # decoded files: RGB images, as the PIL images a dataset's loader gives
 
@@ -51,6 +51,31 @@ def batched_transform(transform: Any) -> tuple[BatchTransform, tuple[str, ...]]:
             "RandomResizedCrop (it draws each image's box from that image's size and makes the batch one size)"
         )
     return ops, tuple(notes)
+
+
+def streaming_dataset_error(dataset: Any) -> ConfigError | None:
+    """For a MosaicML ``StreamingDataset`` given to :func:`gpufeed.accelerate`: the error naming the
+    :func:`stream` call that serves its data (its remote, local and order settings); else None."""
+    if not any(c.__module__.startswith("streaming.") and c.__name__ == "StreamingDataset" for c in type(dataset).mro()):
+        return None
+    streams = getattr(dataset, "streams", None) or []
+    one = streams[0] if len(streams) == 1 else None
+    where = (
+        f"remote={getattr(one, 'remote', None)!r}, local={getattr(one, 'local', None)!r}, "
+        if one is not None
+        else "remote=..., local=..., "
+    )
+    order = ", ".join(
+        f"{name}={getattr(dataset, name)!r}"
+        for name in ("shuffle", "shuffle_seed", "shuffle_algo", "num_canonical_nodes")
+        if getattr(dataset, name, None) is not None
+    )
+    several = "" if one is not None or not streams else f" (it mixes {len(streams)} streams: gpufeed serves one)"
+    return ConfigError(
+        f"dataset is a {type(dataset).__name__}{several}: gpufeed serves its shards itself, in the engine's order, "
+        f"with gpufeed.stream({where}transform=<the recipe>, batch_size={getattr(dataset, 'batch_size', None)!r}, "
+        f"{order}); close this dataset first (it holds its local directory)"
+    )
 
 
 def stream(

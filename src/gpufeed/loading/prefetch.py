@@ -1,7 +1,8 @@
 """prefetch(): move batches from any iterable to the device, copies overlapped with compute.
 
 NOTE [ Stream ownership in prefetch ]
-This is the only module that creates CUDA streams. Per batch, in order:
+CUDA streams are created here and in ``stream.py`` (its reader decodes on a side stream by the same rules). Per
+batch, in order:
 
 1. The host tensors are pinned (``pin_memory()``; already-pinned ones are used as they are),
    so the copy can be asynchronous. The pinned buffer comes from torch's caching host

@@ -9,6 +9,7 @@ the sample's id, so a batch's labels say which samples it holds.
 from __future__ import annotations
 
 import gc
+import io
 import threading
 import warnings
 
@@ -244,8 +245,9 @@ def test_a_remote_directory_is_fetched_under_a_cache_limit_with_each_samples_pix
 @pytest.mark.parametrize(
     ("kw", "match"),
     [
-        ({"transform": T.Compose([T.Resize(16), T.CenterCrop(12), T.ToTensor()])}, "evaluation recipe"),
+        ({"transform": T.Compose([T.RandomHorizontalFlip(), T.ToTensor()])}, "must start with RandomResizedCrop"),
         ({"transform": A.Compose([A.RandomHorizontalFlip()])}, "must start with RandomResizedCrop"),
+        ({"transform": T.Compose([T.Resize(20), T.ToTensor()]), "drop_last": False}, "differ in size .*CenterCrop"),
         ({"batch_size": 4}, "not both or neither"),
         ({"global_batch_size": 7, "world": 2}, "not divisible by the world size 2"),
         ({"global_batch_size": 200}, "at least global_batch_size=200"),
@@ -255,9 +257,57 @@ def test_a_remote_directory_is_fetched_under_a_cache_limit_with_each_samples_pix
 def test_mistakes_are_typed_errors_naming_the_argument(photos, kw, match):
     kw = dict(kw)
     world = kw.pop("world", 1)
-    error = DataError if "num_classes" in kw else ConfigError
+    error = DataError if "num_classes" in kw or "drop_last" in kw else ConfigError
     with pytest.raises(error, match=match):
         list(_loader(photos, world, **kw))
+
+
+EVAL = T.Compose([T.Resize(20), T.CenterCrop(16), T.ToTensor(), T.Normalize((0.5, 0.4, 0.3), (0.2, 0.25, 0.3))])
+
+
+def _eval_loader(data, world=1, rank=0, **kw):
+    return _loader(data, world, rank, transform=EVAL, shuffle=False, drop_last=False, **kw)
+
+
+def test_an_evaluation_recipe_serves_the_engines_iteration_with_torchvisions_pixels(photos):
+    from PIL import Image
+    from streaming import StreamingDataset
+
+    loader = _eval_loader(photos)
+    served = _served(loader)
+    engine = StreamingDataset(local=str(photos), batch_size=8, shuffle=False, num_canonical_nodes=2)
+    try:
+        expected = [int(sample["label"]) for sample in engine]
+    finally:
+        del engine
+    assert [i for ids, _ in served for i in ids] == expected and len(expected) == N
+    assert [len(ids) for ids, _ in served] == [8] * 11 + [2] and len(loader) == 12
+    for i, x in list(_by_id(served).items())[::7]:
+        with Image.open(io.BytesIO(photo(i))) as im:
+            assert torch.equal(x, EVAL(im.convert("RGB"))), f"sample {i}"
+    assert "per sample, as torchvision runs them" in str(loader.plan)
+
+
+def test_an_evaluation_epoch_over_ranks_gives_every_rank_as_many_batches_and_every_sample_once_or_more(photos):
+    ranks = [_served(_eval_loader(photos, 4, r)) for r in range(4)]
+    counts = {len(r) for r in ranks}
+    ids = [i for r in ranks for batch, _ in r for i in batch]
+    # the engine pads every rank to 23 samples (92 for 90: two repeats), in batches of 2: 11 whole and one of 1
+    assert counts == {12} and set(ids) == set(range(N)) and len(ids) == 92
+    assert [len(r[-1][0]) for r in ranks] == [1, 1, 1, 1]
+
+
+def test_an_evaluation_state_resumes_the_rest_of_the_epoch(photos):
+    whole = _served(_eval_loader(photos))
+    loader = _eval_loader(photos)
+    for k, _ in enumerate(loader):
+        if k == 4:
+            break
+    fresh = _eval_loader(photos)
+    fresh.load_state_dict(loader.state_dict())
+    rest = _served(fresh)
+    assert [ids for ids, _ in rest] == [ids for ids, _ in whole[5:]]
+    assert all(torch.equal(a, b) for (_, a), (_, b) in zip(rest, whole[5:], strict=True))
 
 
 def test_a_streaming_dataset_given_to_accelerate_is_refused_naming_the_stream_call(photos, tmp_path):

@@ -44,7 +44,7 @@ from ..read.files import header_shape
 from ..store.encoded import Encoded, decode
 from ..store.ragged import Ragged
 from ..stream.engine import release
-from ..stream.plan import EpochPlan, Layout, StreamSettings, check_layout, plan_epoch, stream_length
+from ..stream.plan import EpochPlan, Layout, StreamSettings, check_layout, plan_epoch, plan_share, stream_length
 from ..stream.prefetch import Prefetcher
 from ..stream.shards import Samples, Shards
 from ..stream.state import load_stream_state, stream_state
@@ -54,6 +54,7 @@ from .config import EpochConfig
 from .epochs import EpochLoader
 from .identity import describe, differences
 from .plan import Plan
+from .stream_samples import SampleOps
 
 __all__ = ["StreamLoader", "encoded_batch", "process_layout"]
 
@@ -101,7 +102,14 @@ class StreamLoader(EpochLoader):
         shards: the dataset (:class:`~gpufeed.stream.shards.Shards`); the loader reads it, the caller closes it.
         settings: what fixes the order (:class:`~gpufeed.stream.plan.StreamSettings`: the global batch size, the
             canonical nodes, the shuffle); the global batch stays fixed when the world size changes.
-        transform: gpufeed's batched ops, starting with ``RandomResizedCrop`` (the images come at their own sizes).
+        transform: gpufeed's batched ops; without ``per_sample`` they start with ``RandomResizedCrop`` (the images
+            come at their own sizes).
+        per_sample: the deterministic start of an evaluation recipe (``Resize``, ``CenterCrop``), run on each
+            sample as torchvision runs it (:class:`SampleOps`); then ``transform`` (may be None) on the batch.
+        drop_last: True (training): whole global batches (NOTE [ The epoch's tail ... ] in
+            :mod:`gpufeed.stream.plan`). False (evaluation): each rank's whole engine share, as ``StreamingDataset``
+            yields it: every sample at least once (the engine's few repeats included), the last batch possibly
+            smaller, every rank the same number of batches.
         device: where batches are decoded and augmented; ``None``: CUDA if available, else CPU.
         seed: the augmentation's seed (the order's is ``settings.shuffle_seed``).
         dtype, channels_last, num_classes, mix, views: as for :class:`~gpufeed.DeviceLoader`.
@@ -120,8 +128,10 @@ class StreamLoader(EpochLoader):
         self,
         shards: Shards,
         settings: StreamSettings,
-        transform: BatchTransform,
+        transform: BatchTransform | None,
         *,
+        per_sample: SampleOps | None = None,
+        drop_last: bool = True,
         device: str | torch.device | None = None,
         seed: int = 0,
         dtype: torch.dtype | None = torch.float32,
@@ -135,15 +145,17 @@ class StreamLoader(EpochLoader):
         explicit_order: frozenset[str] = frozenset(),
         plan: Plan | None = None,
     ) -> None:
-        if not isinstance(transform, BatchTransform) or not takes_ragged(transform):
-            if not isinstance(transform, BatchTransform) and transform is not None:
-                check_transform(transform)
+        if transform is not None and not isinstance(transform, BatchTransform):
+            check_transform(transform)
+            raise ConfigError(f"transform={transform!r} is not a gpufeed op; gf.stream converts torchvision's")
+        if per_sample is None and (transform is None or not takes_ragged(transform)):
             raise ConfigError(
                 f"transform={transform!r}: a stream's images come at their own sizes, so the transform must start "
                 "with RandomResizedCrop (it draws each image's box from that image's size and makes the batch one size)"
             )
-        self.shards = shards
-        self.transform: Callable[..., torch.Tensor] = transform  # it takes ragged batches too
+        self.shards, self.per_sample = shards, per_sample
+        self.transform: Callable[..., torch.Tensor] | None = transform  # it takes ragged batches too
+        self.drop_last = as_flag(drop_last, "drop_last")
         self.device = resolve_device(device)
         self.seed = as_int(seed, "seed", 0)
         self.dtype = dtype
@@ -151,7 +163,7 @@ class StreamLoader(EpochLoader):
         self.layout = layout if layout is not None else process_layout()
         self._explicit_world = layout is not None
         self.views = as_int(views, "views", 1)
-        if self.views > 1 and not transform.random:
+        if self.views > 1 and (transform is None or not transform.random):
             raise ConfigError(f"views={self.views} draws each view's own augmentation: it needs a random transform")
         self.mix = as_mix(mix, num_classes)
         if self.views > 1 and self.mix is not None:
@@ -182,11 +194,16 @@ class StreamLoader(EpochLoader):
             )
         self.settings = settings
         self.batch_size = settings.batch_size(layout.world_size)  # this rank's share of a global batch
-        self._length = stream_length(index.num_samples, settings.num_canonical_nodes) // settings.global_batch_size
         # what the bookkeeping reads: a "batch" is a global batch (NOTE [ Positions in global batches ])
+        if self.drop_last:
+            self._length = stream_length(index.num_samples, settings.num_canonical_nodes) // settings.global_batch_size
+            served = self._length * settings.global_batch_size
+        else:  # the engine's share: every rank the same count, so the same number of batches
+            share = len(self.epoch_plan(0).ids)
+            self._length, served = -(-share // self.batch_size), share * layout.world_size
         self.config = EpochConfig(
-            self._length * settings.global_batch_size, self.batch_size, settings.shuffle, True, self.seed, 1,
-            layout.rank, layout.world_size,
+            served, self.batch_size, settings.shuffle, self.drop_last, self.seed, 1, layout.rank, layout.world_size,
+            even=self.drop_last,
         )  # fmt: skip
 
     def __len__(self) -> int:
@@ -200,7 +217,8 @@ class StreamLoader(EpochLoader):
     def epoch_plan(self, epoch: int, batch: int = 0) -> EpochPlan:
         """This rank's ids of ``epoch`` from global batch ``batch`` on."""
         s = self.settings
-        return plan_epoch(
+        how = plan_epoch if self.drop_last else plan_share
+        return how(
             self.shards.index.samples_per_shard, s, self.layout, epoch, batch * s.global_batch_size,
             self.initial_physical_nodes,
         )  # fmt: skip
@@ -240,12 +258,22 @@ class StreamLoader(EpochLoader):
                     f"sample {int(ids[i])} has label {int(samples.labels[i])}, not in [0, num_classes="
                     f"{self.num_classes}): check label_key and num_classes"
                 )
-        encoded = encoded_batch(samples, ids)
         ids_t, labels = torch.from_numpy(np.array(ids, dtype=np.int64)), torch.from_numpy(samples.labels)
-        if self.device.type != "cuda":
-            return ids_t.to(self.device), decode(encoded, self.device), labels.to(self.device), None
+        if self.per_sample is not None:
+            # images still of different sizes are a ragged batch only for a transform that makes them one size
+            ragged = self.transform is not None and takes_ragged(self.transform)  # type: ignore[arg-type]
+            x: Any = self.per_sample.batch(samples.images, ids, ragged=ragged)
+            if self.device.type != "cuda":
+                return ids_t.to(self.device), x.to(self.device), labels.to(self.device), None
+        else:
+            encoded = encoded_batch(samples, ids)
+            if self.device.type != "cuda":
+                return ids_t.to(self.device), decode(encoded, self.device), labels.to(self.device), None
         with torch.cuda.device(self.device), torch.cuda.stream(self._side_stream()):
-            x = decode(replace(encoded, data=encoded.data.pin_memory()), self.device)
+            if self.per_sample is not None:
+                x = x.pin_memory().to(self.device, non_blocking=True)
+            else:
+                x = decode(replace(encoded, data=encoded.data.pin_memory()), self.device)
             ids_t = ids_t.pin_memory().to(self.device, non_blocking=True)
             labels = labels.pin_memory().to(self.device, non_blocking=True)
             event = torch.cuda.Event()
@@ -264,7 +292,7 @@ class StreamLoader(EpochLoader):
         if event is not None:  # NOTE [ Stream ownership in prefetch ] in gpufeed.loading.prefetch, steps 3-4
             consumer = torch.cuda.current_stream(self.device)
             consumer.wait_event(event)
-            for t in (ids, x.data, labels):
+            for t in (ids, x.data if isinstance(x, Ragged) else x, labels):
                 t.record_stream(consumer)
         draws = KeyedDraws(self.seed, epoch, ids)
         if self.views == 1:
@@ -273,12 +301,18 @@ class StreamLoader(EpochLoader):
             images = [self._view(x, draws if v == 0 else draws.child(("view", v))) for v in range(self.views)]
         return (images, labels) if self.labelled else images
 
-    def _view(self, x: Ragged, draws: KeyedDraws) -> torch.Tensor:
+    def _view(self, x: Ragged | torch.Tensor, draws: KeyedDraws) -> torch.Tensor:
         count = len(x)
+        if self.transform is None:
+            assert isinstance(x, torch.Tensor)  # SampleOps.batch stacks when nothing runs batched
+            return self._converted(x)
         out = self.transform(x, generator=draws)
         if not isinstance(out, torch.Tensor) or out.dim() < 1 or out.shape[0] != count:
             got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
             raise DataError(f"transform returned {got} for a batch of {count}; it must keep the batch axis")
+        return self._converted(out)
+
+    def _converted(self, out: torch.Tensor) -> torch.Tensor:
         if self.dtype is not None:
             out = convert_dtype(out, self.dtype)
         if self.channels_last and out.dim() == 4:
@@ -290,6 +324,8 @@ class StreamLoader(EpochLoader):
     def _pipeline(self) -> dict[str, Any]:
         return {
             "transform": describe(self.transform),
+            "per_sample": describe(self.per_sample),
+            "drop_last": self.drop_last,
             "dtype": str(self.dtype),
             "channels_last": self.channels_last,
             **self._batch_forms(),

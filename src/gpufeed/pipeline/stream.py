@@ -1,14 +1,17 @@
 """stream(): an MDS dataset (a directory, or ``s3://``, ``gs://``, ... fetched into a local cache) -> StreamLoader.
 
 The torchvision transform is converted as :func:`gpufeed.accelerate` converts a folder of photos kept as JPEGs:
-nothing is cached (the images are decoded per batch at their own sizes), every op runs batched, and the recipe
-must start with ``RandomResizedCrop``. The order's settings default as the engine's do, except that the shuffle
-block is fitted to the cache when a limit is set (:func:`gpufeed.stream.plan.block_size_for_cache`).
+nothing is cached (the images are decoded per batch at their own sizes). A training recipe (``RandomResizedCrop``
+first) runs batched whole; an evaluation recipe's deterministic start (``Resize``, ``CenterCrop``) runs per sample
+on the reader's threads (:mod:`gpufeed.loading.stream_samples`), the rest batched. The order's settings default as
+the engine's do, except that the shuffle block is fitted to the cache when a limit is set
+(:func:`gpufeed.stream.plan.block_size_for_cache`).
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -18,6 +21,7 @@ from ..device import resolve_device
 from ..errors import ConfigError
 from ..loading.plan import Plan
 from ..loading.stream import StreamLoader, process_layout
+from ..loading.stream_samples import SampleOps
 from ..stream.plan import Layout, StreamSettings
 from ..stream.shards import Shards
 from ..validate import as_int
@@ -25,32 +29,34 @@ from .translate import build_batched, split_transform
 
 __all__ = ["stream", "streaming_dataset_error"]
 
-_RGB = (torch.uint8, (64, 64), True)  # decoded files: RGB images, as the PIL images a dataset's loader gives
 
-
-def batched_transform(transform: Any) -> tuple[BatchTransform, tuple[str, ...]]:
-    """gpufeed's batched ops for ``transform`` (gpufeed's own, or torchvision's / timm's converted), and the notes
-    the conversion made; a ConfigError if it does not start with RandomResizedCrop."""
+def recipe(
+    transform: Any, first_file: Callable[[], bytes]
+) -> tuple[SampleOps | None, BatchTransform | None, tuple[str, ...]]:
+    """``transform`` (gpufeed's ops, or a torchvision / timm recipe) as what runs per sample (its deterministic
+    start: :class:`~gpufeed.loading.stream_samples.SampleOps`), what runs batched, and the notes the conversion made.
+    ``first_file``: a sample's bytes, to learn the size the per-sample part makes (read only when there is one).
+    A ConfigError if the images would stay of different sizes."""
     notes: list[str] = []
+    per_sample: SampleOps | None = None
     if isinstance(transform, BatchTransform):
-        ops: Any = transform
+        ops: BatchTransform | None = transform
     elif transform is None:
         ops = None
     else:
         split = split_transform(transform)
+        size = (64, 64)  # RandomResizedCrop first: its output size does not depend on this
         if split.cached:
-            raise ConfigError(
-                f"transform starts with {', '.join(repr(op) for op in split.cached)}: a stream's images are decoded "
-                "per batch at their own sizes, so its recipe must start with RandomResizedCrop (a training recipe); "
-                "a deterministic resize first (an evaluation recipe) is not supported for streams yet"
-            )
-        ops = build_batched(split.device, *_RGB, notes=notes, channels=3)
-    if ops is None or not takes_ragged(ops):
+            per_sample = SampleOps(split.cached)
+            size = tuple(per_sample(first_file(), "sample 0").shape[-2:])  # type: ignore[assignment]
+        ops = build_batched(split.device, torch.uint8, size, True, notes=notes, channels=3)
+    if per_sample is None and (ops is None or not takes_ragged(ops)):
         raise ConfigError(
-            f"transform={transform!r}: a stream's images come at their own sizes, so the transform must start with "
-            "RandomResizedCrop (it draws each image's box from that image's size and makes the batch one size)"
+            f"transform={transform!r}: a stream's images come at their own sizes, so the recipe must start with "
+            "RandomResizedCrop (training: it draws each image's box from that image's size and makes the batch one "
+            "size) or with a resize and a crop to one size (evaluation: Resize, CenterCrop)"
         )
-    return ops, tuple(notes)
+    return per_sample, ops, tuple(notes)
 
 
 def streaming_dataset_error(dataset: Any) -> ConfigError | None:
@@ -86,6 +92,7 @@ def stream(
     batch_size: int | None = None,
     global_batch_size: int | None = None,
     shuffle: bool = True,
+    drop_last: bool = True,
     seed: int = 0,
     device: str | torch.device | None = None,
     dtype: torch.dtype | None = None,
@@ -118,8 +125,14 @@ def stream(
             holds it (local-only data: never evicted, no engine object).
         local: the dataset's directory (local-only), or where a remote's shards are cached (default: under
             gpufeed's cache directory).
-        transform: a torchvision (v1 or v2) or timm training recipe, or gpufeed's ops, starting with
-            ``RandomResizedCrop``; converted as :func:`gpufeed.accelerate` converts it.
+        transform: a torchvision (v1 or v2) or timm recipe, or gpufeed's ops, converted as :func:`gpufeed.accelerate`
+            converts it: a training recipe starts with ``RandomResizedCrop`` (all of it runs batched); an evaluation
+            recipe's resize and crop (``Resize``, ``CenterCrop``) run per sample as torchvision runs them, the rest
+            batched.
+        drop_last: True (training): whole global batches; up to ``global_batch_size - 1`` positions at an epoch's
+            end are left to the next epoch. False (evaluation, with ``shuffle=False``): each rank's whole share as
+            ``StreamingDataset`` yields it, every sample at least once (the engine's few repeats included), the last
+            batch possibly smaller, the same number of batches on every rank.
         batch_size: samples per batch on each rank (as ``DataLoader``'s), or ``global_batch_size``: over all ranks,
             kept when the run resumes at another world size (give one of the two).
         shuffle, shuffle_seed, shuffle_algo, shuffle_block_size, num_canonical_nodes: the engine's order
@@ -145,7 +158,6 @@ def stream(
             for x, y in loader: ...
         torch.save(loader.state_dict(), "loader.pt")   # resumes at any world size
     """
-    ops, notes = batched_transform(transform)
     if (batch_size is None) == (global_batch_size is None):
         raise ConfigError(
             "give batch_size= (per rank, as DataLoader's) or global_batch_size= (over all ranks; kept when a run "
@@ -181,6 +193,7 @@ def stream(
         validate_hash=validate_hash,
     )
     try:
+        per_sample, ops, notes = recipe(transform, lambda: shards.read([0]).images[0])
         if shuffle_block_size is None and shards.engine_cache_limit is not None:
             settings = StreamSettings(
                 global_batch_size, num_canonical_nodes, shuffle, shuffle_seed, shuffle_algo,
@@ -192,6 +205,8 @@ def stream(
             shards,
             settings,
             ops,
+            per_sample=per_sample,
+            drop_last=drop_last,
             device=device,
             seed=seed,
             dtype=dtype,
@@ -207,6 +222,8 @@ def stream(
     except BaseException:
         shards.close()
         raise
+    if per_sample is not None:
+        notes = (f"per sample, as torchvision runs them, on the reader's threads: {per_sample!r}", *notes)
     loader.plan = _plan(loader, shards, notes)
     return loader
 
@@ -220,7 +237,8 @@ def _plan(loader: StreamLoader, shards: Shards, notes: tuple[str, ...]) -> Plan:
         f"the engine's order: {shuffled}, {s.num_canonical_nodes} canonical node(s); global batch "
         f"{s.global_batch_size} = {loader.layout.world_size} rank(s) x {loader.batch_size}"
     )
-    lines = tuple(op.describe() for op in getattr(loader.transform, "transforms", [loader.transform]))
+    ops = getattr(loader.transform, "transforms", [loader.transform] if loader.transform is not None else [])
+    lines = tuple(op.describe() for op in ops)
     return Plan(
         cached=(),
         batched=lines,

@@ -52,6 +52,7 @@ __all__ = [
     "block_size_for_cache",
     "check_layout",
     "plan_epoch",
+    "plan_share",
     "plan_work",
     "rank_order",
     "stream_length",
@@ -260,9 +261,12 @@ class EpochPlan:
     batch_size: int
     ids: np.ndarray
     tail: np.ndarray
+    last_partial: bool = False  # the engine's whole share (:func:`plan_share`): its last batch may be smaller
 
     @property
     def num_batches(self) -> int:
+        if self.last_partial:
+            return -(-len(self.ids) // self.batch_size)
         return len(self.ids) // self.batch_size
 
     def batch(self, k: int) -> np.ndarray:
@@ -272,8 +276,8 @@ class EpochPlan:
         return self.ids[k * self.batch_size : (k + 1) * self.batch_size]
 
     def batches(self) -> np.ndarray:
-        """``(num_batches, batch_size)``: every batch of this rank (a view)."""
-        return self.ids.reshape(self.num_batches, self.batch_size)
+        """``(num_batches, batch_size)``: every batch of this rank (a view; whole batches only)."""
+        return self.ids.reshape(len(self.ids) // self.batch_size, self.batch_size)
 
     def sample_in_epoch_after(self, batches_done: int) -> int:
         """Global samples of the epoch consumed once ``batches_done`` batches of this plan are served (on every
@@ -324,6 +328,40 @@ def plan_epoch(
         batch_size=work.shape[-1],
         ids=np.ascontiguousarray(mine[:full].reshape(-1)),
         tail=rest[rest != -1],
+    )
+
+
+def plan_share(
+    samples_per_shard: Sequence[int] | np.ndarray,
+    settings: StreamSettings,
+    layout: Layout,
+    epoch: int,
+    sample_in_epoch: int = 0,
+    initial_physical_nodes: int | None = None,
+) -> EpochPlan:
+    """``layout``'s rank's whole engine share of ``epoch`` from ``sample_in_epoch`` on: exactly what
+    ``StreamingDataset`` yields on that rank (every sample at least once, the engine's few repeats included, the last
+    batch possibly smaller; every rank the same count). For evaluation, where no sample may be left out.
+
+    A position in the last stretch, past the dataset's samples (only the engine's repeats are left there, and the
+    engine refuses to resume into it), continues the epoch's plan from its start instead.
+    """
+    num_samples = int(np.sum(samples_per_shard))
+    start = sample_in_epoch if sample_in_epoch < num_samples else 0
+    work = plan_work(
+        samples_per_shard, settings, layout.num_nodes, layout.ranks_per_node, epoch, start, initial_physical_nodes
+    )
+    ids = rank_order(work, layout)
+    if start != sample_in_epoch:
+        ids = ids[(sample_in_epoch // settings.global_batch_size) * work.shape[-1] :]
+    return EpochPlan(
+        epoch=epoch,
+        sample_in_epoch=sample_in_epoch,
+        global_batch_size=settings.global_batch_size,
+        batch_size=work.shape[-1],
+        ids=np.ascontiguousarray(ids),
+        tail=ids[:0],
+        last_partial=True,
     )
 
 

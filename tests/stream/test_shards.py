@@ -338,3 +338,27 @@ def test_an_index_of_a_thousand_shards_serves_its_first_batch_within_5_seconds(d
     original = {i: payload(i) for i in range(300)}
     assert all(bytes(b) in original.values() for b in first.images)
     assert elapsed < 5, f"first batch after {elapsed:.2f} s"
+
+
+def test_a_damaged_index_a_closed_reader_and_a_bad_order_in_a_state_are_typed_errors(data, tmp_path):
+    from gpufeed.errors import StateError
+    from gpufeed.stream.state import load_stream_state, stream_state
+
+    bad = tmp_path / "bad"
+    shutil.copytree(data, bad)
+    index = json.loads((bad / "index.json").read_text())
+    del index["shards"][1]["column_sizes"]
+    (bad / "index.json").write_text(json.dumps(index))
+    with pytest.raises(DataError, match=r"shard 1 lacks \['column_sizes'\]"):
+        Shards(bad)
+    shards = Shards(data)
+    shards.close()
+    with pytest.raises(ConfigError, match="closed"):
+        shards.read([0])
+    settings = StreamSettings(8, 1)
+    state = stream_state(
+        settings, epoch=0, sample_in_epoch=0, initial_physical_nodes=1, fingerprint="f", num_samples=300, seed=0
+    )
+    state["order"]["shuffle_algo"] = "zigzag"
+    with pytest.raises(StateError, match="zigzag"):
+        load_stream_state(state, settings, fingerprint="f", num_samples=300, seed=0)

@@ -42,6 +42,9 @@ LABEL_ENCODINGS = {
 }
 
 
+_SHARD_KEYS = ("samples", "raw_data", "column_names", "column_encodings", "column_sizes")
+
+
 @dataclass(frozen=True)
 class _Columns:
     """Where a shard layout keeps the image and label columns inside a sample record."""
@@ -110,6 +113,14 @@ class Index:
         shards = obj.get("shards") if isinstance(obj, dict) else None
         if not shards or obj.get("version") != 2:
             raise DataError(f"{source} is not an MDS index (version 2, with shards); write it with streaming.MDSWriter")
+        for k, entry in enumerate(shards):
+            missing = [key for key in _SHARD_KEYS if not isinstance(entry, dict) or key not in entry]
+            raw = entry.get("raw_data") if isinstance(entry, dict) else None
+            if missing or not isinstance(raw, dict) or "basename" not in raw or "bytes" not in raw:
+                raise DataError(
+                    f"{source}: shard {k} lacks {missing or ['raw_data.basename/bytes']}; the index is damaged or not "
+                    "MDS: write it again with streaming.MDSWriter or gpufeed convert"
+                )
         for s in shards:
             if s.get("format") != "mds":
                 raise DataError(f"{source}: shard {s.get('raw_data')} has format {s.get('format')!r}, not 'mds'")

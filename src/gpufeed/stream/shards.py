@@ -107,6 +107,7 @@ class Shards:
         if self.remote is not None and os.path.isdir(self.remote) and _same(self.remote, self.local):
             raise ConfigError(f"remote and local are the same directory ({self.local}): pass local= alone")
         self.ranks_per_node = ranks_per_node or int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+        self.closed = False
         self._lock: shm.RunLock | None = None
         self._ds: Any = None
         self._offsets: dict[int, np.ndarray] = {}
@@ -295,6 +296,8 @@ class Shards:
 
     def read(self, ids: np.ndarray | Sequence[int]) -> Samples:
         """Image bytes and labels of global sample ids, in the order given (each shard opened once)."""
+        if self.closed:
+            raise ConfigError(f"these Shards of {self.local} are closed: open them again to read")
         ids = np.asarray(ids, dtype=np.int64)
         shard_of, position = self.index.locate(ids)
         images: list[bytes] = [b""] * len(ids)
@@ -309,6 +312,7 @@ class Shards:
 
     def close(self) -> None:
         """Drop the engine's dataset and release ``local``; idempotent."""
+        self.closed = True
         self._ds = None  # its destructor marks its shared memory released
         if self._lock is not None:
             self._lock.release()

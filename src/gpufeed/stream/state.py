@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..errors import StateError
+from ..errors import ConfigError, StateError
 from .plan import StreamSettings, stream_length
 
 __all__ = ["ENGINE_KEYS", "FORMAT", "Resume", "load_stream_state", "stream_state"]
@@ -157,7 +157,10 @@ def load_stream_state(
         mine = settings.block_size if name == "shuffle_block_size" else getattr(settings, name)
         if value != mine:
             adopted[name] = (mine, value)
-    effective = replace(settings, **new)
+    try:
+        effective = replace(settings, **new)
+    except ConfigError as e:  # a value StreamSettings refuses (an unknown shuffle_algo, a block of 0)
+        raise StateError(f"state['order'] or state{where}: {e}; it is not a stream state gpufeed wrote") from None
     if position % effective.global_batch_size:
         raise StateError(
             f"state{where}['sample_in_epoch']={position} is not a multiple of global_batch_size="

@@ -40,6 +40,7 @@ from gpufeed.augment import (
     RandomSolarize,
     RandomVerticalFlip,
     TrivialAugmentWide,
+    keyed,
 )
 from gpufeed.augment.params import rand
 from gpufeed.augment.timm_auto import Hparams, TimmAutoAugment, TimmOp, TimmRandAugment
@@ -426,3 +427,13 @@ def test_random_erasing_boxes_are_distributed_as_with_a_generator():
     a, b = keyed["mask"], drawn["mask"]
     for key in ("top", "left", "height", "width"):
         _same_distribution(keyed[key][a], drawn[key][b], key)
+
+
+def test_normals_made_a_piece_of_columns_at_a_time_equal_the_whole_draw_bit_for_bit(monkeypatch):
+    # per-pixel noise of a large batch is made in pieces (bounded temporaries); the pieces must not show
+    ids = torch.arange(5, dtype=torch.int64) * 1009
+    whole = KeyedDraws(2, 1, ids).normal((5, 3, 7, 9))
+    monkeypatch.setattr(keyed, "_NORMAL_PIECE", 7)  # 1 column per piece for 5 samples
+    pieces = KeyedDraws(2, 1, ids).normal((5, 3, 7, 9))
+    assert torch.equal(whole, pieces) and whole.shape == (5, 3, 7, 9)
+    assert abs(float(whole.mean())) < 0.1 and abs(float(whole.std()) - 1) < 0.1

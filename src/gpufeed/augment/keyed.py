@@ -47,6 +47,7 @@ _M32 = 0xFFFFFFFF
 _CHILD, _SPAWN, _DRAW, _ROOT = 0x43484C44, 0x5350574E, 0x44524157, 0x524F4F54
 _Label = int | str | tuple
 _PIECE = 1 << 16  # values mixed at a time on the CPU: 512 KiB of int64, within a core's L2 cache
+_NORMAL_PIECE = 1 << 20  # normal pairs made at a time (per sample x columns): ~40 MB of temporaries at most
 
 
 def _mul32(h: torch.Tensor, c: int) -> torch.Tensor:
@@ -174,11 +175,20 @@ class KeyedDraws:
 
     def bits(self, m: int) -> torch.Tensor:
         """``(N, m)`` 32-bit values (int64) for the next draw: a function of (key, id, counter, element) only."""
-        c0, c1 = _halves(derive_seed(self.key, _DRAW, self._advance()))
-        t = _mix_(self._base ^ c0)  # (N,): this sample's value for this draw
+        t, c1 = self._draw()
         if m == 1:  # most draws: one value per sample, the element's constant made on the host (15 kernels fewer)
             return _mix_(t ^ _mix32_host(c1)).view(-1, 1)
-        j = _mix_(torch.arange(m, device=self.device, dtype=torch.int64) ^ c1)  # (m,): each element's
+        return self._columns(t, c1, 0, m)
+
+    def _draw(self) -> tuple[torch.Tensor, int]:
+        """The next draw's per-sample values ``(N,)`` and its element constant (the counter advances by one)."""
+        c0, c1 = _halves(derive_seed(self.key, _DRAW, self._advance()))
+        return _mix_(self._base ^ c0), c1
+
+    def _columns(self, t: torch.Tensor, c1: int, start: int, stop: int) -> torch.Tensor:
+        """``(N, stop - start)``: elements ``start..stop`` of the draw ``(t, c1)``; any range of them gives the same
+        values as the whole."""
+        j = _mix_(torch.arange(start, stop, device=self.device, dtype=torch.int64) ^ c1)  # each element's
         return _mix_(t.view(-1, 1) ^ j.view(1, -1))
 
     def _shaped(self, shape: Sequence[int], axis: int, make: Callable[[int], torch.Tensor]) -> torch.Tensor:
@@ -220,18 +230,24 @@ class KeyedDraws:
         uniforms for float64 (tails to 6.7 sigma), else in float32 from 24-bit ones (to 5.8 sigma), then cast."""
         work, bits = (torch.float64, 32) if dtype == torch.float64 else (torch.float32, 24)
 
+        def uniforms(t: torch.Tensor, c1: int, start: int, stop: int) -> torch.Tensor:
+            v = self._columns(t, c1, start, stop)
+            return (v.bitwise_right_shift_(8) if bits == 24 else v).to(work)
+
         def make(m: int) -> torch.Tensor:
             half = (m + 1) // 2
-            v = self.bits(2 * half)
-            if bits == 24:
-                v = v.bitwise_right_shift_(8)
-            u = v.to(work)
-            radius = u[:, :half].add_(1.0).mul_(2.0**-bits).log_().mul_(-2.0).sqrt_()  # u1 in (0, 1]: no log(0)
-            angle = u[:, half:].mul_(2.0**-bits * 2.0 * math.pi)
-            out = torch.empty((len(self), 2 * half), dtype=work, device=self.device)
-            torch.mul(radius, torch.cos(angle), out=out[:, :half])
-            torch.mul(radius, angle.sin_(), out=out[:, half:])
-            return out[:, :m].to(dtype)
+            t, c1 = self._draw()  # one draw of 2 * half elements: u1 = its first half, u2 = its second
+            out = torch.empty((len(self), 2 * half), dtype=dtype, device=self.device)
+            # A piece of columns at a time (per-pixel noise of a 256 x 3 x 224 x 224 batch is 38 M pairs): the int64
+            # and float temporaries stay a few MB whatever the batch; the values do not depend on the pieces.
+            step = max(1, _NORMAL_PIECE // max(len(self), 1))
+            for a in range(0, half, step):
+                b = min(a + step, half)
+                radius = uniforms(t, c1, a, b).add_(1.0).mul_(2.0**-bits).log_().mul_(-2.0).sqrt_()  # no log(0)
+                angle = uniforms(t, c1, half + a, half + b).mul_(2.0**-bits * 2.0 * math.pi)
+                out[:, a:b] = torch.cos(angle).mul_(radius)
+                out[:, half + a : half + b] = angle.sin_().mul_(radius)
+            return out[:, :m]
 
         return self._shaped(shape, axis, make)
 

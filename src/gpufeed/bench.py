@@ -24,7 +24,7 @@ from .report import bar_chart, format_table
 from .train.loop import TrainConfig, train
 from .workers import default_workers
 
-__all__ = ["BASELINE", "Rung", "Row", "ladder", "run_bench", "summary"]
+__all__ = ["BASELINE", "STREAM", "STREAM_BASELINE", "Rung", "Row", "ladder", "run_bench", "summary"]
 
 
 @dataclass(frozen=True)
@@ -58,10 +58,38 @@ class Row:
 
 BASELINE = "torchvision DataLoader, num_workers=0"  # what every speed-up is quoted against
 FP32, BF16, GRAPHED = "model alone, fp32", "model alone, bf16 + channels_last", "model alone, bf16 + CL + CUDA graph"
+STREAM = "gpufeed.stream"
 
 
-def ladder(workers: int) -> list[Rung]:
-    """The rungs, in order; ``workers`` is the tuned DataLoader's worker count."""
+STREAM_BASELINE = "StreamingDataset in a DataLoader, num_workers=0"  # a stream's: what its users run without gpufeed
+
+
+def ladder(workers: int, stream: bool = False) -> list[Rung]:
+    """The rungs, in order; ``workers`` is the tuned DataLoader's worker count. Of a ``stream`` (an MDS dataset):
+    the engine's ``StreamingDataset`` in a ``DataLoader`` (PIL decode, the same torchvision recipe) against
+    ``gpufeed.stream``; the rungs that keep CIFAR-10's arrays do not apply and are left out."""
+    if stream:
+        return [
+            Rung(STREAM_BASELINE, "torch", num_workers=0, floor=FP32),
+            Rung(
+                f"StreamingDataset in a DataLoader, num_workers={workers}, persistent",
+                "torch",
+                num_workers=workers,
+                floor=FP32,
+            ),  # fmt: skip
+            Rung(STREAM, "gpufeed", floor=FP32),
+            Rung(f"{STREAM} + bf16 + channels_last", "gpufeed", amp="bf16", channels_last=True, floor=BF16),
+            Rung(
+                f"{STREAM} + bf16 + channels_last + CUDA graphs",
+                "gpufeed",
+                amp="bf16",
+                channels_last=True,
+                cuda_graphs=True,
+                floor=GRAPHED,
+                gpu_only=True,
+            ),  # fmt: skip
+            *_floors(),
+        ]
     return [
         Rung(BASELINE, "torch", num_workers=0, floor=FP32),
         Rung(f"torchvision DataLoader, num_workers={workers}, persistent", "torch", num_workers=workers, floor=FP32),
@@ -90,6 +118,12 @@ def ladder(workers: int) -> list[Rung]:
             floor=GRAPHED,
             gpu_only=True,
         ),
+        *_floors(),
+    ]
+
+
+def _floors() -> list[Rung]:
+    return [
         Rung(FP32, "fixed"),
         Rung(BF16, "fixed", amp="bf16", channels_last=True),
         Rung(GRAPHED, "fixed", amp="bf16", channels_last=True, cuda_graphs=True, gpu_only=True),
@@ -106,12 +140,15 @@ def sized_config(
     data: str = "synthetic",
     image_size: int | None = None,
     val_data: str | None = None,
+    **stream: Any,
 ) -> tuple[TrainConfig, str]:
-    """Size the run to the machine: on a GPU the whole dataset (VGG16 on CIFAR-10, ResNet-50 on a folder), on
-    a CPU a subset and the small model. The description has ``{n}`` for the number of training images."""
+    """Size the run to the machine: on a GPU the whole dataset (VGG16 on CIFAR-10, ResNet-50 on a folder or a
+    stream), on a CPU a subset and the small model. The description has ``{n}`` for the number of training images.
+    ``stream``: ``local``, ``cache_limit``, ``num_classes`` of an MDS dataset (:class:`TrainConfig`'s)."""
     from .data.images import is_folder
+    from .data.mds import is_stream
 
-    gpu, folder = device.type == "cuda", is_folder(data)
+    gpu, folder = device.type == "cuda", is_folder(data) or is_stream(data)
     cpu_sizes = (512, 256) if folder else (5_000, 1_000)
     cfg = TrainConfig(
         model=model or (("resnet50" if folder else "vgg16") if gpu else "small"),
@@ -125,11 +162,12 @@ def sized_config(
         data=data,
         val_data=val_data,
         image_size=image_size,
+        **stream,
     )
     at = f" at {image_size or 224}x{image_size or 224}" if folder else ""
     if gpu:
         return cfg, f"{cfg.model}{at} on {{n}} images"
-    full = "ResNet-50 on the whole folder" if folder else "VGG16 on 50,000"
+    full = f"ResNet-50 on the whole {'stream' if is_stream(data) else 'folder'}" if folder else "VGG16 on 50,000"
     return cfg, f"CPU run: {cfg.model} model{at} on a {{n}}-image subset so it finishes in minutes (on a GPU: {full})"
 
 
@@ -149,6 +187,7 @@ def run_bench(
     data: str = "synthetic",
     image_size: int | None = None,
     val_data: str | None = None,
+    **stream: Any,
 ) -> list[Row]:
     """Run the ladder; print a table; write ``out/bench.json`` and ``out/bench.png``.
 
@@ -156,16 +195,28 @@ def run_bench(
     (default: the synthetic CIFAR-10 in gpufeed's cache directory); ``datasets``: ``(train, test)`` already
     loaded for ``data``. ``on_row``: called with each
     rung's row as soon as it is measured. ``keep_going``: a rung that fails is recorded (in
-    ``skipped``) and the next one runs.
+    ``skipped``) and the next one runs. ``stream``: ``local``, ``cache_limit``, ``num_classes`` of an MDS dataset
+    (``data`` a URL or a directory with index.json; ``batch_size`` is then the global batch).
     """
     from .data.images import is_folder
-    from .train.loop import load_datasets
+    from .data.mds import is_stream
+    from .train.loop import load_datasets, stream_sources
 
     dev = resolve_device(device)
-    base, sizing = sized_config(dev, model, train_size, test_size, batch_size, seed, data, image_size, val_data)
-    datasets = datasets or load_datasets(base)
-    images = min(base.train_size or len(datasets[0]), len(datasets[0]))
-    if batch_size > images:  # every rung drops its last, partial batch: its epochs would be empty
+    base, sizing = sized_config(
+        dev, model, train_size, test_size, batch_size, seed, data, image_size, val_data, **stream
+    )
+    streamed = is_stream(data)
+    if streamed:
+        datasets = datasets or stream_sources(base)
+        held = datasets[0].samples()  # None: a remote's, known once its index is fetched
+        images = min(x for x in (base.train_size, held) if x is not None) if (base.train_size or held) else 0
+    else:
+        datasets = datasets or load_datasets(base)
+        images = min(base.train_size or len(datasets[0]), len(datasets[0]))
+    if not images:
+        sizing = sizing.replace("{n} images", "the whole stream")
+    elif batch_size > images:  # every rung drops its last, partial batch: its epochs would be empty
         raise ConfigError(
             f"batch_size={batch_size} is more than the {images:,} training images: every epoch would be empty (the "
             f"last, partial batch is dropped); use batch_size <= {images} (gpufeed bench --batch-size)"
@@ -173,8 +224,8 @@ def run_bench(
     sizing = sizing.format(n=f"{images:,}")
     kept = images // batch_size * batch_size
     dropped = f"; {images - kept:,} of them dropped by drop_last each epoch" if kept < images else ""
-    log(f"gpufeed bench: {sizing}, batch {batch_size} ({images // batch_size:,} batches per epoch{dropped}), "
-        "2 epochs per rung (the second is timed)")  # fmt: skip
+    per_epoch = f" ({images // batch_size:,} batches per epoch{dropped})" if images else ""
+    log(f"gpufeed bench: {sizing}, batch {batch_size}{per_epoch}, 2 epochs per rung (the second is timed)")
     shown: list[bool] = []
 
     def show_plan(run: Any) -> None:  # once: the gpufeed rungs share the store and cache
@@ -183,7 +234,7 @@ def run_bench(
             log("  gpufeed's plan:\n" + "\n".join(f"    {line}" for line in str(run.loader.plan).splitlines()))
 
     rows: list[Row] = []
-    by_name = {r.name: r for r in ladder(default_workers())}
+    by_name = {r.name: r for r in ladder(default_workers(), stream=streamed)}
     rungs = [by_name[n] for n in only if n in by_name] if only else list(by_name.values())
     for k, rung in enumerate(rungs, 1):
         if rung.gpu_only and dev.type != "cuda":
@@ -256,7 +307,7 @@ _COLUMNS = [
 
 def _baseline(rows: list[Row]) -> Row | None:
     """The plain DataLoader rung (whatever order the rungs ran in), else the first."""
-    return next((r for r in rows if r.name == BASELINE), rows[0] if rows else None)
+    return next((r for r in rows if r.name in (BASELINE, STREAM_BASELINE)), rows[0] if rows else None)
 
 
 def _relate(rows: list[Row]) -> None:
@@ -273,7 +324,7 @@ def _relate(rows: list[Row]) -> None:
 
 def _best_dataloader(rows: list[Row]) -> Row | None:
     """The fastest plain DataLoader rung that ran (tuned workers usually), the fair comparison for gpufeed."""
-    ran = [r for r in rows if r.name.startswith("torchvision DataLoader") and r.epoch_s]
+    ran = [r for r in rows if r.name.startswith(("torchvision DataLoader", "StreamingDataset in")) and r.epoch_s]
     return min(ran, key=lambda r: r.epoch_s or 0.0) if ran else None
 
 
@@ -282,7 +333,8 @@ def summary(rows: list[Row], device: torch.device) -> str:
     compared with the best DataLoader rung (not only with ``num_workers=0``)."""
     by_name = {r.name: r for r in rows if r.epoch_s is not None}
     first = _baseline(rows)
-    base, ours, floor = (by_name.get(n) for n in (first.name if first else "", "gpufeed", FP32))
+    ours_name = STREAM if STREAM in by_name else "gpufeed"
+    base, ours, floor = (by_name.get(n) for n in (first.name if first else "", ours_name, FP32))
     if base is None or ours is None or floor is None or not (base.epoch_s and ours.epoch_s and floor.epoch_s):
         return "(too few rungs ran to say what limits training here)"
     best = _best_dataloader(rows) or base
@@ -294,7 +346,7 @@ def summary(rows: list[Row], device: torch.device) -> str:
     return (
         f"On this {device.type.upper()}, the plain DataLoader epoch is {bound}: it waits for data "
         f"{base.data_wait_fraction or 0:.0%} of its {base.epoch_s:.2f} s, where the model alone takes "
-        f"{floor.epoch_s:.2f} s; gpufeed waits {ours.data_wait_fraction or 0:.1%} and runs at "
+        f"{floor.epoch_s:.2f} s; {ours_name} waits {ours.data_wait_fraction or 0:.1%} and runs at "
         f"{ours.epoch_s / floor.epoch_s:.2f}x the model alone ({versus})"
         + (": the model, not the data, is the cost here" if bound == "model-bound" else "")
         + "."

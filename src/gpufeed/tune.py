@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, IterableDataset
 from tqdm.auto import tqdm
 
 from .device import resolve_device, usable_cores
@@ -117,15 +117,7 @@ def _trial(
     collate_fn: Any,
 ) -> Trial:
     kw = loader_kwargs(workers, persistent=True, prefetch_factor=prefetch if workers else None)
-    loader = DataLoader(
-        dataset,
-        batch_size,
-        shuffle=True,
-        pin_memory=pin,
-        collate_fn=collate_fn,
-        generator=torch.Generator().manual_seed(0),
-        **kw,
-    )
+    loader = DataLoader(dataset, batch_size, pin_memory=pin, collate_fn=collate_fn, **_order(dataset, 0), **kw)
     move = device.type == "cuda"
     # Workers deliver in bursts (while the consumer waits for batch k, the others finish k+1.. and queue them),
     # and up to workers * prefetch batches can be ready at once. Slices several times that long, and the rate
@@ -158,6 +150,14 @@ def _trial(
     return Trial(workers, pin, prefetch if workers > 0 else None, rate, startup, (max(rates) - min(rates)) / rate)
 
 
+def _order(dataset: Any, seed: int) -> dict[str, Any]:
+    """A map-style dataset shuffled by a generator of its own; an iterable one (a ``StreamingDataset``) keeps its
+    order, which it makes itself and shares out to the workers."""
+    if isinstance(dataset, IterableDataset):
+        return {}
+    return {"shuffle": True, "generator": torch.Generator().manual_seed(seed)}
+
+
 def _memory_notes(dataset: Any) -> list[str]:
     notes = []
     for owner in (dataset, getattr(dataset, "dataset", None)):
@@ -186,7 +186,8 @@ def tune_dataloader(
     """Measure DataLoader settings for ``dataset`` and return the fastest as a :class:`LoaderConfig`.
 
     Args:
-        dataset: the map-style dataset, with its transform, as training will use it.
+        dataset: the dataset, with its transform, as training will use it: map-style (shuffled per trial), or
+            iterable (e.g. a ``StreamingDataset`` decoding its samples: it keeps its own order and worker shares).
         batch_size: the training batch size.
         time_budget_s: the search stops starting trials once this is spent (one may overrun it).
         device: where batches go; with ``"cuda"`` the copy is timed and ``pin_memory`` is tried.
@@ -204,7 +205,8 @@ def tune_dataloader(
         >>> cfg.kwargs
         {'batch_size': 32, 'num_workers': 0, 'pin_memory': False}
     """
-    check_dataset(dataset)
+    if not isinstance(dataset, IterableDataset):
+        check_dataset(dataset)
     batch_size = as_int(batch_size, "batch_size", 1)
     if time_budget_s <= 0:
         raise ConfigError(f"time_budget_s={time_budget_s} must be > 0")
@@ -217,7 +219,7 @@ def tune_dataloader(
         # torch warns when a trial starts more workers than it suggests; trying that is the point here.
         warnings.filterwarnings("ignore", message="This DataLoader will create")
         # Size the slices from one default batch, so each trial takes about 1/12 of the budget.
-        probe = DataLoader(dataset, batch_size, shuffle=True, generator=torch.Generator().manual_seed(1))
+        probe = DataLoader(dataset, batch_size, **_order(dataset, 1))
         t = time.perf_counter()
         next(iter(probe))
         per_batch = max(time.perf_counter() - t, 1e-4)

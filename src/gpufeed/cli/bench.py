@@ -7,7 +7,11 @@ from pathlib import Path
 
 from .common import add_batch_size, add_data_arguments, load_train_test, output_dir, positive, settle_batch_size
 
-HELP = "the speed ladder: DataLoader -> cached -> GPU-resident -> gpufeed -> AMP -> CUDA graphs, vs the model alone"
+HELP = (
+    "the speed ladder: DataLoader -> cached -> GPU-resident -> gpufeed -> AMP -> CUDA graphs, vs the model alone; of "
+    "an MDS dataset (--data s3://... or DIR with index.json): the engine's StreamingDataset in a DataLoader -> "
+    "gpufeed.stream -> AMP -> CUDA graphs"
+)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -33,10 +37,11 @@ def run(args: argparse.Namespace) -> int:
     from ..device import resolve_device
 
     where = resolve_device(args.device)
+    stream = {"local": args.local, "cache_limit": args.cache_limit, "num_classes": args.num_classes}
     # only its sizes are used here: the batch size is settled once the data is known
     sized, _ = sized_config(
         where, args.model, args.train_size, args.test_size, args.batch_size or 1, args.seed, args.data,
-        args.image_size, args.val_data,
+        args.image_size, args.val_data, **stream,
     )  # fmt: skip
     datasets = load_train_test(args, sized.train_size, sized.test_size)
     settle_batch_size(args, datasets[0], sized.train_size)
@@ -52,5 +57,6 @@ def run(args: argparse.Namespace) -> int:
         data=args.data,
         image_size=args.image_size,
         val_data=args.val_data,
+        **stream,
     )
     return 0

@@ -74,8 +74,16 @@ def _build(args: argparse.Namespace) -> int:
     import torchvision.transforms as T
 
     from ..data.images import is_folder
+    from ..data.mds import is_stream
     from ..pipeline.build import build_cache
 
+    if is_stream(args.data):
+        from ..errors import ConfigError
+
+        raise ConfigError(
+            f"--data {args.data} is an MDS dataset: gpufeed keeps no cache of it (gpufeed.stream decodes each batch; "
+            "the engine caches a remote's shards in --local); build caches of CIFAR-10 or image folders"
+        )
     if is_folder(args.data):
         return _build_folder(args)
     if args.store != "auto" or args.max_side is not None or args.device is not None:

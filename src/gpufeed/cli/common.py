@@ -47,17 +47,38 @@ def lead() -> bool:
 
 
 def data_choice(text: str) -> str:
-    """An argparse type: ``synthetic``, ``cifar10``, ``synthetic-folder``, or an existing folder of images."""
+    """An argparse type: ``synthetic``, ``cifar10``, ``synthetic-folder``, an MDS dataset (a remote URL the streaming
+    engine reads, ``s3://bucket/prefix``, or a folder holding an ``index.json``), or an existing folder of images."""
     from ..data.images import KEYWORDS
+    from ..data.mds import SCHEMES, check_url, is_url
+    from ..errors import ConfigError
 
     if text in KEYWORDS:  # exactly: ./synthetic is a folder of that name
+        return text
+    try:
+        check_url(text)
+    except ConfigError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    if is_url(text):
         return text
     path = Path(text).expanduser()
     if not path.is_dir():
         raise argparse.ArgumentTypeError(
-            f"{text!r} is neither one of {', '.join(KEYWORDS)} nor a folder of images (no such directory)"
+            f"{text!r} is neither one of {', '.join(KEYWORDS)} nor a folder (no such directory: of images, or an MDS "
+            f"dataset holding index.json), nor a remote MDS dataset ({', '.join(s + '://' for s in SCHEMES)})"
         )
     return str(path.resolve())
+
+
+def _size(text: str) -> int:
+    """An argparse type: bytes, as ``20gb``, ``500M`` or a plain count (powers of 1024)."""
+    from ..cache.usage import parse_size
+    from ..errors import ConfigError
+
+    try:
+        return parse_size(text, "--cache-limit")
+    except ConfigError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def add_data_arguments(p: argparse.ArgumentParser, sizes: bool = True) -> None:
@@ -65,9 +86,11 @@ def add_data_arguments(p: argparse.ArgumentParser, sizes: bool = True) -> None:
         "--data",
         type=data_choice,
         default="synthetic",
-        metavar="{synthetic,cifar10,synthetic-folder,DIR}",
-        help="embedded synthetic CIFAR-10 (default), torchvision's real one, the embedded synthetic JPEG folder, or "
-        "your image folder (DIR/<class>/*.jpg, or DIR/train and DIR/val; only read)",
+        metavar="{synthetic,cifar10,synthetic-folder,DIR,URL}",
+        help="embedded synthetic CIFAR-10 (default), torchvision's real one, the embedded synthetic JPEG folder, "
+        "your image folder (DIR/<class>/*.jpg, or DIR/train and DIR/val; only read), or an MDS dataset (made by "
+        "gpufeed convert) read by gpufeed.stream: a remote URL (s3://bucket/prefix, gs://, azure://, oci://, hf://, "
+        "...) or a DIR holding its index.json (local; with --local CACHE, read as a remote fetched into CACHE)",
     )
     p.add_argument(
         "--data-dir",
@@ -83,30 +106,94 @@ def add_data_arguments(p: argparse.ArgumentParser, sizes: bool = True) -> None:
         "--val-data",
         type=data_choice,
         default=None,
+        metavar="DIR|URL",
+        help="an image folder's validation split, when --data DIR is the training split itself; with an MDS "
+        "--data, another MDS dataset (a remote one is cached under gpufeed's cache directory), every sample scored",
+    )
+    g = p.add_argument_group("MDS datasets (--data URL, or DIR with an index.json)")
+    g.add_argument(
+        "--local",
+        "--local-dir",  # the name the launcher passes on: torch.distributed.run takes --local as its --local-addr
+        dest="local",
+        default=None,
         metavar="DIR",
-        help="an image folder's validation split, when --data DIR is the training split itself",
+        help="where a remote's shards are cached, shared by the node's processes (default: under gpufeed's cache "
+        "directory); with --data DIR, DIR is then read as the remote",
+    )
+    g.add_argument(
+        "--cache-limit",
+        type=_size,
+        default=None,
+        metavar="BYTES",
+        help="most bytes --local may hold, e.g. 20gb (least recently used shards are evicted); remote data only",
+    )
+    g.add_argument(
+        "--num-classes",
+        type=positive,
+        default=None,
+        help="classes of an MDS dataset without gpufeed.json (default: read from gpufeed.json, as gpufeed convert "
+        "writes it)",
     )
     if sizes:
         p.add_argument(
-            "--image-size", type=positive, default=None, help="image folders: the recipes' crop size (default 224)"
+            "--image-size",
+            type=positive,
+            default=None,
+            help="image folders and MDS datasets: the recipes' crop size (default 224)",
         )
 
 
 def _check_folder_options(args: argparse.Namespace) -> None:
     from ..data.images import is_folder
+    from ..data.mds import is_stream
     from ..errors import ConfigError
 
+    stream = is_stream(args.data)
+    if not stream:
+        for option, value in (("--local", args.local), ("--cache-limit", args.cache_limit)):
+            if value is not None:
+                raise ConfigError(
+                    f"{option} goes with an MDS dataset (--data s3://..., or a DIR holding index.json); --data "
+                    f"{args.data} is not one"
+                )
+        if args.num_classes is not None:
+            raise ConfigError("--num-classes goes with an MDS dataset; an image folder's classes are its folders")
+    if stream:
+        if args.data_dir is not None or args.download:
+            raise ConfigError("--data-dir and --download are CIFAR-10's; an MDS dataset is --data itself")
+        if args.val_data is not None and not is_stream(args.val_data):
+            raise ConfigError(
+                f"--val-data {args.val_data}: with an MDS --data, the validation split is another MDS dataset (a "
+                "URL, or a DIR with its index.json: gpufeed convert it)"
+            )
+        return
     if is_folder(args.data):
         if args.data_dir is not None:
             raise ConfigError("--data-dir is where CIFAR-10 lives; give an image folder as --data DIR")
         if args.download:
             raise ConfigError("--download fetches or generates CIFAR-10; gpufeed never writes into an image folder")
+        if args.val_data is not None and is_stream(args.val_data):
+            raise ConfigError(f"--val-data {args.val_data} is an MDS dataset; --data {args.data} is an image folder")
         _check_cache_outside(args)
         return
     if args.val_data is not None:
         raise ConfigError("--val-data goes with --data DIR (an image folder); CIFAR-10 has its own test split")
     if getattr(args, "image_size", None) not in (None, 32):
         raise ConfigError("--image-size applies to image folders; CIFAR-10 images are 32x32")
+
+
+def stream_sources(args: argparse.Namespace) -> tuple[Any, Any]:
+    """``(train, validation or None)`` :class:`~gpufeed.data.mds.StreamSource` of an MDS ``--data``: nothing opened
+    yet (under torchrun each rank opens them after the process group exists)."""
+    from ..data.mds import StreamSource
+    from ..errors import ConfigError
+
+    size = getattr(args, "image_size", None) or 224
+    train = StreamSource.of(args.data, args.local, args.cache_limit, size, True)
+    val = None if args.val_data is None else StreamSource.of(args.val_data, None, None, size, False)
+    if val is not None and (val.remote or val.local) == (train.remote or train.local):
+        raise ConfigError(f"--val-data {args.val_data} is the training data: accuracy on it says nothing; give another")
+    return train, val
 
 
 def _check_cache_outside(args: argparse.Namespace) -> None:
@@ -130,8 +217,16 @@ def load_data(args: argparse.Namespace, train: bool = True, transform: Any = Non
     folder comes with the folder recipe at ``--image-size`` (``transform`` is CIFAR-10's)."""
     from ..data import cifar10, describe
     from ..data.images import folder_splits, is_folder
+    from ..data.mds import is_stream
 
     _check_folder_options(args)
+    if is_stream(args.data):
+        from ..errors import ConfigError
+
+        raise ConfigError(
+            f"--data {args.data} is an MDS dataset, read by gpufeed.stream: this command works on a dataset read "
+            "sample by sample (CIFAR-10, an image folder); gpufeed train, bench and diagnose take MDS datasets"
+        )
     if is_folder(args.data):
         size = getattr(args, "image_size", None) or 224
         train_set, val_set, what = folder_splits(args.data, args.val_data, size, args.data_seed)
@@ -157,9 +252,12 @@ def load_train_test(args: argparse.Namespace, train_size: int | None, test_size:
     (test is None for an image folder without a validation split)."""
     from ..data import describe
     from ..data.images import folder_splits, is_folder
+    from ..data.mds import is_stream
     from ..train.loaders import eval_transform, train_transform
 
     _check_folder_options(args)
+    if is_stream(args.data):
+        return _stream_train_test(args, train_size, test_size)
     if is_folder(args.data):
         size = getattr(args, "image_size", None) or 224
         train, test, what = folder_splits(args.data, args.val_data, size, args.data_seed)
@@ -175,6 +273,25 @@ def load_train_test(args: argparse.Namespace, train_size: int | None, test_size:
     if lead():
         used = subset_note(train_size, test_size, (len(train), len(test)))
         print(f"data: {describe(train)}, {len(test):,} test samples{used}", flush=True)
+    return train, test
+
+
+def _stream_train_test(args: argparse.Namespace, train_size: int | None, test_size: int | None) -> Any:
+    """The MDS sources of a run and the data line; the samples and classes are printed once the loader has opened
+    the index (a remote's is fetched then)."""
+    train, test = stream_sources(args)
+    if lead():
+        count = train.samples()
+        held = f": {count:,} samples" if count is not None else ""
+        used = ""
+        if train_size and (count is None or train_size < count):
+            used = f" (using the first {train_size:,} of each epoch's order)"
+        val = f"; validation {test.describe()}" if test is not None else " (no --val-data: accuracy not measured)"
+        note = ""
+        if test is not None and test_size and (test.samples() is None or test_size < (test.samples() or 0)):
+            note += f"; the first {test_size:,} of it scored"
+        print(f"data: {train.describe()}{held}{used}{val}, {train.image_size}x{train.image_size} crops{note}",
+              flush=True)  # fmt: skip
     return train, test
 
 
@@ -200,7 +317,8 @@ def add_batch_size(p: argparse.ArgumentParser) -> None:
         "--batch-size",
         type=positive,
         default=None,
-        help=f"images per batch (default {DEFAULT_BATCH_SIZE}, or all the training images when there are fewer)",
+        help=f"images per batch (default {DEFAULT_BATCH_SIZE}, or all the training images when there are fewer); of "
+        "an MDS dataset the global batch, all processes together (divisible by their number)",
     )
 
 
@@ -242,6 +360,10 @@ def describe_epoch(loader: Any, images: int, batch_size: int, world: int = 1) ->
     the images each epoch uses and drops."""
     lines = []
     plan = getattr(loader, "plan", None)
+    if plan is not None and plan.storage == "stream":
+        lines.append("plan: gpufeed.stream, each batch read from the shards, decoded and augmented")
+        lines += [f"  {line}" for line in str(plan).splitlines()]
+        plan = None
     if plan is not None:
         if plan.ingest.startswith("cache hit"):
             cache = "hit"
@@ -265,13 +387,50 @@ def describe_epoch(loader: Any, images: int, batch_size: int, world: int = 1) ->
     return lines
 
 
+def describe_run(run: Any, images: int, batch_size: int) -> list[str]:
+    """:func:`describe_epoch` of a prepared run (``gpufeed.train.loop.Prepared``); of an MDS dataset, the samples
+    its index lists (known now: a remote's was fetched as the loader opened) and ``batch_size`` the global batch."""
+    if run.samples is None:
+        return describe_epoch(run.loader, images, batch_size, run.world_size)
+    lines = [f"stream: {run.samples:,} samples in {run.num_classes} classes"]
+    used = min(images, run.samples) if images else run.samples
+    return lines + describe_epoch(run.loader, used, batch_size // run.world_size, run.world_size)
+
+
 def training_images(train: Any, train_size: int | None) -> int:
-    """The training images a run uses: ``--train-size`` of them, or all."""
-    return min(len(train), train_size) if train_size else len(train)
+    """The training images a run uses: ``--train-size`` of them, or all (of an MDS dataset: what its index lists,
+    0 when it is remote, known once the loader has fetched the index)."""
+    from ..data.mds import StreamSource
+
+    held = (train.samples() or 0) if isinstance(train, StreamSource) else len(train)
+    return min(held, train_size) if train_size and held else (train_size or held)
 
 
 def settle_batch_size(args: argparse.Namespace, train: Any, train_size: int | None) -> None:
-    """Set ``args.batch_size`` to what the run uses (see :func:`choose_batch_size`), printing why if it was chosen."""
-    args.batch_size, why = choose_batch_size(args.batch_size, training_images(train, train_size), world_size())
+    """Set ``args.batch_size`` to what the run uses (see :func:`choose_batch_size`), printing why if it was chosen.
+    Of an MDS dataset the batch size is the global one (all processes together: the stream's order is made of
+    global batches, the same at any world size), divisible by the number of processes."""
+    from ..data.mds import StreamSource
+
+    if not isinstance(train, StreamSource):
+        args.batch_size, why = choose_batch_size(args.batch_size, training_images(train, train_size), world_size())
+        if why and lead():
+            print(why, flush=True)
+        return
+    world, images, requested = world_size(), training_images(train, train_size), args.batch_size
+    why = None
+    if not images:  # a remote's size is known once its index is fetched: gpufeed.stream checks the batch then
+        args.batch_size = requested or DEFAULT_BATCH_SIZE
+    else:
+        args.batch_size, why = choose_batch_size(requested, images, 1)
+    if requested is None:  # the default, made divisible by the processes
+        args.batch_size = max(world, args.batch_size - args.batch_size % world)
     if why and lead():
-        print(why, flush=True)
+        print(f"global batch size {args.batch_size}{why[why.index(':') :]}", flush=True)
+    if args.batch_size % world:
+        from ..errors import ConfigError
+
+        raise ConfigError(
+            f"--batch-size {args.batch_size} is the global batch of an MDS dataset, shared by {world} processes: give "
+            f"a multiple of {world}"
+        )

@@ -104,5 +104,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"left out {len(result.skipped):,} samples that are not images (listed in {result.dst}/gpufeed.json):")
         for s in result.skipped[:5]:
             print(f"  {s['why']}")
-    print(f"read it with: streaming.StreamingDataset(local={str(result.dst)!r}, remote=None, batch_size=...)")
+    print(
+        f"read it with: gpufeed train --data {result.dst} (or upload it and give --data s3://..., --local DIR), or "
+        f"gf.stream(local={str(result.dst)!r}, transform=..., batch_size=...)"
+    )
     return 0

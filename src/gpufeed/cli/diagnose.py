@@ -26,6 +26,8 @@ EPILOG = """examples:
   gpufeed diagnose --time 120 -- torchrun --nproc-per-node 4 train.py
   gpufeed diagnose -- python -m mypackage.train
   gpufeed diagnose --loader torch --num-workers 4     a configuration of gpufeed train
+  gpufeed diagnose --data s3://bucket/in1k-mds --local /scratch/in1k --cache-limit 200gb
+                                                      gpufeed train on an MDS dataset (gpufeed.stream)
 
 Everything after the first -- is the command, exactly as you run it (its own options included). Its output
 shows as usual; then the report prints: the verdict, the wait fraction, each DataLoader as found, what
@@ -132,7 +134,7 @@ def _watch(args: argparse.Namespace, command: list[str]) -> int:
 def _configuration(args: argparse.Namespace) -> int:
     from ..diagnose import diagnose
     from ..train.loop import prepare
-    from .common import DEFAULT_BATCH_SIZE, describe_epoch, lead, load_train_test, settle_batch_size, training_images
+    from .common import DEFAULT_BATCH_SIZE, describe_run, lead, load_train_test, settle_batch_size, training_images
 
     steps = CONFIG_STEPS if args.steps is None else args.steps
     config_from(args, batch_size=args.batch_size or DEFAULT_BATCH_SIZE)  # checked before the data is read
@@ -140,10 +142,13 @@ def _configuration(args: argparse.Namespace) -> int:
     settle_batch_size(args, datasets[0], args.train_size)
     cfg = config_from(args, progress=False)
     prepared = prepare(cfg, datasets)
-    if lead():
-        images = training_images(datasets[0], args.train_size)
-        print("\n".join(describe_epoch(prepared.loader, images, cfg.batch_size, prepared.world_size)), flush=True)
-    report = diagnose(prepared.loader, lambda batch: prepared.step(*batch), steps=steps, device=prepared.device)
+    try:
+        if lead():
+            images = training_images(datasets[0], args.train_size)
+            print("\n".join(describe_run(prepared, images, cfg.batch_size)), flush=True)
+        report = diagnose(prepared.loader, lambda batch: prepared.step(*batch), steps=steps, device=prepared.device)
+    finally:
+        prepared.close()  # a stream's shards and cache directory
     print(report)
     print(f"wrote {report.save(args.out)}")
     return 0

@@ -9,7 +9,10 @@ from typing import Any
 
 from .common import add_batch_size, add_data_arguments, count, output_dir, positive
 
-HELP = "train a model on CIFAR-10 or an image folder with a chosen loader and precision; records to DIR/train.json"
+HELP = (
+    "train a model on CIFAR-10, an image folder or an MDS dataset (--data s3://bucket/prefix --local /scratch/cache) "
+    "with a chosen loader and precision; records to DIR/train.json"
+)
 
 
 _LAUNCHER = ("--nproc-per-node", "--nnodes", "--node-rank", "--master-addr", "--master-port")
@@ -39,6 +42,10 @@ def _launch(args: argparse.Namespace) -> int:
             skip = False
         elif a in _LAUNCHER:
             skip = True
+        elif a == "--local" or a.startswith("--local="):
+            # the launcher's parser reads any prefix of its own options, even after the script: --local would be
+            # its --local-addr (or ambiguous); --local-dir is the same option of ours, and no prefix of the launcher's
+            rest.append(a.replace("--local", "--local-dir", 1))
         elif not a.startswith(tuple(f"{opt}=" for opt in _LAUNCHER)):
             rest.append(a)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(args.nproc_per_node)]
@@ -68,10 +75,16 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
         "--model",
         choices=sorted({*MODELS, *FOLDER_MODELS}),
         default="small",
-        help=f"CIFAR-10: {', '.join(sorted(MODELS))}; image folders: torchvision's {', '.join(FOLDER_MODELS[1:])} "
-        "(random init) or small",
+        help=f"CIFAR-10: {', '.join(sorted(MODELS))}; image folders and MDS datasets: torchvision's "
+        f"{', '.join(FOLDER_MODELS[1:])} (random init) or small",
     )
-    p.add_argument("--loader", choices=[k for k in LOADER_KINDS if k != "fixed"], default="gpufeed")
+    p.add_argument(
+        "--loader",
+        choices=[k for k in LOADER_KINDS if k != "fixed"],
+        default="gpufeed",
+        help="gpufeed (gf.accelerate; of an MDS dataset gpufeed.stream) or a baseline: torch (a DataLoader; of an MDS "
+        "dataset the engine's StreamingDataset in one), pretransform, gpu-per-sample (CIFAR-10 only)",
+    )
     p.add_argument(
         "--num-workers", type=count, default=None, help="DataLoader workers (torch and pretransform loaders)"
     )
@@ -96,13 +109,15 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
         "--train-size",
         type=positive,
         default=None,
-        help="train on N images: CIFAR-10's first N; of an image folder, N evenly spaced (all its classes)",
+        help="train on N images: CIFAR-10's first N; of an image folder, N evenly spaced (all its classes); of an "
+        "MDS dataset, the first N of each epoch's order (whole global batches)",
     )
     p.add_argument(
         "--test-size",
         type=positive,
         default=None,
-        help="test on N images: CIFAR-10's first N; of an image folder, N evenly spaced",
+        help="test on N images: CIFAR-10's first N; of an image folder, N evenly spaced; of an MDS dataset, its first "
+        "N (whole global batches)",
     )
 
 
@@ -131,6 +146,9 @@ def config_from(args: argparse.Namespace, **overrides: object) -> Any:
         image_size=args.image_size,
         store=args.store,
         max_side=args.max_side,
+        local=args.local,
+        cache_limit=args.cache_limit,
+        num_classes=args.num_classes,
     )
     fields.update(overrides)
     return TrainConfig(**fields)
@@ -141,7 +159,7 @@ def run(args: argparse.Namespace) -> int:
 
     from ..report import format_table
     from ..train import train
-    from .common import DEFAULT_BATCH_SIZE, describe_epoch, lead, load_train_test, settle_batch_size, training_images
+    from .common import DEFAULT_BATCH_SIZE, describe_run, lead, load_train_test, settle_batch_size, training_images
 
     if args.nproc_per_node and "LOCAL_RANK" not in os.environ:
         return _launch(args)
@@ -154,7 +172,7 @@ def run(args: argparse.Namespace) -> int:
 
     def announce(run: Any) -> None:  # before the first epoch: what it trains on, and what it drops
         if lead():
-            print("\n".join(describe_epoch(run.loader, images, cfg.batch_size, run.world_size)), flush=True)
+            print("\n".join(describe_run(run, images, cfg.batch_size)), flush=True)
 
     records = train(cfg, args.out, datasets, on_ready=announce)
     if not lead():

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from .common import add_batch_size, add_data_arguments, positive
 
-HELP = "measure num_workers, prefetch_factor, pin_memory for the DataLoader of a dataset and print the best"
+HELP = (
+    "measure num_workers, prefetch_factor, pin_memory for the DataLoader of a dataset and print the best (of an MDS "
+    "dataset: the engine's StreamingDataset in a DataLoader, decoded per sample; gpufeed bench compares gpufeed.stream)"
+)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -22,12 +26,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
+    from ..data.mds import is_stream
     from ..report import table_rows
     from ..train.loaders import train_transform
     from ..tune import tune_dataloader
     from .common import DEFAULT_BATCH_SIZE, load_data
 
-    dataset = load_data(args, train=True, transform=train_transform())
+    if is_stream(args.data):
+        dataset = _engine_samples(args)
+    else:
+        dataset = load_data(args, train=True, transform=train_transform())
     if args.batch_size is None:  # (a DataLoader keeps its last, partial batch: any size runs; the default fits)
         args.batch_size = min(DEFAULT_BATCH_SIZE, len(dataset))
         if args.batch_size < DEFAULT_BATCH_SIZE:
@@ -61,3 +69,22 @@ def run(args: argparse.Namespace) -> int:
     for note in cfg.notes:
         print(f"note: {note}")
     return 0
+
+
+def _engine_samples(args: argparse.Namespace) -> Any:
+    """An MDS ``--data`` as a training script reads it without gpufeed: the engine's ``StreamingDataset`` (its order
+    and worker shares), each sample decoded with PIL and run through the training recipe. gpufeed.stream reads whole
+    batches on threads of its own, with nothing to tune; this is the DataLoader a user keeps."""
+    from ..data.mds import StreamSource
+    from ..stream.shards import default_local
+    from ..train.streams import engine_samples
+    from .common import DEFAULT_BATCH_SIZE, _check_folder_options, lead
+
+    _check_folder_options(args)  # the options that do not fit a stream, refused as for the other commands
+    source = StreamSource.of(args.data, args.local, args.cache_limit, args.image_size or 224, train=True)
+    local = source.local or default_local(str(source.remote))
+    batch = args.batch_size or DEFAULT_BATCH_SIZE
+    if lead():
+        print(f"data: {source.describe()}, read by the engine's StreamingDataset in a DataLoader, each sample decoded "
+              f"with PIL, {source.image_size}x{source.image_size} crops", flush=True)  # fmt: skip
+    return engine_samples(source.remote, local, batch, source.image_size, source.cache_limit)

@@ -39,8 +39,11 @@ KEYWORDS = ("synthetic", "cifar10", "synthetic-folder")  # what --data names bes
 
 
 def is_folder(data: str) -> bool:
-    """Whether ``--data`` names image folders (a directory, or the embedded synthetic one) rather than CIFAR-10."""
-    return data not in ("synthetic", "cifar10")
+    """Whether ``--data`` names image folders (a directory, or the embedded synthetic one) rather than CIFAR-10 or
+    an MDS dataset (a remote URL, or a directory holding an ``index.json``: :mod:`gpufeed.data.mds`)."""
+    from .mds import is_stream
+
+    return data not in ("synthetic", "cifar10") and not is_stream(data)
 
 
 def folder_train(image_size: int) -> T.Compose:
@@ -127,8 +130,9 @@ def _image_folder(path: Path, transform: Any, option: str) -> Any:
     try:
         return ImageFolder(str(path), transform=transform)
     except (FileNotFoundError, OSError) as e:  # torchvision: "Couldn't find any class folder" / "Found no valid file"
+        mds = ", nor an MDS dataset (it has no index.json: gpufeed convert writes one)" if option == "--data" else ""
         raise DataError(
-            f"{option} {path}: not an image folder ({e}); the layout is {path}/<class name>/<image files>, "
+            f"{option} {path}: not an image folder ({e}){mds}; the layout is {path}/<class name>/<image files>, "
             f"or {path}/train/<class name>/... with {path}/val beside it"
         ) from None
 

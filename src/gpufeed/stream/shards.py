@@ -35,7 +35,7 @@ from . import engine, shm
 from .index import Index
 from .plan import block_size_for_cache
 
-__all__ = ["Samples", "Shards", "engine_cache_limit"]
+__all__ = ["Samples", "Shards", "default_local", "engine_cache_limit"]
 
 DOWNLOADERS_PER_RANK = 2  # NOTE [ Cache limit: what the engine is given ]
 RETRIES = 7  # re-fetches of a shard evicted between its fetch and its read, as the engine's get_item
@@ -55,6 +55,11 @@ class Samples:
 
 def _same(a: str, b: str) -> bool:
     return os.path.exists(b) and os.path.samefile(a, b)
+
+
+def default_local(remote: str) -> str:
+    """Where a remote's shards are cached when no ``local`` is given: under gpufeed's cache directory, by URL."""
+    return str(default_cache_dir() / "stream" / hashlib.sha1(remote.encode()).hexdigest()[:20])
 
 
 def engine_cache_limit(cache_limit: int, max_shard_bytes: int, ranks_per_node: int) -> int:
@@ -101,8 +106,7 @@ class Shards:
             raise ConfigError("Shards needs local= (a local MDS dataset) or remote= (and optionally local=)")
         self.remote = None if remote is None else str(remote)
         if self.remote is not None and local is None:
-            key = hashlib.sha1(self.remote.encode()).hexdigest()[:20]
-            local = default_cache_dir() / "stream" / key
+            local = default_local(self.remote)
         self.local = os.path.abspath(os.fspath(local))  # type: ignore[arg-type]
         if self.remote is not None and os.path.isdir(self.remote) and _same(self.remote, self.local):
             raise ConfigError(f"remote and local are the same directory ({self.local}): pass local= alone")

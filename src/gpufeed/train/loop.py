@@ -23,6 +23,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from ..data.images import is_folder
+from ..data.mds import is_stream
 from ..device import environment, resolve_device, sync
 from ..errors import ConfigError
 from ..pipeline.accelerate import accelerate
@@ -30,6 +31,7 @@ from .loaders import LOADER_KINDS, eval_transform, make_train_loader, subset, tr
 from .models import FOLDER_MODELS, MODELS, build_model
 from .monitor import UtilisationMonitor
 from .step import SGD, make_step
+from .streams import open_stream_loaders
 
 __all__ = ["EpochRecord", "Prepared", "TrainConfig", "load_datasets", "prepare", "train"]
 
@@ -64,11 +66,33 @@ class TrainConfig:
     store: str = "auto"  # image folders: accelerate(store=...): "auto", "pixels" or "jpeg"
     max_side: int | None = None  # image folders: accelerate(max_side=...)
     progress: bool = True
+    # MDS datasets (data: a remote URL or a directory with index.json), read by gpufeed.stream; batch_size is then
+    # the global batch (all processes together)
+    local: str | None = None  # where a remote's shards are cached (with a directory as data: that is the remote)
+    cache_limit: int | None = None  # bytes local may hold (remote data only)
+    num_classes: int | None = None  # default: the dataset's gpufeed.json
 
     def __post_init__(self) -> None:
         from ..data.images import is_folder
+        from ..data.mds import is_stream
 
-        if not is_folder(self.data):
+        stream = is_stream(self.data)
+        if not stream and (self.local, self.cache_limit, self.num_classes) != (None, None, None):
+            raise ConfigError(
+                "local, cache_limit and num_classes (--local, --cache-limit, --num-classes) apply to MDS datasets "
+                f"(data='s3://...' or a directory with index.json), not to data={self.data!r}"
+            )
+        if stream:
+            if self.model not in FOLDER_MODELS:
+                raise ConfigError(f"model={self.model!r} is not one of {list(FOLDER_MODELS)} (the models for images)")
+            if self.store != "auto" or self.max_side is not None or self.data_dir is not None or self.download:
+                raise ConfigError(
+                    "store, max_side, data_dir and download (--store, --max-side, --data-dir, --download) do not apply "
+                    "to an MDS dataset: gpufeed.stream decodes its images per batch, the engine caches its shards"
+                )
+            if self.image_size is not None and self.image_size < 16:
+                raise ConfigError(f"image_size={self.image_size} is too small for these models; use >= 16")
+        elif not is_folder(self.data):
             if self.image_size not in (None, 32):
                 raise ConfigError(f"image_size={self.image_size} applies to image folders; CIFAR-10 images are 32x32")
             if self.val_data is not None:
@@ -157,6 +181,14 @@ class Prepared:
     amp: torch.dtype | None
     world_size: int = 1
     rank: int = 0
+    closers: list[Any] = field(default_factory=list)  # what releases the data (a stream's local directory)
+    samples: int | None = None  # of an MDS dataset: the samples its index lists (known once it is opened)
+    num_classes: int | None = None  # of an MDS dataset: from its gpufeed.json (or the config)
+
+    def close(self) -> None:
+        """Release what the loaders hold open (a stream's shards and cache directory); idempotent."""
+        while self.closers:
+            self.closers.pop()()
 
 
 def prepare(cfg: TrainConfig, datasets: tuple[Any, Any] | None = None) -> Prepared:
@@ -174,10 +206,21 @@ def prepare(cfg: TrainConfig, datasets: tuple[Any, Any] | None = None) -> Prepar
     torch.manual_seed(cfg.seed)  # model initialisation; the data order and augmentation have their own seeds
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = True
-    train_set, test_set = datasets or load_datasets(cfg)
-    train_set, test_set = subset(train_set, cfg.train_size), subset(test_set, cfg.test_size)
     amp = _AMP[cfg.amp]
     fmt = torch.channels_last if cfg.channels_last else torch.contiguous_format
+    if is_stream(cfg.data):  # opened now, after the process group: every rank calls gpufeed.stream
+        streams = open_stream_loaders(cfg, datasets or stream_sources(cfg), device, world)
+        try:
+            torch.manual_seed(cfg.seed)  # as for the other data: the model's initialisation from the seed alone
+            model = build_model(cfg.model, streams.num_classes, cfg.image_size or 224).to(device, memory_format=fmt)  # type: ignore[call-overload]
+            run = _finish(cfg, model, streams.loader, streams.test_loader, device, amp, world, rank, streams.closers)
+            run.samples, run.num_classes = streams.samples, streams.num_classes
+            return run
+        except BaseException:
+            streams.close()
+            raise
+    train_set, test_set = datasets or load_datasets(cfg)
+    train_set, test_set = subset(train_set, cfg.train_size), subset(test_set, cfg.test_size)
     size = (cfg.image_size or 224) if is_folder(cfg.data) else None
     # memory_format= is a keyword torch accepts at run time but its type stubs do not list.
     model = build_model(cfg.model, len(train_set.classes), size).to(device, memory_format=fmt)  # type: ignore[call-overload]
@@ -205,6 +248,21 @@ def prepare(cfg: TrainConfig, datasets: tuple[Any, Any] | None = None) -> Prepar
             progress=False,
             even=False,
         )
+    return _finish(cfg, model, loader, test_loader, device, amp, world, rank)
+
+
+def _finish(
+    cfg: TrainConfig,
+    model: nn.Module,
+    loader: Any,
+    test_loader: Any,
+    device: torch.device,
+    amp: torch.dtype | None,
+    world: int,
+    rank: int,
+    closers: list[Any] | None = None,
+) -> Prepared:
+    """The optimiser, DDP, compilation and the step (CUDA graph captured if asked) around a model and its loaders."""
     lr = torch.tensor(cfg.lr, device=device)
     opt = SGD(list(model.parameters()), lr, cfg.momentum, cfg.weight_decay)
     if dist.is_initialized():
@@ -216,7 +274,16 @@ def prepare(cfg: TrainConfig, datasets: tuple[Any, Any] | None = None) -> Prepar
         if hasattr(loader, "set_epoch"):
             loader.set_epoch(0)  # taking the example started epoch 0; training starts it again
     step = make_step(compiled, opt, amp, device, graph_example=example)
-    return Prepared(compiled, loader, test_loader, step, lr, device, amp, world, rank)
+    return Prepared(compiled, loader, test_loader, step, lr, device, amp, world, rank, list(closers or []))
+
+
+def stream_sources(cfg: TrainConfig) -> tuple[Any, Any]:
+    """The MDS sources of ``cfg`` (:class:`~gpufeed.data.mds.StreamSource`: training, validation or None)."""
+    from ..data.mds import StreamSource
+
+    size = cfg.image_size or 224
+    train = StreamSource.of(cfg.data, cfg.local, cfg.cache_limit, size, True)
+    return train, None if cfg.val_data is None else StreamSource.of(cfg.val_data, None, None, size, False)
 
 
 def load_datasets(cfg: TrainConfig) -> tuple[Any, Any | None]:
@@ -272,6 +339,15 @@ def _train(
     on_ready: Callable[[Prepared], None] | None = None,
 ) -> list[EpochRecord]:
     run = prepare(cfg, datasets)
+    try:
+        return _train_prepared(cfg, out, run, on_ready)
+    finally:
+        run.close()
+
+
+def _train_prepared(
+    cfg: TrainConfig, out: str | Path | None, run: Prepared, on_ready: Callable[[Prepared], None] | None
+) -> list[EpochRecord]:
     if on_ready is not None:
         on_ready(run)
     records: list[EpochRecord] = []

@@ -12,6 +12,9 @@ Parts, most valuable first (``--parts`` runs a chosen few, in the order given):
 3. ``loader_throughput``: gpufeed and airbench's ``CifarLoader`` first, then torchvision's
    ``DataLoader`` (slow) -- one row at a time;
 3b. ``image_folder``: nvJPEG against PIL, both folder stores against DataLoader(16), a ResNet-50 epoch;
+3b'. ``stream_loader``: ``gf.stream`` over MDS shards (nvJPEG) against the JPEG store on the same photos, local and
+   cold from a local-directory remote, the first batch at 1,000 shards; its CUDA batches finite and of the right
+   shape; each sample's augmented output the same served by 2 simulated ranks as by 1 (keyed draws on CUDA);
 3c. ``augment_recipes``: TrivialAugmentWide, RandAugment, AutoAugment, a SimCLR view against
    DataLoader(16), and each one's cost per batch against a ResNet-50 bf16 step at 224;
 3d. ``image_sizes``: crop + flip + Normalize at 32, 64, 128, 224 and 256 px against DataLoader(16)
@@ -67,6 +70,7 @@ LIMITS = {
     "sync_free": 45,
     "loader_throughput": 150,
     "image_folder": 90,
+    "stream_loader": 120,
     "augment_recipes": 75,
     "image_sizes": 90,
     "bench_ladder": 240,
@@ -197,6 +201,32 @@ def image_folder(c: Check) -> dict:
         + ["--out", str(c.out)]
     )
     return json.loads((c.out / "image_folder.json").read_text())
+
+
+def stream_loader(c: Check) -> dict:
+    """gf.stream (nvJPEG) against the JPEG store on the same 2,000 photos (the image_folder part's folder) and
+    recipe, side by side (benchmarks/stream_throughput.py: local shards, a cold first epoch from a local-directory
+    remote, the first batch at 1,000 shards in a fresh process, DataLoader(16) over StreamingDataset with PIL); then
+    the first global batches served by one rank and by two simulated ranks: same samples, same pixels, finite."""
+    import shutil
+
+    import stream_throughput as st
+
+    work = Path(tempfile.mkdtemp(prefix="gpufeed-stream-check-"))  # shards and caches: not under OUT (sent back)
+    small = ["--n", "64", "--scale", "0.25", "--size", "64", "--batch", "16", "--repeats", "1", "--workers", "1"]
+    small += ["--index-shards", "50", "--first-batch", "here", "--no-profile"]
+    full = ["--n", "2000", "--repeats", "3", "--workers", "16", "--index-shards", "1000"]
+    try:
+        st.main(["--device", c.device, "--out", str(c.out), "--work", str(work)] + (small if c.small else full))
+        result = json.loads((c.out / "stream_throughput.json").read_text())
+        c.summary["stream_loader"] = result
+        c.save()
+        size, batch = (64, 16) if c.small else (224, 256)
+        result["layout"] = st.same_by_layout(work / "mds", c.device, size, global_batch=batch, batches=2)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    result["ok"] = result["layout"]["ok"]  # the checks; the speed goals are in result["goals"]
+    return result
 
 
 def augment_recipes(c: Check) -> dict:
@@ -455,6 +485,7 @@ def main(argv: list[str] | None = None) -> int:
         "sync_free": sync_free,
         "loader_throughput": loader_throughput,
         "image_folder": image_folder,
+        "stream_loader": stream_loader,
         "augment_recipes": augment_recipes,
         "image_sizes": image_sizes,
         "bench_ladder": bench_ladder,

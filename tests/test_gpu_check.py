@@ -24,7 +24,8 @@ def test_the_cpu_rehearsal_runs_every_cpu_part_and_records_each(tmp_path, monkey
     run = subprocess.run([*script, "--out", str(tmp_path)], capture_output=True, text=True, timeout=3600)
     assert run.returncode == 0, run.stderr[-3000:]
     summary = json.loads((tmp_path / "gpu_check.json").read_text())
-    parts = ["prefetch_race", "loader_throughput", "image_folder", "image_sizes", "bench_ladder", "ddp_overhead"]
+    parts = ["prefetch_race", "loader_throughput", "image_folder", "stream_loader", "image_sizes", "bench_ladder"]
+    parts += ["ddp_overhead"]
     parts += ["accelerate_tiers", "tune", "diagnose_script"]
     assert [k for k in summary if k in parts] == parts  # in the order of value, each recorded
     assert all("error" not in summary[p] for p in parts), {p: summary[p].get("error") for p in parts}
@@ -38,6 +39,16 @@ def test_the_cpu_rehearsal_runs_every_cpu_part_and_records_each(tmp_path, monkey
     assert [r["name"].split(",")[0] for r in folder["rows"]][:3] == ["torchvision DataLoader + PIL"] + [
         "gpufeed accelerate"
     ] * 2
+    streamed = summary["stream_loader"]  # gf.stream beside the JPEG store, then 1 rank against 2 simulated ranks
+    assert [r["name"].split(" (")[0].split(":")[0] for r in streamed["rows"]] == [
+        "gf.accelerate(ImageFolder), JPEG store",
+        "gf.stream(local=mds)",
+        "gf.stream(remote=dir, fresh local)",
+        "gf.stream(remote=dir, fresh local)",
+        "DataLoader(StreamingDataset) + PIL, num_workers=1",
+    ]
+    assert streamed["first_batch"]["remote"]["shape_ok"] and set(streamed["goals"]) >= {"local_met", "cold_met"}
+    assert streamed["layout"]["samples"] == 32 and streamed["layout"]["identical"] == 32 and streamed["ok"]
     sizes = summary["image_sizes"]["sizes"]
     assert [s["size"] for s in sizes] == [32, 64] and all(0 < s["fraction_of_copy"] for s in sizes)
     diagnosed = summary["diagnose_script"]  # an unmodified script under `gpufeed diagnose --`, on the CPU here

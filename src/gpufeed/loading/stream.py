@@ -38,7 +38,7 @@ from ..augment.functional import convert_dtype
 from ..augment.keyed import KeyedDraws
 from ..augment.mix import as_mix
 from ..augment.transforms import BatchTransform, takes_ragged
-from ..device import resolve_device
+from ..device import resolve_device, usable_cores
 from ..errors import ConfigError, DataError, StateError
 from ..read.files import header_shape
 from ..store.encoded import Encoded, decode
@@ -268,7 +268,10 @@ class StreamLoader(EpochLoader):
         else:
             encoded = encoded_batch(samples, ids)
             if self.device.type != "cuda":
-                return ids_t.to(self.device), decode(encoded, self.device), labels.to(self.device), None
+                # one core left to the consumer, whose transform runs meanwhile (2 cores: 477 img/s against 425
+                # with both decoding, benchmarks/stream_throughput.py)
+                x = decode(encoded, self.device, threads=max(1, usable_cores() - 1))
+                return ids_t.to(self.device), x, labels.to(self.device), None
         with torch.cuda.device(self.device), torch.cuda.stream(self._side_stream()):
             if self.per_sample is not None:
                 x = x.pin_memory().to(self.device, non_blocking=True)

@@ -30,6 +30,7 @@ __all__ = ["SCHEMES", "StreamSource", "is_mds_dir", "is_stream", "is_url"]
 # here, not read from the engine, so that parsing --data imports nothing; tests/stream/test_cli_stream.py compares.
 SCHEMES = ("alipan", "azure", "azure-dl", "dbfs", "gs", "hf", "oci", "s3", "sftp")
 
+
 def _scheme(text: str) -> str | None:
     """The URL scheme of ``text`` (``s3``, ``gs``, ...), None for a path (a Windows drive letter is a path)."""
     if "://" not in text and not text.startswith("dbfs:/"):

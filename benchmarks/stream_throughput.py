@@ -88,7 +88,7 @@ def _epoch(loader: Iterable[Any], device: torch.device, t0: float | None = None)
 
 def convert_folder(root: Path, dst: Path, shard_size: int) -> dict[str, Any]:
     """``gpufeed convert root dst --shard-size ...`` (the library call the command makes); its figures."""
-    from gpufeed.stream.convert import convert
+    from gpufeed.mds.convert import convert
 
     t = time.perf_counter()
     result = convert(root, dst, shard_size=shard_size, progress=False)
@@ -314,7 +314,7 @@ def same_by_layout(mds: Path, device: str, size: int, global_batch: int, batches
     """The first ``batches`` global batches of epoch 0 served by one rank, then by two simulated ranks (layouts
     ``Layout.of_rank(r, 2, 1)``, one after the other): the same samples, each with the same augmented pixels (draws
     keyed by sample id, on ``device``); every batch checked for its shape, device and finite values."""
-    from gpufeed.stream.plan import Layout
+    from gpufeed.mds.plan import Layout
 
     tf, dev = recipe(size), gf.device.resolve_device(device)
     served: dict[int, dict[int, torch.Tensor]] = {1: {}, 2: {}}

@@ -18,7 +18,7 @@ LAYERS = [
     {"store"},
     {"augment"},
     {"read"},
-    {"stream"},
+    {"mds"},
     {"loading"},
     {"pipeline"},
     {"diagnose", "findings", "report", "tune", "bench", "train", "cli", "data", "watch", "__init__", "__main__"},

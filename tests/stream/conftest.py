@@ -1,4 +1,4 @@
-"""Shared by the tests of gpufeed.stream."""
+"""Shared by the tests of gpufeed.mds."""
 
 import tempfile
 

@@ -179,10 +179,10 @@ def _rank(data: str, local: str, limit: int, out: str, photos: str | None = None
     import torch.distributed as dist
     from streaming import StreamingDataset
 
-    from gpufeed.stream.index import Index
-    from gpufeed.stream.plan import Layout, StreamSettings, plan_epoch, plan_work, rank_order
-    from gpufeed.stream.prefetch import Prefetcher
-    from gpufeed.stream.shards import Shards
+    from gpufeed.mds.index import Index
+    from gpufeed.mds.plan import Layout, StreamSettings, plan_epoch, plan_work, rank_order
+    from gpufeed.mds.prefetch import Prefetcher
+    from gpufeed.mds.shards import Shards
 
     dist.init_process_group("gloo")  # as a training script does (else the engine starts and ends one per dataset)
     layout = Layout.from_env()
@@ -218,7 +218,7 @@ def _rank(data: str, local: str, limit: int, out: str, photos: str | None = None
 
 def _hold(remote: str, local: str, ready: str) -> None:
     """Open a reader on a remote (its shared memory made), say so, and wait to be killed."""
-    from gpufeed.stream.shards import Shards
+    from gpufeed.mds.shards import Shards
 
     shards = Shards(local, remote)
     Path(ready).write_text(str(os.getpid()))

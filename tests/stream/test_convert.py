@@ -19,7 +19,7 @@ import pytest
 from PIL import Image
 
 from gpufeed.errors import ConfigError, DataError
-from gpufeed.stream.convert import convert
+from gpufeed.mds.convert import convert
 
 from fakes import image_folder, snapshot
 
@@ -276,7 +276,7 @@ def test_an_interruption_inside_the_writer_loop_resumes_to_the_uninterrupted_res
 _STALLING_CONVERT = """
 import pathlib, sys, time
 import streaming
-from gpufeed.stream.convert import convert
+from gpufeed.mds.convert import convert
 real, written = streaming.MDSWriter.write, []
 def write(self, sample):
     if len(written) == 5:
@@ -398,7 +398,7 @@ def test_a_tar_sample_without_an_image_or_with_a_bad_cls_is_named(tmp_path):
 
 
 def test_wds_keys_split_at_the_first_dot_of_the_base_name_and_a_repeated_field_is_an_error(tmp_path):
-    from gpufeed.stream import wds
+    from gpufeed.mds import wds
 
     tar = tmp_path / "t.tar"
     with tarfile.open(tar, "w") as tf:

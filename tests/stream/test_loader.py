@@ -23,9 +23,9 @@ from gpufeed import augment as A
 from gpufeed.augment.keyed import KeyedDraws
 from gpufeed.errors import ConfigError, DataError, StateError
 from gpufeed.loading.stream import encoded_batch
+from gpufeed.mds.plan import Layout
+from gpufeed.mds.shards import Samples
 from gpufeed.store.encoded import decode
-from gpufeed.stream.plan import Layout
-from gpufeed.stream.shards import Samples
 
 from .mds import open_photos, photo, recipe, write_photos
 

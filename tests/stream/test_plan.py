@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from gpufeed.errors import ConfigError
-from gpufeed.stream import engine
-from gpufeed.stream.index import Index
-from gpufeed.stream.plan import (
+from gpufeed.mds import engine
+from gpufeed.mds.index import Index
+from gpufeed.mds.plan import (
     Layout,
     StreamSettings,
     block_size_for_cache,

@@ -20,10 +20,10 @@ import numpy as np
 import pytest
 
 from gpufeed.errors import ConfigError, DataError
-from gpufeed.stream import shm
-from gpufeed.stream.plan import Layout, StreamSettings, plan_epoch
-from gpufeed.stream.prefetch import Prefetcher
-from gpufeed.stream.shards import Shards
+from gpufeed.mds import shm
+from gpufeed.mds.plan import Layout, StreamSettings, plan_epoch
+from gpufeed.mds.prefetch import Prefetcher
+from gpufeed.mds.shards import Shards
 
 from .mds import (
     CLASSES,
@@ -342,7 +342,7 @@ def test_an_index_of_a_thousand_shards_serves_its_first_batch_within_5_seconds(d
 
 def test_a_damaged_index_a_closed_reader_and_a_bad_order_in_a_state_are_typed_errors(data, tmp_path):
     from gpufeed.errors import StateError
-    from gpufeed.stream.state import load_stream_state, stream_state
+    from gpufeed.mds.state import load_stream_state, stream_state
 
     bad = tmp_path / "bad"
     shutil.copytree(data, bad)

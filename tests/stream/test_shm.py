@@ -14,8 +14,8 @@ import pytest
 
 from gpufeed.cache.location import default_cache_dir
 from gpufeed.errors import ConfigError
-from gpufeed.stream import shm
-from gpufeed.stream.shards import Shards
+from gpufeed.mds import shm
+from gpufeed.mds.shards import Shards
 
 from .mds import MDS_SCRIPT, child_env, payload, write_mds
 

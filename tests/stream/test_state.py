@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from gpufeed.errors import StateError
-from gpufeed.stream.index import Index
-from gpufeed.stream.plan import Layout, StreamSettings, plan_epoch
-from gpufeed.stream.state import ENGINE_KEYS, FORMAT, load_stream_state, stream_state
+from gpufeed.mds.index import Index
+from gpufeed.mds.plan import Layout, StreamSettings, plan_epoch
+from gpufeed.mds.state import ENGINE_KEYS, FORMAT, load_stream_state, stream_state
 
 from .mds import write_mds
 

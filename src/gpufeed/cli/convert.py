@@ -65,7 +65,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..stream.convert import DEFAULT_SAMPLES_PER_PART, convert
+    from ..mds.convert import DEFAULT_SAMPLES_PER_PART, convert
 
     try:
         result = convert(

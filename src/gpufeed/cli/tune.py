@@ -76,7 +76,7 @@ def _engine_samples(args: argparse.Namespace) -> Any:
     and worker shares), each sample decoded with PIL and run through the training recipe. gpufeed.stream reads whole
     batches on threads of its own, with nothing to tune; this is the DataLoader a user keeps."""
     from ..data.mds import StreamSource
-    from ..stream.shards import default_local
+    from ..mds.shards import default_local
     from ..train.streams import engine_samples
     from .common import DEFAULT_BATCH_SIZE, _check_folder_options, lead
 

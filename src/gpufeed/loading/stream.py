@@ -1,12 +1,12 @@
 """StreamLoader: an MDS dataset (local, or fetched from an object store) served as augmented batches.
 
 NOTE [ A stream's batch, step by step ]
-Per epoch, the order is the engine's (:func:`gpufeed.stream.plan.plan_epoch`: its partition and shuffle, from the
+Per epoch, the order is the engine's (:func:`gpufeed.mds.plan.plan_epoch`: its partition and shuffle, from the
 index alone), planned from the position the epoch starts at. Then, per batch of this rank:
 
 1. in a reader thread (:class:`~gpufeed.loading.ahead.Ahead`, ``ahead`` batches in advance): the samples' bytes
-   and labels read from their shards (:class:`~gpufeed.stream.shards.Shards`; a
-   :class:`~gpufeed.stream.prefetch.Prefetcher` fetches the next shards meanwhile), each image's decoded size read
+   and labels read from their shards (:class:`~gpufeed.mds.shards.Shards`; a
+   :class:`~gpufeed.mds.prefetch.Prefetcher` fetches the next shards meanwhile), each image's decoded size read
    from its header, and the batch decoded at once (:func:`gpufeed.store.encoded.decode`: CPU threads, or nvJPEG on
    a GPU on a side stream) into a ragged batch on the device;
 2. in the consumer: the transform, with draws keyed by (seed, epoch, sample id)
@@ -16,7 +16,7 @@ index alone), planned from the position the epoch starts at. Then, per batch of 
 NOTE [ Positions in global batches ]
 The epoch/position bookkeeping is :class:`~gpufeed.loading.epochs.EpochLoader`'s, with one change of unit: a
 "batch" is a global batch (``global_batch_size`` samples over all ranks), and ``len(loader)`` the global batches
-of an epoch, the same on every rank and at every world size. So a state (:mod:`gpufeed.stream.state`: epoch and
+of an epoch, the same on every rank and at every world size. So a state (:mod:`gpufeed.mds.state`: epoch and
 ``sample_in_epoch = batch x global_batch_size``) saved at one world size resumes at another: the plan from that
 position holds exactly the global batches the saved run had left, and keyed draws give their samples the same
 pixels.
@@ -40,14 +40,14 @@ from ..augment.mix import as_mix
 from ..augment.transforms import BatchTransform, takes_ragged
 from ..device import resolve_device, usable_cores
 from ..errors import ConfigError, DataError, StateError
+from ..mds.engine import release
+from ..mds.plan import EpochPlan, Layout, StreamSettings, check_layout, plan_epoch, plan_share, stream_length
+from ..mds.prefetch import Prefetcher
+from ..mds.shards import Samples, Shards
+from ..mds.state import load_stream_state, stream_state
 from ..read.files import header_shape
 from ..store.encoded import Encoded, decode
 from ..store.ragged import Ragged
-from ..stream.engine import release
-from ..stream.plan import EpochPlan, Layout, StreamSettings, check_layout, plan_epoch, plan_share, stream_length
-from ..stream.prefetch import Prefetcher
-from ..stream.shards import Samples, Shards
-from ..stream.state import load_stream_state, stream_state
 from ..validate import as_flag, as_int, check_transform
 from .ahead import Ahead
 from .config import EpochConfig
@@ -99,21 +99,21 @@ class StreamLoader(EpochLoader):
     batches. Built by :func:`gpufeed.stream`, which converts a torchvision transform and opens the shards.
 
     Args:
-        shards: the dataset (:class:`~gpufeed.stream.shards.Shards`); the loader reads it, the caller closes it.
-        settings: what fixes the order (:class:`~gpufeed.stream.plan.StreamSettings`: the global batch size, the
+        shards: the dataset (:class:`~gpufeed.mds.shards.Shards`); the loader reads it, the caller closes it.
+        settings: what fixes the order (:class:`~gpufeed.mds.plan.StreamSettings`: the global batch size, the
             canonical nodes, the shuffle); the global batch stays fixed when the world size changes.
         transform: gpufeed's batched ops; without ``per_sample`` they start with ``RandomResizedCrop`` (the images
             come at their own sizes).
         per_sample: the deterministic start of an evaluation recipe (``Resize``, ``CenterCrop``), run on each
             sample as torchvision runs it (:class:`SampleOps`); then ``transform`` (may be None) on the batch.
         drop_last: True (training): whole global batches (NOTE [ The epoch's tail ... ] in
-            :mod:`gpufeed.stream.plan`). False (evaluation): each rank's whole engine share, as ``StreamingDataset``
+            :mod:`gpufeed.mds.plan`). False (evaluation): each rank's whole engine share, as ``StreamingDataset``
             yields it: every sample at least once (the engine's few repeats included), the last batch possibly
             smaller, every rank the same number of batches.
         device: where batches are decoded and augmented; ``None``: CUDA if available, else CPU.
         seed: the augmentation's seed (the order's is ``settings.shuffle_seed``).
         dtype, channels_last, num_classes, mix, views: as for :class:`~gpufeed.DeviceLoader`.
-        layout: this rank's place (:class:`~gpufeed.stream.plan.Layout`); by default from the process group and
+        layout: this rank's place (:class:`~gpufeed.mds.plan.Layout`); by default from the process group and
             torchrun's ``LOCAL_WORLD_SIZE``.
         ahead: batches read and decoded ahead of the one in use; prefetch_shards: shards fetched ahead.
         explicit_order: the order settings the caller chose (a resumed state's differing ones are then warned of).
@@ -338,7 +338,7 @@ class StreamLoader(EpochLoader):
         return {"dataset": self.shards.index.fingerprint, **self._pipeline()}
 
     def state_dict(self) -> dict[str, Any]:
-        """The stream state (:mod:`gpufeed.stream.state`: the engine's five keys nested in ``state["engine"]``)
+        """The stream state (:mod:`gpufeed.mds.state`: the engine's five keys nested in ``state["engine"]``)
         at the next global batch, plus the pipeline it belongs to; JSON-able, valid at any world size."""
         epoch, batch = self._saved_position()
         index = self.shards.index

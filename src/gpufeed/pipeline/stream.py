@@ -5,7 +5,7 @@ nothing is cached (the images are decoded per batch at their own sizes). A train
 first) runs batched whole; an evaluation recipe's deterministic start (``Resize``, ``CenterCrop``) runs per sample
 on the reader's threads (:mod:`gpufeed.loading.stream_samples`), the rest batched. The order's settings default as
 the engine's do, except that the shuffle block is fitted to the cache when a limit is set
-(:func:`gpufeed.stream.plan.block_size_for_cache`).
+(:func:`gpufeed.mds.plan.block_size_for_cache`).
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from ..errors import ConfigError
 from ..loading.plan import Plan
 from ..loading.stream import StreamLoader, process_layout
 from ..loading.stream_samples import SampleOps
-from ..stream.plan import Layout, StreamSettings
-from ..stream.shards import Shards
+from ..mds.plan import Layout, StreamSettings
+from ..mds.shards import Shards
 from ..validate import as_int
 from .translate import build_batched, split_transform
 
@@ -144,7 +144,7 @@ def stream(
         image_key, label_key: the columns holding an image file's bytes and its integer label (None: batches are
             images alone).
         cache_limit: bytes (or ``"64gb"``) the node's ``local`` may hold (remote data only).
-        layout: this rank's place (:class:`gpufeed.stream.plan.Layout`); by default from the process group and
+        layout: this rank's place (:class:`gpufeed.mds.plan.Layout`); by default from the process group and
             torchrun's ``LOCAL_WORLD_SIZE``.
         ahead, prefetch_shards: batches read and decoded, and shards fetched, ahead of use.
         download_retry, download_timeout, validate_hash: passed to the engine.

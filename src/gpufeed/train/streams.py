@@ -116,7 +116,7 @@ class StreamLoaders:
 def engine_samples(remote: str | None, local: str, batch_size: int, image_size: int, cache_limit: Any = None) -> Any:
     """The engine's ``StreamingDataset`` over the data, shuffled, its samples decoded with PIL and run through the
     folder training recipe: what a training script without gpufeed reads (the baseline of bench and tune)."""
-    from ..stream import engine
+    from ..mds import engine
 
     dataset = engine.dataset(remote=remote, local=local, batch_size=batch_size, shuffle=True, cache_limit=cache_limit)
     return EngineSamples(dataset, folder_train(image_size))

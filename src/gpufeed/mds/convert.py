@@ -74,7 +74,7 @@ def convert(
     kill -9, a bad file), it resumes; on a finished DST it returns at once (``finished=True``).
 
     Example:
-        >>> from gpufeed.stream.convert import convert
+        >>> from gpufeed.mds.convert import convert
         >>> result = convert("food-101", "/scratch/food101-mds", split="train")  # doctest: +SKIP
         >>> result.samples, result.image_types  # doctest: +SKIP
         (75750, {'jpeg': 75750})

@@ -27,6 +27,40 @@ def pytest_configure(config: pytest.Config) -> None:
         torch.set_num_threads(1)
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist's ``worksteal`` (``make test``), each worker first gets one contiguous share of the
+    collected tests, and an idle one steals from the end of another's queue. A long test (a minute of a rehearsal,
+    a torchrun job) left at the back of a share ends the run alone on one core. So the tests measured long
+    (``tests/durations.json``, from ``--durations``; a stale entry only schedules worse) are dealt to the shares
+    longest first, each to the share with the least such time, and open its share; the others follow in their
+    collected order. Every worker computes this same order from the same collection, as xdist requires."""
+    import json
+    import os
+
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    if workers < 2 or len(items) < workers:
+        return
+    known = json.loads((Path(__file__).parent / "durations.json").read_text())
+    heavy = sorted((i for i in items if i.nodeid in known), key=lambda i: -known[i.nodeid])
+    light = [i for i in items if i.nodeid not in known]
+    shares: list[list[pytest.Item]] = [[] for _ in range(workers)]
+    loads = [0.0] * workers
+    for item in heavy:
+        k = loads.index(min(loads))
+        shares[k].append(item)
+        loads[k] += known[item.nodeid]
+    # worksteal sends share k len(pending) // (workers - k) of what is left: fill each to that size
+    ordered: list[pytest.Item] = []
+    left = len(items)
+    for k, share in enumerate(shares):
+        size = max(left // (workers - k), len(share))
+        take = size - len(share)
+        ordered += share + light[:take]
+        light = light[take:]
+        left -= size
+    items[:] = ordered + light
+
+
 @pytest.fixture(autouse=True)
 def _private_cache_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     """gpufeed's default cache directory, for every test: one under pytest's temporary root (shared by the

@@ -207,7 +207,8 @@ def stream_loader(c: Check) -> dict:
     """gf.stream (nvJPEG) against the JPEG store on the same 2,000 photos (the image_folder part's folder) and
     recipe, side by side (benchmarks/stream_throughput.py: local shards, a cold first epoch from a local-directory
     remote, the first batch at 1,000 shards in a fresh process, DataLoader(16) over StreamingDataset with PIL); then
-    the first global batches served by one rank and by two simulated ranks: same samples, same pixels, finite."""
+    the first global batches served by one rank and by two simulated ranks: same samples, same pixels, finite; an
+    evaluation recipe against torchvision's pixels, a ragged per-sample part, and the host syncs of a few batches."""
     import shutil
 
     import stream_throughput as st
@@ -223,9 +224,10 @@ def stream_loader(c: Check) -> dict:
         c.save()
         size, batch = (64, 16) if c.small else (224, 256)
         result["layout"] = st.same_by_layout(work / "mds", c.device, size, global_batch=batch, batches=2)
+        result["checks"] = st.evaluation_and_syncs(work / "mds", c.device, size, batch)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    result["ok"] = result["layout"]["ok"]  # the checks; the speed goals are in result["goals"]
+    result["ok"] = result["layout"]["ok"] and result["checks"]["ok"]  # the speed goals are in result["goals"]
     return result
 
 

@@ -359,6 +359,52 @@ def same_by_layout(mds: Path, device: str, size: int, global_batch: int, batches
     }
 
 
+def evaluation_and_syncs(mds: Path, device: str, size: int, batch: int) -> dict[str, Any]:
+    """On ``device``: an evaluation recipe (Resize + CenterCrop per sample, ToTensor + Normalize batched, every
+    sample, ``real_counts``) against torchvision's own pixels on the CPU, a recipe whose per-sample part leaves sizes
+    ragged (Resize, then RandomResizedCrop batched), and, on CUDA, the host syncs in a few training batches
+    (``torch.cuda.set_sync_debug_mode("warn")``: counted, each a stall of the consumer)."""
+    import warnings
+
+    from PIL import Image
+
+    dev = gf.device.resolve_device(device)
+    mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+    evaluation = T.Compose([T.Resize(size + size // 7), T.CenterCrop(size), T.ToTensor(), T.Normalize(mean, std)])
+    out: dict[str, Any] = {}
+    with gf.stream(local=mds, transform=evaluation, global_batch_size=batch, shuffle=False, drop_last=False,
+                   device=dev) as loader:  # fmt: skip
+        x, _ = next(iter(loader))
+        files = loader.shards.read(loader.epoch_plan(0).batch(0)).images
+        reference = torch.stack([evaluation(Image.open(io.BytesIO(f)).convert("RGB")) for f in files])
+        diff = float((x.float().cpu() - reference).abs().max())
+        real = sum(loader.real_counts)
+        out["evaluation"] = {"shape": list(x.shape), "max_abs_diff_vs_torchvision": diff, "real": real}
+    ragged = T.Compose([T.Resize(size + size // 4), T.RandomResizedCrop(size), T.ToTensor()])
+    with gf.stream(local=mds, transform=ragged, global_batch_size=batch, device=dev) as loader:
+        x, _ = next(iter(loader))
+        out["ragged_per_sample"] = {"shape": list(x.shape), "finite": bool(torch.isfinite(x).all())}
+    if dev.type == "cuda":
+        with gf.stream(local=mds, transform=recipe(size), global_batch_size=batch, device=dev) as loader:
+            it = iter(loader)
+            next(it)  # warm-up: constants made on the device
+            torch.cuda.synchronize()
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                torch.cuda.set_sync_debug_mode("warn")
+                try:
+                    batches = sum(1 for _ in zip(range(4), it, strict=False))
+                finally:
+                    torch.cuda.set_sync_debug_mode("default")
+            syncs = [str(w.message).splitlines()[0] for w in caught if "synchroniz" in str(w.message)]
+            out["syncs"] = {"batches": batches, "count": len(syncs), "first": syncs[:3]}
+    out["ok"] = (
+        out["evaluation"]["max_abs_diff_vs_torchvision"] < (1e-5 if dev.type == "cpu" else 1e-2)
+        and out["ragged_per_sample"]["finite"]
+    )
+    return out
+
+
 # -- the report ------------------------------------------------------------------------------------------------------
 
 

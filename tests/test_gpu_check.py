@@ -58,6 +58,7 @@ def test_the_cpu_rehearsal_of_the_data_parts_runs_and_records_each(tmp_path, mon
     ]
     assert streamed["first_batch"]["remote"]["shape_ok"] and set(streamed["goals"]) >= {"local_met", "cold_met"}
     assert streamed["layout"]["samples"] == 32 and streamed["layout"]["identical"] == 32 and streamed["ok"]
+    assert streamed["checks"]["evaluation"]["max_abs_diff_vs_torchvision"] == 0 and "syncs" not in streamed["checks"]
     sizes = summary["image_sizes"]["sizes"]
     assert [s["size"] for s in sizes] == [32, 64] and all(0 < s["fraction_of_copy"] for s in sizes)
     diagnosed = summary["diagnose_script"]  # an unmodified script under `gpufeed diagnose --`, on the CPU here

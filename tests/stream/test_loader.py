@@ -295,6 +295,23 @@ def test_an_evaluation_epoch_over_ranks_gives_every_rank_as_many_batches_and_eve
     # the engine pads every rank to 23 samples (92 for 90: two repeats), in batches of 2: 11 whole and one of 1
     assert counts == {12} and set(ids) == set(range(N)) and len(ids) == 92
     assert [len(r[-1][0]) for r in ranks] == [1, 1, 1, 1]
+    # its repeats come last in a rank's share, and real_counts says so: scoring x[:n] scores every sample once
+    real = [_eval_loader(photos, 4, r).real_counts for r in range(4)]
+    scored = [i for r, counts in zip(ranks, real, strict=True) for (batch, _), n in zip(r, counts, strict=True)
+              for i in batch[:n]]  # fmt: skip
+    assert sorted(scored) == list(range(N)) and sum(map(sum, real)) == N
+
+
+def test_a_small_evaluation_set_serves_every_sample_and_a_ragged_per_sample_part_batches(tmp_path):
+    data = write_photos(tmp_path / "mds", 9)
+    ranks = [_eval_loader(data, 2, r, global_batch_size=16) for r in range(2)]  # fewer samples than a batch
+    served = [[i for _, y in loader for i in y.tolist()] for loader in ranks]
+    assert sorted(set(served[0] + served[1])) == list(range(9)) and len(served[0]) == len(served[1])
+    recipe = T.Compose([T.Resize(20), T.RandomResizedCrop(12), T.ToTensor()])  # sizes differ until the crop
+    with _loader(data, transform=recipe, drop_last=False, shuffle=False) as loader:
+        x, y = next(iter(loader))
+        assert x.shape == (8, 3, 12, 12) and y.tolist() == loader.epoch_plan(0).batch(0).tolist()
+    assert loader.shards.closed
 
 
 def test_an_evaluation_state_resumes_the_rest_of_the_epoch(photos):
@@ -317,3 +334,19 @@ def test_a_streaming_dataset_given_to_accelerate_is_refused_naming_the_stream_ca
     with pytest.raises(ConfigError, match=rf"gpufeed\.stream\(remote=None, local='{photos}', .*shuffle_seed=5"):
         gf.accelerate(dataset)
     del dataset
+
+
+def test_a_streaming_dataset_or_a_subset_of_one_passed_as_data_names_the_stream_call(photos):
+    from streaming import StreamingDataset
+    from torch.utils.data import Subset
+
+    dataset = StreamingDataset(local=str(photos), batch_size=8)
+    try:
+        with pytest.raises(ConfigError, match=r"gpufeed\.stream\(remote=None, local="):
+            gf.stream(dataset, transform=RECIPE, batch_size=8)
+        with pytest.raises(ConfigError, match=r"gpufeed\.stream\(remote=None, local="):
+            gf.accelerate(Subset(dataset, range(40)))
+    finally:
+        del dataset
+    with pytest.raises(ConfigError, match="download_retry=0"):
+        _loader(photos, download_retry=0)

@@ -362,3 +362,20 @@ def test_a_damaged_index_a_closed_reader_and_a_bad_order_in_a_state_are_typed_er
     state["order"]["shuffle_algo"] = "zigzag"
     with pytest.raises(StateError, match="zigzag"):
         load_stream_state(state, settings, fingerprint="f", num_samples=300, seed=0)
+
+
+def test_a_local_that_caches_another_remote_or_an_older_version_of_it_is_refused(data, tmp_path):
+    other = write_mds(tmp_path / "other", 40)
+    local = tmp_path / "cache"
+    with Shards(local, str(data)) as shards:
+        shards.read([0])
+    with pytest.raises(ConfigError, match=rf"caches the dataset {data}, not {other}"):
+        Shards(local, str(other))
+    copy = tmp_path / "copy"  # a remote converted again at its place: its index differs from the cached one
+    shutil.copytree(data, copy)
+    cache = tmp_path / "cache2"
+    Shards(cache, str(copy)).close()
+    shutil.rmtree(copy)
+    write_mds(copy, 200)
+    with pytest.raises(ConfigError, match="differs from .*converted or written again"):
+        Shards(cache, str(copy))

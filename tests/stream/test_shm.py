@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 
 from gpufeed.cache.location import default_cache_dir
-from gpufeed.errors import ConfigError
 from gpufeed.mds import shm
 from gpufeed.mds.shards import Shards
 
@@ -100,11 +99,16 @@ def test_the_first_holder_of_a_directory_is_told_so_and_the_others_share_it(tmp_
         assert c.first
 
 
-def test_a_local_directory_open_in_a_reader_is_refused_to_a_second_until_the_first_closes(data, tmp_path):
+def test_readers_of_one_remote_in_a_process_share_the_engine_object_and_leak_nothing(data, tmp_path):
     local = tmp_path / "cache"
     first = Shards(local, str(data))
-    with pytest.raises(ConfigError, match=r"local=.*cache is in use by another reader of this machine"):
-        Shards(local, str(data))
+    second = Shards(local, str(data))  # the same engine object: not "in use"
+    assert second._ds is first._ds and second.read([9]).images == [payload(9)]
     first.close()
-    with Shards(local, str(data)) as second:
-        assert second.read([9]).images == [payload(9)]
+    assert second.read([10]).images == [payload(10)]
+    second.close()
+    fds = len(os.listdir("/proc/self/fd"))
+    for _ in range(5):  # an evaluation loader rebuilt every epoch
+        with Shards(local, str(data)) as shards:
+            shards.read([3])
+    assert len(os.listdir("/proc/self/fd")) == fds

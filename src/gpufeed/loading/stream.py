@@ -187,10 +187,12 @@ class StreamLoader(EpochLoader):
         layout = self.layout
         check_layout(settings, layout.num_nodes, layout.ranks_per_node, self.initial_physical_nodes)
         index = self.shards.index
-        if index.num_samples <= settings.num_canonical_nodes or index.num_samples < settings.global_batch_size:
+        short = self.drop_last and index.num_samples < settings.global_batch_size  # whole batches need one at least
+        if index.num_samples <= settings.num_canonical_nodes or short:
             raise ConfigError(
                 f"the dataset has {index.num_samples} samples: it needs more than num_canonical_nodes="
-                f"{settings.num_canonical_nodes} and at least global_batch_size={settings.global_batch_size}"
+                f"{settings.num_canonical_nodes}"
+                + (f" and, for whole batches, at least global_batch_size={settings.global_batch_size}" if short else "")
             )
         self.settings = settings
         self.batch_size = settings.batch_size(layout.world_size)  # this rank's share of a global batch
@@ -273,8 +275,9 @@ class StreamLoader(EpochLoader):
                 x = decode(encoded, self.device, threads=max(1, usable_cores() - 1))
                 return ids_t.to(self.device), x, labels.to(self.device), None
         with torch.cuda.device(self.device), torch.cuda.stream(self._side_stream()):
-            if self.per_sample is not None:
-                x = x.pin_memory().to(self.device, non_blocking=True)
+            if self.per_sample is not None:  # a dense batch, or a ragged one (an op after makes it one size)
+                x = replace(x, data=x.data.pin_memory()) if isinstance(x, Ragged) else x.pin_memory()
+                x = x.to(self.device, non_blocking=True)
             else:
                 x = decode(replace(encoded, data=encoded.data.pin_memory()), self.device)
             ids_t = ids_t.pin_memory().to(self.device, non_blocking=True)
@@ -321,6 +324,26 @@ class StreamLoader(EpochLoader):
         if self.channels_last and out.dim() == 4:
             out = out.contiguous(memory_format=torch.channels_last)
         return out
+
+    @property
+    def real_counts(self) -> tuple[int, ...]:
+        """Per batch of the iteration in progress (or of the next one), counted from its first batch: how many of the
+        batch's first samples are real. Training: every one. Evaluation (``drop_last=False``): the engine's padding
+        repeats come last in each rank's share, so scoring ``x[:n]`` of each batch scores every sample once over
+        the ranks (NOTE [ The epoch's tail ... ] in :mod:`gpufeed.mds.plan`)."""
+        live = self._live
+        epoch, start = (live.epoch, live.start) if live is not None and not live.done else (self._epoch, self._offset)
+        return tuple(self.epoch_plan(epoch, start).real_counts())
+
+    def close(self) -> None:
+        """Stop reading the dataset (its shards); idempotent. ``with gf.stream(...) as loader:`` closes at the end."""
+        self.shards.close()
+
+    def __enter__(self) -> StreamLoader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     # -- state ------------------------------------------------------------------------------------------------
 

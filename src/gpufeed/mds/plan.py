@@ -201,12 +201,14 @@ def plan_work(
     epoch: int,
     sample_in_epoch: int = 0,
     initial_physical_nodes: int | None = None,
+    whole_batches: bool = True,
 ) -> np.ndarray:
     """The engine's whole plan of an epoch for a layout: ``(nodes, ranks_per_node, batches, batch_size)`` sample ids,
     ``-1`` where the engine pads; what its ``generate_work`` gives with one worker per rank.
 
     ``sample_in_epoch`` global samples of the epoch are already consumed (a multiple of the global batch size);
     ``initial_physical_nodes``: the node count of the run's first epoch, from a saved state (None at a fresh start).
+    ``whole_batches``: the plan is cut into whole global batches, so the dataset must hold one at least.
     """
     sizes = np.asarray(samples_per_shard, dtype=np.int64)
     num_samples = int(sizes.sum())
@@ -219,7 +221,7 @@ def plan_work(
             f"sample_in_epoch={sample_in_epoch} is not a multiple of global_batch_size={settings.global_batch_size}: "
             "gpufeed resumes at a global batch boundary"
         )
-    if num_samples <= ncn or num_samples < settings.global_batch_size:
+    if num_samples <= ncn or (whole_batches and num_samples < settings.global_batch_size):
         raise ConfigError(
             f"the dataset has {num_samples} samples: it needs more than num_canonical_nodes={ncn} and at least "
             f"global_batch_size={settings.global_batch_size}"
@@ -262,6 +264,13 @@ class EpochPlan:
     ids: np.ndarray
     tail: np.ndarray
     last_partial: bool = False  # the engine's whole share (:func:`plan_share`): its last batch may be smaller
+    real: int | None = None  # plan_share: ids[:real] are first occurrences, the rest the engine's repeats
+
+    def real_counts(self) -> list[int]:
+        """Per batch, how many of its first samples are real (the others repeats, :func:`plan_share`)."""
+        real = len(self.ids) if self.real is None else self.real
+        b = self.batch_size
+        return [max(0, min(len(self.batch(k)), real - k * b)) for k in range(self.num_batches)]
 
     @property
     def num_batches(self) -> int:
@@ -339,9 +348,11 @@ def plan_share(
     sample_in_epoch: int = 0,
     initial_physical_nodes: int | None = None,
 ) -> EpochPlan:
-    """``layout``'s rank's whole engine share of ``epoch`` from ``sample_in_epoch`` on: exactly what
-    ``StreamingDataset`` yields on that rank (every sample at least once, the engine's few repeats included, the last
-    batch possibly smaller; every rank the same count). For evaluation, where no sample may be left out.
+    """``layout``'s rank's whole engine share of ``epoch`` from ``sample_in_epoch`` on: what ``StreamingDataset``
+    yields on that rank (every sample at least once, the last batch possibly smaller, every rank the same count), with
+    the engine's few padding repeats moved to the end of the share: ``ids[:real]`` are each sample's first
+    occurrence in the layout's order (global batch by global batch, rank by rank), ``ids[real:]`` repeats, so an
+    evaluation scores each sample once (``StreamLoader.real_counts``). For evaluation, where none may be left out.
 
     A position in the last stretch, past the dataset's samples (only the engine's repeats are left there, and the
     engine refuses to resume into it), continues the epoch's plan from its start instead.
@@ -349,19 +360,30 @@ def plan_share(
     num_samples = int(np.sum(samples_per_shard))
     start = sample_in_epoch if sample_in_epoch < num_samples else 0
     work = plan_work(
-        samples_per_shard, settings, layout.num_nodes, layout.ranks_per_node, epoch, start, initial_physical_nodes
-    )
-    ids = rank_order(work, layout)
+        samples_per_shard, settings, layout.num_nodes, layout.ranks_per_node, epoch, start, initial_physical_nodes,
+        whole_batches=False,
+    )  # fmt: skip
+    nodes, ranks, batches, size = work.shape
+    order = work.transpose(2, 0, 1, 3).reshape(-1)  # global batch by global batch, then node, rank, slot
+    valid = np.flatnonzero(order != -1)
+    first = np.zeros(order.shape, dtype=bool)
+    first[valid[np.unique(order[valid], return_index=True)[1]]] = True
+    mine = work[layout.node, layout.rank_of_node].reshape(-1)
+    real = first.reshape(batches, nodes, ranks, size)[:, layout.node, layout.rank_of_node].reshape(-1)[mine != -1]
+    mine = mine[mine != -1]
+    ids, count = np.concatenate([mine[real], mine[~real]]), int(real.sum())
     if start != sample_in_epoch:
-        ids = ids[(sample_in_epoch // settings.global_batch_size) * work.shape[-1] :]
+        skip = (sample_in_epoch // settings.global_batch_size) * size
+        ids, count = ids[skip:], max(0, count - skip)
     return EpochPlan(
         epoch=epoch,
         sample_in_epoch=sample_in_epoch,
         global_batch_size=settings.global_batch_size,
-        batch_size=work.shape[-1],
+        batch_size=size,
         ids=np.ascontiguousarray(ids),
         tail=ids[:0],
         last_partial=True,
+        real=count,
     )
 
 

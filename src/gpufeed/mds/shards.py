@@ -21,6 +21,7 @@ import hashlib
 import json
 import os
 import struct
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ import numpy as np
 
 from ..cache.location import default_cache_dir
 from ..errors import ConfigError, DataError
+from ..validate import as_int
 from . import engine, shm
 from .index import Index
 from .plan import block_size_for_cache
@@ -38,6 +40,16 @@ from .plan import block_size_for_cache
 __all__ = ["Samples", "Shards", "default_local", "engine_cache_limit"]
 
 DOWNLOADERS_PER_RANK = 2  # NOTE [ Cache limit: what the engine is given ]
+REMOTE_MARK = "gpufeed-remote.json"  # in a remote's local: which remote it caches
+
+# NOTE [ One engine object per remote and local in a process ]
+# Each StreamingDataset keeps a dozen shared-memory descriptors and blocks after it is collected (measured: 12 fds, 6
+# blocks per construction), so a loader rebuilt per epoch (an evaluation loader) ran the process out of files after
+# about 80 epochs; and the engine refuses a second object on a local directory in use. So the first reader of a
+# (remote, local) in a process makes the engine object and gpufeed's lock on the directory, and keeps them for the
+# process's life: every later reader of the same pair uses them, and closing a reader only stops it. Another process
+# on the same local is refused, as before, until this one ends.
+_OPEN: dict[tuple[str, str], tuple[Any, shm.RunLock]] = {}
 RETRIES = 7  # re-fetches of a shard evicted between its fetch and its read, as the engine's get_item
 # seconds a read trusts the engine's last touch of a shard: LRU order at that grain is plenty (a shuffle block keeps
 # a shard in use for seconds), and each touch takes the engine's cache lock
@@ -104,6 +116,10 @@ class Shards:
     ) -> None:
         if local is None and remote is None:
             raise ConfigError("Shards needs local= (a local MDS dataset) or remote= (and optionally local=)")
+        as_int(download_retry, "download_retry", 1)
+        timeout_ok = isinstance(download_timeout, (int, float)) and not isinstance(download_timeout, bool)
+        if not timeout_ok or download_timeout <= 0:
+            raise ConfigError(f"download_timeout={download_timeout!r} must be a number of seconds > 0")
         self.remote = None if remote is None else str(remote)
         if self.remote is not None and local is None:
             local = default_local(self.remote)
@@ -112,6 +128,7 @@ class Shards:
             raise ConfigError(f"remote and local are the same directory ({self.local}): pass local= alone")
         self.ranks_per_node = ranks_per_node or int(os.environ.get("LOCAL_WORLD_SIZE", 1))
         self.closed = False
+        self._shared = False  # the engine object is in _OPEN (opened, or reused)
         self._lock: shm.RunLock | None = None
         self._ds: Any = None
         self._offsets: dict[int, np.ndarray] = {}
@@ -146,6 +163,15 @@ class Shards:
         label_key: str | None,
     ) -> None:
         os.makedirs(self.local, exist_ok=True)
+        self._check_cached_remote(timeout)
+        shared = _OPEN.get((str(self.remote), self.local))
+        if shared is not None:  # NOTE [ One engine object per remote and local in a process ]
+            self._ds, self._lock = shared
+            self._shared = True
+            self.index = Index.load(os.path.join(self.local, "index.json"), image_key, label_key)
+            if cache_limit is not None:
+                self._set_cache_limit(engine.bytes_to_int(cache_limit))
+            return
         self._lock = shm.hold(self.local)
         try:
             # never iterated: batch_size and num_canonical_nodes only satisfy the constructor
@@ -162,8 +188,9 @@ class Shards:
             self.close()
             if "Reused local directory" in str(e):
                 raise ConfigError(
-                    f"local={self.local} is in use by another reader of this machine (a Shards or StreamingDataset "
-                    "still open on it, in this process or another): close it, or give this one another local"
+                    f"local={self.local} is in use by another reader of this machine (gpufeed or a StreamingDataset "
+                    "in another process, or a StreamingDataset of yours in this one): end it, or give this one another "
+                    "local"
                 ) from e
             raise
         except BaseException:
@@ -172,6 +199,42 @@ class Shards:
         self.index = Index.load(os.path.join(self.local, "index.json"), image_key, label_key)
         if cache_limit is not None:
             self._set_cache_limit(engine.bytes_to_int(cache_limit))
+        _OPEN[(str(self.remote), self.local)] = (self._ds, self._lock)
+        self._shared = True
+        Path(self.local, REMOTE_MARK).write_text(json.dumps({"remote": self.remote}))
+
+    def _check_cached_remote(self, timeout: float) -> None:
+        """A ConfigError if ``local`` caches another dataset than ``remote``: the engine would keep its index (and
+        its shards) and serve them as ``remote``'s. Known by the remote ``local`` was filled from (``REMOTE_MARK``),
+        and, where the remote can be reached, by its index against the cached one (a dataset converted again)."""
+        mark, cached = Path(self.local, REMOTE_MARK), Path(self.local, "index.json")
+        try:
+            recorded = json.loads(mark.read_text()).get("remote")
+        except (OSError, ValueError, AttributeError):
+            recorded = None
+        if recorded is not None and recorded != self.remote:
+            raise ConfigError(
+                f"local={self.local} caches the dataset {recorded}, not {self.remote}: give this one a local of its "
+                "own (or leave local out: gpufeed then picks one per remote), or empty it"
+            )
+        if not cached.exists():
+            return
+        from streaming.base.storage.download import CloudDownloader
+
+        fresh = Path(self.local, f".index.json.{os.getpid()}.{threading.get_ident()}")
+        try:
+            CloudDownloader.direct_download(f"{str(self.remote).rstrip('/')}/index.json", str(fresh), timeout)
+            same = fresh.read_bytes() == cached.read_bytes()
+        except Exception:  # unreachable now (offline, no credentials): the cached copy is what there is
+            same = True
+        finally:
+            fresh.unlink(missing_ok=True)
+        if not same:
+            raise ConfigError(
+                f"local={self.local} holds an index.json that differs from {self.remote}'s (the dataset was converted "
+                "or written again since it was cached): empty local (its shards are of the old version) or give "
+                "another, so that the new one is fetched"
+            )
 
     def _set_cache_limit(self, limit: int) -> None:
         biggest = int(self.index.max_bytes.max())
@@ -315,12 +378,14 @@ class Shards:
         return Samples(ids, images, labels)
 
     def close(self) -> None:
-        """Drop the engine's dataset and release ``local``; idempotent."""
+        """Stop reading; idempotent. A remote's engine object stays for the next reader of the same remote and local
+        in this process (NOTE [ One engine object per remote and local in a process ]); one that failed to open is
+        dropped and ``local`` released."""
         self.closed = True
-        self._ds = None  # its destructor marks its shared memory released
-        if self._lock is not None:
+        shared, self._ds = self._shared, None
+        if self._lock is not None and not shared:
             self._lock.release()
-            self._lock = None
+        self._lock = None
 
     def __enter__(self) -> Shards:
         return self

@@ -59,10 +59,16 @@ def recipe(
     return per_sample, ops, tuple(notes)
 
 
+def _is_streaming_dataset(obj: Any) -> bool:
+    return any(c.__module__.startswith("streaming.") and c.__name__ == "StreamingDataset" for c in type(obj).mro())
+
+
 def streaming_dataset_error(dataset: Any) -> ConfigError | None:
     """For a MosaicML ``StreamingDataset`` given to :func:`gpufeed.accelerate`: the error naming the
     :func:`stream` call that serves its data (its remote, local and order settings); else None."""
-    if not any(c.__module__.startswith("streaming.") and c.__name__ == "StreamingDataset" for c in type(dataset).mro()):
+    while not _is_streaming_dataset(dataset) and hasattr(dataset, "dataset"):  # a Subset / random_split part
+        dataset = dataset.dataset
+    if not _is_streaming_dataset(dataset):
         return None
     streams = getattr(dataset, "streams", None) or []
     one = streams[0] if len(streams) == 1 else None
@@ -130,9 +136,11 @@ def stream(
             recipe's resize and crop (``Resize``, ``CenterCrop``) run per sample as torchvision runs them, the rest
             batched.
         drop_last: True (training): whole global batches; up to ``global_batch_size - 1`` positions at an epoch's
-            end are left to the next epoch. False (evaluation, with ``shuffle=False``): each rank's whole share as
-            ``StreamingDataset`` yields it, every sample at least once (the engine's few repeats included), the last
-            batch possibly smaller, the same number of batches on every rank.
+            end are not served that epoch (shuffled, another epoch's order moves them; with ``shuffle=False`` they are
+            the same samples every epoch). False (evaluation, with ``shuffle=False``): each rank's whole share as
+            ``StreamingDataset`` yields it, every sample at least once, the last batch possibly smaller, the same
+            number of batches on every rank; the engine's few padding repeats come last, and
+            ``loader.real_counts[i]`` says how many of batch ``i``'s first samples to score.
         batch_size: samples per batch on each rank (as ``DataLoader``'s), or ``global_batch_size``: over all ranks,
             kept when the run resumes at another world size (give one of the two).
         shuffle, shuffle_seed, shuffle_algo, shuffle_block_size, num_canonical_nodes: the engine's order
@@ -158,6 +166,11 @@ def stream(
             for x, y in loader: ...
         torch.save(loader.state_dict(), "loader.pt")   # resumes at any world size
     """
+    for name, value in (("remote", remote), ("local", local)):
+        if value is not None and not isinstance(value, (str, os.PathLike)):
+            raise streaming_dataset_error(value) or ConfigError(
+                f"{name}={value!r}: give a URL (s3://bucket/prefix, gs://...) or a directory"
+            )
     if (batch_size is None) == (global_batch_size is None):
         raise ConfigError(
             "give batch_size= (per rank, as DataLoader's) or global_batch_size= (over all ranks; kept when a run "

@@ -156,10 +156,14 @@ def evaluate(model: nn.Module, loader: Any, amp: torch.dtype | None, device: tor
     model.eval()
     correct = torch.zeros((), dtype=torch.int64, device=device)
     total = 0
-    for x, y in loader:
+    # a loader that pads with repeats (a stream's evaluation: the engine's padding) says how many of each batch's
+    # first samples are real; only those are scored, so every sample counts once
+    real = getattr(loader, "real_counts", None)
+    for i, (x, y) in enumerate(loader):
+        n = real[i] if real is not None and i < len(real) else y.shape[0]
         with torch.autocast(device.type, dtype=amp or torch.float32, enabled=amp is not None):
-            correct += (model(x).argmax(dim=1) == y).sum()
-        total += y.shape[0]
+            correct += (model(x).argmax(dim=1)[:n] == y[:n]).sum()
+        total += n
     model.train()
     counts = torch.stack([correct, torch.tensor(total, device=device)])
     if dist.is_initialized():  # every rank scored its share of the test set: sum them

@@ -263,6 +263,8 @@ def bench_ladder(c: Check) -> dict:
     names = [r.name for r in ladder(default_workers())]
     slow = [n for n in names if n.startswith(("torchvision", "deterministic", "dataset on the GPU"))]
     order = [n for n in names if n not in slow] + slow  # gpufeed rungs and floors first, slow ones last
+    if c.small:  # the rehearsal: one rung of each kind (each rung's code is tested by tests/test_bench.py)
+        order = [order[0], next(n for n in order if n.startswith("model alone")), *slow[1:2], slow[-1]]
     result: dict = {"order": order, "rows": []}
     c.summary["bench_ladder"] = result
 
@@ -381,7 +383,7 @@ def tune(c: Check) -> dict:
 
 def ddp_overhead(c: Check) -> dict:
     """One GPU: the same run plain and under torchrun --nproc-per-node 1 (NCCL, DDP); last-epoch times."""
-    epochs = "2" if c.small else "3"  # the last epoch is the measured one; the rehearsal checks the path
+    epochs = "1" if c.small else "3"  # the last epoch is the measured one; the rehearsal checks the path
     base = [sys.executable, "-m", "gpufeed", "train", "--model", "small" if c.small else "resnet9", "--epochs", epochs]
     base += ["--amp", "bf16", "--channels-last", "--no-progress", "--device", c.device]
     if c.small:

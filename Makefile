@@ -26,6 +26,7 @@ bench: setup
 	$(PY) benchmarks/image_folder.py --out bench-out
 	$(PY) benchmarks/augment_recipes.py --out bench-out
 	$(PY) benchmarks/image_sizes.py --out bench-out
+	$(PY) benchmarks/stream_throughput.py --out bench-out
 
 lint: setup
 	$(PY) -m ruff check src tests benchmarks

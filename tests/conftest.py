@@ -33,7 +33,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     a torchrun job) left at the back of a share ends the run alone on one core. So the tests measured long
     (``tests/durations.json``, from ``--durations``; a stale entry only schedules worse) are dealt to the shares
     longest first, each to the share with the least such time, and open its share; the others follow in their
-    collected order. Every worker computes this same order from the same collection, as xdist requires."""
+    collected order. Every worker computes this same order from the same collection, as xdist requires. The tests
+    that measure the machine's load (CPU contention, a wait fraction) are left out of the file on purpose: among
+    the light tests they run beside less load than beside a torchrun job."""
     import json
     import os
 

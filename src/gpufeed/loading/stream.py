@@ -108,8 +108,8 @@ class StreamLoader(EpochLoader):
             sample as torchvision runs it (:class:`SampleOps`); then ``transform`` (may be None) on the batch.
         drop_last: True (training): whole global batches (NOTE [ The epoch's tail ... ] in
             :mod:`gpufeed.mds.plan`). False (evaluation): each rank's whole engine share, as ``StreamingDataset``
-            yields it: every sample at least once (the engine's few repeats included), the last batch possibly
-            smaller, every rank the same number of batches.
+            yields it: every sample at least once, the last batch possibly smaller, every rank the same number of
+            batches; the engine's few padding repeats come last, and :attr:`real_counts` says how many to score.
         device: where batches are decoded and augmented; ``None``: CUDA if available, else CPU.
         seed: the augmentation's seed (the order's is ``settings.shuffle_seed``).
         dtype, channels_last, num_classes, mix, views: as for :class:`~gpufeed.DeviceLoader`.

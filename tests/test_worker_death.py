@@ -155,3 +155,34 @@ def test_an_eof_from_a_worker_the_kernel_has_not_reaped_yet_is_still_a_worker_de
     assert workers_that_died(Iterator(0.3), ConnectionResetError()) == ["1 (pid 4321) was killed by SIGKILL"]
     assert workers_that_died(Iterator(0.3), ValueError("a sample's own error")) == []  # answered at once
     assert workers_that_died(Iterator(60), EOFError(), wait_s=0.2) == []  # not a death after all: the error stands
+
+
+def test_torchs_sigchld_handler_firing_while_gpufeed_waits_for_the_dead_worker_is_taken_as_that_death(monkeypatch):
+    # Python runs the handler in the main thread whenever the signal comes, even when the main thread blocks SIGCHLD
+    # and another thread takes it: it raised torch's RuntimeError inside gpufeed's wait, not the WorkerError.
+    from gpufeed import workers
+
+    class Worker:
+        pid, exitcode = 4242, -9
+
+        def __init__(self):
+            self.alive = True
+
+        def is_alive(self):
+            return self.alive
+
+    class Iterator:
+        _workers = [Worker()]
+
+    it = Iterator()
+
+    def handler_fires(seconds):
+        it._workers[0].alive = False  # the kernel reports it gone, and torch's handler raises here
+        raise RuntimeError("DataLoader worker (pid 4242) is killed by signal: Killed.")
+
+    monkeypatch.setattr(workers.time, "sleep", handler_fires)
+    assert workers.workers_that_died(it, EOFError()) == ["0 (pid 4242) was killed by SIGKILL"]
+    monkeypatch.setattr(workers.time, "sleep", lambda s: (_ for _ in ()).throw(RuntimeError("something else")))
+    it._workers[0].alive = True
+    with pytest.raises(RuntimeError, match="something else"):
+        workers.workers_that_died(it, EOFError())

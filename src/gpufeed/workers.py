@@ -102,14 +102,31 @@ def workers_that_died(iterator: Any, error: BaseException, wait_s: float = 5.0) 
     reads an ``EOFError`` (or a reset connection) from a worker torch still sees alive, so the workers are asked
     again for up to ``wait_s`` seconds before the error is taken for something else. Any other error is
     answered at once."""
-    dead = dead_workers(iterator)
+    dead = _asked(iterator)
     if dead or not isinstance(error, (EOFError, ConnectionError)):
         return dead
     deadline = time.monotonic() + wait_s
     while not dead and time.monotonic() < deadline:
-        time.sleep(0.05)
-        dead = dead_workers(iterator)
+        try:
+            time.sleep(0.05)
+        except RuntimeError as e:  # torch's SIGCHLD handler, run here: the death being waited for (asked below)
+            if "DataLoader worker" not in str(e):
+                raise
+        dead = _asked(iterator)
     return dead
+
+
+def _asked(iterator: Any) -> list[str]:
+    """:func:`dead_workers`, through torch's SIGCHLD handler: Python runs it in the main thread whenever the signal
+    comes (a thread that does not block SIGCHLD takes it even while the main thread does), and it raises its own
+    RuntimeError for a dead worker, here too; the worker is then asked again."""
+    for _ in range(3):
+        try:
+            return dead_workers(iterator)
+        except RuntimeError as e:
+            if "DataLoader worker" not in str(e):
+                raise
+    return dead_workers(iterator)
 
 
 def stop_workers(iterator: Any) -> None:

@@ -77,17 +77,7 @@ def ladder(workers: int, stream: bool = False) -> list[Rung]:
                 num_workers=workers,
                 floor=FP32,
             ),  # fmt: skip
-            Rung(STREAM, "gpufeed", floor=FP32),
-            Rung(f"{STREAM} + bf16 + channels_last", "gpufeed", amp="bf16", channels_last=True, floor=BF16),
-            Rung(
-                f"{STREAM} + bf16 + channels_last + CUDA graphs",
-                "gpufeed",
-                amp="bf16",
-                channels_last=True,
-                cuda_graphs=True,
-                floor=GRAPHED,
-                gpu_only=True,
-            ),  # fmt: skip
+            *_gpufeed_rungs(STREAM),
             *_floors(),
         ]
     return [
@@ -107,10 +97,18 @@ def ladder(workers: int, stream: bool = False) -> list[Rung]:
             gpu_only=True,
             arrays_only=True,
         ),
-        Rung("gpufeed", "gpufeed", floor=FP32),
-        Rung("gpufeed + bf16 + channels_last", "gpufeed", amp="bf16", channels_last=True, floor=BF16),
+        *_gpufeed_rungs("gpufeed"),
+        *_floors(),
+    ]
+
+
+def _gpufeed_rungs(name: str) -> list[Rung]:
+    """gpufeed's loader (``gf.accelerate``, or ``gf.stream`` of a stream), then with AMP, then with CUDA graphs."""
+    return [
+        Rung(name, "gpufeed", floor=FP32),
+        Rung(f"{name} + bf16 + channels_last", "gpufeed", amp="bf16", channels_last=True, floor=BF16),
         Rung(
-            "gpufeed + bf16 + channels_last + CUDA graphs",
+            f"{name} + bf16 + channels_last + CUDA graphs",
             "gpufeed",
             amp="bf16",
             channels_last=True,
@@ -118,7 +116,6 @@ def ladder(workers: int, stream: bool = False) -> list[Rung]:
             floor=GRAPHED,
             gpu_only=True,
         ),
-        *_floors(),
     ]
 
 

@@ -31,7 +31,7 @@ from ..errors import CacheWriteError
 from .format import MANIFEST, ArraySpec, Manifest, block_hashes, dtype_code, is_gpufeed_entry
 from .manage import leftovers, unproven
 
-__all__ = ["check_target", "write_cache"]
+__all__ = ["check_target", "fsync_dir", "write_cache"]
 
 _MANIFEST_ALLOWANCE = 1 << 20  # bytes kept free beyond the arrays, for the manifest and directory entries
 
@@ -64,7 +64,8 @@ def check_target(target: Path) -> None:
     raise CacheWriteError(f"{target} {unproven(target, names)}")
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
+    """Make a directory's new or renamed entries durable (what a rename into it needs after a crash)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -165,7 +166,7 @@ def _write_arrays(tmp: Path, key: str, views: dict[str, Any], meta: dict[str, An
         f.flush()
         os.fsync(f.fileno())
     os.replace(staged, tmp / MANIFEST)
-    _fsync_dir(tmp)
+    fsync_dir(tmp)
     return manifest
 
 
@@ -183,6 +184,6 @@ def _swap_in(tmp: Path, target: Path) -> None:
         if old is not None:  # put the old entry back: a failed rebuild must not lose what was there
             os.replace(old, target)
         raise
-    _fsync_dir(target.parent)
+    fsync_dir(target.parent)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)

@@ -24,6 +24,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from ..cache.writer import fsync_dir
 from ..errors import CacheWriteError, ConfigError, DataError
 
 __all__ = [
@@ -174,9 +175,9 @@ def publish(dst: Path, number: int, record: dict[str, Any]) -> None:
         for path in tmp.iterdir():
             with open(path, "rb") as f:
                 os.fsync(f.fileno())
-        _fsync_dir(tmp)
+        fsync_dir(tmp)
         os.rename(tmp, part_dir(dst, number))
-        _fsync_dir(dst)
+        fsync_dir(dst)
     except OSError as e:
         raise write_error(dst, e) from e
 
@@ -242,11 +243,3 @@ def read_json(path: Path) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return obj if isinstance(obj, dict) else None
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -25,7 +25,7 @@ from torch.utils.data import DataLoader, IterableDataset
 from ..data.images import folder_train
 from ..errors import ConfigError, DataError, GpufeedError
 from ..workers import default_workers, loader_kwargs
-from .loaders import _ToDevice
+from .loaders import _Fixed, _ToDevice
 
 __all__ = ["EngineSamples", "StreamLoaders", "engine_samples", "open_stream_loaders"]
 
@@ -54,18 +54,6 @@ class _Cut:
 
     def __getattr__(self, name: str) -> Any:  # plan, set_epoch, state_dict, shards: the loader's
         return getattr(self.__dict__["loader"], name)
-
-
-class _Fixed:
-    def __init__(self, batch: tuple[torch.Tensor, torch.Tensor], steps: int) -> None:
-        self.batch, self.steps = batch, steps
-
-    def __len__(self) -> int:
-        return self.steps
-
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        for _ in range(self.steps):
-            yield self.batch
 
 
 class EngineSamples(IterableDataset):

@@ -66,13 +66,13 @@ def encoded_batch(samples: Samples, ids: np.ndarray) -> Encoded:
     name the sample id."""
     lengths = torch.tensor([len(b) for b in samples.images], dtype=torch.int64)
     starts = torch.cumsum(lengths, 0) - lengths
-    data = torch.frombuffer(bytearray(b"".join(samples.images)), dtype=torch.uint8) if int(lengths.sum()) else None
+    joined = bytearray(b"".join(samples.images))  # writable, so torch.frombuffer shares it without a warning
+    data = torch.frombuffer(joined, dtype=torch.uint8) if joined else torch.empty(0, dtype=torch.uint8)
     shapes = torch.tensor(
         [header_shape(io.BytesIO(b), f"sample {int(i)}") for i, b in zip(ids, samples.images, strict=True)],
         dtype=torch.int64,
     ).view(-1, 3)
     jpeg = torch.tensor([b[:3] == _JPEG for b in samples.images], dtype=torch.bool)
-    data = data if data is not None else torch.empty(0, dtype=torch.uint8)
     return Encoded(data, starts, lengths, shapes, jpeg, index=torch.from_numpy(np.asarray(ids, dtype=np.int64)))
 
 
@@ -156,6 +156,9 @@ class StreamLoader(EpochLoader):
         self.shards, self.per_sample = shards, per_sample
         self.transform: Callable[..., torch.Tensor] | None = transform  # it takes ragged batches too
         self.drop_last = as_flag(drop_last, "drop_last")
+        # images the per-sample part leaves of different sizes are a ragged batch only for a transform that makes
+        # them one size (RandomResizedCrop first); else SampleOps.batch names the two sizes
+        self._makes_one_size = transform is not None and takes_ragged(transform)
         self.device = resolve_device(device)
         self.seed = as_int(seed, "seed", 0)
         self.dtype = dtype
@@ -262,9 +265,7 @@ class StreamLoader(EpochLoader):
                 )
         ids_t, labels = torch.from_numpy(np.array(ids, dtype=np.int64)), torch.from_numpy(samples.labels)
         if self.per_sample is not None:
-            # images still of different sizes are a ragged batch only for a transform that makes them one size
-            ragged = self.transform is not None and takes_ragged(self.transform)  # type: ignore[arg-type]
-            x: Any = self.per_sample.batch(samples.images, ids, ragged=ragged)
+            x: Any = self.per_sample.batch(samples.images, ids, ragged=self._makes_one_size)
             if self.device.type != "cuda":
                 return ids_t.to(self.device), x.to(self.device), labels.to(self.device), None
         else:

@@ -84,9 +84,9 @@ def _cacheable(dl: DataLoader | None, ev: Evidence) -> Finding | None:
         "deterministic part once and run the random part batched on the device (its planner accepted this "
         "pipeline on a few samples)",
         "loader = gpufeed.accelerate(dataset, batch_size=..., shuffle=True, device=...)",
-        f"the loader costs {cost:.0%} of this loop's wall time ({parts}); batched on the device that falls to "
-        "a few kernels per batch"
-        + ("" if cost >= DATA_COST_WORTH else ": little to gain here, the loop is bound elsewhere"),
+        f"the loader costs {cost:.0%} of this loop's wall time ({parts}): worth at most "
+        f"{1 / max(1e-9, 1 - min(cost, 0.999)):.2f}x to the loop; batched on the device that falls to a few kernels "
+        "per batch" + ("" if cost >= DATA_COST_WORTH else ": little to gain here, the loop is bound elsewhere"),
     )
 
 

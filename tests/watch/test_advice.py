@@ -5,7 +5,7 @@ import textwrap
 
 import pytest
 
-from gpufeed.watch.advice import code_change, no_change_reason
+from gpufeed.watch.advice import Change, code_change, file_change, no_change_reason, rewrite
 from gpufeed.watch.record import LoaderRecord
 
 
@@ -162,3 +162,106 @@ def test_a_stateful_dataloader_takes_dataloaders_arguments_and_a_subclass_with_i
     assert code_change(plain_subclass) == (  # DataLoader's __init__: DataLoader's arguments
         "- MyLoader(ds, batch_size=64)\n+ gf.accelerate(ds, batch_size=64, shuffle=False)"
     )
+
+
+def _ran(source: str, **facts) -> LoaderRecord:
+    """A loader record with what the run passed (the hook records it): by default torch's own batching and
+    collate, a RandomSampler."""
+    facts = {"shuffle": True, "batch_sampler": None, "collate_fn": None, **facts}
+    sampler = facts.pop("sampler", "RandomSampler")
+    return LoaderRecord(0, "DataLoader", "train.py:12", source, "ImageFolder", None, 256, 4, True, False, 2, sampler,
+                        False, **facts)  # fmt: skip
+
+
+def test_a_sampler_that_was_none_in_the_run_is_no_obstacle_and_the_runs_order_is_written():
+    # the ImageNet example: sampler=train_sampler, None unless distributed; shuffle=(train_sampler is None)
+    source = (
+        "DataLoader(train_dataset, batch_size=args.batch_size, shuffle=(train_sampler is None), "
+        "num_workers=args.workers, pin_memory=True, sampler=train_sampler)"
+    )
+    assert _added(code_change(_ran(source))) == "gf.accelerate(train_dataset, batch_size=args.batch_size, shuffle=True)"
+    # under torchrun the same line had a DistributedSampler: accelerate shares the data out itself
+    change, reason = rewrite(_ran(source, sampler="DistributedSampler", shuffle=True))
+    assert reason is None and change.new.endswith("shuffle=True)")
+    assert any("DistributedSampler is not needed" in n for n in change.notes)
+    # an order of the script's own (a WeightedRandomSampler) is named
+    weighted = _ran(source, sampler="WeightedRandomSampler", shuffle=None)
+    assert code_change(weighted) is None and "a WeightedRandomSampler in this run" in no_change_reason(weighted)
+
+
+def test_a_batch_sampler_or_collate_fn_that_was_torchs_own_in_the_run_is_dropped_and_a_custom_one_named():
+    auto = _ran("DataLoader(ds, batch_sampler=make_batches(ds), collate_fn=collate)", shuffle=False)
+    assert _added(code_change(auto)) == "gf.accelerate(ds, batch_size=256, shuffle=False)"
+    custom = _ran("DataLoader(ds, batch_size=8, collate_fn=collate)", collate_fn="train.pad_collate")
+    assert code_change(custom) is None and "collate_fn= is train.pad_collate" in no_change_reason(custom)
+
+
+def test_timms_create_loader_is_rewritten_with_its_recipe_given_to_create_transform():
+    source = textwrap.dedent(
+        """\
+        create_loader(
+                dataset_train,
+                input_size=data_config['input_size'],
+                batch_size=args.batch_size,
+                is_training=True,
+                scale=args.scale,
+                hflip=args.hflip,
+                interpolation=train_interpolation,
+                mean=data_config['mean'],
+                num_workers=args.workers,
+                use_prefetcher=args.prefetcher,
+            )"""
+    )
+    rec = _ran(source, built_by="timm.data.loader.create_loader", collate_fn="timm.data.loader.fast_collate")
+    change, reason = rewrite(rec)
+    assert reason is None and change.imports == ["import gpufeed as gf", "import timm.data"]
+    assert change.new == (
+        "gf.accelerate(dataset_train, batch_size=args.batch_size, shuffle=True, drop_last=True, "
+        "transform=timm.data.create_transform(data_config['input_size'], is_training=True, scale=args.scale, "
+        "hflip=args.hflip, interpolation=train_interpolation, mean=data_config['mean']))"
+    )
+    mixing = _ran(source, built_by="timm.data.loader.create_loader", collate_fn="timm.data.mixup.FastCollateMixup")
+    assert code_change(mixing) is None and "mix=gpufeed.augment.MixUp" in no_change_reason(mixing)
+
+
+def test_a_hugging_face_trainers_loader_gets_the_reason_gpufeed_cannot_serve_it_as_is():
+    rec = _ran("trainer.train()", built_by="transformers.trainer.Trainer.train")
+    assert code_change(rec) is None
+    assert "a Hugging Face Trainer built the DataLoader inside `trainer.train(...)`" in no_change_reason(rec)
+
+
+def test_the_file_change_keeps_line_numbers_adds_the_import_once_and_its_diff_applies_with_patch(tmp_path):
+    import subprocess
+
+    text = textwrap.dedent(
+        '''\
+        """A training script."""
+        from __future__ import annotations
+
+        import torch
+        from torch.utils.data import DataLoader
+
+
+        def main(ds):
+            loader = DataLoader(ds,
+                                batch_size=8,
+                                num_workers=2)
+            return loader  # line 12
+        '''
+    )
+    change = Change("DataLoader(ds,\n                        batch_size=8,\n                        num_workers=2)",
+                    "gf.accelerate(ds, batch_size=8, shuffle=False)")  # fmt: skip
+    new, diff = file_change(text, 9, change, "train.py")
+    lines = new.splitlines()
+    assert lines[3] == "import gpufeed as gf" and lines[4] == "import torch"  # after __future__, before the imports
+    assert lines[9] == "    loader = gf.accelerate(ds, batch_size=8, shuffle=False)"
+    assert lines[12] == "    return loader  # line 12" and len(lines) == len(text.splitlines()) + 1
+    assert file_change(new, 10, Change("gf.accelerate(ds, batch_size=8, shuffle=False)", "x()"))[0].count(
+        "import gpufeed as gf"
+    ) == 1
+    (tmp_path / "train.py").write_text(text)
+    (tmp_path / "fix.diff").write_text(diff)
+    subprocess.run(["patch", "-p1", "-i", "fix.diff"], cwd=tmp_path, check=True, capture_output=True)
+    assert (tmp_path / "train.py").read_text() == new
+    with pytest.raises(ValueError, match="is not at line 3"):
+        file_change(text, 3, change)

@@ -68,7 +68,13 @@ def test_a_loop_waiting_three_quarters_of_the_time_is_data_bound_at_that_fractio
 def test_a_loop_that_barely_waits_is_compute_bound_with_nothing_to_fix():
     r = report([_process([_uniform(30, wait=0.001, step=0.05)])])
     assert r.verdict == "compute-bound" and r.data_wait_fraction == pytest.approx(0.001 / 0.051)
-    assert r.diagnosis.findings == [] and "no findings" in str(r)
+    text = str(r)
+    assert r.diagnosis.findings == [] and "no findings" not in text  # the worth line says it, with its figure
+    worth = 1 / (1 - r.data_wait_fraction)
+    assert text.splitlines()[-1] == (
+        f"worth doing: the data side is worth at most {worth:.2f}x to this loop (it waits 2% of the time): the step "
+        "itself is the cost"
+    )
     assert "code change" not in str(r)
 
 
@@ -175,10 +181,19 @@ def test_a_data_bound_report_gives_the_measured_fix_and_the_code_change():
         "+ gf.accelerate(train_ds, batch_size=32, shuffle=True)"
     )
     text = str(r)
-    assert "9000 img/s with gf.accelerate against 1500 img/s" in text and "(6.0x)" in text
+    assert "the loader alone: gf.accelerate 9000 img/s" in text
+    assert "the script's DataLoader settings 1500 img/s" in text
     assert "storage:  in memory" in text  # the plan
     assert "    + gf.accelerate(train_ds, batch_size=32, shuffle=True)" in text
     assert [f.kind for f in r.diagnosis.findings] == ["accelerate"]
+    # the loop, not the loader: a step of 10 ms + 30 ms waiting becomes 10 ms + 32 / 9000 s making the batch
+    p = r.prediction
+    assert p["fix"] == "accelerate" and p["new_step_s"] == pytest.approx(0.01 + 32 / 9000)
+    assert p["speedup"] == pytest.approx(0.04 / (0.01 + 32 / 9000)) and p["bound"] == pytest.approx(4.0)
+    assert p["one_time_s"] == pytest.approx(0.4) and p["payback_steps"] == pytest.approx(0.4 / (0.03 - 32 / 9000))
+    assert "13.56 ms a step (3.56 ms making the batch): 2.95x; at most 4.00x if the data cost nothing" in text
+    assert text.splitlines()[-2].startswith("worth doing: the code change to gf.accelerate: predicted 2.95x")
+    assert text.splitlines()[-1] == "  check it on this script: gpufeed diagnose --verify -- train.py --epochs 1"
 
 
 def test_a_refused_pipeline_gives_the_reason_and_the_tuned_settings_and_no_diff():
@@ -187,7 +202,19 @@ def test_a_refused_pipeline_gives_the_reason_and_the_tuned_settings_and_no_diff(
     text = str(r)
     assert "gf.accelerate refused it: UnsupportedTransformError: Lambda() is opaque" in text
     assert "DataLoader(dataset, batch_size=32, num_workers=2, pin_memory=False)" in text
-    assert "2400 img/s with the tuned settings against 1500 img/s" in text
+    assert "2400 img/s with these settings against 1500 img/s with the script's" in text
+    # the workers load while the step runs: a wait of 32 / 2400 s - 10 ms remains
+    assert r.prediction["fix"] == "tuned" and r.prediction["new_step_s"] == pytest.approx(32 / 2400)
+    assert "worth doing: the tuned DataLoader settings: predicted 3.00x" in text
+
+
+def test_tuned_settings_no_better_than_the_scripts_own_are_not_offered():
+    same = {**REFUSED, "tuned": {**REFUSED["tuned"], "img_s": 1520.0}}  # within 5% of the script's 1500
+    r = report([_process([_uniform(30, 0.03, 0.01)], side=same)])
+    assert r.prediction is None
+    finding = r.diagnosis.findings[0]
+    assert finding.kind == "data-bound" and "no DataLoader setting measured better" in finding.fix
+    assert "worth doing: a faster loader is worth at most 4.00x to this loop (it waits 75% of the time)" in str(r)
 
 
 def test_a_data_bound_report_without_the_side_measurement_says_it_was_not_measured():

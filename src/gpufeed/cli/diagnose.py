@@ -8,6 +8,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+import re
 from pathlib import Path
 
 from .common import output_dir
@@ -18,11 +20,13 @@ HELP = (
     "steps and print the verdict and the fix"
 )
 
-USAGE = """%(prog)s [--steps N] [--time S] [--out DIR] [--no-side] -- CMD ...
+USAGE = """%(prog)s [--steps N] [--time S] [--out DIR] [--no-side | --side-seconds S] [--verify] -- CMD ...
        %(prog)s [options of gpufeed train] [--steps N] [--out DIR]"""
 
 EPILOG = """examples:
   gpufeed diagnose -- python train.py --lr 0.1        your script, unchanged: stops after --steps batches
+  gpufeed diagnose --verify -- python train.py        then runs it again with the fix applied to a copy, and
+                                                      compares the two runs with the prediction
   gpufeed diagnose --time 120 -- torchrun --nproc-per-node 4 train.py
   gpufeed diagnose -- python -m mypackage.train
   gpufeed diagnose --loader torch --num-workers 4     a configuration of gpufeed train
@@ -31,11 +35,14 @@ EPILOG = """examples:
 
 Everything after the first -- is the command, exactly as you run it (its own options included). Its output
 shows as usual; then the report prints: the verdict, the wait fraction, each DataLoader as found, what
-gf.accelerate does with that dataset measured beside it, and the line to change."""
+gf.accelerate does with that dataset measured beside it (within --side-seconds: a part of the data that fits,
+extrapolated), the training loop's step predicted with the fix, its one-time cost and what it stores where, and
+the line to change (the whole diff in OUT/fix.diff: patch -p1 < OUT/fix.diff). Your files are never written."""
 
 WATCH_STEPS = 100  # the command form's default --steps: enough past the workers' start for a stable fraction
 CONFIG_STEPS = 50
-_WATCH_OPTIONS = ("--steps", "--time", "--out", "--no-side", "--debug", "--help", "-h")
+_WATCH_OPTIONS = ("--steps", "--time", "--out", "--no-side", "--side-seconds", "--verify", "--debug", "--help", "-h")
+_NUMBER = re.compile(r"-?\d+(\.\d*)?([eE][-+]?\d+)?|-?\.\d+")  # an option's value, negative or not
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -76,6 +83,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="with a command: skip the side measurement (gf.accelerate on the script's dataset after its steps)",
     )
+    p.add_argument(
+        "--side-seconds",
+        type=float,
+        default=None,
+        metavar="S",
+        help="with a command: the side measurement's budget (default 20 s): a part of the dataset that fits is "
+        "measured and the figures extrapolated to the whole",
+    )
+    p.add_argument(
+        "--verify",
+        action="store_true",
+        help="with a command: then run it again, for the same steps, with the suggested change applied to a copy "
+        "of the script (never to your file), and report before, after and the prediction side by side",
+    )
     add_run_arguments(p)
 
 
@@ -85,7 +106,12 @@ def run(args: argparse.Namespace) -> int:
         return _watch(args, command)
     from ..errors import ConfigError
 
-    for option, given in (("--time", args.time is not None), ("--no-side", args.no_side)):
+    for option, given in (
+        ("--time", args.time is not None),
+        ("--no-side", args.no_side),
+        ("--side-seconds", args.side_seconds is not None),
+        ("--verify", args.verify),
+    ):
         if given:
             raise ConfigError(f"{option} goes with a command to diagnose: gpufeed diagnose {option} ... -- CMD ...")
     return _configuration(args)
@@ -108,6 +134,8 @@ def _command(args: argparse.Namespace) -> list[str]:
     ours = argv[argv.index("diagnose") + 1 : cut] if "diagnose" in argv[:cut] else argv[:cut]
     for token in ours:
         name = token.split("=", 1)[0]
+        if _NUMBER.fullmatch(token):  # a value (--steps -3): checked with its option
+            continue
         if name.startswith("-") and not any(option.startswith(name) for option in _WATCH_OPTIONS):
             raise ConfigError(
                 f"{name} is an option of a gpufeed train configuration, not of a command to diagnose: "
@@ -124,11 +152,34 @@ def _watch(args: argparse.Namespace, command: list[str]) -> int:
 
     steps = WATCH_STEPS if args.steps is None else args.steps
     if steps < 0:
-        raise ConfigError(f"--steps {steps} must be >= 0 (0: let the command finish)")
-    if args.time is not None and not args.time > 0:
-        raise ConfigError(f"--time {args.time:g} must be > 0 seconds")
-    _, status = watch(command, steps, args.time, args.out, side=not args.no_side)
+        raise ConfigError(f"--steps {steps} is out of range: the batches to measure must be >= 0 (0: let the command "
+                          "finish)")  # fmt: skip
+    if args.time is not None and not 0 < args.time < float("inf"):
+        raise ConfigError(f"--time {args.time:g} is out of range: the seconds after the first batch must be > 0")
+    if args.side_seconds is not None and not 0 < args.side_seconds < float("inf"):
+        raise ConfigError(f"--side-seconds {args.side_seconds:g} is out of range: the budget must be > 0 seconds")
+    if args.no_side and args.side_seconds is not None:
+        raise ConfigError("--no-side and --side-seconds contradict each other: give one")
+    missing = _missing_script(command)
+    if missing is not None:
+        raise ConfigError(
+            f"the script {missing!r} does not exist (looked for from {os.getcwd()}): the command never started; "
+            "check the path"
+        )
+    _, status = watch(
+        command, steps, args.time, args.out, side=not args.no_side, verify=args.verify, side_seconds=args.side_seconds
+    )
     return status
+
+
+def _missing_script(command: list[str]) -> str | None:
+    """The ``.py`` file the command names that does not exist (``python train.py`` from the wrong folder)."""
+    for token in command:
+        if token in ("-m", "-c", "--module"):
+            return None
+        if token.endswith(".py") and not token.startswith("-"):
+            return None if os.path.exists(token) else token
+    return None
 
 
 def _configuration(args: argparse.Namespace) -> int:

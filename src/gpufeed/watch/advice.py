@@ -1,28 +1,38 @@
 """The code change a report suggests: the call that built the script's loader, rewritten as ``gf.accelerate``.
 
-The source of the call (the whole ``Call`` node, as :mod:`gpufeed.watch.hook` found it) is parsed with :mod:`ast`
-and each argument kept as the user wrote it (``batch_size=args.batch_size`` stays so). What accelerate does itself
-(worker processes, pinned memory, prefetching) is dropped; a sampler, batch sampler or collate function is not
-something accelerate can take over as it is, so no change is suggested for such a loader and
-:func:`no_change_reason` says why.
+The source of the call (the whole ``Call`` node, as :mod:`gpufeed.watch.hook` found it at the script's own line) is
+parsed with :mod:`ast` and each argument kept as the user wrote it (``batch_size=args.batch_size`` stays so). What
+accelerate does itself (worker processes, pinned memory, prefetching) is dropped. What the run passed decides the
+rest, not the text: ``sampler=train_sampler`` that was None in the run (DataLoader then shuffles as ``shuffle=``
+says), or a ``DistributedSampler`` (accelerate shares the data out to the ranks itself) becomes the ``shuffle=`` the
+run had; a batch sampler, sampler or collate function of the script's own (a weighted order, a custom collate) is
+not something accelerate can take over, and :func:`no_change_reason` names it. A loader a library built is
+rewritten at the library call the script made where that is common (timm's ``create_loader``), or the reason says
+what to change instead (a Hugging Face ``Trainer``).
+
+:func:`file_change` applies the change to the file's text (the call replaced, ``import gpufeed as gf`` added) and
+gives the unified diff a user applies with ``patch -p1``; ``gpufeed diagnose --verify`` runs a copy so changed.
 
 Example:
     >>> from gpufeed.watch.record import LoaderRecord
-    >>> rec = LoaderRecord(0, "DataLoader", "train.py:9", "DataLoader(train_ds, batch_size=256, shuffle=True, "
-    ...                    "num_workers=4)", "CIFAR10", None, 256, 4, False, False, 2, "RandomSampler", False)
+    >>> rec = LoaderRecord(0, "DataLoader", "train.py:9", "DataLoader(train_ds, batch_size=256, sampler=sampler, "
+    ...                    "num_workers=4)", "CIFAR10", None, 256, 4, False, False, 2, "RandomSampler", False,
+    ...                    shuffle=True)
     >>> print(code_change(rec))
-    - DataLoader(train_ds, batch_size=256, shuffle=True, num_workers=4)
+    - DataLoader(train_ds, batch_size=256, sampler=sampler, num_workers=4)
     + gf.accelerate(train_ds, batch_size=256, shuffle=True)
 """
 
 from __future__ import annotations
 
 import ast
+import difflib
 import textwrap
+from dataclasses import dataclass, field
 
 from .record import LoaderRecord
 
-__all__ = ["code_change", "no_change_reason", "source_lines"]
+__all__ = ["Change", "code_change", "file_change", "no_change_reason", "rewrite", "source_lines"]
 
 # DataLoader's positional parameters, in order (torch.utils.data.DataLoader.__init__)
 _POSITIONAL = (
@@ -40,6 +50,14 @@ _POSITIONAL = (
     "multiprocessing_context",
     "generator",
 )
+# timm.data.create_loader's first positional parameters (the rest are passed by name in practice)
+_TIMM_POSITIONAL = ("dataset", "input_size", "batch_size", "is_training", "no_aug", "re_prob", "re_mode", "re_count")
+# create_loader's arguments that shape the recipe, passed on to timm.data.create_transform under the same names
+_TIMM_RECIPE = (
+    "input_size", "is_training", "no_aug", "train_crop_mode", "scale", "ratio", "hflip", "vflip", "color_jitter",
+    "color_jitter_prob", "grayscale_prob", "gaussian_blur_prob", "auto_augment", "interpolation", "mean", "std",
+    "re_prob", "re_mode", "re_count", "crop_pct", "crop_mode", "crop_border_pixels", "tf_preprocessing",
+)  # fmt: skip
 # the classes whose __init__ takes DataLoader's arguments with their meaning ("module.QualName")
 _INITS = (
     "torch.utils.data.dataloader.DataLoader",
@@ -48,63 +66,72 @@ _INITS = (
 _KEPT = ("batch_size", "shuffle", "drop_last")  # accelerate takes these with the same meaning
 # Where DataLoader's default differs from accelerate's, the default is written out so the batches stay the same.
 _DEFAULTS = {"batch_size": "1", "shuffle": "False"}
-_BLOCKING = {
-    "sampler": "a sampler= decides the order of samples itself; gf.accelerate draws its own order (shuffle=, seed=, "
-    "and each rank's share under torch.distributed)",
-    "batch_sampler": "a batch_sampler= decides the batches themselves; gf.accelerate makes fixed-size batches",
-    "collate_fn": "a collate_fn= shapes each batch in Python; gf.accelerate yields (images, labels) batches on the "
-    "device",
-}
+_IMPORT = "import gpufeed as gf"
+
+
+@dataclass
+class Change:
+    """A rewrite of the call at ``line`` of ``file``: ``old`` (its source) becomes ``new``; ``imports`` go at the
+    top of the file; ``notes`` say what else the change means (a sampler made unnecessary, where to build it)."""
+
+    old: str
+    new: str
+    imports: list[str] = field(default_factory=lambda: [_IMPORT])
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def preview(self) -> str:
+        """One ``-`` line per line of the original call, one ``+`` line for the new call."""
+        return "\n".join([*(f"- {line}" for line in source_lines(self.old)), f"+ {self.new}"])
 
 
 def code_change(loader: LoaderRecord) -> str | None:
-    """The diff that replaces the call that built ``loader`` by ``gf.accelerate``, or None when there is none.
-
-    One ``-`` line per line of the original call, one ``+`` line for the new call (with ``import gpufeed as gf``).
-    None when the source is unknown or the call passes what accelerate cannot take as is:
-    :func:`no_change_reason` then says why.
-    """
-    change, _ = _rewrite(loader.source, loader.cls, loader.init_of)
-    return change
+    """The diff that replaces the call that built ``loader`` by ``gf.accelerate``, or None when there is none
+    (:func:`no_change_reason` then says why)."""
+    change, _ = rewrite(loader)
+    return change.preview if change is not None else None
 
 
 def no_change_reason(loader: LoaderRecord) -> str | None:
     """Why :func:`code_change` suggests nothing for ``loader`` (None when it suggests a change)."""
-    _, reason = _rewrite(loader.source, loader.cls, loader.init_of)
-    return reason
+    return rewrite(loader)[1]
 
 
 def _rewrite(source: str | None, cls: str = "DataLoader", init_of: str = _INITS[0]) -> tuple[str | None, str | None]:
-    """``(diff, None)`` or ``(None, why not)`` for the source text of a ``DataLoader(...)`` call (or of the loader's
-    own class, ``cls``, when its ``__init__`` is DataLoader's or StatefulDataLoader's: ``init_of``); any other call
-    (``accelerator.prepare(...)``, ``trainer.fit(...)``) built the loader from one the script made elsewhere: that
-    one is the one to change."""
+    """The rewrite of a call known only by its text (no run's facts): ``(preview, None)`` or ``(None, why)``."""
+    change, why = rewrite(LoaderRecord(0, cls, None, source, "", None, None, 0, False, False, None, "", False,
+                                       init_of=init_of))  # fmt: skip
+    return (change.preview if change else None), why
+
+
+def rewrite(loader: LoaderRecord) -> tuple[Change | None, str | None]:
+    """``(change, None)`` or ``(None, why not)`` for the loader's call: a ``DataLoader(...)`` (or the loader's own
+    class, ``cls``, when its ``__init__`` is DataLoader's or StatefulDataLoader's), or a library call that built
+    it (``built_by``)."""
+    source, cls, init_of = loader.source, loader.cls, loader.init_of
     if not source:
         return None, "the source of the call that built the loader was not readable"
     call = _parse_call(source)
     if call is None:
         return None, f"the loader was not built by a plain call that could be parsed: {_one_line(source)!r}"
     callee = call.func.id if isinstance(call.func, ast.Name) else getattr(call.func, "attr", None)
+    if callee == "create_loader" or (loader.built_by or "").startswith("timm."):
+        return _timm(source, call, loader)
     if callee not in ("DataLoader", cls):
-        return None, (
-            f"the loader was built inside `{_one_line(_text(source, call.func))}(...)` from a DataLoader the script "
-            "made elsewhere: replace that DataLoader(...) with gf.accelerate(dataset, batch_size=..., shuffle=...)"
-        )
+        return None, _library_reason(source, call, loader.built_by or "")
     if init_of not in _INITS:
         return None, (
             f"the loader is a {init_of}, a subclass of torch's DataLoader with its own __init__: its arguments are "
             f"its own, not DataLoader's; replace {callee}(...) with gf.accelerate(dataset, batch_size=..., "
             "shuffle=...) if what it adds (a collate, a sampler) is nothing the training needs"
         )
-    if any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords):
-        return None, "the call passes *args or **kwargs, whose contents are not in the source"
-    if len(call.args) > len(_POSITIONAL):
-        return None, f"the call passes {len(call.args)} positional arguments; DataLoader takes {len(_POSITIONAL)}"
-    args = {name: _text(source, node) for name, node in zip(_POSITIONAL, call.args, strict=False)}
-    args.update({k.arg: _text(source, k.value) for k in call.keywords if k.arg is not None})
-    blocking = [name for name in _BLOCKING if name in args and args[name] != "None"]
+    args, why = _arguments(source, call, _POSITIONAL)
+    if args is None:
+        return None, why
+    notes: list[str] = []
+    blocking = _runtime(args, loader, notes)
     if blocking:
-        return None, "; ".join(_BLOCKING[name] for name in blocking)
+        return None, "; ".join(blocking)
     if "dataset" not in args:
         return None, "the call names no dataset"
     kept = [args["dataset"]]
@@ -114,8 +141,168 @@ def _rewrite(source: str | None, cls: str = "DataLoader", init_of: str = _INITS[
             value = "False"
         if value is not None:
             kept.append(f"{name}={value}")
-    removed = [f"- {line}" for line in source_lines(source)]
-    return "\n".join([*removed, f"+ gf.accelerate({', '.join(kept)})"]), None
+    return Change(source, f"gf.accelerate({', '.join(kept)})", notes=notes), None
+
+
+def _runtime(args: dict[str, str], loader: LoaderRecord, notes: list[str]) -> list[str]:
+    """Settle ``sampler=``, ``batch_sampler=`` and ``collate_fn=`` by what the run passed (``args`` is changed in
+    place); what accelerate cannot take over is returned, one reason each."""
+    blocking = []
+    if args.get("sampler", "None") != "None":
+        if loader.shuffle is None:
+            blocking.append(
+                "a sampler= decides the order of samples itself"
+                + (f" (a {loader.sampler} in this run)" if loader.batch_sampler != "?" else "")
+                + "; gf.accelerate draws its own order (shuffle=, seed=, and each rank's share under torch.distributed)"
+            )
+        else:
+            del args["sampler"]
+            args["shuffle"] = str(loader.shuffle)
+            if loader.sampler == "DistributedSampler":
+                notes.append(
+                    "the DistributedSampler is not needed: gf.accelerate shares the data out to the ranks itself "
+                    "under torch.distributed; call loader.set_epoch(epoch) where the script calls the sampler's"
+                )
+            else:
+                notes.append(f"sampler= was {loader.sampler} in this run: shuffle={loader.shuffle} says the same order")
+    if args.get("batch_sampler", "None") != "None":
+        if loader.batch_sampler is not None:
+            blocking.append(
+                "batch_sampler="
+                + (f" is a {loader.batch_sampler}, which" if loader.batch_sampler != "?" else "")
+                + " decides the batches themselves; gf.accelerate makes fixed-size batches"
+            )
+        else:
+            del args["batch_sampler"]
+            args["batch_size"] = str(loader.batch_size)
+    if args.get("collate_fn", "None") != "None":
+        if loader.collate_fn is not None:
+            blocking.append(
+                "collate_fn="
+                + (f" is {loader.collate_fn}, which" if loader.collate_fn != "?" else "")
+                + " shapes each batch in Python; gf.accelerate yields "
+                "(images, labels) batches on the device (mixing: gf.accelerate(..., mix=gpufeed.augment.MixUp(...)))"
+            )
+        else:
+            del args["collate_fn"]
+    return blocking
+
+
+def _timm(source: str, call: ast.Call, loader: LoaderRecord) -> tuple[Change | None, str | None]:
+    """timm's ``create_loader(dataset, input_size, batch_size, is_training=..., <recipe>...)``: the recipe goes to
+    ``timm.data.create_transform`` with the same arguments (without timm's prefetcher: ToTensor and Normalize are
+    in the recipe, which gf.accelerate runs batched on the device, as the prefetcher did)."""
+    args, why = _arguments(source, call, _TIMM_POSITIONAL)
+    if args is None:
+        return None, why
+    if "Mixup" in (loader.collate_fn or "") or args.get("num_aug_splits", "0") not in ("0", "None"):
+        return None, (
+            "timm's create_loader mixes batches (a Mixup collate_fn) or splits them for AugMix here: gf.accelerate "
+            "mixes with mix=gpufeed.augment.MixUp(...)/CutMix(...) and does not split; change create_loader(...) to "
+            "gf.accelerate(dataset, batch_size=..., shuffle=True, transform=timm.data.create_transform(...), mix=...)"
+        )
+    if "dataset" not in args or "batch_size" not in args:
+        return None, "the create_loader(...) call names no dataset or batch size"
+    training = args.get("is_training", "False")
+    recipe = [args["input_size"]] if "input_size" in args else []
+    recipe += [f"{name}={args[name]}" for name in _TIMM_RECIPE[1:] if name in args]
+    kept = [
+        args["dataset"],
+        f"batch_size={args['batch_size']}",
+        f"shuffle={training}",
+        f"drop_last={training}",
+        f"transform=timm.data.create_transform({', '.join(recipe)})",
+    ]
+    notes = [
+        "timm's create_loader set the dataset's transform and normalised on the device in its PrefetchLoader; "
+        "gf.accelerate takes the same recipe from timm.data.create_transform and runs it batched"
+    ]
+    return Change(source, f"gf.accelerate({', '.join(kept)})", [_IMPORT, "import timm.data"], notes), None
+
+
+def _library_reason(source: str, call: ast.Call, built_by: str) -> str:
+    """Why a loader built inside a library call gets no rewrite of that call, and what to change instead."""
+    called = _one_line(_text(source, call.func))
+    if built_by.startswith("transformers."):
+        return (
+            f"a Hugging Face Trainer built the DataLoader inside `{called}(...)` ({built_by}): gf.accelerate cannot "
+            "serve it as it is, since a Trainer feeds the model dicts made by its data collator; override "
+            "get_train_dataloader() in a Trainer subclass to return batches gpufeed makes, or tune the Trainer's "
+            "dataloader_num_workers / dataloader_pin_memory arguments"
+        )
+    return (
+        f"the loader was built inside `{called}(...)` from a DataLoader the script made elsewhere: replace that "
+        "DataLoader(...) with gf.accelerate(dataset, batch_size=..., shuffle=...)"
+    )
+
+
+def _arguments(source: str, call: ast.Call, positional: tuple[str, ...]) -> tuple[dict[str, str] | None, str | None]:
+    """The call's arguments by name, each as written; or None and why they cannot be known from the text."""
+    if any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords):
+        return None, "the call passes *args or **kwargs, whose contents are not in the source"
+    if len(call.args) > len(positional):
+        return None, f"the call passes {len(call.args)} positional arguments; gpufeed maps the first {len(positional)}"
+    args = {name: _text(source, node) for name, node in zip(positional, call.args, strict=False)}
+    args.update({k.arg: _text(source, k.value) for k in call.keywords if k.arg is not None})
+    return args, None
+
+
+def file_change(text: str, line: int, change: Change, name: str = "train.py") -> tuple[str, str]:
+    """``(new text, unified diff)``: ``text`` (a file's) with the call of ``change`` that starts at ``line``
+    replaced and its imports added after the module's docstring and ``__future__`` imports. The diff names the
+    file ``a/NAME`` and ``b/NAME`` (``patch -p1`` applies it where ``NAME`` is a relative path).
+
+    Example:
+        >>> src = 'import torch\\nloader = DataLoader(ds,\\n        batch_size=8)\\nfor b in loader: pass\\n'
+        >>> new, diff = file_change(src, 2, Change("DataLoader(ds,\\n        batch_size=8)",
+        ...                                        "gf.accelerate(ds, batch_size=8)"))
+        >>> print(new, end="")
+        import gpufeed as gf
+        import torch
+        loader = gf.accelerate(ds, batch_size=8)
+        <BLANKLINE>
+        for b in loader: pass
+    """
+    tree = ast.parse(text)
+    lines = text.splitlines(keepends=True)
+    found = [
+        n
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Call) and n.lineno == line and ast.get_source_segment(text, n) == change.old
+    ]
+    if not found:
+        raise ValueError(f"the call {_one_line(change.old)!r} is not at line {line} of {name}")
+    node = found[0]
+    end_line = node.end_lineno or node.lineno
+    first, last = lines[node.lineno - 1].encode(), lines[end_line - 1].encode()  # ast offsets count UTF-8 bytes
+    head, tail = first[: node.col_offset].decode(), last[node.end_col_offset or 0 :].decode()
+    # the call's lines become one, then blank lines: line numbers after it stay those of the original
+    blanks = ["\n"] * (end_line - node.lineno)
+    new_lines = [*lines[: node.lineno - 1], head + change.new + tail, *blanks, *lines[end_line:]]
+    present = {ast.unparse(n) for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))}
+    wanted = [f"{imp}\n" for imp in change.imports if imp not in present]
+    at = _import_line(tree)
+    new_lines[at:at] = wanted
+    new = "".join(new_lines)
+    diff = difflib.unified_diff(lines, new.splitlines(keepends=True), f"a/{name}", f"b/{name}")
+    return new, "".join(diff)
+
+
+def _import_line(tree: ast.Module) -> int:
+    """The 0-based line where new imports go: the first top-level import after the docstring and the
+    ``__future__`` imports, else the first statement after them, else the end."""
+    body = list(tree.body)
+    k = 0
+    if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant):
+        k = 1  # the module's docstring
+    while k < len(body) and isinstance(body[k], ast.ImportFrom) and body[k].module == "__future__":
+        k += 1
+    rest = body[k:]
+    target = next((n for n in rest if isinstance(n, (ast.Import, ast.ImportFrom))), rest[0] if rest else None)
+    if target is None:
+        return (body[-1].end_lineno or body[-1].lineno) if body else 0
+    decorators = getattr(target, "decorator_list", [])
+    return min([target.lineno, *(d.lineno for d in decorators)]) - 1
 
 
 def source_lines(source: str) -> list[str]:

@@ -36,8 +36,9 @@ from pathlib import Path
 from typing import Any
 
 from ..diagnose import CONTENTION_SLOWDOWN, DATA_BOUND_FRACTION, LAUNCH_BOUND_BUSY, Report
-from .advice import code_change, no_change_reason
+from .advice import Change, rewrite
 from .fixes import fixes
+from .predict import predict
 from .record import LoaderRecord, ProcessRecord
 
 __all__ = ["NO_LOADER", "TOO_FEW", "LoaderSummary", "RankSummary", "WatchReport", "report"]
@@ -71,6 +72,12 @@ class LoaderSummary:
     img_s: float | None  # samples per second through the loop, summed over ranks
     main: bool = False
     init_of: str = "torch.utils.data.dataloader.DataLoader"  # whose __init__ took the arguments (LoaderRecord's)
+    shuffle: bool | None = None  # what the run passed (LoaderRecord's): the order, a batch sampler, a collate
+    batch_sampler: str | None = "?"
+    collate_fn: str | None = "?"
+    built_by: str | None = None  # the library call that built it (LoaderRecord's)
+    file: str | None = None
+    first_batch_s: float | None = None  # from the process's start (the hook's install) to the first batch served
 
     @property
     def name(self) -> str:
@@ -111,6 +118,14 @@ class WatchReport:
     code_change: str | None = None  # gpufeed.watch.advice's diff
     no_change_reason: str | None = None
     notes: list[str] = field(default_factory=list)
+    # the change as applied to a file: file, line, old, new, imports, notes (gpufeed.watch.advice.Change)
+    change: dict[str, Any] | None = None
+    prediction: dict[str, Any] | None = None  # gpufeed.watch.predict.Prediction, for the main loader's loop
+    machine: dict[str, float] | None = None  # the whole machine's CPU use while the steps ran (every process)
+    status: int | None = None  # the command's exit status
+    step_s: float | None = None  # the main loader's measured steps: mean wall per step, and its wait
+    wait_s: float | None = None
+    verify: dict[str, Any] | None = None  # gpufeed.watch.verify's before and after
 
     @property
     def main(self) -> LoaderSummary | None:
@@ -183,7 +198,7 @@ def report(records: list[ProcessRecord]) -> WatchReport:
     )
     out.loaders = [_summary(keys[main_key], True)] + [_summary(f, False) for k, f in keys.items() if k != main_key]
     out.ranks = [_rank(rec, ld) for rec, ld in keys[main_key]]
-    out.code_change, out.no_change_reason = _change(out.loaders[0], out.side)
+    _change(out)
     measured = [(rec, ld, w) for rec, ld in keys[main_key] if (w := _window(ld)) is not None]
     if not measured:
         out.verdict = TOO_FEW
@@ -197,7 +212,12 @@ def report(records: list[ProcessRecord]) -> WatchReport:
     out.verdict = "data-bound" if win.fraction >= DATA_BOUND_FRACTION else "compute-bound"
     if out.verdict != "data-bound" and busy is not None and busy < LAUNCH_BOUND_BUSY:
         out.verdict = "launch-bound"
-    out.data_wait_fraction, out.cpu = win.fraction, _cpu(rec, win)
+    out.data_wait_fraction, out.cpu, out.machine = win.fraction, _cpu(rec, win), _machine(rec, win)
+    out.step_s, out.wait_s = win.wall / len(win.waits), sum(win.waits) / len(win.waits)
+    prediction = predict(out.wait_s, out.step_s - out.wait_s, out.side, out.world_size)
+    if prediction is not None and out.cpu is not None and out.loaders[0].num_workers:
+        prediction.contended = out.cpu["workers_percent"] / 100
+    out.prediction = asdict(prediction) if prediction is not None else None
     out.slowest_rank = rec.rank if len(measured) > 1 else None
     out.notes += [gpu_note] if gpu_note else []
     out.notes += [
@@ -208,7 +228,7 @@ def report(records: list[ProcessRecord]) -> WatchReport:
         "script's course; the CPU use while the steps ran is given instead",
     ]
     gpu = [(t - win.start, u, m) for t, u, m in rec.gpu if win.start <= t <= win.end]
-    found = fixes(out.verdict, win.fraction, out.loaders[0], out.cpu, out.side, out.code_change is not None, rec.cores)
+    found = fixes(out, rec.cores)
     out.diagnosis = Report(
         out.verdict, win.fraction, len(win.steps), win.wall, win.waits, win.steps, win.device_steps, busy, gpu,
         None, rec.device, found,
@@ -245,22 +265,61 @@ def _summary(found: list[tuple[ProcessRecord, Any]], main: bool) -> LoaderSummar
         batches=sum(other.batches for _, other in found), epochs=max(other.epochs for _, other in found),
         wait_fraction=sum(sum(w.waits) for w in windows) / wall if windows and wall > 0 else None,
         img_s=sum(w.samples / w.wall for w in windows if w.wall > 0) if windows else None, main=main,
-        init_of=ld.init_of,
+        init_of=ld.init_of, shuffle=ld.shuffle, batch_sampler=ld.batch_sampler, collate_fn=ld.collate_fn,
+        built_by=ld.built_by, file=ld.file,
+        first_batch_s=min((o.requested[0] + o.waits[0] for _, o in found if o.waits), default=None),
     )  # fmt: skip
 
 
-def _change(main: LoaderSummary, side: dict[str, Any] | None) -> tuple[str | None, str | None]:
-    """The diff to gf.accelerate and why there is none; none when accelerate refused the pipeline on this data."""
+def _change(out: WatchReport) -> None:
+    """The change to gf.accelerate (its preview, and where it goes) and why there is none; none when accelerate
+    refused the pipeline on this data. A loader a library rebuilt from the script's own (Accelerate's
+    ``prepare``, Lightning's sampler injection) is changed where the script built that one."""
+    side, main = out.side, out.loaders[0]
     if side is not None and "refused" in side:
-        return None, f"gf.accelerate refused this pipeline ({side['refused']['error']}): the tuned settings are the fix"
-    rec = _as_record(main)
-    return code_change(rec), no_change_reason(rec)
+        out.no_change_reason = (
+            f"gf.accelerate refused this pipeline ({side['refused']['error']}): the tuned settings are the fix"
+        )
+        return
+    change, reason = rewrite(_as_record(main))
+    target, notes = main, []
+    if change is None and (main.built_by or "").startswith(_REBUILDERS):
+        own = [s for s in out.loaders[1:] if s.dataset == main.dataset and s.built_by is None and s.source]
+        for s in own:
+            change, _ = rewrite(_as_record(s))
+            if change is not None:
+                target = s
+                notes = [
+                    f"{main.name} was made by {main.built_by} from the DataLoader built at {s.name}: that is the one "
+                    "to change; build it after Accelerator() or inside the LightningModule/DataModule hook (it reads "
+                    "the process group), and prepare() / the Trainer pass a gpufeed loader through"
+                ]
+                break
+    if change is None:
+        out.no_change_reason = reason
+        return
+    out.code_change = change.preview
+    line = int(target.built_at.rsplit(":", 1)[1]) if target.built_at and ":" in target.built_at else None
+    out.change = {
+        "file": target.file, "built_at": target.built_at, "line": line, "old": change.old, "new": change.new,
+        "imports": change.imports, "notes": notes + change.notes,
+    }  # fmt: skip
+
+
+_REBUILDERS = ("accelerate.", "lightning.", "pytorch_lightning.")
+
+
+def change_of(report: WatchReport) -> Change | None:
+    """The report's change as an :class:`~gpufeed.watch.advice.Change` (None without one)."""
+    c = report.change
+    return None if c is None else Change(c["old"], c["new"], list(c["imports"]), list(c["notes"]))
 
 
 def _as_record(s: LoaderSummary) -> LoaderRecord:
     return LoaderRecord(
         s.id, s.cls, s.built_at, s.source, s.dataset, s.transform, s.batch_size, s.num_workers, s.pin_memory,
-        s.persistent_workers, s.prefetch_factor, s.sampler, s.drop_last, init_of=s.init_of,
+        s.persistent_workers, s.prefetch_factor, s.sampler, s.drop_last, init_of=s.init_of, shuffle=s.shuffle,
+        batch_sampler=s.batch_sampler, collate_fn=s.collate_fn, built_by=s.built_by, file=s.file,
     )  # fmt: skip
 
 
@@ -294,6 +353,25 @@ def _cpu(rec: ProcessRecord, win: _Window) -> dict[str, float] | None:
     main, workers = statistics.fmean(m for m, _ in samples), statistics.fmean(c for _, c in samples)
     saturated = (main + workers) / 100 >= SATURATED * rec.cores
     return {"main_percent": main, "workers_percent": workers, "cores": float(rec.cores), "saturated": float(saturated)}
+
+
+BUSY_MACHINE = 0.9  # the machine's CPU at or over this share of its cores: busy (every process counted)
+
+
+def _machine(rec: ProcessRecord, win: _Window) -> dict[str, float] | None:
+    """The whole machine's mean CPU use (every process, % of all cores) and 1-minute load while the steps ran;
+    ``others``: the share of the cores used by processes other than the script's."""
+    samples = [(p, load) for t, p, load in rec.machine if win.start <= t <= win.end]
+    if not samples:
+        return None
+    import os
+
+    total = os.cpu_count() or rec.cores
+    percent, load = statistics.fmean(p for p, _ in samples), statistics.fmean(x for _, x in samples)
+    own = (rec_cpu["main_percent"] + rec_cpu["workers_percent"]) / total if (rec_cpu := _cpu(rec, win)) else 0.0
+    others = max(0.0, percent / 100 - own)
+    busy = percent / 100 >= BUSY_MACHINE or load >= total
+    return {"percent": percent, "load": load, "cores": float(total), "others": others, "busy": float(busy)}
 
 
 _EXIT_ORDER = ("crashed", "interrupted", "stopped", "finished")

@@ -10,15 +10,18 @@ Example:
 from __future__ import annotations
 
 import ast
+import functools
 import linecache
 import os
 import re
+import sysconfig
+from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
 from .record import LoaderRecord
 
-__all__ = ["batch_samples", "dataset_name", "loader_record", "transform_text", "where_built"]
+__all__ = ["Built", "batch_samples", "dataset_name", "loader_record", "transform_text", "where_built"]
 
 # the frames skipped to find the line of the script that built a loader
 _LIBRARIES = {"torch", "torchdata", "lightning", "pytorch_lightning", "lightning_fabric", "accelerate", "gpufeed"}
@@ -45,19 +48,35 @@ def transform_text(dataset: Any) -> str | None:
     return None
 
 
+@dataclass
+class Built:
+    """Where a loader was built: the script's line (``train.py:42``), the source of its call there, the file's
+    absolute path, and the library function that line called when the loader was made inside one
+    (``timm.data.loader.create_loader``; None when the script called the loader's class itself)."""
+
+    at: str | None = None
+    source: str | None = None
+    file: str | None = None
+    by: str | None = None
+
+
 def where_built(
     frame: FrameType | None, sources: dict[str, ast.AST | None], notes: list[str], loader: Any = None
-) -> tuple[str | None, str | None]:
-    """``("train.py:42", "DataLoader(ds, batch_size=8)")``: the first frame outside the libraries and outside
-    ``loader``'s own ``__init__`` (a script's subclass calling ``super().__init__(...)``), and its call."""
+) -> Built:
+    """The first frame of the user's own code: outside torch, gpufeed and the hook, outside installed packages
+    (site-packages, the standard library: timm's ``create_loader``, a Trainer's ``get_train_dataloader``) and
+    outside ``loader``'s own ``__init__`` (a script's subclass calling ``super().__init__(...)``); with its call."""
+    by = None
     while frame is not None:
-        module = str(frame.f_globals.get("__name__", "")).split(".")[0]
         own_init = loader is not None and frame.f_code.co_name == "__init__" and frame.f_locals.get("self") is loader
-        if module not in _LIBRARIES and not own_init:
+        module = str(frame.f_globals.get("__name__", ""))
+        if not own_init and module.split(".")[0] not in _LIBRARIES and not _installed(frame.f_code.co_filename):
             break
+        if not own_init and module.split(".")[0] not in _OWN:
+            by = f"{module}.{getattr(frame.f_code, 'co_qualname', frame.f_code.co_name)}"  # the outermost one
         frame = frame.f_back
     if frame is None:
-        return None, None
+        return Built(by=by)
     filename, line = frame.f_code.co_filename, frame.f_lineno
     source = None
     try:
@@ -69,7 +88,30 @@ def where_built(
         shown = filename if shown.startswith("..") else shown
     except ValueError:
         shown = filename
-    return f"{shown}:{line}", source
+    file = os.path.abspath(filename) if not filename.startswith("<") else None
+    return Built(f"{shown}:{line}", source, file, by)
+
+
+_OWN = {"torch", "gpufeed", "_gpufeed_watch"}  # the loader's own machinery: never "the library that built it"
+
+
+@functools.cache
+def _installed_roots() -> tuple[str, ...]:
+    paths = sysconfig.get_paths()
+    roots = {os.path.realpath(paths[k]) for k in ("purelib", "platlib", "stdlib", "platstdlib") if k in paths}
+    return tuple(sorted(r + os.sep for r in roots))
+
+
+@functools.cache
+def _installed(filename: str) -> bool:
+    """Whether ``filename`` belongs to an installed package or the standard library, not to the user's code."""
+    if filename.startswith("<frozen"):
+        return True
+    if filename.startswith("<"):  # python -c, the REPL: the user's own
+        return False
+    real = os.path.realpath(filename)
+    parts = real.split(os.sep)
+    return "site-packages" in parts or "dist-packages" in parts or real.startswith(_installed_roots())
 
 
 def _call_source(
@@ -94,16 +136,27 @@ def _call_source(
     return ast.get_source_segment(text, exact[0]), exact[0].lineno
 
 
-def loader_record(loader: Any, id: int, built_at: str | None, source: str | None) -> LoaderRecord:
-    """A new loader's record: its configuration as found on it (no batches yet)."""
+def loader_record(loader: Any, id: int, built: Built) -> LoaderRecord:
+    """A new loader's record: its configuration as found on it (no batches yet). A gpufeed loader (the fixed
+    script of ``gpufeed diagnose --verify``) has no DataLoader settings: its own are recorded."""
+    config = getattr(loader, "config", None)
+    if not hasattr(loader, "num_workers") and config is not None:  # gpufeed's EpochLoader
+        plan = getattr(loader, "plan", None)
+        return LoaderRecord(
+            id, type(loader).__name__, built.at, built.source, f"gpufeed ({getattr(plan, 'storage', '?')})", None,
+            config.batch_size, int(getattr(plan, "workers", 0) or 0), False, False, None,
+            "gpufeed order" + (" (shuffled)" if config.shuffle else ""), bool(config.drop_last),
+            init_of=_init_of(type(loader)), shuffle=bool(config.shuffle), built_by=built.by, file=built.file,
+        )  # fmt: skip
     batch_size = loader.batch_size
     if batch_size is None:
         batch_size = getattr(loader.batch_sampler, "batch_size", None)
+    order = _order_sampler(loader)
     return LoaderRecord(
         id=id,
         cls=type(loader).__name__,
-        built_at=built_at,
-        source=source,
+        built_at=built.at,
+        source=built.source,
         dataset=dataset_name(loader.dataset),
         transform=transform_text(loader.dataset),
         batch_size=batch_size,
@@ -111,10 +164,48 @@ def loader_record(loader: Any, id: int, built_at: str | None, source: str | None
         pin_memory=bool(loader.pin_memory),
         persistent_workers=bool(loader.persistent_workers),
         prefetch_factor=loader.prefetch_factor,
-        sampler=type(_order_sampler(loader)).__name__,
+        sampler=type(order).__name__,
         drop_last=bool(loader.drop_last),
         init_of=_init_of(type(loader)),
+        shuffle=_shuffles(order),
+        batch_sampler=None if _auto_batched(loader) else type(loader.batch_sampler).__name__,
+        collate_fn=_collate_name(loader.collate_fn),
+        built_by=built.by,
+        file=built.file,
     )
+
+
+def _shuffles(sampler: Any) -> bool | None:
+    """Whether the order is shuffled: a RandomSampler does, a SequentialSampler does not, a DistributedSampler as
+    its ``shuffle`` says; None for any other sampler (its own order)."""
+    name = type(sampler).__name__
+    if name == "RandomSampler":
+        return True
+    if name == "SequentialSampler":
+        return False
+    shuffle = getattr(sampler, "shuffle", None)
+    return shuffle if isinstance(shuffle, bool) and name == "DistributedSampler" else None
+
+
+def _auto_batched(loader: Any) -> bool:
+    """Whether the DataLoader made its batch sampler itself from ``batch_size`` (no ``batch_sampler=`` given);
+    a wrapper's (Accelerate's shard) is followed to the one it wraps."""
+    batches = loader.batch_sampler
+    for _ in range(4):
+        inner = getattr(batches, "batch_sampler", None)
+        if inner is None:
+            break
+        batches = inner
+    return loader.batch_size is not None or type(batches).__name__ == "BatchSampler"
+
+
+def _collate_name(fn: Any) -> str | None:
+    """None for torch's default collate (what gf.accelerate's batches are), else the function's name."""
+    name = getattr(fn, "__qualname__", None) or type(fn).__name__
+    module = getattr(fn, "__module__", "") or ""
+    if name == "default_collate" and module.startswith("torch.utils.data"):
+        return None
+    return f"{module}.{name}" if module else name
 
 
 def batch_samples(data: Any, tensor: Any) -> int:

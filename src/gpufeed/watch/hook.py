@@ -37,6 +37,7 @@ import signal
 import sys
 import threading
 import time
+import types
 import weakref
 from dataclasses import dataclass, field
 from types import FrameType
@@ -51,6 +52,7 @@ __all__ = ["install"]
 
 _DATALOADER_MODULE = "torch.utils.data.dataloader"
 _STATEFUL_MODULE = "torchdata.stateful_dataloader.stateful_dataloader"  # StatefulDataLoader skips DataLoader.__init__
+_GPUFEED_MODULE = "gpufeed.loading.epochs"  # gpufeed's own loaders: a script already fixed (diagnose --verify)
 
 
 @dataclass
@@ -59,6 +61,9 @@ class _Watched:
 
     record: LoaderRecord
     loader: Any  # weakref.ref to the DataLoader
+    # what the side measurement reads of a DataLoader (its dataset and settings), kept after the script dropped it
+    # (a loader local to main() is gone at exit); not the loader itself, whose persistent workers would live on
+    settings: Any = None
     clock: DeviceClock = field(default_factory=DeviceClock)
     trained: int = 0  # batches asked for with autograd on (record.training_batches, counted as they come)
 
@@ -82,6 +87,7 @@ class _State:
         self.notes: list[str] = []
         self.exit: str | None = None
         self.side_result: dict[str, Any] | None = None
+        self.side_done = False  # the side measurement at the end was made (or found nothing to do)
         self.paused = False  # True during the side measurement: its loaders are not the script's
         self.cuda = False  # True once the script has initialised CUDA
         self.first_batch = False  # True once a loader of this process served a batch
@@ -124,7 +130,7 @@ def install(directory: str | None = None) -> None:
         state.start_sampler()
     atexit.register(_at_exit)
     _install_signal_handlers()
-    patches = {_DATALOADER_MODULE: _patch, _STATEFUL_MODULE: _patch_stateful}
+    patches = {_DATALOADER_MODULE: _patch, _STATEFUL_MODULE: _patch_stateful, _GPUFEED_MODULE: _patch_gpufeed}
     for name in [name for name in patches if name in sys.modules]:
         patches.pop(name)(sys.modules[name])
     if patches:
@@ -188,6 +194,14 @@ def _patch(module: Any) -> None:
             self._gpufeed_watch.record.epochs += 1
         return out
 
+    _wrap(loader_cls, "__init__", _init_patch(state, loader_cls.__init__))
+    for name, fn in (("__init__", __init__), ("_reset", _reset), ("__next__", _next_patch(state, next_))):
+        _wrap(iter_cls, name, fn)
+
+
+def _next_patch(state: _State, next_: Any) -> Any:
+    """An iterator's ``__next__`` that times the request of a tagged iterator (``_gpufeed_watch``)."""
+
     def __next__(self: Any) -> Any:
         watched = self._gpufeed_watch
         if watched is None or state.paused:
@@ -206,8 +220,27 @@ def _patch(module: Any) -> None:
             state.note("a batch's timing", e)
         return data
 
-    _wrap(loader_cls, "__init__", _init_patch(state, loader_cls.__init__))
-    for name, fn in (("__init__", __init__), ("_reset", _reset), ("__next__", __next__)):
+    return __next__
+
+
+def _patch_gpufeed(module: Any) -> None:
+    """gpufeed's loaders (an epoch is an ``_Epoch`` iterator): the script fixed by ``gpufeed diagnose --verify``,
+    or one that already uses gpufeed, is measured as a DataLoader is."""
+    state = _state
+    assert state is not None
+    try:
+        iter_cls = module._Epoch
+        iter_init, next_ = iter_cls.__init__, iter_cls.__next__
+    except AttributeError as e:
+        state.note("gpufeed's loaders not patched", e)
+        return
+    iter_cls._gpufeed_watch = None
+
+    def __init__(self: Any, loader: Any, *args: Any, **kwargs: Any) -> None:
+        iter_init(self, loader, *args, **kwargs)
+        _epoch(state, self, loader, sys._getframe(1))
+
+    for name, fn in (("__init__", __init__), ("__next__", _next_patch(state, next_))):
         _wrap(iter_cls, name, fn)
 
 
@@ -246,9 +279,11 @@ def _epoch(state: _State, it: Any, loader: Any, frame: FrameType | None) -> None
     if state.paused or os.getpid() != state.pid:
         return
     try:
-        watched = loader.__dict__.get("_gpufeed_watched")
-        if watched is None:  # a loader class that ran neither patched __init__: found where it is iterated
-            watched = _built(state, loader, frame, iterated=True)
+        if "_gpufeed_watched" not in loader.__dict__:  # a loader class that ran neither patched __init__
+            _built(state, loader, frame, iterated=True)
+        watched = loader.__dict__["_gpufeed_watched"]
+        if watched is None:  # gpufeed's own DataLoader, inside a gpufeed loader: not the script's
+            return
         watched.record.epochs += 1
         it._gpufeed_watch = watched
     except Exception as e:  # noqa: BLE001
@@ -287,27 +322,59 @@ def _cuda_up(state: _State) -> bool:
     return state.cuda
 
 
-def _built(state: _State, loader: Any, frame: FrameType | None, iterated: bool = False) -> _Watched:
+def _built(state: _State, loader: Any, frame: FrameType | None, iterated: bool = False) -> _Watched | None:
     """A new loader: its record, from its attributes and the frame of the script that built it (or, ``iterated``,
-    that first iterated it: the source of that line is not the loader's call)."""
+    that first iterated it: the source of that line is not the loader's call). None for a DataLoader that
+    gpufeed's own code built (the fallback's workers, inside a gpufeed loader that is measured itself)."""
     if "_gpufeed_watched" in loader.__dict__:
         return loader.__dict__["_gpufeed_watched"]  # a subclass's __init__ that calls DataLoader.__init__ twice
     if state.torch is None:
         state.torch = importlib.import_module("torch")
         atexit.unregister(_at_exit)  # NOTE: registered again so it runs before torch's and multiprocessing's own
         atexit.register(_at_exit)
+        _register_side_at_end(state)
         state.start_sampler()
-    built_at, source = where_built(frame, state.sources, state.notes, loader)
+    if _made_by_gpufeed(frame) and hasattr(loader, "num_workers"):
+        object.__setattr__(loader, "_gpufeed_watched", None)
+        return None
+    built = where_built(frame, state.sources, state.notes, loader)
+    gpufeed_loader = not hasattr(loader, "num_workers")
     if iterated:
-        source = None
-        state.notes.append(
-            f"a {type(loader).__name__} was built without DataLoader.__init__: its line is where it was first iterated"
-        )
-    record = loader_record(loader, len(state.watched), built_at, source)
-    watched = _Watched(record, weakref.ref(loader))
+        built.source = None
+        if not gpufeed_loader:
+            state.notes.append(
+                f"a {type(loader).__name__} was built without DataLoader.__init__: its line is where it was first "
+                "iterated"
+            )
+    record = loader_record(loader, len(state.watched), built)
+    watched = _Watched(record, weakref.ref(loader), settings=_settings(loader))
     state.watched.append(watched)
     object.__setattr__(loader, "_gpufeed_watched", watched)  # DataLoader.__setattr__ guards some attributes
     return watched
+
+
+_SETTINGS = (
+    "dataset", "batch_size", "num_workers", "sampler", "pin_memory", "drop_last", "collate_fn", "timeout",
+    "prefetch_factor", "persistent_workers", "worker_init_fn", "multiprocessing_context",
+)  # fmt: skip
+
+
+def _settings(loader: Any) -> Any:
+    """A DataLoader's dataset and settings as the side measurement reads them (None for gpufeed's loaders)."""
+    if not hasattr(loader, "num_workers"):
+        return None
+    return types.SimpleNamespace(**{name: getattr(loader, name, None) for name in _SETTINGS})
+
+
+def _made_by_gpufeed(frame: FrameType | None) -> bool:
+    """Whether gpufeed's own code (not the hook) called the loader's class: the first frame outside torch is
+    gpufeed's."""
+    while frame is not None:
+        module = str(frame.f_globals.get("__name__", "")).split(".")[0]
+        if module not in ("torch", "_gpufeed_watch", "torchdata"):
+            return module == "gpufeed"
+        frame = frame.f_back
+    return False
 
 
 def _record(state: _State) -> ProcessRecord:
@@ -350,6 +417,7 @@ def _record(state: _State) -> ProcessRecord:
         gpu=list(sampler.gpu) if sampler else [],
         side=state.side_result,
         notes=state.notes + (list(sampler.notes) if sampler else []),
+        machine=list(sampler.machine) if sampler else [],
     )
 
 
@@ -380,15 +448,20 @@ def _side(watched: _Watched | None) -> None:
         return
     if int(os.environ.get("RANK", "0") or 0) != 0:  # the report reads rank 0's; the others would compete for the cores
         return
-    loader = watched.loader()
+    loader = watched.loader() or watched.settings
     if loader is None:
         state.notes.append("side measurement not made: the loader no longer exists")
         return
     state.paused = True
     try:
+        had = "gpufeed.pipeline.accelerate" in sys.modules  # the script imported gpufeed itself: no cost to add
+        t0 = time.perf_counter()
+        importlib.import_module("gpufeed")  # what the changed script's `import gpufeed as gf` costs it
         side = importlib.import_module("gpufeed.watch.side")
+        importlib.import_module("gpufeed.pipeline.accelerate")
+        import_s = 0.0 if had else time.perf_counter() - t0  # part of the fix's one-time cost
         device = "cuda" if state.cuda else "cpu"
-        state.side_result = side.side_measurement(loader, state.side_seconds, device)
+        state.side_result = {**side.side_measurement(loader, state.side_seconds, device), "import_s": import_s}
     except Exception as e:  # noqa: BLE001
         state.note("side measurement failed", e)
     finally:
@@ -410,18 +483,46 @@ def _stop(watched: _Watched) -> None:
     os._exit(0)
 
 
-def _at_exit() -> None:
-    state = _state
-    if state is None or os.getpid() != state.pid:
-        return
+def _ending(state: _State) -> None:
+    """How the script ended, from the exception Python reports at its end (``sys.last_value``)."""
     last = getattr(sys, "last_value", None)  # set by Python for the exception that ended the script
     if state.exit is None and isinstance(last, KeyboardInterrupt):
         state.exit = "interrupted"
     elif state.exit is None and last is not None:
         state.exit = f"crashed: {type(last).__name__}: {last}"
+
+
+def _side_at_end() -> None:
+    """The side measurement of a script that ended by itself. NOTE [ the side measurement at the end ]: it runs
+    from threading's exit hooks, before Python's own ones shut the thread pools down (concurrent.futures refuses
+    new work after that, and gpufeed decodes on threads), and before atexit's."""
+    state = _state
+    if state is None or os.getpid() != state.pid or state.side_done:
+        return
+    state.side_done = True
+    _ending(state)
     if state.exit is None:
         main = max(state.watched, key=lambda w: (w.trained, w.record.batches), default=None)
         _side(main if main is not None and main.record.waits else None)
+
+
+def _register_side_at_end(state: _State) -> None:
+    """Register :func:`_side_at_end` with threading's exit hooks (they run in reverse order: concurrent.futures'
+    own, registered at its import, which is made first, runs after ours)."""
+    if not state.side:
+        return
+    try:
+        importlib.import_module("concurrent.futures.thread")
+        threading._register_atexit(_side_at_end)  # type: ignore[attr-defined]
+    except (AttributeError, RuntimeError, ImportError) as e:  # another Python: atexit's turn will try it
+        state.note("the side measurement at the end", e)
+
+
+def _at_exit() -> None:
+    state = _state
+    if state is None or os.getpid() != state.pid:
+        return
+    _side_at_end()  # when threading's hook did not run (os._exit paths aside, a Python without it)
     if state.sampler is not None:
         state.sampler.stop()
     _flush()

@@ -56,6 +56,16 @@ class LoaderRecord:
     # the class whose __init__ took the call's arguments, "module.QualName": DataLoader's (StatefulDataLoader's are
     # the same), or a subclass's own, whose arguments the code change cannot map to gf.accelerate's
     init_of: str = "torch.utils.data.dataloader.DataLoader"
+    # what the run itself passed, whatever the source text says (``sampler=train_sampler`` that was None): whether
+    # the order shuffled, a batch sampler's class (None: DataLoader batched by batch_size itself) and a collate
+    # function's name (None: torch's default_collate); "?" (and shuffle None): not known, the text decides
+    shuffle: bool | None = None
+    batch_sampler: str | None = "?"
+    collate_fn: str | None = "?"
+    # the library function that called the loader's class ("timm.data.loader.create_loader"), None when the
+    # script called it itself; and the absolute path of the file of built_at
+    built_by: str | None = None
+    file: str | None = None
 
     @property
     def batches(self) -> int:
@@ -125,6 +135,8 @@ class ProcessRecord:
     gpu: list[tuple[float, float, float]]  # (t, utilisation %, memory MiB); [] without NVML
     side: dict[str, Any] | None = None  # watch/side.py's result
     notes: list[str] = field(default_factory=list)
+    # (t, the machine's CPU use in % of all its cores, every process counted; the 1-minute load average)
+    machine: list[tuple[float, float, float]] = field(default_factory=list)
 
     def to_json(self) -> str:
         """This record as JSON text."""
@@ -137,6 +149,7 @@ class ProcessRecord:
         raw["loaders"] = [LoaderRecord(**loader) for loader in raw["loaders"]]
         raw["cpu"] = [tuple(s) for s in raw["cpu"]]
         raw["gpu"] = [tuple(s) for s in raw["gpu"]]
+        raw["machine"] = [tuple(s) for s in raw.get("machine", [])]
         return cls(**raw)
 
     def save(self, directory: str | Path) -> Path:

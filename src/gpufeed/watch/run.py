@@ -31,9 +31,10 @@ from .record import FIRST_BATCH, ProcessRecord, read_records
 if TYPE_CHECKING:
     from .analyse import WatchReport
 
-__all__ = ["GRACE_S", "child_env", "exit_status", "watch"]
+__all__ = ["GRACE_S", "SIDE_S", "child_env", "exit_status", "watch"]
 
 START_CAP_S = 600.0  # --time starts anyway this long after the command, when no batch was asked for by then
+SIDE_S = 20.0  # the side measurement's default budget, seconds (--side-seconds)
 GRACE_S = 15.0  # after --time's SIGINT, the script's own cleanup (a checkpoint, the hook's flush) gets this long
 
 SITE = Path(__file__).resolve().parent / "site"
@@ -54,7 +55,7 @@ def child_env(watch_dir: Path, steps: int, side: bool, base: dict[str, str] | No
     env["GPUFEED_WATCH_DIR"] = str(watch_dir)
     env["GPUFEED_WATCH_STEPS"] = str(steps)
     env["GPUFEED_WATCH_SIDE"] = "1" if side else "0"
-    env.setdefault("GPUFEED_WATCH_SIDE_SECONDS", "20")  # a caller's own budget (tests: a small one) is kept
+    env.setdefault("GPUFEED_WATCH_SIDE_SECONDS", str(SIDE_S))  # a caller's own budget (tests: a small one) is kept
     return env
 
 
@@ -69,18 +70,29 @@ def exit_status(returncode: int) -> int:
 
 
 def watch(
-    cmd: list[str], steps: int, seconds: float | None, out: Path, side: bool = True
+    cmd: list[str],
+    steps: int,
+    seconds: float | None,
+    out: Path,
+    side: bool = True,
+    verify: bool = False,
+    side_seconds: float | None = None,
 ) -> tuple[WatchReport | None, int]:
     """Run ``cmd`` with the hook, stop it after ``steps`` batches of a loader (0: no limit) or ``seconds``, then
-    print the report, save it to ``out`` (with the raw records under ``out/records``) and return it with the
-    command's exit status (0 when gpufeed stopped it). ``None`` when no process wrote a record.
+    print the report, save it to ``out`` (with the raw records under ``out/records`` and the code change as
+    ``out/fix.diff``) and return it with the command's exit status (0 when gpufeed stopped it). ``None`` when no
+    process wrote a record.
 
     ``side``: after the measured steps, the script's process measures what ``gf.accelerate`` does with its dataset
-    (see :mod:`gpufeed.watch.side`).
+    (see :mod:`gpufeed.watch.side`) within ``side_seconds``. ``verify``: then the command runs again with the
+    change applied to a copy of the script (:mod:`gpufeed.watch.verify`), and the report compares the two runs.
     """
     watch_dir = Path(tempfile.mkdtemp(prefix="gpufeed-watch-"))
+    env = child_env(watch_dir, steps, side)
+    if side_seconds is not None:
+        env["GPUFEED_WATCH_SIDE_SECONDS"] = str(side_seconds)
     try:
-        status = _run(cmd, child_env(watch_dir, steps, side), seconds)
+        status = _run(cmd, env, seconds)
         records = _script_records(read_records(watch_dir))
         if records:
             kept = out / "records"
@@ -97,8 +109,21 @@ def watch(
         )
         return None, status
     from .analyse import report
+    from .verify import prepare
 
     result = report(records)
+    result.status = status
+    prepared = prepare(result, out)
+    if verify:
+        if prepared is None:
+            why = result.no_change_reason or "no code change was suggested"
+            result.verify = {"error": f"nothing to apply: {why}"}
+        else:
+            from .verify import verify as run_verify
+
+            result.verify = run_verify(
+                cmd, result, prepared[0], steps, seconds, float(env["GPUFEED_WATCH_SIDE_SECONDS"])
+            )
     print(result, flush=True)
     result.save(out)
     print(f"wrote {out}", flush=True)
@@ -112,7 +137,7 @@ def _script_records(records: list[ProcessRecord]) -> list[ProcessRecord]:
     return [r for r in records if r.loaders or r.world_size == world]
 
 
-def _run(cmd: list[str], env: dict[str, str], seconds: float | None) -> int:
+def _run(cmd: list[str], env: dict[str, str], seconds: float | None, cwd: str | None = None) -> int:
     """Run the command to its end (or to ``seconds``) and return its exit status.
 
     NOTE [Ctrl-C]: the command runs in our process group, so a Ctrl-C at the terminal reaches it (and torchrun's
@@ -122,7 +147,7 @@ def _run(cmd: list[str], env: dict[str, str], seconds: float | None) -> int:
     interrupt whatever runs us (a test runner, a shell script) too.
     """
     try:
-        proc = subprocess.Popen(cmd, env=env)
+        proc = subprocess.Popen(cmd, env=env, cwd=cwd)
     except OSError as e:  # no such program: what the shell would say
         print(f"gpufeed diagnose: cannot run {cmd[0]!r}: {e.strerror or e}", file=sys.stderr)
         return 127 if isinstance(e, FileNotFoundError) else 126

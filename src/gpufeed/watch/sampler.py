@@ -32,10 +32,13 @@ def usable_cores() -> int:
 
 
 class Sampler(threading.Thread):
-    """Every ``interval`` seconds: ``(t, main %, children %)`` into ``cpu`` and ``(t, util %, MiB)`` into ``gpu``.
+    """Every ``interval`` seconds: ``(t, main %, children %)`` into ``cpu``, ``(t, machine %, load)`` into
+    ``machine`` and ``(t, util %, MiB)`` into ``gpu``.
 
-    ``t`` is ``time.perf_counter() - origin``; percentages are of one core (psutil's convention), so 4 busy workers
-    read 400. ``gpu_index`` is called at each sample: the NVML index of the GPU the script uses.
+    ``t`` is ``time.perf_counter() - origin``; the process percentages are of one core (psutil's convention), so 4
+    busy workers read 400; the machine's is of all its cores, every process counted (another job, a test suite),
+    with the 1-minute load average beside it. ``gpu_index`` is called at each sample: the NVML index of the GPU
+    the script uses.
     """
 
     def __init__(
@@ -52,6 +55,7 @@ class Sampler(threading.Thread):
         self.origin = time.perf_counter() if origin is None else origin
         self.cpu: list[tuple[float, float, float]] = []
         self.gpu: list[tuple[float, float, float]] = []
+        self.machine: list[tuple[float, float, float]] = []
         self.notes: list[str] = []
         self._want_gpu = gpu
         self._gpu_index = gpu_index
@@ -70,6 +74,7 @@ class Sampler(threading.Thread):
 
             main = psutil.Process(self.pid)
             main.cpu_percent(None)  # the first call only starts the interval
+            psutil.cpu_percent(None)
         except Exception as e:  # noqa: BLE001 - a sampler that cannot start must not stop the script
             self.notes.append(f"no CPU samples: {type(e).__name__}: {e}")
             return
@@ -77,6 +82,7 @@ class Sampler(threading.Thread):
         while not self._done.wait(self.interval):
             try:
                 self.cpu.append(self._cpu(main))
+                self.machine.append(self._machine())
             except Exception as e:  # noqa: BLE001 - the process is exiting; keep what was sampled
                 self.notes.append(f"CPU sampling ended: {type(e).__name__}: {e}")
                 return
@@ -102,6 +108,12 @@ class Sampler(threading.Thread):
                 continue  # exited between the listing and the read
         self._children = alive
         return (t, own, total)
+
+    def _machine(self) -> tuple[float, float, float]:
+        import psutil
+
+        load = os.getloadavg()[0] if hasattr(os, "getloadavg") else -1.0
+        return (time.perf_counter() - self.origin, float(psutil.cpu_percent(None)), float(load))
 
     def _nvml(self) -> Any:
         try:

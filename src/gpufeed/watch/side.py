@@ -1,10 +1,13 @@
-"""The fix, measured: gf.accelerate beside the script's own DataLoader, on a few hundred samples of its dataset.
+"""The fix, measured: gf.accelerate beside the script's own DataLoader, on a part of its dataset that fits a budget.
 
 It runs inside the watched script's process once its measured steps are done (:mod:`gpufeed.watch.hook` calls it
-at the stop or at exit), on the same device and data: ``gf.accelerate`` on the first ``k`` samples (its plan, its
-images per second over an epoch after a warm-up epoch) and the script's ``DataLoader`` rebuilt with the same
-settings on the same samples, iterated alone with each batch copied to the device as training would. If accelerate
-refuses the dataset or its transform, the reason and ``tune_dataloader``'s settings in a small budget instead.
+at the stop or at exit), on the same device and data: one sample piloted through the script's transform sets how
+many of the first samples fit the budget (``k``); then ``gf.accelerate`` on them (its plan, the time it took to
+read them in and what it stored, in memory and in a scratch cache, its images per second over an epoch after a
+warm-up epoch) and the script's ``DataLoader`` rebuilt with the same settings on the same samples, iterated alone
+with each batch copied to the device as training would. If accelerate refuses the dataset or its transform, or
+time is left and the loader has fewer workers than cores, ``tune_dataloader``'s settings in what is left.
+:mod:`gpufeed.watch.predict` turns the figures into the loop's predicted step and the fix's one-time cost.
 
 NOTE [ The script's state is left as found ]
 The measurement draws random numbers (shuffling, accelerate's probe, augmentations) and may build DataLoaders; the
@@ -25,17 +28,20 @@ from __future__ import annotations
 
 import gc
 import math
+import os
 import random
+import tempfile
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, RandomSampler, Subset
 
-from ..device import resolve_device, sync
+from ..device import resolve_device, sync, usable_cores
 from ..errors import ConfigError, DataError, UnsupportedTransformError
 from ..loading.prefetch import map_tensors
 from ..validate import UnbatchableError
@@ -45,12 +51,15 @@ __all__ = ["TUNE_BUDGET_S", "side_measurement", "subset_size"]
 TUNE_BUDGET_S = 15.0  # the most tune_dataloader gets when accelerate refuses
 _SAMPLES = 384  # "a few hundred": enough batches for a rate, little enough to read in seconds
 _MIN_TIMED_S = 0.5  # timed epochs repeat until this much time is measured (tiny subsets run in milliseconds)
+_READ_SHARE = 0.3  # of the budget, for reading the part in (accelerate's read; the script loader's first pass)
+_MIN_TUNE_S = 4.0  # tune_dataloader for the worker advice only when this much of the budget is left
 _REFUSALS = (UnsupportedTransformError, UnbatchableError, ConfigError, DataError)
 
 
 def subset_size(n: int, batch_size: int, num_workers: int = 0) -> int:
-    """How many of ``n`` samples to measure: whole batches, at least 2 (and 2 per worker, up to 8 batches, so
-    every worker delivers more than its first batch), about :data:`_SAMPLES` when the batches are small.
+    """How many of ``n`` samples to measure when time allows: whole batches, at least 2 (and 2 per worker, up to 8
+    batches, so every worker delivers more than its first batch), about :data:`_SAMPLES` when the batches are
+    small. :func:`fitted` cuts it to the budget.
 
     Example:
         >>> subset_size(50_000, 256, 4), subset_size(50_000, 32), subset_size(100, 64)
@@ -60,27 +69,49 @@ def subset_size(n: int, batch_size: int, num_workers: int = 0) -> int:
     return max(1, min(n // batch_size, batches)) * batch_size if n >= batch_size else n
 
 
+def fitted(wanted: int, batch_size: int, sample_s: float, budget_s: float) -> tuple[int, int]:
+    """``(samples, batch size)`` to measure: ``wanted`` (whole batches), cut so that reading them in takes about
+    :data:`_READ_SHARE` of ``budget_s`` at ``sample_s`` a sample (the piloted time of one sample through the
+    script's transform). Fewer samples than one batch are measured at a smaller batch size, never under 2.
+
+    Example:
+        >>> fitted(2048, 256, 0.001, 20.0), fitted(2048, 256, 0.02, 20.0), fitted(384, 32, 2.0, 20.0)
+        ((2048, 256), (256, 256), (3, 3))
+    """
+    cap = max(2, int(_READ_SHARE * budget_s / max(sample_s, 1e-9)))
+    if cap >= wanted:
+        return wanted, batch_size
+    if cap >= batch_size:
+        return cap // batch_size * batch_size, batch_size
+    k = min(cap, wanted)
+    return k, k
+
+
 def side_measurement(loader: DataLoader, budget_s: float = 20.0, device: str | torch.device | None = None) -> dict:
-    """Measure ``gf.accelerate`` and the script's own loader settings on a few hundred samples of its dataset.
+    """Measure ``gf.accelerate`` and the script's own loader settings on a part of its dataset that fits the budget.
 
     Args:
         loader: the script's ``DataLoader`` (the one it iterated most); read, not changed.
-        budget_s: the time this may take, roughly: epochs are only started when they fit in it (the tuning
-            fallback gets at most :data:`TUNE_BUDGET_S`).
+        budget_s: the time this may take: one sample is piloted through the script's transform first, and the
+            part measured is cut so that reading it in takes about a third of the budget; epochs are only
+            started when they fit (the tuning gets what is left, at most :data:`TUNE_BUDGET_S`).
         device: where the script trains (batches are made or copied there).
 
-    Returns a dict (JSON-ready): ``samples``, ``batch_size``, ``device``, ``seconds``, ``notes``; ``script_loader``
-    (``img_s``, ``settings``); and either ``accelerate`` (``plan``: its text, ``img_s``, ``build_s``: reading the
-    samples in) or ``refused`` (``error``: the exception's type, ``reason``) with ``tuned`` (``kwargs``, ``img_s``,
-    ``speedup`` over ``num_workers=0``). Never raises an ``Exception``: any failure gives ``{"error": "..."}``
-    (a ``KeyboardInterrupt`` goes on, the user asked to stop).
+    Returns a dict (JSON-ready): ``samples`` (measured), ``dataset_samples``, ``batch_size`` (the script's),
+    ``measured_batch_size``, ``sample_s`` (the pilot), ``device``, ``budget_s``, ``seconds``, ``notes``;
+    ``script_loader`` (``img_s``, ``settings``); either ``accelerate`` (``plan``: its text, ``img_s``, ``build_s``:
+    reading the part in, ``storage``, ``memory_bytes`` and ``disk_bytes`` for the part (what ``cache="auto"``
+    writes; 0: nothing), ``cache_root``: where a run writes it, ``files_bytes``: the part's image files, when
+    known) or ``refused`` (``error``, ``reason``); and ``tuned`` (``kwargs``, ``img_s``, ``speedup``) when
+    accelerate refused, or when time was left and the loader has fewer workers than cores. Never raises an
+    ``Exception``: any failure gives ``{"error": "..."}`` (a ``KeyboardInterrupt`` goes on).
     """
     start = time.perf_counter()
     try:
         with _random_state_kept():
             out = _measure(loader, float(budget_s), resolve_device(device), start)
     except Exception as e:  # the report says what failed; the script's own exit is not disturbed
-        return {"error": f"{type(e).__name__}: {e}", "seconds": time.perf_counter() - start}
+        return {"error": f"{type(e).__name__}: {e}", "seconds": time.perf_counter() - start, "budget_s": budget_s}
     out["seconds"] = time.perf_counter() - start
     return out
 
@@ -97,43 +128,121 @@ def _measure(loader: DataLoader, budget_s: float, device: torch.device, start: f
             "error": f"{type(dataset).__name__} is an iterable-style dataset: gf.accelerate needs a map-style "
             "dataset (indexable, with a length)"
         }
-    k = subset_size(len(dataset), batch_size, loader.num_workers)
+    n = len(dataset)
+    sample_s = _pilot(dataset, n)
+    k, measured_batch = fitted(subset_size(n, batch_size, loader.num_workers), batch_size, sample_s, budget_s)
     subset = Subset(dataset, range(k))
     # a DistributedSampler (torchrun, Lightning, Accelerate) shuffles when its shuffle says so
     shuffle = isinstance(loader.sampler, RandomSampler) or getattr(loader.sampler, "shuffle", False) is True
-    out: dict[str, Any] = {"samples": k, "batch_size": batch_size, "device": str(device), "notes": []}
-    if k < 2 * batch_size:
-        out["notes"].append(f"the dataset has {len(dataset)} samples: fewer than 2 batches of {batch_size}")
+    out: dict[str, Any] = {
+        "samples": k, "dataset_samples": n, "batch_size": batch_size, "measured_batch_size": measured_batch,
+        "sample_s": sample_s, "device": str(device), "budget_s": budget_s, "notes": [],
+    }  # fmt: skip
+    if measured_batch < batch_size:
+        out["notes"].append(
+            f"measured at batch_size={measured_batch}: one sample took {sample_s * 1e3:.0f} ms through the script's "
+            f"transform, so a batch of {batch_size} would not fit the {budget_s:g} s budget (the rates are per sample)"
+        )
+    elif k < 2 * batch_size:
+        out["notes"].append(f"{k} samples measured: fewer than 2 batches of {batch_size}")
     kind = type(loader.sampler).__name__
     if kind not in ("RandomSampler", "SequentialSampler"):
         order = "shuffled" if shuffle else "in order"
         out["notes"].append(f"the script's {kind} is replaced by the samples {order}, in one process")
     deadline = start + budget_s
+    from ..cache.location import default_cache_dir
     from ..pipeline.accelerate import accelerate
 
-    t0 = time.perf_counter()
-    try:  # rank 0 of 1: every sample of the subset, whatever process group the script set up
-        fast = accelerate(subset, batch_size, shuffle, device=device, cache=False, progress=False, rank=0, world_size=1)
-    except _REFUSALS as e:
-        out["refused"] = {"error": type(e).__name__, "reason": str(e)}
-    else:
-        build_s = time.perf_counter() - t0
-        rate, note = _rate(fast, device, start + budget_s * 0.6)  # the rest for the script's loader
-        out["accelerate"] = {"plan": str(fast.plan), "img_s": rate, "build_s": build_s}
-        out["notes"] += [f"accelerate: {note}"] if note else []
-        del fast
-    out["script_loader"] = _script_rate(loader, subset, shuffle, device, deadline, out["notes"])
-    if "refused" in out:
-        out["tuned"] = _tuned(subset, batch_size, device, min(TUNE_BUDGET_S, max(2.0, deadline - time.perf_counter())))
+    cache_root = str(default_cache_dir())  # where a run of the fix writes its cache: the script's own setting
+    with tempfile.TemporaryDirectory(prefix="gpufeed-side-") as scratch, _cache_dir(scratch):
+        t0 = time.perf_counter()
+        try:  # rank 0 of 1: every sample of the part, whatever process group the script set up. cache="auto"
+            # into a scratch root, as a run would decide it: what it writes is measured, then removed
+            fast = accelerate(
+                subset, measured_batch, shuffle, device=device, cache="auto", progress=False, rank=0, world_size=1
+            )
+        except _REFUSALS as e:
+            out["refused"] = {"error": type(e).__name__, "reason": str(e)}
+        else:
+            build_s = time.perf_counter() - t0
+            rate, note = _rate(fast, device, start + budget_s * 0.6)  # the rest for the script's loader
+            plan = fast.plan
+            shown = str(plan).replace(scratch, "(a scratch folder, removed after)")
+            out["accelerate"] = {
+                "plan": shown, "img_s": rate, "build_s": build_s, "storage": plan.storage,
+                "memory_bytes": int(plan.bytes) if plan.storage != "fallback" else 0,
+                "disk_bytes": _tree_bytes(Path(scratch)), "cache_root": cache_root,
+                "files_bytes": _files_bytes(subset),
+            }  # fmt: skip
+            out["notes"] += [f"accelerate: {note}"] if note else []
+            del fast
+    out["script_loader"] = _script_rate(loader, subset, shuffle, measured_batch, device, deadline, out["notes"])
+    left = deadline - time.perf_counter()
+    if "refused" in out or (loader.num_workers < usable_cores() and left >= _MIN_TUNE_S):
+        budget = min(TUNE_BUDGET_S, max(2.0, left - 1.0))
+        out["tuned"] = _tuned(subset, measured_batch, device, budget)
     return out
 
 
+def _pilot(dataset: Any, n: int) -> float:
+    """Seconds per sample through the script's own ``__getitem__`` (its transform included): the second of two
+    samples (the first pays one-time costs: a lazily opened file, a decoder's tables), or the first alone."""
+    times = []
+    for i in range(min(2, n)):
+        t0 = time.perf_counter()
+        dataset[i]
+        times.append(time.perf_counter() - t0)
+    return times[-1] if times else 0.0
+
+
+@contextmanager
+def _cache_dir(root: str) -> Iterator[None]:
+    """``GPUFEED_CACHE_DIR`` set to ``root`` for accelerate's default cache location, then as it was."""
+    before = os.environ.get("GPUFEED_CACHE_DIR")
+    os.environ["GPUFEED_CACHE_DIR"] = root
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("GPUFEED_CACHE_DIR", None)
+        else:
+            os.environ["GPUFEED_CACHE_DIR"] = before
+
+
+def _tree_bytes(root: Path) -> int:
+    """Bytes of the files under ``root`` (what a cache entry takes on disk)."""
+    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
+
+
+def _files_bytes(subset: Subset) -> int | None:
+    """The bytes of the part's image files, for a dataset that lists them (ImageFolder's ``samples``), through
+    ``Subset``s (their indices mapped down)."""
+    dataset, indices = subset.dataset, list(subset.indices)
+    for _ in range(4):
+        if not isinstance(dataset, Subset):
+            break
+        indices, dataset = [dataset.indices[i] for i in indices], dataset.dataset
+    samples = getattr(dataset, "samples", None)
+    if not isinstance(samples, list) or not samples or not isinstance(samples[0], tuple):
+        return None
+    try:
+        return sum(os.path.getsize(samples[i][0]) for i in indices)
+    except (OSError, TypeError, IndexError):
+        return None
+
+
 def _script_rate(
-    loader: DataLoader, subset: Subset, shuffle: bool, device: torch.device, deadline: float, notes: list[str]
+    loader: DataLoader,
+    subset: Subset,
+    shuffle: bool,
+    batch_size: int,
+    device: torch.device,
+    deadline: float,
+    notes: list[str],
 ) -> dict[str, Any]:
-    """The script's settings on ``subset``: img/s with each batch copied to ``device``."""
+    """The script's settings on ``subset`` (at ``batch_size``): img/s with each batch copied to ``device``."""
     settings: dict[str, Any] = {
-        "batch_size": loader.batch_size,
+        "batch_size": batch_size,
         "shuffle": shuffle,
         "num_workers": loader.num_workers,
         "pin_memory": loader.pin_memory,

@@ -42,7 +42,7 @@ def report_text(r: WatchReport) -> str:
     """The printed report: how the script ended, the verdict and its evidence, the loaders, the fix, the notes."""
     from .analyse import NO_LOADER, TOO_FEW
 
-    lines = [f"gpufeed diagnose: {' '.join(r.command)}", *_ending(r.exit), ""]
+    lines = [f"gpufeed diagnose: {' '.join(r.command)}", *_ending(r.exit, r.status, r.verdict == NO_LOADER), ""]
     if r.verdict == NO_LOADER:
         lines += [
             "verdict: no loader found: no DataLoader was iterated",
@@ -56,12 +56,21 @@ def report_text(r: WatchReport) -> str:
         verdict = diagnosis_text(r.diagnosis).splitlines()
         evidence = next((i for i, line in enumerate(verdict) if not line.startswith(("verdict", "  "))), len(verdict))
         if r.cpu is not None:  # with the evidence, before the findings
-            state = "saturated" if r.cpu["saturated"] else "not saturated"
+            state = "saturated by the script" if r.cpu["saturated"] else "not saturated by the script"
+            machine = ""
+            if r.machine is not None:
+                busy = "busy" if r.machine["busy"] else "not busy"
+                machine = (
+                    f"; the machine {r.machine['percent']:.0f}% of its {r.machine['cores']:.0f} cores, every process "
+                    f"counted (load {r.machine['load']:.1f}): {busy}"
+                )
             verdict.insert(
                 evidence,
                 f"  CPU while the steps ran: main process {r.cpu['main_percent']:.0f}%, loader workers "
-                f"{r.cpu['workers_percent']:.0f}% of one core; {r.cpu['cores']:.0f} usable cores {state}",
+                f"{r.cpu['workers_percent']:.0f}% of one core; {r.cpu['cores']:.0f} usable cores {state}{machine}",
             )
+        if not r.diagnosis.findings:  # gf.diagnose's "no findings" line: the worth line below says it better
+            verdict = [line for line in verdict if not line.startswith("- no findings")]
         lines += verdict
     if r.world_size > 1 and r.ranks:
         lines += [
@@ -78,6 +87,16 @@ def report_text(r: WatchReport) -> str:
         lines += ["", *_as_found(r.main)]
     lines += _fix(r)
     lines += [f"note: {n}" for n in r.notes]
+    if r.verify is not None:
+        from .verify import verify_text
+
+        lines += ["", *verify_text(r.verify)]
+    if r.diagnosis is not None:
+        from .fixes import worth
+
+        lines += ["", f"worth doing: {worth(r)}"]
+        if r.change is not None and r.verify is None and r.verdict == "data-bound":
+            lines.append(f"  check it on this script: gpufeed diagnose --verify -- {' '.join(r.command)}")
     return "\n".join(lines)
 
 
@@ -98,7 +117,12 @@ def save_plot(r: WatchReport, path: Path) -> None:
     plt.close(fig)
 
 
-def _ending(exit: str) -> list[str]:
+def _ending(exit: str, status: int | None = None, nothing: bool = False) -> list[str]:
+    if status not in (None, 0) and nothing and exit == "finished":
+        return [
+            f"!! the command exited with status {status} before taking a batch: did it start? (its own output "
+            "above says why: a missing file, a bad argument)"
+        ]
     if exit.startswith("crashed"):
         return [f"!! the script crashed ({exit.partition(': ')[2]}); what follows is what was measured before it"]
     if exit.startswith("interrupted"):
@@ -107,6 +131,8 @@ def _ending(exit: str) -> list[str]:
         ]
     if exit == "no record":
         return ["!! no process of the script wrote a record"]
+    if exit == "finished" and status not in (None, 0):
+        return [f"(the script finished with exit status {status})"]
     return [f"(the script {'was stopped by gpufeed after the measured steps' if exit == 'stopped' else exit})"]
 
 
@@ -129,7 +155,8 @@ def _as_found(s: LoaderSummary) -> list[str]:
 
 
 def _fix(r: WatchReport) -> list[str]:
-    """The side measurement's figures and the code change, under the heading the verdict gives them."""
+    """The side measurement's figures, the prediction for the loop and the code change, under the heading the
+    verdict gives them."""
     side, lines = r.side, []
     data_bound = r.verdict == "data-bound"
     if side is not None:
@@ -137,18 +164,70 @@ def _fix(r: WatchReport) -> list[str]:
         if "error" in side:
             lines += ["", f"{head}: the side measurement failed: {side['error']}"]
         else:
-            lines += ["", f"{head}: {side.get('samples')} samples on {side.get('device')} after the script's steps"]
+            k, n = side.get("samples"), side.get("dataset_samples")
+            of = f" of {n:,}" if n and n != k else ""
+            spent = f"; {side['seconds']:.1f} s of a {side['budget_s']:g} s budget" if "budget_s" in side else ""
+            lines += ["", f"{head}: {k:,}{of} samples on {side.get('device')} after the script's steps{spent}"]
             lines += _side_figures(side)
+    if r.prediction is not None:
+        lines += ["", *_prediction(r.prediction)]
     if data_bound:
         if r.code_change is not None:
             caveat = (
                 "" if side and "accelerate" in side else " (not measured: accelerate may still refuse the pipeline)"
             )
-            lines += ["", f"code change (with `import gpufeed as gf`){caveat}:"]
+            where = f" at {r.change['built_at']}" if r.change and r.change.get("built_at") else ""
+            lines += ["", f"code change{where} (with `import gpufeed as gf`){caveat}:"]
             lines += [f"    {line}" for line in r.code_change.splitlines()]
+            lines += [f"  ({n})" for n in (r.change or {}).get("notes", [])]
+            if (r.change or {}).get("diff"):
+                lines.append(f"  the whole diff: {r.change['diff']} (apply with: patch -p1 < {r.change['diff']})")
         elif r.no_change_reason:
             lines += ["", f"no code change suggested: {r.no_change_reason}"]
     return lines
+
+
+def _prediction(p: dict[str, Any]) -> list[str]:
+    """The loop now and with the fix, the one-time cost and what the fix stores where."""
+    fix = "gf.accelerate" if p["fix"] == "accelerate" else "the tuned settings"
+    lines = [
+        f"the loop, predicted with {fix}:",
+        f"  now:      {p['step_s'] * 1e3:.2f} ms a step ({p['wait_s'] * 1e3:.2f} ms waiting for data, "
+        f"{p['rest_s'] * 1e3:.2f} ms the rest)",
+        f"  with it:  {p['new_step_s'] * 1e3:.2f} ms a step ({p['new_wait_s'] * 1e3:.2f} ms making the batch): "
+        f"{p['speedup']:.2f}x; at most {p['bound']:.2f}x if the data cost nothing (the rest of the step unchanged)",
+    ]
+    if p["fix"] == "accelerate" and p.get("contended", 0) >= 0.25:
+        lines.append(
+            f"            (the script's workers used {p['contended']:.1f} cores while the steps ran: without them the "
+            "rest of the step may shrink too, which is not predicted; the gain can exceed both figures)"
+        )
+    if p.get("one_time_s"):
+        steps = p.get("payback_steps")
+        repaid = "never (no step is saved)" if steps is None else f"after {steps:,.0f} steps"
+        if steps is not None and p.get("steps_per_epoch"):
+            repaid += f" ({steps / p['steps_per_epoch']:.2g} epochs of {p['steps_per_epoch']:,} steps)"
+        scale = f", extrapolated {p['scale']:.3g}x from the part measured" if p.get("scale", 1) > 1.001 else ""
+        lines.append(f"  once:     {p['one_time_s']:.1f} s before the first batch (importing gpufeed, reading the "
+                     f"dataset in{scale}); repaid {repaid}")  # fmt: skip
+    if p.get("memory_bytes") is not None:
+        on = "in memory" if p.get("device", "cpu").startswith("cpu") else f"on {p['device']}"
+        where = {"device": on, "pinned": "in pinned host memory", "mmap": "in a memory-mapped file"}
+        held = f"  stores:   {_bytes(p['memory_bytes'])} {where.get(p.get('storage') or '', 'held')}"
+        if p.get("disk_bytes"):
+            held += f", and writes {_bytes(p['disk_bytes'])} of cache under {p.get('cache_root')} (cache=False: none)"
+        else:
+            held += ", nothing on disk"
+        if p.get("files_bytes"):
+            held += f"; the image files take {_bytes(p['files_bytes'])}"
+        lines.append(held)
+    return lines
+
+
+def _bytes(n: int) -> str:
+    from ..device import fmt_bytes
+
+    return fmt_bytes(n)
 
 
 def _side_figures(side: dict[str, Any]) -> list[str]:
@@ -157,15 +236,15 @@ def _side_figures(side: dict[str, Any]) -> list[str]:
     lines = []
     if "accelerate" in side:
         fast = side["accelerate"]
-        times = f" ({fast['img_s'] / script:.1f}x)" if script else ""
         lines += ["  gf.accelerate's plan:", *[f"      {x}" for x in str(fast["plan"]).splitlines()]]
         lines.append(
-            f"  gf.accelerate: {fast['img_s']:.0f} img/s (after {fast['build_s']:.1f} s reading the samples in); "
-            f"the script's DataLoader settings: {own}{times}"
+            f"  the loader alone: gf.accelerate {fast['img_s']:.0f} img/s (after {fast['build_s']:.1f} s reading the "
+            f"samples in); the script's DataLoader settings {own}"
         )
     elif "refused" in side:
         lines.append(f"  gf.accelerate refused it: {side['refused']['error']}: {side['refused']['reason']}")
-        tuned = side.get("tuned") or {}
+    tuned = side.get("tuned")
+    if tuned:
         kwargs = ", ".join(f"{k}={v!r}" for k, v in tuned.get("kwargs", {}).items())
         rate = "-" if tuned.get("img_s") is None else f"{tuned['img_s']:.0f} img/s"
         lines.append(

@@ -1,0 +1,190 @@
+"""``gpufeed diagnose --verify -- CMD``: the suggested change, applied to a copy of the script and run, measured.
+
+The user's files are never written. The file that builds the loader is copied, changed (:func:`file_change`), into
+a scratch folder that mirrors the script's folder: every other entry there is a link to the user's own (so the
+script's sibling modules import, and paths found from ``__file__`` lead to the same data), and the folders on the
+way to the changed file are real folders holding links. The command runs again with the copy in the script's
+place, for the same steps, under the same hook, with gpufeed's cache in the scratch folder (its size is measured,
+then it goes with the folder) and no bytecode written. Before and after are then compared: the step
+(its wait and the rest), samples per second, and the time to the first batch, whose difference is the fix's
+one-time cost (importing gpufeed, reading the data in); beside what the report predicted.
+
+Example:
+    >>> script_of(["python", "-u", __file__, "--lr", "0.1"]) == Path(__file__).resolve()
+    True
+    >>> script_of(["python", "-m", "pkg.train"]) is None
+    True
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .advice import file_change
+
+if TYPE_CHECKING:
+    from .analyse import WatchReport
+
+__all__ = ["diff_name", "prepare", "script_of", "verify", "verify_text"]
+
+
+def script_of(cmd: list[str]) -> Path | None:
+    """The Python file the command runs (``python [opts] FILE``, ``torchrun [opts] FILE``, ``./FILE``), resolved;
+    None for ``python -m module`` or when no argument is an existing ``.py`` file."""
+    for token in cmd:
+        if token in ("-m", "--module", "-c"):
+            return None
+        if token.endswith(".py") and not token.startswith("-") and os.path.isfile(token):
+            return Path(token).resolve()
+    return None
+
+
+def diff_name(file: str) -> str:
+    """The changed file's name in the diff: relative to the current directory when inside it (``patch -p1`` run
+    there applies it), else as it is."""
+    path = Path(file).resolve()
+    try:
+        return str(path.relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+def prepare(report: WatchReport, out: Path) -> tuple[str, str] | None:
+    """``(changed text, diff)`` of the report's change, the diff written to ``out/fix.diff`` and named in the
+    report; None when the report has no change or its file cannot be read as it was (the script changed since)."""
+    from .analyse import change_of
+
+    change, c = change_of(report), report.change
+    if change is None or c is None or not c.get("file") or not c.get("line"):
+        return None
+    try:
+        text = Path(c["file"]).read_text()
+        new, diff = file_change(text, c["line"], change, diff_name(c["file"]))
+    except (OSError, SyntaxError, ValueError, UnicodeDecodeError) as e:
+        report.notes.append(f"the code change could not be applied to {c['file']}: {type(e).__name__}: {e}")
+        return None
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "fix.diff").write_text(diff)
+    c["diff"] = str(out / "fix.diff")
+    return new, diff
+
+
+def verify(
+    cmd: list[str], before: WatchReport, changed: str, steps: int, seconds: float | None, side_s: float
+) -> dict[str, Any]:
+    """Run ``cmd`` with the change applied to a copy and return before, after and the prediction side by side (a
+    dict, JSON-ready; ``error`` when it could not run)."""
+    from .analyse import report
+    from .record import read_records
+    from .run import _run, _script_records, child_env
+
+    file = Path(before.change["file"]).resolve() if before.change else None
+    script = script_of(cmd)
+    root = script.parent if script is not None else Path.cwd().resolve()
+    if file is None or not file.is_relative_to(root):
+        return {"error": f"the loader is built in {file}, outside the script's folder {root}: change it there by hand"}
+    scratch = Path(tempfile.mkdtemp(prefix="gpufeed-verify-"))
+    try:
+        mirror = scratch / "script"
+        _mirror(root, mirror, file.relative_to(root), changed)
+        run_cmd, cwd = list(cmd), None
+        if script is not None:
+            run_cmd[run_cmd.index(next(t for t in cmd if t.endswith(".py") and Path(t).resolve() == script))] = str(
+                mirror / script.relative_to(root)
+            )
+        else:
+            cwd = str(mirror)  # python -m: the modules are found from the current directory
+        watch_dir = scratch / "watch"
+        watch_dir.mkdir()
+        env = child_env(watch_dir, steps, False)
+        # bytecode is read as usual but not written: not beside a linked module of the user's (a prefix for the
+        # whole cache would recompile torch's thousands of modules and count it in the one-time cost)
+        env.update(GPUFEED_CACHE_DIR=str(scratch / "cache"), PYTHONDONTWRITEBYTECODE="1")
+        env["GPUFEED_WATCH_SIDE_SECONDS"] = str(side_s)
+        print(f"gpufeed diagnose --verify: running the command again on a copy with the change ({mirror})", flush=True)
+        status = _run(run_cmd, env, seconds, cwd)
+        records = _script_records(read_records(watch_dir))
+        cache = sum(p.stat().st_size for p in (scratch / "cache").rglob("*") if p.is_file())
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    if not records:
+        return {"error": f"the changed script wrote no record (exit status {status})", "status": status}
+    after = report(records)
+    return {
+        "status": status,
+        "command": run_cmd,
+        "before": _figures(before),
+        "after": _figures(after),
+        "after_exit": after.exit,
+        "predicted": before.prediction,
+        "cache_bytes": cache,
+    }
+
+
+def _figures(r: WatchReport) -> dict[str, Any]:
+    main = r.main
+    return {
+        "verdict": r.verdict,
+        "step_s": r.step_s,
+        "wait_fraction": r.data_wait_fraction,
+        "img_s": main.img_s if main else None,
+        "first_batch_s": main.first_batch_s if main else None,
+        "batches": main.batches if main else 0,
+        "loader": f"{main.cls} at {main.name}" if main else None,
+    }
+
+
+def verify_text(v: dict[str, Any]) -> list[str]:
+    """The verification as a person reads it: before, after and predicted side by side."""
+    if "error" in v:
+        return [f"verified: not run: {v['error']}"]
+    b, a, p = v["before"], v["after"], v.get("predicted") or {}
+    if a["step_s"] is None or b["step_s"] is None:
+        return [f"verified: the changed script ran ({a['batches']} batches, {v['after_exit']}): too few to compare"]
+    measured = b["step_s"] / a["step_s"]
+    once = (a["first_batch_s"] or 0.0) - (b["first_batch_s"] or 0.0)
+
+    def row(name: str, before: str, after: str, predicted: str = "") -> str:
+        return f"  {name:<18}{before:>12}{after:>12}{predicted:>12}"
+
+    lines = [
+        f"verified on this script (exit status {v['status']}; the change ran from a copy, your files unchanged):",
+        row("", "before", "after", "predicted"),
+        row(
+            "step",
+            f"{b['step_s'] * 1e3:.2f} ms",
+            f"{a['step_s'] * 1e3:.2f} ms",
+            f"{p['new_step_s'] * 1e3:.2f} ms" if p else "",
+        ),  # fmt: skip
+        row("waiting", f"{b['wait_fraction']:.0%}", f"{a['wait_fraction']:.0%}"),
+        row("samples/s", f"{b['img_s']:.0f}" if b["img_s"] else "-", f"{a['img_s']:.0f}" if a["img_s"] else "-"),
+        row("speed-up", "", f"{measured:.2f}x", f"{p['speedup']:.2f}x" if p else ""),
+        row("first batch at", f"{b['first_batch_s']:.1f} s", f"{a['first_batch_s']:.1f} s"),
+        row("one-time cost", "", f"{once:+.1f} s", f"{p['one_time_s']:+.1f} s" if p.get("one_time_s") else ""),
+    ]
+    lines.append(f"  the loop's loader after: {a['loader']}; {a['batches']} batches measured")
+    if v.get("cache_bytes"):
+        from ..device import fmt_bytes
+
+        lines.append(f"  the changed run wrote {fmt_bytes(v['cache_bytes'])} of cache (in the scratch folder, removed)")
+    return lines
+
+
+def _mirror(root: Path, mirror: Path, changed_rel: Path, text: str) -> None:
+    """``mirror``: ``root``'s entries as links, but real folders down to ``changed_rel``, which holds ``text``."""
+    here, target = root, mirror
+    parts = changed_rel.parts
+    for depth, part in enumerate(parts):
+        target.mkdir(parents=True, exist_ok=True)
+        for entry in here.iterdir():
+            if entry.name in (part, "__pycache__"):
+                continue
+            (target / entry.name).symlink_to(entry, target_is_directory=entry.is_dir())
+        if depth == len(parts) - 1:
+            (target / part).write_text(text)
+            shutil.copymode(here / part, target / part)
+        here, target = here / part, target / part

@@ -256,9 +256,12 @@ def test_the_file_change_keeps_line_numbers_adds_the_import_once_and_its_diff_ap
     assert lines[3] == "import gpufeed as gf" and lines[4] == "import torch"  # after __future__, before the imports
     assert lines[9] == "    loader = gf.accelerate(ds, batch_size=8, shuffle=False)"
     assert lines[12] == "    return loader  # line 12" and len(lines) == len(text.splitlines()) + 1
-    assert file_change(new, 10, Change("gf.accelerate(ds, batch_size=8, shuffle=False)", "x()"))[0].count(
-        "import gpufeed as gf"
-    ) == 1
+    assert (
+        file_change(new, 10, Change("gf.accelerate(ds, batch_size=8, shuffle=False)", "x()"))[0].count(
+            "import gpufeed as gf"
+        )
+        == 1
+    )
     (tmp_path / "train.py").write_text(text)
     (tmp_path / "fix.diff").write_text(diff)
     subprocess.run(["patch", "-p1", "-i", "fix.diff"], cwd=tmp_path, check=True, capture_output=True)

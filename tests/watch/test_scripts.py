@@ -321,8 +321,14 @@ def test_an_accelerate_script_is_data_bound_and_its_prepared_loader_found(tmp_pa
     [own] = [loader for loader in report["loaders"] if not loader["main"]]
     assert (own["batches"], own["sampler"]) == (0, "RandomSampler")
     assert main["sampler"] == "RandomSampler"  # the order Accelerate's shard serves: the script's sampler
-    # no rewrite of accelerator.prepare(...): the DataLoader(...) the script passes to it is the one to change
-    assert report["code_change"] is None and "built inside `accelerator.prepare(...)`" in report["no_change_reason"]
+    # no rewrite of accelerator.prepare(...): the DataLoader(...) the script passes to it is the one changed, at its
+    # own line, and the note says prepare() passes a gpufeed loader through
+    assert report["code_change"] == (
+        "- DataLoader(SlowFeatures(64, args.sample_s), batch_size=8, shuffle=True)\n"
+        "+ gf.accelerate(SlowFeatures(64, args.sample_s), batch_size=8, shuffle=True)"
+    )
+    assert report["change"]["built_at"] == own["built_at"]
+    assert any("prepare() / the Trainer pass a gpufeed loader through" in n for n in report["change"]["notes"])
 
 
 @pytest.mark.slow

@@ -25,10 +25,14 @@ def test_import_initialises_no_cuda_changes_no_torch_global_and_leaves_torchvisi
         "import sys, torch; before = (torch.get_default_dtype(), torch.backends.cudnn.benchmark, torch.initial_seed());"
         "import gpufeed, gpufeed.augment;"
         "after = (torch.get_default_dtype(), torch.backends.cudnn.benchmark, torch.initial_seed());"
-        "print(torch.cuda.is_initialized(), before == after, 'torchvision' in sys.modules)"
+        "print(torch.cuda.is_initialized(), before == after, 'torchvision' in sys.modules);"
+        # the lazy API: each name loads on first use, and gf.diagnose stays the function once its module is loaded
+        "import gpufeed.diagnose, gpufeed.pipeline.stream;"
+        "print(gpufeed.diagnose is sys.modules['gpufeed.diagnose'].diagnose, callable(gpufeed.stream),"
+        " gpufeed.DeviceLoader.__module__)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
-    assert out == ["False", "True", "False"]
+    assert out == ["False", "True", "False", "True", "True", "gpufeed.loading.loader"]
 
 
 def test_the_code_passes_the_linter_the_formatter_and_the_type_checker():

@@ -18,15 +18,21 @@ def test_public_api_names_from_design_are_exported():
     assert expected | {"Cutout", "ConvertDtype"} <= set(augment.__all__)
 
 
-def test_import_initialises_no_cuda_and_changes_no_torch_global():
+def test_import_initialises_no_cuda_changes_no_torch_global_and_leaves_torchvision_unimported():
+    # torchvision is imported where it is used: importing it imports torch._dynamo (torchvision.ops), 3-4 s that
+    # every process would pay on `import gpufeed` (the CLI, each rank, each script the tests start)
     code = (
-        "import torch; before = (torch.get_default_dtype(), torch.backends.cudnn.benchmark, torch.initial_seed());"
+        "import sys, torch; before = (torch.get_default_dtype(), torch.backends.cudnn.benchmark, torch.initial_seed());"
         "import gpufeed, gpufeed.augment;"
         "after = (torch.get_default_dtype(), torch.backends.cudnn.benchmark, torch.initial_seed());"
-        "print(torch.cuda.is_initialized(), before == after)"
+        "print(torch.cuda.is_initialized(), before == after, 'torchvision' in sys.modules);"
+        # the lazy API: each name loads on first use, and gf.diagnose stays the function once its module is loaded
+        "import gpufeed.diagnose, gpufeed.pipeline.stream;"
+        "print(gpufeed.diagnose is sys.modules['gpufeed.diagnose'].diagnose, callable(gpufeed.stream),"
+        " gpufeed.DeviceLoader.__module__)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
-    assert out == ["False", "True"]
+    assert out == ["False", "True", "False", "True", "True", "gpufeed.loading.loader"]
 
 
 def test_the_code_passes_the_linter_the_formatter_and_the_type_checker():

@@ -132,29 +132,34 @@ def test_a_worker_killed_while_the_training_step_runs_leaves_a_loader_that_recov
 
 def test_an_eof_from_a_worker_the_kernel_has_not_reaped_yet_is_still_a_worker_death():
     # A worker killed while passing a batch's shared memory: the parent reads EOF before the process is gone.
-    import time
-
+    # The worker reports itself gone at its n-th is_alive() (not after a time, which a loaded machine could reach
+    # before the first ask): what is asked once and what is asked again is then the same at any speed.
     from gpufeed.workers import workers_that_died
 
     class Worker:
         pid, exitcode = 4321, -signal.SIGKILL
 
-        def __init__(self, dies_at):
-            self.dies_at = dies_at
+        def __init__(self, alive_for):
+            self.asks, self.alive_for = 0, alive_for
 
         def is_alive(self):
-            return time.monotonic() < self.dies_at
+            self.asks += 1
+            return self.asks <= self.alive_for
 
     class Iterator:
         _shutdown = False
 
-        def __init__(self, delay):
-            self._workers = [Worker(time.monotonic() + 10**6), Worker(time.monotonic() + delay)]
+        def __init__(self, alive_for):
+            self._workers = [Worker(10**9), Worker(alive_for)]
 
-    assert workers_that_died(Iterator(0.3), EOFError()) == ["1 (pid 4321) was killed by SIGKILL"]
-    assert workers_that_died(Iterator(0.3), ConnectionResetError()) == ["1 (pid 4321) was killed by SIGKILL"]
-    assert workers_that_died(Iterator(0.3), ValueError("a sample's own error")) == []  # answered at once
-    assert workers_that_died(Iterator(60), EOFError(), wait_s=0.2) == []  # not a death after all: the error stands
+    eof = Iterator(3)
+    assert workers_that_died(eof, EOFError()) == ["1 (pid 4321) was killed by SIGKILL"]
+    assert eof._workers[1].asks == 4  # asked again (every 0.05 s, up to 5 s) until it reported itself gone
+    assert workers_that_died(Iterator(3), ConnectionResetError()) == ["1 (pid 4321) was killed by SIGKILL"]
+    other = Iterator(3)
+    assert workers_that_died(other, ValueError("a sample's own error")) == []  # answered at once
+    assert other._workers[1].asks == 1
+    assert workers_that_died(Iterator(10**9), EOFError(), wait_s=0.2) == []  # not a death after all: the error stands
 
 
 def test_torchs_sigchld_handler_firing_while_gpufeed_waits_for_the_dead_worker_is_taken_as_that_death(monkeypatch):

@@ -326,18 +326,20 @@ def test_two_ranks_under_torchrun_serve_the_engines_order_share_a_quarter_cache_
     assert rest == {i: two[i] for i in rest}
 
 
-def test_an_index_of_a_thousand_shards_serves_its_first_batch_within_5_seconds(data, tmp_path):
+def test_an_index_of_a_thousand_shards_serves_its_first_batch_fetching_only_the_batchs_shards(data, tmp_path):
+    # What makes a first batch slow at a thousand shards is fetching (or opening) shards it does not need: counted
+    # here, not timed (a time bound failed on a loaded machine; gpu_check's stream part times the first batch)
     remote = replicate(data, tmp_path / "many", 1000)
-    start = time.perf_counter()
     with Shards(tmp_path / "cache", str(remote)) as shards:
         settings = StreamSettings(64, 1, shuffle=True)
         plan = plan_epoch(shards.index.samples_per_shard, settings, Layout(), 0)
         first = shards.read(plan.batch(0))
-        elapsed = time.perf_counter() - start
+        needed = {shards.index.basenames[k] for k in shards.index.locate(plan.batch(0))[0].tolist()}
+        fetched = {p.name for p in (tmp_path / "cache").glob("shard.*.mds")}
     assert shards.index.num_shards == 1000 and len(first.images) == 64
     original = {i: payload(i) for i in range(300)}
     assert all(bytes(b) in original.values() for b in first.images)
-    assert elapsed < 5, f"first batch after {elapsed:.2f} s"
+    assert 1 < len(needed) <= 64 and fetched == needed, (len(fetched), len(needed))  # shuffled: several shards
 
 
 def test_a_damaged_index_a_closed_reader_and_a_bad_order_in_a_state_are_typed_errors(data, tmp_path):

@@ -17,7 +17,6 @@ from collections.abc import Sequence
 
 import numpy
 import torch
-from torchvision.transforms import InterpolationMode
 
 from .fixed_point import fixed_resized_crop
 
@@ -83,6 +82,9 @@ def resize_on_cpu(
     """Each ``(C, h, w)`` crop resized by the user's own library, stacked: exact by definition. torchvision v2's
     ``resize`` ("torch": its vectorised uint8 kernel, 30-50x faster than a batched gather on the CPU, fed
     channels-last), v1's ("float": through float32), or Pillow ("pil")."""
+    # torchvision here, not at the top: importing it imports torch._dynamo (torchvision.ops), 3-4 s of every
+    # `import gpufeed` that most processes never pay back
+    from torchvision.transforms import InterpolationMode
     from torchvision.transforms.functional import resize as v1_resize
     from torchvision.transforms.v2.functional import resize as v2_resize
 

@@ -295,7 +295,7 @@ def _import_line(tree: ast.Module) -> int:
     k = 0
     if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant):
         k = 1  # the module's docstring
-    while k < len(body) and isinstance(body[k], ast.ImportFrom) and body[k].module == "__future__":
+    while k < len(body) and getattr(body[k], "module", None) == "__future__":
         k += 1
     rest = body[k:]
     target = next((n for n in rest if isinstance(n, (ast.Import, ast.ImportFrom))), rest[0] if rest else None)

@@ -87,7 +87,12 @@ def predict(wait_s: float, rest_s: float, side: dict[str, Any] | None, world_siz
     n, k = side.get("dataset_samples") or side.get("samples") or 0, side.get("samples") or 0
     scale = n / k if k else 1.0
     per_epoch = math.ceil(n / (batch * max(1, world_size))) if n else 0
-    common = {"step_s": step, "wait_s": wait_s, "rest_s": rest_s, "bound": step / rest_s if rest_s > 0 else math.inf}
+    common: dict[str, Any] = {
+        "step_s": step,
+        "wait_s": wait_s,
+        "rest_s": rest_s,
+        "bound": step / rest_s if rest_s > 0 else math.inf,
+    }
     fast = side.get("accelerate")
     if fast and fast.get("img_s"):
         new_wait = batch / fast["img_s"]

@@ -167,6 +167,7 @@ def _measure(loader: DataLoader, budget_s: float, device: torch.device, start: f
             build_s = time.perf_counter() - t0
             rate, note = _rate(fast, device, start + budget_s * 0.6)  # the rest for the script's loader
             plan = fast.plan
+            assert plan is not None  # accelerate attaches its plan to every loader it builds
             shown = str(plan).replace(scratch, "(a scratch folder, removed after)")
             out["accelerate"] = {
                 "plan": shown, "img_s": rate, "build_s": build_s, "storage": plan.storage,

@@ -180,8 +180,9 @@ def _fix(r: WatchReport) -> list[str]:
             lines += ["", f"code change{where} (with `import gpufeed as gf`){caveat}:"]
             lines += [f"    {line}" for line in r.code_change.splitlines()]
             lines += [f"  ({n})" for n in (r.change or {}).get("notes", [])]
-            if (r.change or {}).get("diff"):
-                lines.append(f"  the whole diff: {r.change['diff']} (apply with: patch -p1 < {r.change['diff']})")
+            diff = (r.change or {}).get("diff")
+            if diff:
+                lines.append(f"  the whole diff: {diff} (apply with: patch -p1 < {diff})")
         elif r.no_change_reason:
             lines += ["", f"no code change suggested: {r.no_change_reason}"]
     return lines

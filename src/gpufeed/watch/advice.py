@@ -148,11 +148,12 @@ def _runtime(args: dict[str, str], loader: LoaderRecord, notes: list[str]) -> li
     """Settle ``sampler=``, ``batch_sampler=`` and ``collate_fn=`` by what the run passed (``args`` is changed in
     place); what accelerate cannot take over is returned, one reason each."""
     blocking = []
+    known = loader.batch_sampler != "?"  # a record made by the hook (run facts), not one from the text alone
     if args.get("sampler", "None") != "None":
         if loader.shuffle is None:
             blocking.append(
                 "a sampler= decides the order of samples itself"
-                + (f" (a {loader.sampler} in this run)" if loader.batch_sampler != "?" else "")
+                + (f" (a {loader.sampler} in this run)" if known else "")
                 + "; gf.accelerate draws its own order (shuffle=, seed=, and each rank's share under torch.distributed)"
             )
         else:
@@ -169,7 +170,7 @@ def _runtime(args: dict[str, str], loader: LoaderRecord, notes: list[str]) -> li
         if loader.batch_sampler is not None:
             blocking.append(
                 "batch_sampler="
-                + (f" is a {loader.batch_sampler}, which" if loader.batch_sampler != "?" else "")
+                + (f" is a {loader.batch_sampler}, which" if known else "")
                 + " decides the batches themselves; gf.accelerate makes fixed-size batches"
             )
         else:

@@ -28,25 +28,23 @@ an evaluation pass does not count), where the process exits with status 0.
 
 from __future__ import annotations
 
-import ast
 import atexit
 import importlib
-import importlib.abc
 import os
-import signal
 import sys
 import threading
 import time
 import types
 import weakref
-from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
 
-from .clock import DeviceClock, nvml_index
+from .clock import nvml_index
 from .found import batch_samples, loader_record, where_built
-from .record import FIRST_BATCH, LoaderRecord, ProcessRecord
-from .sampler import Sampler, usable_cores
+from .patching import PatchOnImport
+from .record import FIRST_BATCH
+from .signals import install_handlers
+from .state import State, Watched
 
 __all__ = ["install"]
 
@@ -55,61 +53,7 @@ _STATEFUL_MODULE = "torchdata.stateful_dataloader.stateful_dataloader"  # Statef
 _GPUFEED_MODULE = "gpufeed.loading.epochs"  # gpufeed's own loaders: a script already fixed (diagnose --verify)
 
 
-@dataclass
-class _Watched:
-    """One loader: its record, a weak reference to it (for the side measurement) and its CUDA clock."""
-
-    record: LoaderRecord
-    loader: Any  # weakref.ref to the DataLoader
-    # what the side measurement reads of a DataLoader (its dataset and settings), kept after the script dropped it
-    # (a loader local to main() is gone at exit); not the loader itself, whose persistent workers would live on
-    settings: Any = None
-    clock: DeviceClock = field(default_factory=DeviceClock)
-    trained: int = 0  # batches asked for with autograd on (record.training_batches, counted as they come)
-
-
-class _State:
-    """The process's measurement; one instance, made by install()."""
-
-    def __init__(self, directory: str) -> None:
-        self.directory = directory
-        self.pid = os.getpid()
-        self.started = time.time()
-        self.origin = time.perf_counter()
-        self.steps = int(os.environ.get("GPUFEED_WATCH_STEPS", "0") or 0)
-        self.side = os.environ.get("GPUFEED_WATCH_SIDE", "0") == "1"
-        self.side_seconds = float(os.environ.get("GPUFEED_WATCH_SIDE_SECONDS", "20") or 20)
-        # the first process of the watched command; the processes it starts (torchrun's ranks) write a record only
-        # when they built a loader, so multiprocessing's helpers and spawned workers write none
-        self.root = "GPUFEED_WATCH_ROOT" not in os.environ
-        os.environ.setdefault("GPUFEED_WATCH_ROOT", str(self.pid))
-        self.watched: list[_Watched] = []
-        self.notes: list[str] = []
-        self.exit: str | None = None
-        self.side_result: dict[str, Any] | None = None
-        self.side_done = False  # the side measurement at the end was made (or found nothing to do)
-        self.paused = False  # True during the side measurement: its loaders are not the script's
-        self.cuda = False  # True once the script has initialised CUDA
-        self.first_batch = False  # True once a loader of this process served a batch
-        self.gpu_index = int(os.environ.get("LOCAL_RANK", "0") or 0)
-        self.sampler: Sampler | None = None
-        self.torch: Any = None
-        self.sources: dict[str, ast.AST | None] = {}
-        # a batch's four entries go in together: another thread's iterator (a prefetching thread, a second loader
-        # iterated in a thread) must not interleave its own between them
-        self.lock = threading.Lock()
-
-    def note(self, what: str, e: BaseException) -> None:
-        if len(self.notes) < 50:
-            self.notes.append(f"{what}: {type(e).__name__}: {e}")
-
-    def start_sampler(self) -> None:
-        if self.sampler is None:
-            self.sampler = Sampler(self.pid, origin=self.origin, gpu_index=lambda: self.gpu_index)
-            self.sampler.start()
-
-
-_state: _State | None = None
+_state: State | None = None
 
 
 def install(directory: str | None = None) -> None:
@@ -125,51 +69,16 @@ def install(directory: str | None = None) -> None:
     directory = directory or os.environ.get("GPUFEED_WATCH_DIR")
     if not directory or _state is not None:
         return
-    _state = state = _State(directory)
+    _state = state = State(directory)
     if state.root:
         state.start_sampler()
     atexit.register(_at_exit)
-    _install_signal_handlers()
+    install_handlers(_on_signal, _note)
     patches = {_DATALOADER_MODULE: _patch, _STATEFUL_MODULE: _patch_stateful, _GPUFEED_MODULE: _patch_gpufeed}
     for name in [name for name in patches if name in sys.modules]:
         patches.pop(name)(sys.modules[name])
     if patches:
-        sys.meta_path.insert(0, _PatchOnImport(patches))
-
-
-class _PatchOnImport:
-    """A meta-path finder that lets torch (and torchdata) import their loader modules as usual, then patches them."""
-
-    def __init__(self, patches: dict[str, Any]) -> None:
-        self.patches = patches
-
-    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
-        if name not in self.patches:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(name, path, target)
-            if spec is not None and spec.loader is not None:
-                spec.loader = _PatchingLoader(spec.loader, self.patches[name])
-                return spec
-        return None
-
-
-class _PatchingLoader(importlib.abc.Loader):
-    def __init__(self, loader: Any, patch: Any) -> None:
-        self.loader = loader
-        self.patch = patch
-
-    def create_module(self, spec: Any) -> Any:
-        return self.loader.create_module(spec)
-
-    def exec_module(self, module: Any) -> None:
-        self.loader.exec_module(module)
-        self.patch(module)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.loader, name)
+        sys.meta_path.insert(0, PatchOnImport(patches))
 
 
 def _patch(module: Any) -> None:
@@ -199,7 +108,7 @@ def _patch(module: Any) -> None:
         _wrap(iter_cls, name, fn)
 
 
-def _next_patch(state: _State, next_: Any) -> Any:
+def _next_patch(state: State, next_: Any) -> Any:
     """An iterator's ``__next__`` that times the request of a tagged iterator (``_gpufeed_watch``)."""
 
     def __next__(self: Any) -> Any:
@@ -261,7 +170,7 @@ def _wrap(cls: type, name: str, fn: Any) -> None:
     setattr(cls, name, fn)
 
 
-def _init_patch(state: _State, init: Any) -> Any:
+def _init_patch(state: State, init: Any) -> Any:
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         init(self, *args, **kwargs)
         if state.paused or os.getpid() != state.pid:
@@ -274,7 +183,7 @@ def _init_patch(state: _State, init: Any) -> Any:
     return __init__
 
 
-def _epoch(state: _State, it: Any, loader: Any, frame: FrameType | None) -> None:
+def _epoch(state: State, it: Any, loader: Any, frame: FrameType | None) -> None:
     """A new iterator of ``loader``: one more epoch, and the iterator tagged with the loader's record."""
     if state.paused or os.getpid() != state.pid:
         return
@@ -290,7 +199,7 @@ def _epoch(state: _State, it: Any, loader: Any, frame: FrameType | None) -> None
         state.note("a DataLoader's epoch", e)
 
 
-def _batch(state: _State, watched: _Watched, t0: float, t1: float, grad: bool, data: Any) -> None:
+def _batch(state: State, watched: Watched, t0: float, t1: float, grad: bool, data: Any) -> None:
     """One batch served: requested at ``t0``, returned at ``t1`` (perf_counter)."""
     rec = watched.record
     samples = batch_samples(data, state.torch.Tensor)
@@ -304,7 +213,7 @@ def _batch(state: _State, watched: _Watched, t0: float, t1: float, grad: bool, d
             watched.clock.mark(len(rec.waits) - 1, state.torch.cuda)
 
 
-def _mark_first_batch(state: _State) -> None:
+def _mark_first_batch(state: State) -> None:
     state.first_batch = True
     try:
         with open(os.path.join(state.directory, FIRST_BATCH), "a"):
@@ -313,7 +222,7 @@ def _mark_first_batch(state: _State) -> None:
         state.note("the first-batch mark", e)
 
 
-def _cuda_up(state: _State) -> bool:
+def _cuda_up(state: State) -> bool:
     """Whether the script has initialised CUDA (checked per batch until it has; never initialises it)."""
     cuda = state.torch.cuda
     if cuda.is_initialized():
@@ -322,7 +231,7 @@ def _cuda_up(state: _State) -> bool:
     return state.cuda
 
 
-def _built(state: _State, loader: Any, frame: FrameType | None, iterated: bool = False) -> _Watched | None:
+def _built(state: State, loader: Any, frame: FrameType | None, iterated: bool = False) -> Watched | None:
     """A new loader: its record, from its attributes and the frame of the script that built it (or, ``iterated``,
     that first iterated it: the source of that line is not the loader's call). None for a DataLoader that
     gpufeed's own code built (the fallback's workers, inside a gpufeed loader that is measured itself)."""
@@ -347,7 +256,7 @@ def _built(state: _State, loader: Any, frame: FrameType | None, iterated: bool =
                 "iterated"
             )
     record = loader_record(loader, len(state.watched), built)
-    watched = _Watched(record, weakref.ref(loader), settings=_settings(loader))
+    watched = Watched(record, weakref.ref(loader), settings=_settings(loader))
     state.watched.append(watched)
     object.__setattr__(loader, "_gpufeed_watched", watched)  # DataLoader.__setattr__ guards some attributes
     return watched
@@ -377,50 +286,6 @@ def _made_by_gpufeed(frame: FrameType | None) -> bool:
     return False
 
 
-def _record(state: _State) -> ProcessRecord:
-    loaders = []
-    for watched in state.watched:
-        rec = watched.record
-        # NOTE: a signal handler runs this in the main thread, possibly while that thread holds the lock in
-        # _batch: waiting on it would hang the script for good; a record without device times is written instead
-        if not state.lock.acquire(timeout=0.5):
-            state.notes.append("the CUDA events were not read: a batch was being recorded when the record was written")
-            loaders.append(rec)
-            continue
-        try:
-            rec.device_step_s = watched.clock.steps(len(rec.waits))
-        except Exception as e:  # noqa: BLE001
-            state.note("the CUDA events", e)
-        finally:
-            state.lock.release()
-        loaders.append(rec)
-    device = "cpu"
-    torch = sys.modules.get("torch")
-    try:
-        if torch is not None and torch.cuda.is_initialized():
-            device = f"cuda:{torch.cuda.current_device()}"
-    except Exception as e:  # noqa: BLE001
-        state.note("the device", e)
-    sampler = state.sampler
-    return ProcessRecord(
-        rank=int(os.environ.get("RANK", "0") or 0),
-        world_size=int(os.environ.get("WORLD_SIZE", "1") or 1),
-        pid=state.pid,
-        argv=list(sys.argv),
-        device=device,
-        started=state.started,
-        ended=time.time(),
-        exit=state.exit or "finished",
-        loaders=loaders,
-        cpu=list(sampler.cpu) if sampler else [],
-        cores=usable_cores(),
-        gpu=list(sampler.gpu) if sampler else [],
-        side=state.side_result,
-        notes=state.notes + (list(sampler.notes) if sampler else []),
-        machine=list(sampler.machine) if sampler else [],
-    )
-
-
 def _flush() -> None:
     """Write this process's record (again: a later flush replaces an earlier one)."""
     state = _state
@@ -430,7 +295,7 @@ def _flush() -> None:
         return  # a helper process (multiprocessing's, a spawned worker) or torchrun's launcher
     try:
         os.makedirs(state.directory, exist_ok=True)
-        _record(state).save(state.directory)
+        state.record().save(state.directory)
     except Exception as e:  # noqa: BLE001 - the script's exit must not fail because of the record
         print(f"gpufeed diagnose: could not write the record: {type(e).__name__}: {e}", file=sys.stderr)
 
@@ -441,7 +306,7 @@ def _is_launcher() -> bool:
     return name == "torch.distributed.run" or os.path.basename(sys.argv[0] if sys.argv else "") == "torchrun"
 
 
-def _side(watched: _Watched | None) -> None:
+def _side(watched: Watched | None) -> None:
     """The side measurement (``GPUFEED_WATCH_SIDE=1``), on the script's loader, after its measured steps."""
     state = _state
     if state is None or not state.side or watched is None:
@@ -468,7 +333,7 @@ def _side(watched: _Watched | None) -> None:
         state.paused = False
 
 
-def _stop(watched: _Watched) -> None:
+def _stop(watched: Watched) -> None:
     """``GPUFEED_WATCH_STEPS`` batches served: measure on the side, write the record and end the process."""
     state = _state
     assert state is not None
@@ -483,7 +348,7 @@ def _stop(watched: _Watched) -> None:
     os._exit(0)
 
 
-def _ending(state: _State) -> None:
+def _ending(state: State) -> None:
     """How the script ended, from the exception Python reports at its end (``sys.last_value``)."""
     last = getattr(sys, "last_value", None)  # set by Python for the exception that ended the script
     if state.exit is None and isinstance(last, KeyboardInterrupt):
@@ -506,7 +371,7 @@ def _side_at_end() -> None:
         _side(main if main is not None and main.record.waits else None)
 
 
-def _register_side_at_end(state: _State) -> None:
+def _register_side_at_end(state: State) -> None:
     """Register :func:`_side_at_end` with threading's exit hooks (they run in reverse order: concurrent.futures'
     own, registered at its import, which is made first, runs after ours)."""
     if not state.side:
@@ -528,39 +393,15 @@ def _at_exit() -> None:
     _flush()
 
 
-def _install_signal_handlers() -> None:
-    """On SIGINT and SIGTERM: write the record, then let the previous handler (Python's default) go on."""
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        try:
-            previous = signal.getsignal(signum)
-            if previous is signal.SIG_IGN or previous is None:
-                continue
-            signal.signal(signum, _handler(previous))
-        except (ValueError, OSError) as e:  # not the main thread, or no such signal here
-            if _state is not None:
-                _state.note("signal handlers", e)
+def _on_signal() -> None:
+    """A SIGINT or SIGTERM reached this process: the script was interrupted; write what was measured."""
+    state = _state
+    if state is not None and os.getpid() == state.pid:
+        if state.exit is None:
+            state.exit = "interrupted"
+        _flush()
 
 
-def _called_by_lightning() -> bool:
-    """Whether the signal handler that called ours is Lightning's (its handler composition): it ends the process
-    itself, after the step. Any other handler that chains to ours expects the default ending from it."""
-    caller = sys._getframe(2)  # _called_by_lightning <- handle <- the handler that called it
-    return str(caller.f_globals.get("__name__", "")).split(".")[0] in ("lightning", "pytorch_lightning")
-
-
-def _handler(previous: Any) -> Any:
-    def handle(signum: int, frame: FrameType | None) -> Any:
-        state = _state
-        if state is not None and os.getpid() == state.pid:
-            if state.exit is None:
-                state.exit = "interrupted"
-            _flush()
-        if callable(previous):
-            return previous(signum, frame)
-        if signal.getsignal(signum) is not handle and _called_by_lightning():
-            return None  # Lightning's graceful SIGTERM called ours: it stops the loop and ends the process itself
-        signal.signal(signum, signal.SIG_DFL)  # SIG_DFL: end as the signal would have without the hook
-        os.kill(os.getpid(), signum)
-        return None
-
-    return handle
+def _note(what: str, e: BaseException) -> None:
+    if _state is not None:
+        _state.note(what, e)

@@ -3,6 +3,7 @@
 import json
 import os
 import statistics
+import threading
 import time
 
 import pytest
@@ -76,7 +77,8 @@ def test_a_slow_first_step_with_cudnn_benchmark_is_reported(monkeypatch):
 
     report = diagnose(SlowLoader(0.0, n=10), step, steps=8, device="cpu")
     finding = next(f for f in report.findings if f.kind == "cudnn-autotune")
-    assert "the first step took 1.1 s" in finding.message and "drop_last=True" in finding.fix
+    assert report.step_s[0] >= 1.1  # a loaded machine may oversleep: the message shows what was measured
+    assert f"the first step took {report.step_s[0]:.1f} s" in finding.message and "drop_last=True" in finding.fix
 
 
 def test_a_ragged_last_batch_with_cudnn_benchmark_is_reported(monkeypatch):
@@ -149,59 +151,30 @@ def test_a_tiny_epoch_is_measured_into_the_next_epochs_and_the_report_says_so():
     assert one_shot.notes[0] == "measured 4 of 10 steps in one epoch: the loader yields no more (a one-shot iterable?)"
 
 
-class BusyDataset(torch.utils.data.Dataset):
-    """Each sample burns CPU in Python for ``seconds``: DataLoader workers that compete for the cores."""
+class Competing(DataLoader):
+    """A DataLoader whose iteration slows the training step down, as workers competing for the cores do: while an
+    epoch of it is open, ``busy`` is set (and the step sleeps longer); it clears when the iterator is released."""
 
-    def __init__(self, n, seconds):
-        self.n, self.seconds = n, seconds
+    busy = threading.Event()
 
-    def __len__(self):
-        return self.n
-
-    def __getitem__(self, i):
-        end = time.perf_counter() + self.seconds
-        while time.perf_counter() < end:
-            pass
-        return torch.zeros(3, 8, 8), 0
+    def __iter__(self):
+        self.busy.set()
+        try:
+            yield from super().__iter__()
+        finally:
+            self.busy.clear()
 
 
-def _matmul_step(size=384, repeats=4):
-    a = torch.randn(size, size)
-
-    def step(batch):
-        for _ in range(repeats):
-            a @ a
-
-    return step
-
-
-@pytest.fixture
-def every_core():
-    """torch computes on every core for the test (conftest gives a pytest-xdist worker one), then as before."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(len(os.sched_getaffinity(0)))
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.mark.skipif(len(os.sched_getaffinity(0)) > 4, reason="built for a machine with a few cores (as CI's 2)")
-def test_workers_competing_for_the_cores_are_found_as_contention(every_core):
-    step = _matmul_step(768)
-    t0 = time.perf_counter()
-    for _ in range(5):
-        step(None)
-    step_s = (time.perf_counter() - t0) / 5
-    # Workers that keep up with the step (little waiting) but burn every core while they do.
-    loader = DataLoader(BusyDataset(4000, step_s / 16), batch_size=8, num_workers=2, persistent_workers=False)
-    # `make test` runs another pytest worker on these cores: a burst of its load during the idle-step measurement
-    # (and not the loop's) hides the contention once in a while. The contention itself is there every time.
-    for _ in range(3):
-        report = diagnose(loader, step, steps=60, device="cpu")
-        if report.verdict == "data-bound (CPU contention)":
-            break
+def test_a_step_slowed_while_the_workers_run_is_found_as_contention():
+    # The slowdown is made, not hoped for: real CPU competition depends on what else the machine runs (another
+    # pytest worker's burst during the idle steps hid it in CI). The step takes 30 ms while the loader's epoch is
+    # open and 10 ms once diagnose has released it: the idle steps are 3x faster, whatever the machine's load.
+    loader = Competing(TensorDataset(torch.zeros(4000, 3, 8, 8), torch.zeros(4000)), batch_size=8, num_workers=2)
+    report = diagnose(loader, lambda b: time.sleep(0.03 if Competing.busy.is_set() else 0.01), steps=40, device="cpu")
+    assert not Competing.busy.is_set()  # diagnose released the epoch before its idle steps
     assert report.verdict == "data-bound (CPU contention)", str(report)
-    assert report.data_wait_fraction < 0.25 and report.contention_fraction >= 0.25
-    assert statistics.median(report.step_s) > 1.3 * report.idle_step_s
+    assert report.data_wait_fraction < 0.25 and report.contention_fraction >= 0.5
+    assert statistics.median(report.step_s) > 2 * report.idle_step_s
     finding = next(f for f in report.findings if f.kind == "cpu-contention")
     assert "compete with the training step" in finding.message and "its 2 workers" in finding.message
 

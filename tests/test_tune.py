@@ -36,8 +36,9 @@ def test_a_dataset_with_per_sample_latency_gets_workers_and_a_measured_speedup()
 
 
 def test_a_trivially_cheap_dataset_stays_in_process():
-    cfg = tune_dataloader(TensorDataset(torch.zeros(20_000, 4)), batch_size=64, time_budget_s=6, max_workers=2)
-    assert cfg.num_workers == 0 and cfg.kwargs == {"batch_size": 64, "num_workers": 0, "pin_memory": False}
+    # batches of 2: a worker's batch costs its transfer (~100 us) against ~10 us in process, whatever the load
+    cfg = tune_dataloader(TensorDataset(torch.zeros(4_000, 4)), batch_size=2, time_budget_s=6, max_workers=2)
+    assert cfg.num_workers == 0 and cfg.kwargs == {"batch_size": 2, "num_workers": 0, "pin_memory": False}
     assert cfg.speedup == 1.0
 
 
@@ -150,7 +151,15 @@ def test_a_small_dataset_is_measured_over_several_passes_with_its_noise_reported
     seen = []
     cfg = tune_dataloader(SleepDataset(225, 0.001), batch_size=32, time_budget_s=6, max_workers=2, on_trial=seen.append)
     assert list(cfg.table) == seen and [t.num_workers for t in seen][:3] == [0, 1, 2]  # reported as measured
-    assert cfg.num_workers == 2 and cfg.speedup > 1.4  # a 1 ms wait per sample: two workers overlap it
+    # a 1 ms wait per sample: two workers overlap it. Which settings are chosen also weighs the noise (a stall in
+    # the baseline's short slices can make the gain look like noise: tested with fixed trials below); the
+    # measurement itself is checked here
+    best = max(cfg.table, key=lambda t: t.images_per_s)
+    assert best.num_workers == 2 and best.images_per_s > 1.4 * cfg.table[0].images_per_s, cfg.table
+    if cfg.num_workers == 2:
+        assert cfg.speedup > 1.4
+    else:  # the gain was within the noise measured: the defaults are kept and the note says so
+        assert cfg.num_workers == 0 and cfg.speedup == 1.0 and any(n.startswith("no gain measured") for n in cfg.notes)
     noise = next(n for n in cfg.notes if n.startswith("measurement noise"))
     assert "over several passes" in noise and all(0 <= t.spread < 1 for t in cfg.table)
 

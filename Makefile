@@ -17,7 +17,10 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --no-deps 'streaming-community>=0.14.2,<0.15'
 	touch $(STAMP)
 
+# Bytecode first: the machine sets PYTHONDONTWRITEBYTECODE, so without it every process the tests start (about 200:
+# scripts under diagnose, torchrun ranks, the CLI) compiles gpufeed's modules again (0.6 s each).
 test: setup
+	$(PY) -m compileall -q -j 0 src benchmarks tests/watch/scripts > /dev/null
 	$(PY) -m pytest -q -n auto --dist worksteal
 
 bench: setup

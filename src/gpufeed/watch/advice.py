@@ -214,9 +214,11 @@ def _timm(source: str, call: ast.Call, loader: LoaderRecord) -> tuple[Change | N
         f"drop_last={training}",
         f"transform=timm.data.create_transform({', '.join(recipe)})",
     ]
+    prefetcher = args.get("use_prefetcher", "True") != "False"  # create_loader's default is True
+    how = "and normalised on the device in its PrefetchLoader" if prefetcher else "(its ToTensor and Normalize too)"
     notes = [
-        "timm's create_loader set the dataset's transform and normalised on the device in its PrefetchLoader; "
-        "gf.accelerate takes the same recipe from timm.data.create_transform and runs it batched"
+        f"timm's create_loader set the dataset's transform {how}; gf.accelerate takes the same recipe from "
+        "timm.data.create_transform and runs it batched"
     ]
     return Change(source, f"gf.accelerate({', '.join(kept)})", [_IMPORT, "import timm.data"], notes), None
 

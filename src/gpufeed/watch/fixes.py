@@ -83,6 +83,15 @@ def worth(r: WatchReport) -> str:
         >>> print(worth(WatchReport("compute-bound", 0.13, "finished", ["python", "t.py"], 1, "cpu")))
         the data side is worth at most 1.15x to this loop (it waits 13% of the time): the step itself is the cost
     """
+    text = _worth(r)
+    v = r.verify or {}
+    if "error" not in v and v.get("after", {}).get("step_s") and v.get("before", {}).get("step_s"):
+        b, a = v["before"]["step_s"], v["after"]["step_s"]
+        text += f"; verified on this script: {b / a:.2f}x ({a * 1e3:.1f} ms a step against {b * 1e3:.1f} ms)"
+    return text
+
+
+def _worth(r: WatchReport) -> str:
     fraction = r.data_wait_fraction or 0.0
     ceiling = f"at most {bound(fraction):.2f}x to this loop (it waits {fraction:.0%} of the time)"
     p = r.prediction
@@ -92,6 +101,8 @@ def worth(r: WatchReport) -> str:
             text += f"; {_name(p)} would still give about {p['speedup']:.2f}x (predicted)"
         return text
     if p is None:
+        if r.change is not None and r.verify:
+            return f"the code change to gf.accelerate above: a faster loader is worth {ceiling}"
         return f"a faster loader is worth {ceiling}; no fix was measured (see above)"
     if p["speedup"] < 1.05:
         predicted = f"{_name(p)} predicts {p['speedup']:.2f}x"

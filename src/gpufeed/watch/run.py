@@ -121,9 +121,8 @@ def watch(
         else:
             from .verify import verify as run_verify
 
-            result.verify = run_verify(
-                cmd, result, prepared[0], steps, seconds, float(env["GPUFEED_WATCH_SIDE_SECONDS"])
-            )
+            side_s = float(env["GPUFEED_WATCH_SIDE_SECONDS"])
+            result.verify = run_verify(cmd, result, prepared[0], steps, seconds, side_s, out)
     print(result, flush=True)
     result.save(out)
     print(f"wrote {out}", flush=True)

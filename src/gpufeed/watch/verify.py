@@ -74,10 +74,16 @@ def prepare(report: WatchReport, out: Path) -> tuple[str, str] | None:
 
 
 def verify(
-    cmd: list[str], before: WatchReport, changed: str, steps: int, seconds: float | None, side_s: float
+    cmd: list[str],
+    before: WatchReport,
+    changed: str,
+    steps: int,
+    seconds: float | None,
+    side_s: float,
+    out: Path | None = None,
 ) -> dict[str, Any]:
     """Run ``cmd`` with the change applied to a copy and return before, after and the prediction side by side (a
-    dict, JSON-ready; ``error`` when it could not run)."""
+    dict, JSON-ready; ``error`` when it could not run). The changed run's raw records go to ``out/records-verify``."""
     from .analyse import report
     from .record import read_records
     from .run import _run, _script_records, child_env
@@ -108,6 +114,11 @@ def verify(
         print(f"gpufeed diagnose --verify: running the command again on a copy with the change ({mirror})", flush=True)
         status = _run(run_cmd, env, seconds, cwd)
         records = _script_records(read_records(watch_dir))
+        if records and out is not None:
+            kept = out / "records-verify"
+            kept.mkdir(parents=True, exist_ok=True)
+            for path in watch_dir.glob("record-*.json"):
+                shutil.copy(path, kept / path.name)
         cache = sum(p.stat().st_size for p in (scratch / "cache").rglob("*") if p.is_file())
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -130,6 +141,7 @@ def _figures(r: WatchReport) -> dict[str, Any]:
     return {
         "verdict": r.verdict,
         "step_s": r.step_s,
+        "rest_s": r.step_s - r.wait_s if r.step_s is not None and r.wait_s is not None else None,
         "wait_fraction": r.data_wait_fraction,
         "img_s": main.img_s if main else None,
         "first_batch_s": main.first_batch_s if main else None,
@@ -138,8 +150,24 @@ def _figures(r: WatchReport) -> dict[str, Any]:
     }
 
 
+AGREE = 0.25  # a verified speed-up this close to the prediction (relative) confirms it
+
+
 def verify_text(v: dict[str, Any]) -> list[str]:
-    """The verification as a person reads it: before, after and predicted side by side."""
+    """The verification as a person reads it: before, after and predicted side by side, and whether they agree.
+
+    Example:
+        >>> run = {"step_s": 0.02, "rest_s": 0.005, "wait_fraction": 0.75, "img_s": 800.0, "first_batch_s": 3.0,
+        ...        "batches": 40, "loader": "DataLoader at train.py:9"}
+        >>> after = {**run, "step_s": 0.01, "rest_s": 0.005, "wait_fraction": 0.5, "img_s": 1600.0,
+        ...          "first_batch_s": 3.5, "loader": "DeviceLoader at train.py:12"}
+        >>> p = {"new_step_s": 0.011, "speedup": 1.82, "rest_s": 0.005, "one_time_s": 0.6, "bound": 4.0}
+        >>> lines = verify_text({"status": 0, "before": run, "after": after, "after_exit": "finished",
+        ...                      "predicted": p})
+        >>> print(lines[5]); print(lines[-1])
+          speed-up                             2.00x       1.82x
+          agrees with the prediction: 2.00x verified against 1.82x predicted (within 25%)
+    """
     if "error" in v:
         return [f"verified: not run: {v['error']}"]
     b, a, p = v["before"], v["after"], v.get("predicted") or {}
@@ -151,27 +179,57 @@ def verify_text(v: dict[str, Any]) -> list[str]:
     def row(name: str, before: str, after: str, predicted: str = "") -> str:
         return f"  {name:<18}{before:>12}{after:>12}{predicted:>12}"
 
+    def ms(x: float | None) -> str:
+        return f"{x * 1e3:.2f} ms" if x is not None else "-"
+
     lines = [
         f"verified on this script (exit status {v['status']}; the change ran from a copy, your files unchanged):",
         row("", "before", "after", "predicted"),
-        row(
-            "step",
-            f"{b['step_s'] * 1e3:.2f} ms",
-            f"{a['step_s'] * 1e3:.2f} ms",
-            f"{p['new_step_s'] * 1e3:.2f} ms" if p else "",
-        ),  # fmt: skip
+        row("step", ms(b["step_s"]), ms(a["step_s"]), ms(p["new_step_s"]) if p else ""),
+        row("rest of the step", ms(b.get("rest_s")), ms(a.get("rest_s")), ms(p["rest_s"]) if p else ""),
         row("waiting", f"{b['wait_fraction']:.0%}", f"{a['wait_fraction']:.0%}"),
-        row("samples/s", f"{b['img_s']:.0f}" if b["img_s"] else "-", f"{a['img_s']:.0f}" if a["img_s"] else "-"),
         row("speed-up", "", f"{measured:.2f}x", f"{p['speedup']:.2f}x" if p else ""),
+        row("samples/s", f"{b['img_s']:.0f}" if b["img_s"] else "-", f"{a['img_s']:.0f}" if a["img_s"] else "-"),
         row("first batch at", f"{b['first_batch_s']:.1f} s", f"{a['first_batch_s']:.1f} s"),
         row("one-time cost", "", f"{once:+.1f} s", f"{p['one_time_s']:+.1f} s" if p.get("one_time_s") else ""),
     ]
+    if once < 0:
+        lines.append(
+            f"  (the changed run reached its first batch {-once:.1f} s sooner: no one-time cost measurable at this "
+            "size; start-up times differ by about that much from run to run)"
+        )
     lines.append(f"  the loop's loader after: {a['loader']}; {a['batches']} batches measured")
     if v.get("cache_bytes"):
         from ..device import fmt_bytes
 
         lines.append(f"  the changed run wrote {fmt_bytes(v['cache_bytes'])} of cache (in the scratch folder, removed)")
+    lines += _agreement(measured, b, a, p)
     return lines
+
+
+def _agreement(measured: float, b: dict[str, Any], a: dict[str, Any], p: dict[str, Any]) -> list[str]:
+    """Whether the verified speed-up confirms the prediction; where not, what moved that the prediction held
+    fixed (the rest of the step)."""
+    if not p:
+        return ["  (no prediction to compare with: the side measurement was not made)"]
+    off = measured / p["speedup"] - 1
+    if abs(off) <= AGREE:
+        return [
+            f"  agrees with the prediction: {measured:.2f}x verified against {p['speedup']:.2f}x predicted (within "
+            f"{AGREE:.0%})"
+        ]
+    line = f"  differs from the prediction by {off:+.0%}: {measured:.2f}x verified against {p['speedup']:.2f}x"
+    rest_b, rest_a = b.get("rest_s"), a.get("rest_s")
+    if rest_b and rest_a and abs(rest_a / rest_b - 1) > 0.1:
+        line += (
+            f"; the rest of the step went from {rest_b * 1e3:.2f} to {rest_a * 1e3:.2f} ms, which the prediction "
+            "holds fixed"
+        )
+        if rest_a < rest_b:
+            line += " (the script's workers no longer compete with it for the cores)"
+    if measured > p.get("bound", float("inf")):
+        line += f"; above the {p['bound']:.2f}x a data-side fix gives with the rest unchanged"
+    return [line]
 
 
 def _mirror(root: Path, mirror: Path, changed_rel: Path, text: str) -> None:

@@ -1,0 +1,158 @@
+"""``gpufeed diagnose --verify -- CMD`` on scripts shaped as users write them (tests/watch/scripts/): the ImageNet and
+DCGAN examples of PyTorch's examples repository, a loader built by timm's ``create_loader``, a Lightning
+``DataModule``. Each runs from a user's project folder (a copy of the script beside its data); the report's change
+is applied to a copy and run, both runs compared, the diff applies with ``patch -p1``, and the user's folder is left
+as it was."""
+
+from __future__ import annotations
+
+import ast
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fakes import image_folder, snapshot
+
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
+TIMEOUT = 300  # a hang must fail, not stall the suite
+ENV_THREADS = {"OMP_NUM_THREADS": "1"}  # two cores shared by the tests: one thread per process
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A user's folder: the scripts and ``data/train`` (64 PNGs of 160 to 232 pixels a side, two classes) and
+    ``data/val`` (16)."""
+    root = tmp_path_factory.mktemp("project")
+    for name in ("imagenet_example.py", "dcgan_folder.py", "timm_loader.py", "lightning_datamodule.py"):
+        shutil.copy(SCRIPTS / name, root / name)
+    image_folder(root / "data" / "train", [(160 + 8 * (i % 10), 168 + 8 * (i % 7)) for i in range(64)])
+    image_folder(root / "data" / "val", [(176, 184)] * 16, seed=1)
+    return root
+
+
+def _diagnose(
+    project: Path, out: Path, options: tuple[str, ...], *cmd: str
+) -> tuple[subprocess.CompletedProcess, dict]:
+    """``gpufeed diagnose OPTIONS --out OUT -- python CMD`` run from ``project``; the project must be unchanged."""
+    import os
+
+    before = snapshot(project)
+    argv = [sys.executable, "-m", "gpufeed", "diagnose", *options, "--out", str(out), "--", sys.executable, *cmd]
+    env = {**os.environ, **ENV_THREADS, "GPUFEED_CACHE_DIR": str(out / "cache-home")}
+    run = subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT, env=env, cwd=project)
+    assert run.returncode == 0, (run.stdout[-3000:], run.stderr[-3000:])
+    assert snapshot(project) == before  # nothing written into the user's folder, by either run
+    return run, json.loads((out / "report.json").read_text())
+
+
+def _verified(report: dict, batches: int) -> dict:
+    """The verification ran the changed copy to its end with gpufeed's loader, as many batches as before."""
+    v = report["verify"]
+    assert "error" not in v, v
+    assert v["status"] == 0 and v["after_exit"] == "finished"
+    assert v["before"]["batches"] == v["after"]["batches"] == batches
+    assert v["before"]["loader"].startswith("DataLoader at ") and v["after"]["loader"].startswith("DeviceLoader at ")
+    assert v["after"]["step_s"] > 0 and 0 <= v["after"]["wait_fraction"] <= 1
+    assert v["cache_bytes"] > 0  # the changed run cached the folder's pixels, in the scratch folder
+    return v
+
+
+def _applies(project: Path, out: Path, tmp_path: Path, script: str) -> str:
+    """``patch -p1 < OUT/fix.diff`` in a copy of the project: the changed script, which parses."""
+    copy = tmp_path / "applied"
+    shutil.copytree(project, copy, ignore=shutil.ignore_patterns("data"))
+    done = subprocess.run(["patch", "-p1", "-i", str(out / "fix.diff")], cwd=copy, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    text = (copy / script).read_text()
+    ast.parse(text)
+    assert "import gpufeed as gf" in text.splitlines()
+    return text
+
+
+def _line_of(script: str, text: str) -> int:
+    return next(i for i, line in enumerate((SCRIPTS / script).read_text().splitlines(), 1) if text in line)
+
+
+def test_the_imagenet_example_gets_its_change_with_sampler_none_verified_against_the_prediction(tmp_path, project):
+    out = tmp_path / "out"
+    run, report = _diagnose(project, out, ("--verify", "--side-seconds", "6"), "imagenet_example.py", "data", "-j", "0")
+    [main] = [ld for ld in report["loaders"] if ld["main"]]
+    assert main["built_at"] == f"imagenet_example.py:{_line_of('imagenet_example.py', 'train_loader = ')}"
+    # sampler=train_sampler was None in this run (no --world-size): DataLoader shuffled, and so does the change
+    assert report["code_change"].splitlines()[0] == "- torch.utils.data.DataLoader("
+    assert report["code_change"].splitlines()[-1] == (
+        "+ gf.accelerate(train_dataset, batch_size=args.batch_size, shuffle=True)"
+    )
+    assert "sampler= was RandomSampler in this run: shuffle=True says the same order" in report["change"]["notes"]
+    p = report["prediction"]
+    assert p["fix"] == "accelerate" and 1 <= p["speedup"] <= p["bound"]  # never above what the wait allows
+    assert p["steps_per_epoch"] == 4 and p["one_time_s"] > 0 and p["memory_bytes"] > 0
+    v = _verified(report, batches=8)  # 64 images in batches of 16, 2 epochs
+    assert v["predicted"] == p
+    assert "verified on this script" in run.stdout and "rest of the step" in run.stdout
+    worth = next(line for line in run.stdout.splitlines() if line.startswith("worth doing: "))
+    assert "verified on this script: " in worth
+    assert sorted(p.name for p in (out / "records-verify").iterdir())  # the changed run's raw records are kept
+    text = _applies(project, out, tmp_path, "imagenet_example.py")
+    assert "gf.accelerate(train_dataset, batch_size=args.batch_size, shuffle=True)" in text
+    assert "val_loader = torch.utils.data.DataLoader(" in text  # the evaluation loader is left as it was
+
+
+def test_with_two_workers_the_same_change_drops_them_and_pinned_memory(tmp_path, project):
+    _, report = _diagnose(project, tmp_path / "out", ("--no-side",), "imagenet_example.py", "data", "-j", "2")
+    [main] = [ld for ld in report["loaders"] if ld["main"]]
+    assert (main["num_workers"], main["pin_memory"], main["sampler"]) == (2, True, "RandomSampler")
+    assert report["code_change"].splitlines()[-1] == (
+        "+ gf.accelerate(train_dataset, batch_size=args.batch_size, shuffle=True)"
+    )
+    assert report["prediction"] is None and report.get("verify") is None
+
+
+def test_the_dcgan_example_at_module_level_is_changed_and_verified(tmp_path, project):
+    out = tmp_path / "out"
+    cmd = ("dcgan_folder.py", "--dataroot", "data/train", "--workers", "0")
+    run, report = _diagnose(project, out, ("--verify", "--no-side"), *cmd)
+    assert report["code_change"] == (
+        "- torch.utils.data.DataLoader(dataset, batch_size=opt.batchSize, shuffle=True, num_workers=int(opt.workers))\n"
+        "+ gf.accelerate(dataset, batch_size=opt.batchSize, shuffle=True)"
+    )
+    v = _verified(report, batches=8)
+    assert v["predicted"] is None and "no prediction to compare with" in run.stdout
+    _applies(project, out, tmp_path, "dcgan_folder.py")
+
+
+def test_timms_create_loader_is_changed_at_the_scripts_call_and_verified(tmp_path, project):
+    pytest.importorskip("timm")
+    out = tmp_path / "out"
+    run, report = _diagnose(project, out, ("--verify", "--no-side"), "timm_loader.py", "data/train")
+    [main] = [ld for ld in report["loaders"] if ld["main"]]
+    assert main["built_at"] == f"timm_loader.py:{_line_of('timm_loader.py', 'loader_train = create_loader(')}"
+    assert report["code_change"].splitlines()[-1] == (
+        "+ gf.accelerate(dataset_train, batch_size=args.batch_size, shuffle=True, drop_last=True, "
+        "transform=timm.data.create_transform((3, args.size, args.size), is_training=True, scale=(0.08, 1.0), "
+        'hflip=0.5, interpolation="bilinear", mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225)))'
+    )
+    assert any("(its ToTensor and Normalize too)" in n for n in report["change"]["notes"])  # use_prefetcher=False
+    _verified(report, batches=8)  # drop_last=True as create_loader's is_training: 64 / 16, 2 epochs
+    text = _applies(project, out, tmp_path, "timm_loader.py")
+    assert "import timm.data" in text.splitlines()
+
+
+def test_a_lightning_datamodules_train_dataloader_is_changed_and_verified(tmp_path, project):
+    pytest.importorskip("lightning")
+    out = tmp_path / "out"
+    _, report = _diagnose(project, out, ("--verify", "--no-side"), "lightning_datamodule.py", "data/train")
+    assert report["verdict"] == "data-bound"
+    [main] = [ld for ld in report["loaders"] if ld["main"]]
+    line = _line_of("lightning_datamodule.py", "return DataLoader(")
+    assert main["built_at"] == f"lightning_datamodule.py:{line}" and main["dataset"] == "ImageFolder"
+    assert report["code_change"] == (
+        "- DataLoader(self.train_set, batch_size=16, shuffle=True, num_workers=self.workers)\n"
+        "+ gf.accelerate(self.train_set, batch_size=16, shuffle=True)"
+    )
+    _verified(report, batches=8)  # the Trainer iterated gpufeed's loader for both epochs
+    _applies(project, out, tmp_path, "lightning_datamodule.py")

@@ -24,8 +24,9 @@ Parts, most valuable first (``--parts`` runs a chosen few, in the order given):
 5. ``cuda_tests``: the CUDA-marked tests; 6. ``tier_fallback``: the memory-cap fallback to pinned
    memory (same batches); 7. ``ddp_overhead``: one GPU under ``torchrun``; 8. ``accelerate_tiers``;
    9. ``tune``: ``tune_dataloader`` against the rule of thumb on 16 cores; 10. ``diagnose_script``:
-   ``gpufeed diagnose -- python train.py`` on an unmodified CIFAR-style script on the device (CUDA events per
-   step, NVML samples, the side measurement of accelerate against the script's DataLoader on the GPU).
+   ``gpufeed diagnose --verify -- python train.py`` on an unmodified CIFAR-style script on the device (CUDA events
+   per step, NVML samples, the side measurement of accelerate against the script's DataLoader on the GPU, the
+   predicted speed-up of the loop against the changed copy's, run on the device).
 
 Each part has its own time limit (and all of them one budget, ``--budget``); the JSON is rewritten
 after every part, every loader row and every ladder rung, so a run cut short keeps what it did, and
@@ -79,7 +80,7 @@ LIMITS = {
     "ddp_overhead": 120,
     "accelerate_tiers": 120,
     "tune": 100,
-    "diagnose_script": 120,
+    "diagnose_script": 180,  # the script twice: as it is, then changed (--verify)
 }
 GPU_ONLY = ("sync_free", "cuda_tests", "tier_fallback")
 
@@ -421,13 +422,15 @@ print("loss", float(loss))
 
 
 def diagnose_script(c: Check) -> dict:
-    """An unmodified script under ``gpufeed diagnose --``: the verdict, CUDA-event step times, NVML samples, and the
-    side measurement (accelerate on the device against the script's own DataLoader), from its report.json."""
+    """An unmodified script under ``gpufeed diagnose --verify --``: the verdict, CUDA-event step times, NVML samples,
+    the side measurement (accelerate on the device against the script's own DataLoader), the loop's predicted
+    speed-up, and the changed copy run for the same steps on the device (verified against the prediction), from its
+    report.json."""
     script = c.out / "diagnosed_train.py"
     script.write_text(_DIAGNOSED_SCRIPT)
     out = c.out / "diagnose"
     n, workers, steps = ("768", "0", "4") if c.small else ("20000", "4", "60")
-    cmd = [sys.executable, "-m", "gpufeed", "diagnose", "--steps", steps, "--out", str(out), "--"]
+    cmd = [sys.executable, "-m", "gpufeed", "diagnose", "--verify", "--steps", steps, "--out", str(out), "--"]
     env = {**os.environ, "GPUFEED_WATCH_SIDE_SECONDS": "2" if c.small else "20"}  # the rehearsal: the path, not figures
     r = _run([*cmd, sys.executable, str(script), n, workers], timeout=LIMITS["diagnose_script"] - 5, cwd=ROOT, env=env)
     (c.out / "diagnose_stdout.txt").write_text(r.stdout + r.stderr)
@@ -435,6 +438,7 @@ def diagnose_script(c: Check) -> dict:
         return {"returncode": r.returncode, "error": (r.stdout + r.stderr)[-2000:]}
     report = json.loads((out / "report.json").read_text())
     keep = ("verdict", "data_wait_fraction", "device", "exit", "side", "code_change", "notes", "slowest_rank")
+    keep += ("prediction", "verify")
     return {"returncode": r.returncode, **{k: report.get(k) for k in keep}, "keys": sorted(report)}
 
 

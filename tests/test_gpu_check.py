@@ -61,9 +61,12 @@ def test_the_cpu_rehearsal_of_the_data_parts_runs_and_records_each(tmp_path, mon
     assert streamed["checks"]["evaluation"]["max_abs_diff_vs_torchvision"] == 0 and "syncs" not in streamed["checks"]
     sizes = summary["image_sizes"]["sizes"]
     assert [s["size"] for s in sizes] == [32, 64] and all(0 < s["fraction_of_copy"] for s in sizes)
-    diagnosed = summary["diagnose_script"]  # an unmodified script under `gpufeed diagnose --`, on the CPU here
+    diagnosed = summary["diagnose_script"]  # an unmodified script under `gpufeed diagnose --verify --`, on the CPU here
     assert diagnosed["returncode"] == 0 and diagnosed["exit"] == "stopped", diagnosed
     assert diagnosed["verdict"] in ("data-bound", "data-bound (CPU contention)", "compute-bound") and diagnosed["side"]
+    verified = diagnosed["verify"]  # the changed copy, run for the same 4 steps
+    assert "error" not in verified and verified["after"]["loader"].startswith("DeviceLoader at ")
+    assert verified["after"]["batches"] == verified["before"]["batches"] == 4
 
 
 @pytest.mark.slow

@@ -93,6 +93,10 @@ def test_the_imagenet_example_gets_its_change_with_sampler_none_verified_against
     assert p["steps_per_epoch"] == 4 and p["one_time_s"] > 0 and p["memory_bytes"] > 0
     v = _verified(report, batches=8)  # 64 images in batches of 16, 2 epochs
     assert v["predicted"] == p
+    # the one-time cost as the changed run paid it, timed inside it: importing gf.accelerate and its call
+    once = v["after"]["one_time"]
+    assert once["import_s"] > 0 and once["accelerate_s"] > 0 and v["after"]["one_time_s"] == sum(once.values())
+    assert "  one-time cost: " in run.stdout
     assert "verified on this script" in run.stdout and "rest of the step" in run.stdout
     worth = next(line for line in run.stdout.splitlines() if line.startswith("worth doing: "))
     assert "verified on this script: " in worth

@@ -29,6 +29,7 @@ an evaluation pass does not count), where the process exits with status 0.
 from __future__ import annotations
 
 import atexit
+import functools
 import importlib
 import os
 import sys
@@ -51,6 +52,7 @@ __all__ = ["install"]
 _DATALOADER_MODULE = "torch.utils.data.dataloader"
 _STATEFUL_MODULE = "torchdata.stateful_dataloader.stateful_dataloader"  # StatefulDataLoader skips DataLoader.__init__
 _GPUFEED_MODULE = "gpufeed.loading.epochs"  # gpufeed's own loaders: a script already fixed (diagnose --verify)
+_ACCELERATE_MODULE = "gpufeed.pipeline.accelerate"  # what gf.accelerate costs such a script once
 
 
 _state: State | None = None
@@ -74,14 +76,19 @@ def install(directory: str | None = None) -> None:
         state.start_sampler()
     atexit.register(_at_exit)
     install_handlers(_on_signal, _note)
-    patches = {_DATALOADER_MODULE: _patch, _STATEFUL_MODULE: _patch_stateful, _GPUFEED_MODULE: _patch_gpufeed}
+    patches = {
+        _DATALOADER_MODULE: _patch,
+        _STATEFUL_MODULE: _patch_stateful,
+        _GPUFEED_MODULE: _patch_gpufeed,
+        _ACCELERATE_MODULE: _patch_accelerate,
+    }
     for name in [name for name in patches if name in sys.modules]:
-        patches.pop(name)(sys.modules[name])
+        patches.pop(name)(sys.modules[name], 0.0)  # imported before the hook: its import cost is not the script's
     if patches:
         sys.meta_path.insert(0, PatchOnImport(patches))
 
 
-def _patch(module: Any) -> None:
+def _patch(module: Any, exec_s: float) -> None:
     state = _state
     assert state is not None
     try:
@@ -132,7 +139,7 @@ def _next_patch(state: State, next_: Any) -> Any:
     return __next__
 
 
-def _patch_gpufeed(module: Any) -> None:
+def _patch_gpufeed(module: Any, exec_s: float) -> None:
     """gpufeed's loaders (an epoch is an ``_Epoch`` iterator): the script fixed by ``gpufeed diagnose --verify``,
     or one that already uses gpufeed, is measured as a DataLoader is."""
     state = _state
@@ -153,7 +160,34 @@ def _patch_gpufeed(module: Any) -> None:
         _wrap(iter_cls, name, fn)
 
 
-def _patch_stateful(module: Any) -> None:
+def _patch_accelerate(module: Any, exec_s: float) -> None:
+    """``gf.accelerate``: the one-time cost of a script that uses it (``diagnose --verify``'s changed copy) is what
+    importing it took and what its calls took (reading the data in, caching it), measured as they happen. The side
+    measurement's own import and calls (``state.paused``) are not the script's."""
+    state = _state
+    assert state is not None
+    if not state.paused:
+        state.fix_s["import_s"] = state.fix_s.get("import_s", 0.0) + exec_s
+    try:
+        accelerate = module.accelerate
+    except AttributeError as e:
+        state.note("gf.accelerate not timed", e)
+        return
+
+    @functools.wraps(accelerate)
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        if state.paused:
+            return accelerate(*args, **kwargs)
+        t0 = time.perf_counter()
+        try:
+            return accelerate(*args, **kwargs)
+        finally:
+            state.fix_s["accelerate_s"] = state.fix_s.get("accelerate_s", 0.0) + time.perf_counter() - t0
+
+    module.accelerate = timed
+
+
+def _patch_stateful(module: Any, exec_s: float) -> None:
     """torchdata's ``StatefulDataLoader``: its ``__init__`` does not call ``DataLoader.__init__``."""
     state = _state
     assert state is not None

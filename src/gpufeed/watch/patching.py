@@ -2,13 +2,15 @@
 ``torch.utils.data.dataloader`` (and torchdata's, and gpufeed's loaders) in a script that has not imported torch yet.
 
 A meta-path finder asks the other finders for the module's spec as usual and wraps its loader: the module executes
-as it would, then the patch runs on it, once, before any code of the script sees it.
+as it would, then the patch runs on it, once, before any code of the script sees it, with the seconds the module's
+execution took (its own imports included: what importing it cost the script).
 """
 
 from __future__ import annotations
 
 import importlib.abc
 import sys
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -19,12 +21,12 @@ class PatchOnImport:
     """A meta-path finder that lets torch (and torchdata) import their loader modules as usual, then patches them.
 
     Example:
-        >>> finder = PatchOnImport({"some.module": lambda module: None})
+        >>> finder = PatchOnImport({"some.module": lambda module, seconds: None})
         >>> finder.find_spec("another.module") is None
         True
     """
 
-    def __init__(self, patches: Mapping[str, Callable[[Any], None]]) -> None:
+    def __init__(self, patches: Mapping[str, Callable[[Any, float], None]]) -> None:
         self.patches = patches
 
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
@@ -41,7 +43,7 @@ class PatchOnImport:
 
 
 class _PatchingLoader(importlib.abc.Loader):
-    def __init__(self, loader: Any, patch: Callable[[Any], None]) -> None:
+    def __init__(self, loader: Any, patch: Callable[[Any, float], None]) -> None:
         self.loader = loader
         self.patch = patch
 
@@ -49,8 +51,9 @@ class _PatchingLoader(importlib.abc.Loader):
         return self.loader.create_module(spec)
 
     def exec_module(self, module: Any) -> None:
+        t0 = time.perf_counter()
         self.loader.exec_module(module)
-        self.patch(module)
+        self.patch(module, time.perf_counter() - t0)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.loader, name)

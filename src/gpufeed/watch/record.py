@@ -137,6 +137,8 @@ class ProcessRecord:
     notes: list[str] = field(default_factory=list)
     # (t, the machine's CPU use in % of all its cores, every process counted; the 1-minute load average)
     machine: list[tuple[float, float, float]] = field(default_factory=list)
+    # what gf.accelerate cost a script that calls it, once: "import_s" (importing it), "accelerate_s" (its calls)
+    fix_s: dict[str, float] = field(default_factory=dict)
 
     def to_json(self) -> str:
         """This record as JSON text."""

@@ -58,6 +58,7 @@ class State:
         self.sampler: Sampler | None = None
         self.torch: Any = None
         self.sources: dict[str, ast.AST | None] = {}
+        self.fix_s: dict[str, float] = {}  # what gf.accelerate cost this script once (hook._patch_accelerate)
         # a batch's four entries go in together: another thread's iterator (a prefetching thread, a second loader
         # iterated in a thread) must not interleave its own between them
         self.lock = threading.Lock()
@@ -115,4 +116,5 @@ class State:
             side=self.side_result,
             notes=self.notes + (list(sampler.notes) if sampler else []),
             machine=list(sampler.machine) if sampler else [],
+            fix_s=dict(self.fix_s),
         )

@@ -7,7 +7,7 @@ epoch); its step costs ``--step-s`` beyond a tiny model, chosen from a pilot of 
 that the loop waits about 10%, 50% and 90% of the time. Each case is one ``gpufeed diagnose --verify --side-seconds
 S -- python imagenet_example.py DATA -j W ...`` run from a copy of the script: the report's predicted speed-up
 and one-time cost are set beside those the changed copy measured. Goals (issue 28): the verified speed-up within
-20% of the predicted one; the side measurement within 25% of its budget.
+20% of the predicted one, its one-time cost within 25%; the side measurement within 25% of its budget.
 
     python benchmarks/diagnose_prescription.py                       # 1,024 JPEGs, waits 10/50/90%, -j 0
     python benchmarks/diagnose_prescription.py --workers 0,2 --images 512 --out bench-out
@@ -97,7 +97,9 @@ def run_case(work: Path, data: Path, workers: int, step_s: float, args: argparse
         "rest_before_ms": b["rest_s"] * 1e3,
         "rest_after_ms": a["rest_s"] * 1e3,
         "predicted_one_time_s": p["one_time_s"],
-        "verified_one_time_s": (a["first_batch_s"] or 0) - (b["first_batch_s"] or 0),
+        "verified_one_time_s": a["one_time_s"],  # timed in the changed run: importing gf.accelerate, its call
+        "one_time_error": a["one_time_s"] / p["one_time_s"] - 1 if a["one_time_s"] and p["one_time_s"] else None,
+        "first_batch_later_s": (a["first_batch_s"] or 0) - (b["first_batch_s"] or 0),
         "side_s": side.get("seconds"),
         "side_budget_s": side.get("budget_s"),
         "side_samples": side.get("samples"),
@@ -148,10 +150,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "dataloader_batch_s": batch_s,
         "rows": rows,
         "gain_goal_met": bool(ok) and all(abs(r["gain_error"]) <= GOAL_GAIN for r in ok),
+        "one_time_goal_met": bool(ok) and all(abs(r["one_time_error"] or 1) <= GOAL_BUDGET for r in ok),
         "budget_goal_met": bool(ok) and all(r["side_s"] <= (1 + GOAL_BUDGET) * r["side_budget_s"] for r in ok),
     }  # fmt: skip
-    print(f"goals: verified gain within {GOAL_GAIN:.0%} of the prediction: {summary['gain_goal_met']}; side "
-          f"measurement within {GOAL_BUDGET:.0%} of its budget: {summary['budget_goal_met']}")  # fmt: skip
+    print(f"goals: verified gain within {GOAL_GAIN:.0%} of the prediction: {summary['gain_goal_met']}; one-time "
+          f"cost within {GOAL_BUDGET:.0%}: {summary['one_time_goal_met']}; side measurement within {GOAL_BUDGET:.0%} "
+          f"of its budget: {summary['budget_goal_met']}")  # fmt: skip
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "diagnose_prescription.json").write_text(json.dumps(summary, indent=2, default=str))
@@ -165,7 +169,8 @@ def _line(r: dict[str, Any]) -> str:
         f"  -j {r['workers']} wait {r['wait_fraction']:.0%} (target {r['target_wait']:.0%}): predicted "
         f"{r['predicted_speedup']:.2f}x, verified {r['verified_speedup']:.2f}x ({r['gain_error']:+.0%}; bound "
         f"{r['bound']:.2f}x; rest {r['rest_before_ms']:.1f} -> {r['rest_after_ms']:.1f} ms); one-time predicted "
-        f"{r['predicted_one_time_s']:.1f} s, verified {r['verified_one_time_s']:+.1f} s; side {r['side_s']:.1f} s of "
+        f"{r['predicted_one_time_s']:.1f} s, verified {r['verified_one_time_s']:.1f} s (first batch "
+        f"{r['first_batch_later_s']:+.1f} s); side {r['side_s']:.1f} s of "
         f"{r['side_budget_s']:g} ({r['side_samples']} of {r['dataset_samples']} samples); {r['wall_s']:.0f} s"
     )
 

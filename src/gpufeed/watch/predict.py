@@ -35,7 +35,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Prediction", "bound", "predict"]
+__all__ = ["Prediction", "bound", "predict", "read_in"]
 
 
 @dataclass
@@ -97,7 +97,7 @@ def predict(wait_s: float, rest_s: float, side: dict[str, Any] | None, world_siz
     if fast and fast.get("img_s"):
         new_wait = batch / fast["img_s"]
         new_step = rest_s + new_wait
-        one_time = side.get("import_s", 0.0) + fast["build_s"] * scale
+        one_time = side.get("import_s", 0.0) + read_in(fast, n, scale)
         saved = step - new_step
         return Prediction(
             "accelerate", **common, new_wait_s=new_wait, new_step_s=new_step, speedup=step / new_step,
@@ -116,6 +116,27 @@ def predict(wait_s: float, rest_s: float, side: dict[str, Any] | None, world_siz
             steps_per_epoch=per_epoch, one_time_s=0.0, payback_steps=0.0, scale=scale,
         )  # fmt: skip
     return None
+
+
+def read_in(fast: dict[str, Any], n: int, scale: float = 1.0) -> float:
+    """Seconds for ``gf.accelerate`` to read ``n`` samples in, as a script's first call: the first read of the side
+    measurement (2 samples: the warm-up and the fixed costs) plus ``n - 2`` samples at the cost per sample of the
+    part over a quarter of it (see NOTE [ extrapolating the read-in ] in :mod:`gpufeed.watch.side`); without those
+    reads (a part that is the whole dataset, or too small to split), the part's read times ``scale`` (n / the part).
+
+    Example:
+        >>> reads = {"first": (2, 0.6), "part": (384, 1.0), "quarter": (96, 0.4)}
+        >>> round(read_in({"reads": reads, "build_s": 1.0}, 1024), 2)   # 0.6 s, then 1024 - 2 at 1/480 s
+        2.73
+        >>> read_in({"build_s": 1.0}, 100, scale=1.0)
+        1.0
+    """
+    reads = fast.get("reads")
+    if not reads:
+        return fast["build_s"] * scale
+    (k1, first_s), (k, part_s), (k0, quarter_s) = reads["first"], reads["part"], reads["quarter"]
+    per_sample = max(0.0, part_s - quarter_s) / max(1, k - k0)
+    return first_s + max(0, n - k1) * per_sample
 
 
 BETTER = 1.05  # tuned settings must beat the script's own by this much, measured, to be offered as a fix

@@ -154,6 +154,12 @@ def _measure(loader: DataLoader, budget_s: float, device: torch.device, start: f
     from ..pipeline.accelerate import accelerate
 
     cache_root = str(default_cache_dir())  # where a run of the fix writes its cache: the script's own setting
+    # NOTE [ extrapolating the read-in ]: what reading the whole dataset in costs is extrapolated from three reads:
+    # 2 samples first (the process's first call pays its warm-up: lazy imports, thread pools), then the part, then
+    # a quarter of it: their difference is the cost per sample. Scaling one call's time scaled its fixed costs too
+    # and overestimated by 15-50% at 2.7x the part; two reads, the smaller first, took the warm-up for a cost per
+    # sample and underestimated by 30-45% (benchmarks/diagnose_prescription.py).
+    first = _read_in(dataset, 2, measured_batch, device, accelerate) if n > k >= 8 else None
     with tempfile.TemporaryDirectory(prefix="gpufeed-side-") as scratch, _cache_dir(scratch):
         t0 = time.perf_counter()
         try:  # rank 0 of 1: every sample of the part, whatever process group the script set up. cache="auto"
@@ -175,6 +181,8 @@ def _measure(loader: DataLoader, budget_s: float, device: torch.device, start: f
                 "disk_bytes": _tree_bytes(Path(scratch)), "cache_root": cache_root,
                 "files_bytes": _files_bytes(subset),
             }  # fmt: skip
+            if first is not None and (quarter := _read_in(dataset, k // 4, measured_batch, device, accelerate)):
+                out["accelerate"]["reads"] = {"first": first, "part": (k, build_s), "quarter": quarter}
             out["notes"] += [f"accelerate: {note}"] if note else []
             del fast
     out["script_loader"] = _script_rate(loader, subset, shuffle, measured_batch, device, deadline, out["notes"])
@@ -183,6 +191,21 @@ def _measure(loader: DataLoader, budget_s: float, device: torch.device, start: f
         budget = min(TUNE_BUDGET_S, max(2.0, left - 1.0))
         out["tuned"] = _tuned(subset, measured_batch, device, budget)
     return out
+
+
+def _read_in(dataset: Any, k: int, batch: int, device: torch.device, accelerate: Any) -> tuple[int, float] | None:
+    """``(k, seconds)``: ``gf.accelerate`` reading the first ``k`` samples in (its own scratch cache), or None when
+    accelerate refuses them (the main call then says why)."""
+    with tempfile.TemporaryDirectory(prefix="gpufeed-side-") as scratch, _cache_dir(scratch):
+        t0 = time.perf_counter()
+        try:
+            loader = accelerate(Subset(dataset, range(k)), min(batch, k), False, device=device, cache="auto",
+                                progress=False, rank=0, world_size=1)  # fmt: skip
+        except _REFUSALS:
+            return None
+        seconds = time.perf_counter() - t0
+        del loader
+    return k, seconds
 
 
 def _pilot(dataset: Any, n: int) -> float:

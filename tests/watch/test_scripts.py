@@ -319,6 +319,34 @@ def test_the_command_goes_after_a_double_dash_and_options_of_a_configuration_are
     assert "nothing after --" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    "options, said",
+    [
+        (["--steps", "-3"], "--steps -3 is out of range: the batches to measure must be >= 0"),
+        (["--time", "0"], "--time 0 is out of range: the seconds after the first batch must be > 0"),
+        (["--side-seconds", "-1"], "--side-seconds -1 is out of range: the budget must be > 0 seconds"),
+        (["--no-side", "--side-seconds", "5"], "--no-side and --side-seconds contradict each other"),
+    ],
+)
+def test_an_option_out_of_range_is_named_as_such_before_the_command_runs(tmp_path, capsys, options, said):
+    from gpufeed.cli.main import main
+
+    assert main(["diagnose", *options, "--out", str(tmp_path), "--", sys.executable, "-c", "raise SystemExit(9)"]) == 2
+    err = capsys.readouterr().err
+    assert said in err and "an option of a gpufeed train configuration" not in err
+    assert not any(tmp_path.iterdir())  # refused before anything ran or was written
+
+
+def test_a_script_that_does_not_exist_is_said_to_have_never_started(tmp_path, capsys, monkeypatch):
+    from gpufeed.cli.main import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["diagnose", "--out", str(tmp_path / "out"), "--", sys.executable, "trian.py", "--lr", "0.1"]) == 2
+    err = capsys.readouterr().err
+    assert f"the script 'trian.py' does not exist (looked for from {tmp_path})" in err and "never started" in err
+    assert "no loader found" not in err and not (tmp_path / "out").exists()
+
+
 def test_a_command_that_runs_no_python_keeps_its_status_and_says_nothing_was_measured(tmp_path, capsys):
     from gpufeed.cli.main import main
 

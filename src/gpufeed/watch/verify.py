@@ -125,6 +125,9 @@ def verify(
     if not records:
         return {"error": f"the changed script wrote no record (exit status {status})", "status": status}
     after = report(records)
+    for summary in after.loaders:  # the copy's lines are the user's file's lines: named as the user's
+        if summary.built_at:
+            summary.built_at = summary.built_at.replace(f"{mirror}{os.sep}", "")
     # the one-time cost as the changed run paid it: importing gf.accelerate and its calls, timed in the script
     # (rank 0's); the first batch's time also moves by the script's own start-up, which varies by a second
     fix_s = next((r.fix_s for r in records if r.rank == 0 and r.fix_s), {})

@@ -107,13 +107,16 @@ def test_the_imagenet_example_gets_its_change_with_sampler_none_verified_against
 
 
 def test_with_two_workers_the_same_change_drops_them_and_pinned_memory(tmp_path, project):
-    _, report = _diagnose(project, tmp_path / "out", ("--no-side",), "imagenet_example.py", "data", "-j", "2")
+    out = tmp_path / "out"
+    _, report = _diagnose(project, out, ("--verify", "--no-side"), "imagenet_example.py", "data", "-j", "2")
     [main] = [ld for ld in report["loaders"] if ld["main"]]
     assert (main["num_workers"], main["pin_memory"], main["sampler"]) == (2, True, "RandomSampler")
     assert report["code_change"].splitlines()[-1] == (
         "+ gf.accelerate(train_dataset, batch_size=args.batch_size, shuffle=True)"
     )
-    assert report["prediction"] is None and report.get("verify") is None
+    assert report["prediction"] is None  # --no-side: nothing to predict from, the verification still runs
+    _verified(report, batches=8)
+    _applies(project, out, tmp_path, "imagenet_example.py")
 
 
 def test_the_dcgan_example_at_module_level_is_changed_and_verified(tmp_path, project):

@@ -180,7 +180,7 @@ def verify_text(v: dict[str, Any]) -> list[str]:
     if a["step_s"] is None or b["step_s"] is None:
         return [f"verified: the changed script ran ({a['batches']} batches, {v['after_exit']}): too few to compare"]
     measured = b["step_s"] / a["step_s"]
-    sooner = (a["first_batch_s"] or 0.0) - (b["first_batch_s"] or 0.0)
+    later = (a["first_batch_s"] or 0.0) - (b["first_batch_s"] or 0.0)  # the changed run's first batch, start-up in
     once = a.get("one_time_s")
 
     def row(name: str, before: str, after: str, predicted: str = "") -> str:
@@ -201,7 +201,7 @@ def verify_text(v: dict[str, Any]) -> list[str]:
         row(
             "one-time cost",
             "",
-            f"{once:.1f} s" if once is not None else f"{sooner:+.1f} s",
+            f"{once:.1f} s" if once is not None else f"{later:+.1f} s",
             f"{p['one_time_s']:.1f} s" if p.get("one_time_s") is not None else "",
         ),
     ]
@@ -210,7 +210,7 @@ def verify_text(v: dict[str, Any]) -> list[str]:
         lines.append(
             f"  (one-time: importing gf.accelerate {parts.get('import_s', 0.0):.1f} s and its call, reading the data "
             f"in, {parts.get('accelerate_s', 0.0):.1f} s, timed in the changed run; its first batch came "
-            f"{abs(sooner):.1f} s {'later' if sooner >= 0 else 'sooner'}, start-up included)"
+            f"{abs(later):.1f} s {'later' if later >= 0 else 'sooner'}, start-up included)"
         )
     lines.append(f"  the loop's loader after: {a['loader']}; {a['batches']} batches measured")
     if v.get("cache_bytes"):
@@ -229,7 +229,7 @@ def _agreement(measured: float, b: dict[str, Any], a: dict[str, Any], p: dict[st
     """Whether the verified speed-up confirms the prediction; where not, what moved that the prediction held
     fixed (the rest of the step)."""
     if not p:
-        return ["  (no prediction to compare with: the side measurement was not made)"]
+        return ["  (no prediction to compare with: the side measurement was not made, or measured no fix)"]
     off = measured / p["speedup"] - 1
     if abs(off) <= AGREE:
         return [
@@ -244,7 +244,7 @@ def _agreement(measured: float, b: dict[str, Any], a: dict[str, Any], p: dict[st
             "holds fixed"
         )
         if rest_a < rest_b:
-            line += " (the script's workers no longer compete with it for the cores)"
+            line += " (fewer processes compete with it for the cores: the script's loader workers, if it had any)"
     if measured > p.get("bound", float("inf")):
         line += f"; above the {p['bound']:.2f}x a data-side fix gives with the rest unchanged"
     return [line]

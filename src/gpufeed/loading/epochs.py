@@ -99,6 +99,8 @@ class EpochLoader:
     _stopped: tuple[int, int] | None = None  # (epoch, batches served) of an interrupted epoch, until a new claim
     # set at construction by accelerate(): the dataset was read once; a transform or labels replaced since are refused
     source_watch: SourceWatch | None = None
+    # False: batches are the images alone (a Hugging Face dataset read with label_key=None); labels are not served
+    labelled: bool = True
 
     def _mixed(self, batch: Any, epoch: int, index: int) -> Any:
         """``batch`` mixed by ``mix``, with draws from (seed, epoch, rank, batch): a resumed epoch mixes alike."""
@@ -308,6 +310,8 @@ class _Epoch:
             raise StopIteration
         try:
             batch = self.loader._mixed(next(self._source), p.epoch, p.next_batch)
+            if not self.loader.labelled:
+                batch = batch[0]
         except BaseException:  # a dead worker, a sample that raised, Ctrl-C: this iteration is over
             self._stop()
             raise

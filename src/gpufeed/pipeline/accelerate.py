@@ -17,6 +17,7 @@ per-sample fallback when asked (``fallback="prefetch"``).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +64,8 @@ def accelerate(
     mix: Any = None,
     views: int | Sequence[Any] = 1,
     on_error: str = "error",
+    image_key: str | None = None,
+    label_key: str | None = "auto",
 ) -> DeviceLoader | FallbackLoader:
     """A loader over ``dataset`` that yields what ``DataLoader(dataset, ...)`` would, many times faster.
 
@@ -73,7 +76,12 @@ def accelerate(
 
     Args:
         dataset: a map-style dataset returning ``(image, label)``: torchvision's (CIFAR, MNIST, SVHN, STL10,
-            ImageFolder, Food101, ...), a ``TensorDataset``, your own.
+            ImageFolder, Food101, ...), a ``TensorDataset``, your own; or a Hugging Face ``datasets.Dataset``
+            (one split), its images served from its Arrow bytes as a folder's files are, decoded as ``datasets``
+            decodes them and converted to RGB; its ``set_transform`` function is replaced by ``transform=``.
+        image_key, label_key: a Hugging Face dataset's image column (found from its ``Image`` feature) and label
+            column (``"auto"``: its ``ClassLabel``, or an integer ``label``/``labels``/``target`` column; class
+            names from the ``ClassLabel``).
         batch_size, shuffle, drop_last, seed, channels_last, rank, world_size, even, shard: as for
             :class:`DeviceLoader` (checked by :class:`~gpufeed.options.BatchOptions`).
         dtype: the images' dtype; ``None``: what the pipeline returns (float after ToTensor/Normalize).
@@ -100,12 +108,24 @@ def accelerate(
     read = ReadOptions(
         cache, store, max_side, fallback, on_error, cache_lambda, num_workers, progress, lock_timeout, memory_budget
     )
-    req = request(dataset, batch, read, transform=transform, device=device, mix=mix, views=views)
+    req = request(
+        dataset,
+        batch,
+        read,
+        transform=transform,
+        device=device,
+        mix=mix,
+        views=views,
+        image_key=image_key,
+        label_key=label_key,
+    )
     try:
         if req.unbatchable is not None:
             raise req.unbatchable
         probed = probe(req.dataset, req.transforms, read.cache_lambda, read.on_error)
         decided = plan(req, probed)
+        if req.notes:
+            decided = replace(decided, notes=req.notes + decided.notes)
         source = materialise(req, probed, decided)
     except (UnsupportedTransformError, UnbatchableError) as e:  # what the batched path cannot run
         return fallback_loader(req, e)

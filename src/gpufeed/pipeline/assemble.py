@@ -61,6 +61,7 @@ def device_loader(req: Request, probed: Probed, src: Source) -> DeviceLoader:
         plan=plan,
         source_watch=req.watch,
     )
+    loader.labelled = req.labelled
     return loader
 
 
@@ -93,7 +94,7 @@ def fallback_loader(req: Request, why: Exception) -> FallbackLoader:
         )
     warnings.warn(f"gpufeed.accelerate falls back to per-sample DataLoader workers (slow path): {why}", stacklevel=3)
     b = req.batch
-    return FallbackLoader(
+    loader = FallbackLoader(
         req.dataset,
         req.transform,
         b.batch_size,
@@ -110,3 +111,5 @@ def fallback_loader(req: Request, why: Exception) -> FallbackLoader:
         even=b.even,
         mix=req.mixer,
     )
+    loader.labelled = req.labelled
+    return loader

@@ -18,7 +18,7 @@ from ..augment.transforms import takes_ragged
 from ..cache import entry_path
 from ..errors import CacheWriteError, ConfigError
 from ..options import BatchOptions, ReadOptions
-from ..read.files import file_samples
+from ..read.files import has_image_files
 from ..read.fingerprint import cache_key
 from ..read.wrappers import unwrap
 from ..store.entry import Cache, open_cache
@@ -79,7 +79,7 @@ def build_cache(
             "or an opaque transform such as a Lambda), so a cache on disk could later be matched to other data; "
             "use gpufeed.accelerate(..., cache=False) to keep it in memory instead"
         )
-    if not split.cached and file_samples(dataset) is not None and takes_ragged(build_batched(split.device, *_RGB)):
+    if not split.cached and has_image_files(dataset) and takes_ragged(build_batched(split.device, *_RGB)):
         # A folder of photos with a recipe that starts with RandomResizedCrop: its entry is the pixel store
         # accelerate opens (each image as it is), named by the files and the recipe, so it goes under the root.
         if path is not None:

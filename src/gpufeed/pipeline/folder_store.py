@@ -22,13 +22,12 @@ from ..cache.format import hashes
 from ..cache.partial import progress_file
 from ..device import fmt_bytes, usable_cores
 from ..errors import CacheWriteError, ConfigError, DataError
-from ..read.files import bad_files_error, file_samples, scan_headers, undecodable
-from ..read.files import read_folder as read_folder_files
+from ..read.files import bad_files_error, file_samples, image_files, undecodable
 from ..read.fingerprint import cache_key
 from ..read.samples import Ingested
 from ..store.encoded import Encoded, decode, downscaled
 from ..store.ragged import Ragged
-from .entries import Source, cached_read, check_outside_dataset, folder_root
+from .entries import Source, cached_read, check_outside_dataset
 from .plan import StorePlan
 from .request import Request
 
@@ -64,7 +63,10 @@ def folder_store(req: Request, split: Any, decided: StorePlan) -> Source:
     store, max_side, on_error = options.store, options.max_side, options.on_error
     num_workers, progress, budget = options.num_workers, options.progress, decided.budget.device
     notes = list(decided.notes)
-    shapes, unreadable = scan_headers(dataset, num_workers, progress)  # bad files: (3, 0, 0), no pixels
+    files = image_files(dataset)
+    assert files is not None  # the plan chose this route for a source of encoded images
+    threads = max(1, usable_cores() if num_workers is None else num_workers)
+    shapes, unreadable = files.headers(threads, progress)  # bad files: (3, 0, 0), no pixels
     target = downscaled(shapes, max_side)
     pixels = int(target.prod(1).sum()) + len(target) * 48  # and per image: its start, shape and label
     if max_side is not None and store == "auto" and pixels > budget:  # the bytes would undo max_side: say so
@@ -78,17 +80,14 @@ def folder_store(req: Request, split: Any, decided: StorePlan) -> Source:
         over = f"decoded they would take {fmt_bytes(pixels)}, over the budget of {fmt_bytes(budget)}"
         why = "store='jpeg'" if store == "jpeg" else over
         notes.append(f"the files' bytes are kept and each batch is decoded as it is served ({why})")
-    threads = max(1, usable_cores() if num_workers is None else num_workers)
 
     def read_folder(progress_at: tuple[Path, str] | None = None) -> Ingested:
         """The files (and their pixels, decoded); ``progress_at``: the entry and key whose build keeps its
         progress on disk as it goes, so that a killed build resumes. Every file that cannot be used is found
         (its header, its read, its decode) before one error names them all, or they are left out."""
         t0 = time.perf_counter()
-        read = read_folder_files(dataset, num_workers, progress)
-        assert read is not None  # file_samples(dataset) said it is a folder
-        encoded, labels, bad = read
-        n, what = len(encoded), f"{type(dataset).__name__} at {folder_root(dataset) or '?'}"
+        encoded, labels, bad = files.read(threads, progress)
+        n, what = len(encoded), files.what
         good = [i for i in range(len(encoded)) if i not in bad]
         if not good:  # skipping every file would leave nothing to train on
             raise bad_files_error(bad, n, what)
@@ -106,8 +105,8 @@ def folder_store(req: Request, split: Any, decided: StorePlan) -> Source:
                 raise bad_files_error(bad, n, what)
             good = [g for j, g in enumerate(good) if j not in late]
             encoded, labels = _keep(encoded, labels, [j for j in range(len(encoded)) if j not in late], len(late))
-            return _folder_read(encoded, labels, _files(encoded, ""), t0, None, bad, dataset)
-        images, resumed, late = _decode_chunks(encoded, threads, max_side, progress, progress_at, folder_root(dataset))
+            return _folder_read(encoded, labels, files.describe(encoded), t0, None, bad, dataset, records=files.records)
+        images, resumed, late = _decode_chunks(encoded, threads, max_side, progress, progress_at, files.root)
         if late:
             bad |= {good[j]: why for j, why in late.items()}
             if on_error == "error":
@@ -122,7 +121,8 @@ def folder_store(req: Request, split: Any, decided: StorePlan) -> Source:
             then += f", resuming a stopped build at image {resumed:,} of {len(encoded):,}"
         # the pixels of a resumable build are already in its progress file: moved into the entry, not copied
         kept = {"pixels": progress_file(progress_at[0])} if progress_at is not None else None
-        return _folder_read(images, labels, _files(encoded, then), t0, kept, bad, dataset, encoded)
+        described = files.describe(encoded, then)
+        return _folder_read(images, labels, described, t0, kept, bad, dataset, encoded, files.records)
 
     kind: dict[str, Any] = {"kind": "jpeg" if keep_bytes else "pixels", "max_side": max_side}
     # "auto" persists the pixels (a cache saves the decode); the bytes are what the files are
@@ -137,7 +137,7 @@ def folder_store(req: Request, split: Any, decided: StorePlan) -> Source:
     src = cached_read(dataset, split, options, kind, read_folder, lambda d: not keep_bytes, notes, resume)
     if keep_bytes and src.images.paths is None:  # the files' store, from the cache: errors still name the files
         left_out = {p for p, _ in src.skipped}
-        src.images = replace(src.images, paths=[p for p, _ in file_samples(dataset) or [] if p not in left_out])
+        src.images = replace(src.images, paths=[p for p in files.names if p not in left_out])
     return src
 
 
@@ -257,15 +257,18 @@ def _folder_read(
     bad: dict[int, str],
     dataset: Any,
     files: Encoded | None = None,
+    records: bool = True,
 ) -> FolderRead:
     """The read, with the skipped files and, per kept file, its name and the hash of its bytes (``files``: the
-    files' store, when ``images`` holds their pixels)."""
+    files' store, when ``images`` holds their pixels; ``records``: whether the source keeps such a record)."""
     store = files if files is not None else images
     assert isinstance(store, Encoded) and store.paths is not None
     all_paths = store.paths
-    paths = [all_paths[int(store.index[i]) if store.index is not None else i] for i in range(len(store))]
-    extra = _file_record(dataset, paths, (functools.partial(_file_bytes, store, i) for i in range(len(store))))
-    skipped = tuple((all_paths[i], why) for i, why in sorted(bad.items()))
+    extra = {}
+    if records:
+        paths = [all_paths[int(store.index[i]) if store.index is not None else i] for i in range(len(store))]
+        extra = _file_record(dataset, paths, (functools.partial(_file_bytes, store, i) for i in range(len(store))))
+    skipped = tuple((str(all_paths[i]), why) for i, why in sorted(bad.items()))
     return FolderRead(images, labels, description, time.perf_counter() - t0, kept, skipped, extra)
 
 
@@ -303,11 +306,3 @@ def with_file_record(dataset: Any, read: Any) -> Any:
         return FolderRead(data.images, data.labels, data.path, data.seconds, data.files, (), extra)
 
     return read_and_record
-
-
-def _files(encoded: Encoded, then: str) -> str:
-    jpegs = int(encoded.jpeg.sum())
-    return (
-        f"folder ({fmt_bytes(encoded.data.nbytes)} of files: {jpegs:,} JPEG, {len(encoded) - jpegs:,} other; sizes "
-        f"from their headers{then})"
-    )

@@ -23,7 +23,7 @@ import torch
 
 from ..device import fmt_bytes, host_available
 from ..errors import ConfigError
-from ..read.files import file_samples
+from ..read.files import has_image_files
 from ..read.samples import exposes_arrays
 from .probe import Probed
 from .request import Request
@@ -137,7 +137,7 @@ def plan(req: Request, probed: Probed) -> StorePlan:
             f"{what} keeps each image at its own size: it needs a recipe that starts with RandomResizedCrop; {starts}"
         )
     limits = budget(req.device, options.memory_budget)
-    files = file_samples(dataset) is not None
+    files = has_image_files(dataset)
     # A folder read by torchvision's loader always goes by its files' headers: three probed samples of one
     # size say nothing about the rest.
     if (

@@ -18,7 +18,7 @@ import torch
 
 from ..augment.transforms import takes_ragged
 from ..errors import ConfigError, DataError, UnsupportedTransformError
-from ..read.files import file_samples
+from ..read.files import has_image_files
 from ..read.fingerprint import standard_getitem, standard_loader
 from ..read.samples import RaggedError, as_pair, ragged_message, to_chw, with_transform
 from ..read.wrappers import hidden_transforms
@@ -61,7 +61,7 @@ def probe(dataset: Any, transforms: Sequence[Any], cache_lambda: bool = False, o
             )
     # A folder's bad files are all found while its store is built (and named in one error, or left out): the probe
     # reads past them rather than failing on the first.
-    sample = probe_samples(dataset, split.cached_transform(), "skip" if file_samples(dataset) is not None else on_error)
+    sample = probe_samples(dataset, split.cached_transform(), "skip" if has_image_files(dataset) else on_error)
     notes: list[str] = []
     batched = tuple(
         build_batched(s.device, sample.dtype, sample.size, sample.pil, notes, sample.channels) for s in [split, *others]

@@ -18,6 +18,7 @@ from ..augment.mix import as_mix
 from ..device import resolve_device
 from ..errors import ConfigError
 from ..options import BatchOptions, ReadOptions
+from ..read.hf import arrow_images, hf_kind, transform_of
 from ..read.wrappers import SourceWatch, unwrap
 from ..validate import UnbatchableError, as_int, check_dataset, check_epoch
 
@@ -40,6 +41,12 @@ class Request:
     num_classes: int | None  # from the dataset's classes, when its labels index them
     watch: SourceWatch  # what was read once, checked at every epoch
     unbatchable: UnbatchableError | None = None  # parts with different transforms: only the fallback runs them
+    notes: tuple[str, ...] = ()  # what the plan says of the request itself (a dataset's own transform replaced)
+
+    @property
+    def labelled(self) -> bool:
+        """Whether batches carry labels (a Hugging Face dataset read with ``label_key=None`` has none)."""
+        return getattr(self.dataset, "labelled", True)
 
     @property
     def transform(self) -> Any:
@@ -61,14 +68,33 @@ def request(
     device: str | torch.device | None = None,
     mix: Any = None,
     views: int | Sequence[Any] = 1,
+    image_key: str | None = None,
+    label_key: str | None = "auto",
 ) -> Request:
     """Check what depends on the dataset (a map-style dataset, an epoch of at least one batch, the views, the
-    mixing op's class count) and see through torch's wrappers: a bad argument costs no read of the data."""
+    mixing op's class count) and see through torch's wrappers: a bad argument costs no read of the data. A
+    Hugging Face dataset is read as its image column (:func:`gpufeed.read.hf.arrow_images`)."""
     from .stream import streaming_dataset_error
 
     streaming = streaming_dataset_error(dataset)
     if streaming is not None:
         raise streaming
+    notes: tuple[str, ...] = ()
+    if hf_kind(dataset) is not None:
+        own = transform_of(dataset)
+        given = transform if transform is not DATASET else None
+        if given is None and isinstance(views, (list, tuple)):
+            given = views[0]
+        dataset = arrow_images(dataset, image_key, label_key, given)
+        if own is not None:
+            name = getattr(own, "__qualname__", type(own).__name__)
+            notes = (
+                f"the dataset's own transform ({name}, from set_transform/with_transform) is replaced by the "
+                "recipe given",
+            )
+    elif image_key is not None or label_key != "auto":
+        raise ConfigError("image_key and label_key name the columns of a Hugging Face datasets.Dataset; this is a "
+                          f"{type(dataset).__name__}: drop them")  # fmt: skip
     check_dataset(dataset)
     check_epoch(len(dataset), batch.batch_size, batch.drop_last)  # the rank-aware check follows in the loader
     watch = SourceWatch(dataset, transform_given=transform is not DATASET)  # what is read once, by identity
@@ -83,6 +109,8 @@ def request(
     if getattr(dataset, "target_transform", None) is not None:  # its labels are whatever it maps the classes to
         num_classes = None
     mixer = as_mix(mix, num_classes)  # a bad mix= is refused before the data is read
+    if mixer is not None and not getattr(dataset, "labelled", True):
+        raise ConfigError("mix= mixes images with their labels, but label_key=None reads images alone")
     if isinstance(views, (list, tuple)):
         if len(views) < 2:
             raise ConfigError(f"views: {len(views)} pipeline(s); give an int, or one pipeline per view (two or more)")
@@ -90,5 +118,5 @@ def request(
     else:
         transforms, count = (transform,), as_int(views, "views", 1)
     return Request(
-        dataset, transforms, count, batch, read, resolve_device(device), mixer, num_classes, watch, unbatchable
+        dataset, transforms, count, batch, read, resolve_device(device), mixer, num_classes, watch, unbatchable, notes
     )

@@ -18,18 +18,23 @@ from typing import Any
 
 import torch
 
-from ..device import usable_cores
+from ..device import fmt_bytes, usable_cores
 from ..errors import DataError
 from ..store import encoded as encoded_store
 from ..store.encoded import Encoded
 from .samples import stored_labels
 
 __all__ = [
+    "FolderFiles",
+    "ImageFiles",
     "bad_files_error",
     "file_samples",
+    "has_image_files",
     "header_shape",
+    "image_files",
     "read_files",
     "read_folder",
+    "run_caught",
     "scan_headers",
     "undecodable",
 ]
@@ -182,7 +187,7 @@ def _caught(fn: Callable[..., Any]) -> Callable[..., Any]:
     return call
 
 
-def _run(fn: Callable[..., Any], args: list[Sequence[Any]], threads: int, what: str, progress: bool) -> list[Any]:
+def run_caught(fn: Callable[..., Any], args: list[Sequence[Any]], threads: int, what: str, progress: bool) -> list[Any]:
     """``fn`` over ``zip(*args)`` on ``threads`` threads with a progress bar; a DataError is a result, not a raise."""
     from tqdm.auto import tqdm
 
@@ -204,6 +209,70 @@ def bad_files_error(bad: dict[int, str], total: int, what: str) -> DataError:
     )
 
 
+class ImageFiles:
+    """A source of encoded images, read as a folder's files are: each image's size from its header before any
+    pixel is decoded, then its bytes as one :class:`Encoded` store; a bad image is a result (sample index -> why),
+    not a raise, so that every one is found. The folder route (:mod:`gpufeed.pipeline.folder_store`) builds its
+    pixel or JPEG store from any of them: an image folder (:class:`FolderFiles`), a Hugging Face dataset's Arrow
+    column (:class:`gpufeed.read.hf.ArrowFiles`). A dataset offers one by an ``image_files()`` method."""
+
+    what: str  # the data, as a message names it
+    root: str  # what a build's progress records as its data
+    names: Sequence[str]  # per sample, what an error names
+    records = True  # the entry records each file's name and hash (gpufeed cache verify --data DIR compares them)
+
+    def headers(self, threads: int, progress: bool) -> tuple[torch.Tensor, dict[int, str]]:
+        """``(N, 3)`` shapes each image decodes to (``(3, 0, 0)`` for a bad one) and the bad ones."""
+        raise NotImplementedError
+
+    def read(self, threads: int, progress: bool) -> tuple[Encoded, torch.Tensor, dict[int, str]]:
+        """The images as an :class:`Encoded` store (a bad one keeps its place), their labels, the bad ones."""
+        raise NotImplementedError
+
+    def describe(self, encoded: Encoded, then: str = "") -> str:
+        """What the plan says the read was (``then``: what followed it, e.g. the decode)."""
+        raise NotImplementedError
+
+
+class FolderFiles(ImageFiles):
+    """A file-backed dataset's files (:func:`file_samples`): an image folder."""
+
+    def __init__(self, dataset: Any, samples: list[tuple[str, Any]]) -> None:
+        self.dataset, self.samples = dataset, samples
+        root = getattr(dataset, "root", None)
+        self.root = str(Path(root).resolve()) if root is not None else ""
+        self.what = f"{type(dataset).__name__} at {self.root or '?'}"
+        self.names = [p for p, _ in samples]
+
+    def headers(self, threads: int, progress: bool) -> tuple[torch.Tensor, dict[int, str]]:
+        return scan_headers(self.dataset, threads, progress)
+
+    def read(self, threads: int, progress: bool) -> tuple[Encoded, torch.Tensor, dict[int, str]]:
+        got = read_folder(self.dataset, threads, progress)
+        assert got is not None  # file_samples(dataset) said it is a folder
+        return got
+
+    def describe(self, encoded: Encoded, then: str = "") -> str:
+        jpegs, nbytes = int(encoded.jpeg.sum()), fmt_bytes(encoded.data.nbytes)
+        others = len(encoded) - jpegs
+        return f"folder ({nbytes} of files: {jpegs:,} JPEG, {others:,} other; sizes from their headers{then})"
+
+
+def has_image_files(dataset: Any) -> bool:
+    """Whether ``dataset`` is read from encoded images as a folder is (:func:`image_files`), without reading them."""
+    return callable(getattr(dataset, "image_files", None)) or file_samples(dataset) is not None
+
+
+def image_files(dataset: Any) -> ImageFiles | None:
+    """The encoded images a dataset is read from as a folder is (see :class:`ImageFiles`), or None: read it sample
+    by sample."""
+    own = getattr(dataset, "image_files", None)
+    if callable(own):
+        return own()
+    samples = file_samples(dataset)
+    return FolderFiles(dataset, samples) if samples is not None else None
+
+
 def scan_headers(
     dataset: Any, num_workers: int | None = None, progress: bool = True
 ) -> tuple[torch.Tensor, dict[int, str]]:
@@ -213,7 +282,7 @@ def scan_headers(
     if samples is None:
         raise DataError(f"{type(dataset).__name__} is not a folder of image files read by torchvision's PIL loader")
     threads = max(1, usable_cores() if num_workers is None else num_workers)
-    got = _run(_header, [[p for p, _ in samples]], threads, "gpufeed: reading headers", progress)
+    got = run_caught(_header, [[p for p, _ in samples]], threads, "gpufeed: reading headers", progress)
     bad = {i: str(r) for i, r in enumerate(got) if isinstance(r, DataError)}
     shapes = [(3, 0, 0) if isinstance(r, DataError) else r for r in got]
     return torch.tensor(shapes, dtype=torch.int64).view(-1, 3), bad
@@ -245,7 +314,7 @@ def read_folder(
     views = [data[s : s + n] for s, n in zip(starts.tolist(), lengths.tolist(), strict=True)]
     threads = max(1, usable_cores() if num_workers is None else num_workers)
     todo = [i for i in range(len(paths)) if i not in bad]
-    got = dict(zip(todo, _run(_read_into, [[paths[i] for i in todo], [views[i] for i in todo]], threads,
+    got = dict(zip(todo, run_caught(_read_into, [[paths[i] for i in todo], [views[i] for i in todo]], threads,
                               "gpufeed: reading files", progress), strict=True))  # fmt: skip
     bad |= {i: str(r) for i, r in got.items() if isinstance(r, DataError)}
     read = [((3, 0, 0), False) if i in bad else got[i] for i in range(len(paths))]
@@ -281,5 +350,5 @@ def undecodable(encoded: Encoded, threads: int, progress: bool = True) -> dict[i
             got = tuple(image.shape)
             raise DataError(f"{encoded.name(i)} decoded to {got} (H, W, C), but its header said {(h, w, c)}")
 
-    got = _run(check, [list(range(len(encoded)))], threads, "gpufeed: checking that the files decode", progress)
+    got = run_caught(check, [list(range(len(encoded)))], threads, "gpufeed: checking that the files decode", progress)
     return {i: str(r) for i, r in enumerate(got) if isinstance(r, DataError)}

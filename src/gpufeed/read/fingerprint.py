@@ -58,7 +58,10 @@ def standard_getitem(dataset: Any) -> bool:
     be fingerprinted: a change to it would leave a cache or an array read serving the old samples.
     """
     getitem = getattr(type(dataset), "__getitem__", None)
-    return (getattr(getitem, "__module__", None) or "").startswith(("torchvision.", "torch.utils.data"))
+    # gpufeed's own sources (gpufeed.read.hf) read their data with code it knows, as torchvision's do
+    return (getattr(getitem, "__module__", None) or "").startswith(
+        ("torchvision.", "torch.utils.data", "gpufeed.read.")
+    )
 
 
 def standard_loader(dataset: Any) -> bool:
@@ -80,6 +83,9 @@ def dataset_identity(dataset: Any) -> dict[str, Any] | None:
     """
     if not (standard_getitem(dataset) and standard_loader(dataset)):
         return None
+    own = getattr(dataset, "source_identity", None)  # a source of gpufeed's own (a Hugging Face dataset's column)
+    if callable(own):
+        return own()
     ident: dict[str, Any] = {"class": f"{type(dataset).__module__}.{type(dataset).__qualname__}", "len": len(dataset)}
     for attr in ("train", "split", "classes"):
         if isinstance(getattr(dataset, attr, None), (bool, str, list)):

@@ -10,7 +10,9 @@ read by :mod:`gpufeed.read.files`, so RandomResizedCrop can draw its boxes befor
   and WebPs decode with TorchCodec where installed; other files (and those, without it) decode with PIL on the
   CPU, as the user's loader does, never dropped;
 - every image is decoded to RGB, as ``ImageFolder``'s loader (``PIL.Image.open(f).convert("RGB")``) does,
-  without EXIF rotation (the loader applies none).
+  without EXIF rotation (the loader applies none); a store whose source turns images upright (Hugging Face
+  ``datasets`` applies ``PIL.ImageOps.exif_transpose``) carries each image's orientation (``orient``), and those
+  images are decoded by PIL and turned as Pillow turns them.
 
 Fidelity: on the CPU libjpeg-turbo (TorchCodec's or torchvision's) gives PIL's pixels bit for bit (baseline,
 progressive, grayscale and CMYK JPEGs; tests/test_encoded.py checks it). nvJPEG is not libjpeg-turbo: its
@@ -35,7 +37,7 @@ from . import decoders
 from .base import Store, need
 from .ragged import Ragged, check_index, check_ragged, sizes
 
-__all__ = ["Encoded", "decode", "decode_one", "downscaled"]
+__all__ = ["Encoded", "decode", "decode_one", "downscaled", "upright"]
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,7 @@ class Encoded(Store):
     jpeg: torch.Tensor  # (N,) bool
     index: torch.Tensor | None = None  # (N,) each image's sample index in the dataset (None: 0..N-1)
     paths: Sequence[str] | None = None  # the dataset's files, by sample index: what errors name
+    orient: torch.Tensor | None = None  # (N,) uint8 EXIF orientation to apply once decoded (None: none, as a folder)
 
     kind = "jpeg"
     ragged = True
@@ -98,13 +101,14 @@ class Encoded(Store):
         idx = idx.cpu()
         pick = lambda t: t.index_select(0, idx)  # noqa: E731
         index = self.index.index_select(0, idx) if self.index is not None else idx.clone()
+        orient = pick(self.orient) if self.orient is not None else None
         return replace(self, starts=pick(self.starts), lengths=pick(self.lengths), shapes=pick(self.shapes),
-                       jpeg=pick(self.jpeg), index=index)  # fmt: skip
+                       jpeg=pick(self.jpeg), index=index, orient=orient)  # fmt: skip
 
     def compact(self) -> Encoded:
         """A new buffer holding only these images (after :meth:`select`, to free the rest)."""
         packed = _pack([self.file(i) for i in range(len(self))], self.shapes, self.jpeg)
-        return replace(packed, index=self.index, paths=self.paths)
+        return replace(packed, index=self.index, paths=self.paths, orient=self.orient)
 
     def pin_memory(self) -> Encoded:
         return replace(self, data=self.data.pin_memory())
@@ -135,6 +139,8 @@ class Encoded(Store):
 
     def arrays(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         fields = {k: getattr(self, k) for k in ("starts", "lengths", "shapes", "jpeg")}
+        if self.orient is not None:
+            fields["orient"] = self.orient
         return fields | {"bytes": self.data}, {"store": self.kind}
 
     @classmethod
@@ -142,7 +148,11 @@ class Encoded(Store):
         data, starts, lengths = need(arrays, "bytes"), need(arrays, "starts"), need(arrays, "lengths")
         shapes, jpeg = need(arrays, "shapes"), need(arrays, "jpeg")
         check_index(data, starts, lengths, shapes, len(need(arrays, "labels")))
-        return cls(data, starts, lengths, shapes, jpeg)
+        return cls(data, starts, lengths, shapes, jpeg, orient=arrays.get("orient"))
+
+    def rotated(self, i: int) -> bool:
+        """Whether image ``i`` is turned by its EXIF orientation once decoded."""
+        return self.orient is not None and int(self.orient[i]) > 1
 
     def check(self) -> None:
         check_ragged(len(self), self.dtype, self.shapes)
@@ -180,6 +190,8 @@ if hasattr(os, "register_at_fork"):
 
 def decode_one(encoded: Encoded, i: int) -> torch.Tensor:
     """Image ``i`` of ``encoded`` decoded to RGB, as ``(H, W, C)`` (how both decoders lay pixels out)."""
+    if encoded.rotated(i):  # PIL's pixels, then Pillow's turn (a decoder may turn some formats itself)
+        return upright(_pil_decode(encoded, i), int(encoded.orient[i]))  # type: ignore[index]
     data = encoded.file(i)
     image: torch.Tensor | None = None
     try:
@@ -187,6 +199,23 @@ def decode_one(encoded: Encoded, i: int) -> torch.Tensor:
     except RuntimeError:  # e.g. a truncated file, which PIL may still read (ImageFile.LOAD_TRUNCATED_IMAGES)
         pass
     return image.permute(1, 2, 0) if image is not None else _pil_decode(encoded, i)
+
+
+def upright(image: torch.Tensor, orientation: int) -> torch.Tensor:
+    """An ``(H, W, C)`` image turned as ``PIL.ImageOps.exif_transpose`` turns one of that EXIF orientation
+    (2-8; anything else leaves it as it is): pixels moved, never resampled."""
+    hw = (0, 1)
+    turns = {
+        2: lambda t: t.flip(1),  # FLIP_LEFT_RIGHT
+        3: lambda t: t.flip(hw),  # ROTATE_180
+        4: lambda t: t.flip(0),  # FLIP_TOP_BOTTOM
+        5: lambda t: t.transpose(0, 1),  # TRANSPOSE
+        6: lambda t: torch.rot90(t, -1, hw),  # ROTATE_270 (counter-clockwise), a quarter turn clockwise
+        7: lambda t: t.transpose(0, 1).flip(hw),  # TRANSVERSE
+        8: lambda t: torch.rot90(t, 1, hw),  # ROTATE_90 (counter-clockwise)
+    }
+    turn = turns.get(orientation)
+    return turn(image).contiguous() if turn is not None else image
 
 
 def _pil_decode(encoded: Encoded, i: int) -> torch.Tensor:
@@ -275,7 +304,7 @@ def decode(
 
 
 def _decode_cuda(encoded: Encoded, device: torch.device, starts: torch.Tensor) -> Ragged:
-    jpegs = encoded.jpeg.nonzero().flatten().tolist()
+    jpegs = [i for i in encoded.jpeg.nonzero().flatten().tolist() if not encoded.rotated(i)]
     decoded: dict[int, torch.Tensor] = {}
     if jpegs:
         try:
@@ -297,7 +326,8 @@ def _decode_cuda(encoded: Encoded, device: torch.device, starts: torch.Tensor) -
                     "decoder's build matches your torch and CUDA",
                 )
     for i in sorted(set(range(len(encoded))) - set(decoded)):
-        decoded[i] = _pil_decode(encoded, i).permute(2, 0, 1).contiguous().to(device, non_blocking=True)
+        image = decode_one(encoded, i) if encoded.rotated(i) else _pil_decode(encoded, i)
+        decoded[i] = image.permute(2, 0, 1).contiguous().to(device, non_blocking=True)
     for i, image in decoded.items():
         if tuple(image.shape) != tuple(encoded.shapes[i].tolist()):
             shape = tuple(encoded.shapes[i].tolist())

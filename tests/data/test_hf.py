@@ -1,0 +1,352 @@
+"""Hugging Face ``datasets`` as a source (gpufeed.read.hf): every kind of image a user's dataset holds, decoded as
+``datasets`` decodes it; evaluation recipes equal to ``with_transform`` + DataLoader; training recipes equal to the
+same images served from an image folder; views, caches, resume, ranks. Datasets are built locally: nothing reaches
+the Hub."""
+
+from __future__ import annotations
+
+import io
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torchvision.transforms.v2 as v2
+from PIL import Image
+from tests.contracts import check_resume
+
+import gpufeed as gf
+from gpufeed.errors import ConfigError, DataError
+from gpufeed.store.encoded import decode
+
+datasets = pytest.importorskip("datasets")
+
+_RNG = np.random.default_rng(7)
+
+
+def _photo(h: int, w: int) -> np.ndarray:
+    """A smooth image with some noise: JPEG keeps it close, so a wrong turn or channel shows."""
+    y, x = np.mgrid[0:h, 0:w]
+    base = np.stack([x * 255 // max(1, w - 1), y * 255 // max(1, h - 1), (x + y) * 127 // max(1, h + w - 2)], -1)
+    return np.clip(base + _RNG.integers(-20, 20, (h, w, 3)), 0, 255).astype(np.uint8)
+
+
+def _encode(image: Image.Image, fmt: str, **kw: object) -> bytes:
+    out = io.BytesIO()
+    image.save(out, fmt, **kw)
+    return out.getvalue()
+
+
+def _oriented_jpeg(h: int, w: int, orientation: int) -> bytes:
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    return _encode(Image.fromarray(_photo(h, w)), "JPEG", quality=92, exif=exif)
+
+
+def _kinds() -> dict[str, bytes]:
+    """One file of every kind the tests cover (the name says what it is)."""
+    rgba = np.dstack([_photo(30, 41), _RNG.integers(0, 255, (30, 41), dtype=np.uint8)])
+    return {
+        "jpeg": _encode(Image.fromarray(_photo(37, 52)), "JPEG", quality=90),
+        "progressive": _encode(Image.fromarray(_photo(44, 33)), "JPEG", quality=85, progressive=True),
+        "gray-jpeg": _encode(Image.fromarray(_photo(35, 40)).convert("L"), "JPEG"),
+        "cmyk-jpeg": _encode(Image.fromarray(_photo(36, 38)).convert("CMYK"), "JPEG"),
+        "exif-6": _oriented_jpeg(31, 47, 6),
+        "exif-3": _oriented_jpeg(33, 45, 3),
+        "exif-8": _oriented_jpeg(40, 29, 8),
+        "png-rgb": _encode(Image.fromarray(_photo(34, 39)), "PNG"),
+        "png-rgba": _encode(Image.fromarray(rgba, "RGBA"), "PNG"),
+        "png-palette": _encode(Image.fromarray(_photo(32, 42)).convert("P", palette=Image.Palette.ADAPTIVE), "PNG"),
+        "png-16bit": _encode(Image.fromarray(_photo(30, 36)[..., 0].astype(np.uint16) * 257), "PNG"),
+        "png-gray": _encode(Image.fromarray(_photo(38, 30)).convert("L"), "PNG"),
+    }
+
+
+KINDS = _kinds()
+NAMES = ["cat", "dog", "fox"]
+
+
+def _features(label: str = "class") -> datasets.Features:
+    kind = datasets.ClassLabel(names=NAMES) if label == "class" else datasets.Value("int64")
+    return datasets.Features({"image": datasets.Image(), "label": kind})
+
+
+def _dataset(images: list[bytes], labels: list[int] | None = None, label: str = "class") -> datasets.Dataset:
+    labels = labels if labels is not None else [i % len(NAMES) for i in range(len(images))]
+    rows = {"image": [{"bytes": b, "path": None} for b in images], "label": labels}
+    return datasets.Dataset.from_dict(rows, features=_features(label))
+
+
+def _mixed(n: int = 36) -> datasets.Dataset:
+    kinds = list(KINDS.values())
+    return _dataset([kinds[i % len(kinds)] for i in range(n)])
+
+
+EVAL = v2.Compose([v2.Resize(28), v2.CenterCrop(24), v2.PILToTensor()])
+TRAIN = v2.Compose(
+    [v2.PILToTensor(), v2.RandomResizedCrop(24), v2.RandomHorizontalFlip(), v2.ToDtype(torch.float32, scale=True)]
+)
+
+
+def _reference(ds: datasets.Dataset, recipe: object, batch_size: int = 8) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """What the user's path yields: ``with_transform`` + ``DataLoader``, in order."""
+
+    def fn(batch: dict) -> dict:
+        return {"pixel_values": [recipe(im.convert("RGB")) for im in batch["image"]], "label": batch["label"]}
+
+    loader = torch.utils.data.DataLoader(ds.with_transform(fn), batch_size=batch_size, shuffle=False)
+    return [(b["pixel_values"], b["label"]) for b in loader]
+
+
+def _upright(ds: datasets.Dataset, i: int) -> np.ndarray:
+    return np.asarray(ds[i]["image"].convert("RGB"))
+
+
+def _hwc(image: torch.Tensor) -> np.ndarray:
+    """A stored image as (H, W, C), whichever layout its store keeps."""
+    return (image if image.shape[-1] == 3 else image.permute(1, 2, 0)).numpy()
+
+
+def _accelerate(ds: object, **kw: object) -> object:
+    kw.setdefault("device", "cpu")
+    kw.setdefault("progress", False)
+    kw.setdefault("cache", False)
+    return gf.accelerate(ds, **kw)
+
+
+@pytest.mark.parametrize("store", ["pixels", "jpeg"])
+def test_every_kind_of_image_decodes_to_datasets_own_pixels(store: str) -> None:
+    ds = _mixed()
+    loader = _accelerate(ds, batch_size=8, transform=TRAIN, store=store, shuffle=False)
+    held = loader.store
+    images = decode(held, torch.device("cpu")) if store == "jpeg" else held
+    assert len(images) == len(ds)
+    for i in range(len(ds)):
+        np.testing.assert_array_equal(
+            _hwc(images.image(i)), _upright(ds, i), err_msg=f"row {i} ({list(KINDS)[i % len(KINDS)]})"
+        )
+
+
+def test_an_evaluation_recipe_equals_with_transform_and_a_dataloader() -> None:
+    ds = _mixed(30)
+    loader = _accelerate(ds, batch_size=8, transform=EVAL, shuffle=False)
+    got = list(loader)
+    want = _reference(ds, EVAL)
+    assert len(got) == len(want) == 4
+    for (x, y), (wx, wy) in zip(got, want, strict=True):
+        assert torch.equal(x, wx)
+        assert torch.equal(y, wy)
+
+
+def _folder(tmp_path: Path, files: list[bytes], labels: list[int]) -> tuple[Path, list[int]]:
+    """The same files as an ImageFolder; returns the order ImageFolder lists them in (by class, then name)."""
+    for i, (data, label) in enumerate(zip(files, labels, strict=True)):
+        (tmp_path / NAMES[label]).mkdir(parents=True, exist_ok=True)
+        (tmp_path / NAMES[label] / f"{i:04d}.jpg").write_bytes(data)
+    return tmp_path, sorted(range(len(files)), key=lambda i: (labels[i], i))
+
+
+@pytest.mark.parametrize("store", ["pixels", "jpeg"])
+def test_a_training_recipe_serves_what_the_same_images_in_a_folder_serve(tmp_path: Path, store: str) -> None:
+    """The same images in the same order, as a folder and as a dataset: bit for bit the same augmented batches
+    (the folder route's distribution tests then hold for this source too)."""
+    from torchvision.datasets import ImageFolder
+
+    files = [_encode(Image.fromarray(_photo(30 + i % 9, 34 + i % 7)), "JPEG", quality=90) for i in range(40)]
+    labels = [i % 3 for i in range(40)]
+    root, order = _folder(tmp_path, files, labels)
+    ds = _dataset([files[i] for i in order], [labels[i] for i in order])
+    kw = {"batch_size": 8, "transform": TRAIN, "store": store, "seed": 3}
+    from_hf, from_folder = _accelerate(ds, **kw), _accelerate(ImageFolder(str(root)), **kw)
+    for epoch in range(2):
+        a, b = list(from_hf), list(from_folder)
+        assert len(a) == len(b) == 5
+        for (x, y), (fx, fy) in zip(a, b, strict=True):
+            assert torch.equal(x, fx), f"epoch {epoch}"
+            assert torch.equal(y, fy)
+    first, second = (torch.cat([x for x, _ in from_hf]) for _ in range(2))
+    assert not torch.equal(first, second)  # each epoch its own draws
+
+
+def test_views_of_a_dataset_serve_their_own_rows() -> None:
+    ds = _mixed(48)
+    parts = {
+        "select": ds.select([5, 3, 40, 11, 0, 27, 33, 19, 8]),
+        "filter": ds.filter(lambda row: row["label"] != 1),
+        "shuffle": ds.shuffle(seed=4),
+        "train_test_split": ds.train_test_split(test_size=0.25, seed=2)["test"],
+    }
+    for name, part in parts.items():
+        got = list(_accelerate(part, batch_size=4, transform=EVAL, shuffle=False))
+        want = _reference(part, EVAL, batch_size=4)
+        assert len(got) == len(want), name
+        for (x, y), (wx, wy) in zip(got, want, strict=True):
+            assert torch.equal(x, wx), name
+            assert torch.equal(y, wy), name
+        files = _accelerate(part, batch_size=4, transform=TRAIN, store="jpeg").store
+        raw = part.cast_column("image", datasets.Image(decode=False))
+        assert [bytes(files.file(i).numpy()) for i in range(len(part))] == [r["bytes"] for r in raw["image"]], name
+
+
+def test_labels_from_a_classlabel_an_integer_column_or_none() -> None:
+    images = [KINDS["jpeg"]] * 6
+    by_class = _accelerate(_dataset(images), batch_size=6, transform=TRAIN, shuffle=False)
+    assert by_class.plan is not None
+    assert next(iter(by_class))[1].tolist() == [0, 1, 2, 0, 1, 2]
+    ints = _dataset(images, [7, 3, 9, 0, 1, 2], label="int")
+    assert next(iter(_accelerate(ints, batch_size=6, transform=TRAIN, shuffle=False)))[1].tolist() == [7, 3, 9, 0, 1, 2]
+    alone = _accelerate(ints, batch_size=3, transform=TRAIN, shuffle=False, label_key=None)
+    batches = list(alone)
+    assert len(batches) == 2 and all(isinstance(b, torch.Tensor) and b.shape == (3, 3, 24, 24) for b in batches)
+    with pytest.raises(ConfigError, match="label_key=None reads images alone"):
+        _accelerate(ints, batch_size=3, transform=TRAIN, label_key=None, mix=v2.MixUp(num_classes=10))
+    missing = _dataset(images, [0, 1, -1, 2, 0, 1])
+    with pytest.raises(DataError, match=r"row 2 has label -1"):
+        _accelerate(missing, batch_size=3, transform=TRAIN)
+
+
+def test_columns_are_found_or_named() -> None:
+    ds = _mixed(6).rename_column("image", "img").rename_column("label", "fine")
+    loader = _accelerate(ds, batch_size=3, transform=TRAIN, shuffle=False)  # found from the features
+    assert next(iter(loader))[1].tolist() == [0, 1, 2]
+    with pytest.raises(ConfigError, match=r"image_key='image' is not a column.*img \(Image\)"):
+        _accelerate(ds, batch_size=3, transform=TRAIN, image_key="image")
+    two = ds.add_column("other", [KINDS["jpeg"]] * 6).cast_column("other", datasets.Image())
+    with pytest.raises(ConfigError, match=r"2 Image columns \(\['img', 'other'\]\).*image_key="):
+        _accelerate(two, batch_size=3, transform=TRAIN)
+    assert len(list(_accelerate(two, batch_size=3, transform=TRAIN, image_key="other"))) == 2
+    with pytest.raises(ConfigError, match="label_key='img' is a Image"):
+        _accelerate(ds, batch_size=3, transform=TRAIN, label_key="img")
+    with pytest.raises(ConfigError, match="name the columns of a Hugging Face"):
+        _accelerate(torch.utils.data.TensorDataset(torch.zeros(4, 3, 8, 8, dtype=torch.uint8), torch.arange(4)),
+                    batch_size=2, image_key="x")  # fmt: skip
+
+
+def test_a_set_transform_function_is_refused_with_the_change_or_replaced() -> None:
+    ds = _mixed(8)
+
+    def to_pixels(batch: dict) -> dict:
+        return {"pixel_values": [EVAL(im.convert("RGB")) for im in batch["image"]], "label": batch["label"]}
+
+    with pytest.raises(
+        ConfigError, match=r"to_pixels.*columns \['image', 'label'\].*gf.accelerate\(ds, transform=RECIPE"
+    ):
+        _accelerate(ds.with_transform(to_pixels), batch_size=4)
+    loader = _accelerate(ds.with_transform(to_pixels), batch_size=4, transform=EVAL, shuffle=False)
+    assert "to_pixels" in str(loader.plan) and "replaced by the recipe given" in str(loader.plan)
+    assert torch.equal(next(iter(loader))[0], _reference(ds, EVAL, 4)[0][0])
+
+
+def test_splits_and_streams_are_refused_naming_what_to_pass() -> None:
+    dd = datasets.DatasetDict({"train": _mixed(4), "test": _mixed(4)})
+    with pytest.raises(ConfigError, match=r"splits \['train', 'test'\].*ds\['train'\]"):
+        _accelerate(dd, batch_size=2, transform=TRAIN)
+    with pytest.raises(ConfigError, match="streaming=True"):
+        _accelerate(_mixed(4).to_iterable_dataset(), batch_size=2, transform=TRAIN)
+
+
+def test_images_given_by_path_are_read_from_their_files(tmp_path: Path) -> None:
+    paths = []
+    for i, name in enumerate(["jpeg", "png-rgba", "exif-6", "gray-jpeg"]):
+        p = tmp_path / f"{i}.img"
+        p.write_bytes(KINDS[name])
+        paths.append(str(p))
+    ds = datasets.Dataset.from_dict({"image": paths, "label": [0, 1, 2, 0]}, features=_features())
+    loader = _accelerate(ds, batch_size=2, transform=TRAIN, store="pixels", shuffle=False)
+    assert "read from their files" in str(loader.plan)
+    for i in range(4):
+        np.testing.assert_array_equal(_hwc(loader.store.image(i)), _upright(ds, i))
+    got = list(_accelerate(ds, batch_size=2, transform=EVAL, shuffle=False))
+    for (x, _), (wx, _) in zip(got, _reference(ds, EVAL, 2), strict=True):
+        assert torch.equal(x, wx)
+
+
+@pytest.mark.parametrize("store", ["pixels", "jpeg"])
+def test_a_corrupt_image_is_named_at_build_time_or_skipped(store: str) -> None:
+    good = [KINDS["jpeg"], KINDS["png-rgb"]] * 4
+    broken = KINDS["jpeg"][: len(KINDS["jpeg"]) // 3]  # a truncated JPEG: its header reads, its pixels do not
+    garbage = b"not an image at all"
+    ds = _dataset(good[:3] + [broken] + good[3:6] + [garbage] + good[6:])
+    with pytest.raises(DataError, match=r"(?s)2 of 10 files.*row 3: cannot.*row 7: cannot"):
+        _accelerate(ds, batch_size=2, transform=TRAIN, store=store)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loader = _accelerate(ds, batch_size=2, transform=TRAIN, store=store, on_error="skip", shuffle=False)
+    assert any("left out 2 of 10" in str(w.message) for w in caught)
+    assert len(loader.store) == 8
+    assert torch.cat([y for _, y in loader]).tolist() == [ds[i]["label"] for i in range(10) if i not in (3, 7)]
+
+
+def test_the_jpeg_store_serves_the_arrow_bytes_without_a_copy(tmp_path: Path) -> None:
+    files = [KINDS["jpeg"], KINDS["progressive"], KINDS["png-rgb"]] * 10
+    _dataset(files).save_to_disk(str(tmp_path / "one"))
+    ds = datasets.load_from_disk(str(tmp_path / "one"))
+    loader = _accelerate(ds, batch_size=5, transform=TRAIN, store="jpeg")
+    held = loader.store
+    arrow = ds.data.table.column("image").chunks
+    lo = min(c.field("bytes").buffers()[2].address for c in arrow)
+    hi = max(c.field("bytes").buffers()[2].address + c.field("bytes").buffers()[2].size for c in arrow)
+    assert lo <= held.data.data_ptr() and held.data.data_ptr() + held.data.numel() <= hi  # a view of the file
+    assert "not copied" in str(loader.plan)
+    assert [bytes(held.file(i).numpy()) for i in range(len(ds))] == files
+    _dataset(files).save_to_disk(str(tmp_path / "two"), num_shards=2)
+    split = datasets.load_from_disk(str(tmp_path / "two"))
+    assert len(split.cache_files) == 2
+    copied = _accelerate(split, batch_size=5, transform=TRAIN, store="jpeg")
+    assert "span several Arrow files" in str(copied.plan)
+    assert [bytes(copied.store.file(i).numpy()) for i in range(len(split))] == files
+
+
+def test_imagefolder_and_parquet_builders_read_as_their_rows(tmp_path: Path) -> None:
+    files = [_encode(Image.fromarray(_photo(30 + i, 28 + i)), "JPEG") for i in range(9)]
+    root, _ = _folder(tmp_path / "folder", files, [i % 3 for i in range(9)])
+    built = datasets.load_dataset("imagefolder", data_dir=str(root), split="train", cache_dir=str(tmp_path / "hf"))
+    assert isinstance(built.features["label"], datasets.ClassLabel)
+    got = list(_accelerate(built, batch_size=3, transform=EVAL, shuffle=False))
+    for (x, y), (wx, wy) in zip(got, _reference(built, EVAL, 3), strict=True):
+        assert torch.equal(x, wx) and torch.equal(y, wy)
+    _mixed(12).to_parquet(str(tmp_path / "rows.parquet"))
+    parquet = datasets.load_dataset("parquet", data_files=str(tmp_path / "rows.parquet"), split="train",
+                                    cache_dir=str(tmp_path / "hf"))  # fmt: skip
+    loader = _accelerate(parquet, batch_size=4, transform=EVAL, shuffle=False)
+    assert loader.plan is not None
+    for (x, y), (wx, wy) in zip(loader, _reference(parquet, EVAL, 4), strict=True):
+        assert torch.equal(x, wx) and torch.equal(y, wy)
+
+
+def test_the_pixel_store_is_cached_by_the_datasets_fingerprint(tmp_path: Path) -> None:
+    ds = _mixed(20)
+    kw = {"batch_size": 4, "transform": TRAIN, "store": "pixels", "cache": tmp_path}
+    first = _accelerate(ds, **kw)
+    again = _accelerate(ds, **kw)
+    assert "cache hit" in str(again.plan) and "cache hit" not in str(first.plan)
+    assert torch.equal(first.store.data, again.store.data)
+    part = _accelerate(ds.select(range(10)), **kw)  # another view: its own entry
+    assert "cache hit" not in str(part.plan) and len(part.store) == 10
+    other = _dataset([KINDS["png-rgb"]] * 20)
+    assert "cache hit" not in str(_accelerate(other, **kw).plan)
+
+
+def test_resume_is_bit_exact_and_ranks_share_the_rows() -> None:
+    ds = _mixed(40)
+    check_resume(lambda: _accelerate(ds, batch_size=6, transform=TRAIN, store="jpeg", seed=5))
+    shares = []
+    for rank in range(2):
+        loader = _accelerate(ds, batch_size=5, transform=EVAL, rank=rank, world_size=2, seed=1)
+        shares.append(torch.cat([y for _, y in loader]))
+        assert len(loader) == 4
+    labels = torch.tensor([ds[i]["label"] for i in range(40)])
+    assert torch.equal(torch.sort(torch.cat(shares)).values, torch.sort(labels).values)
+
+
+def test_fallback_runs_the_recipe_per_sample() -> None:
+    ds = _mixed(12)
+
+    def opaque(image: Image.Image) -> torch.Tensor:  # a function gpufeed cannot split
+        return EVAL(image)
+
+    with pytest.warns(UserWarning, match="falls back"):
+        loader = _accelerate(ds, batch_size=4, transform=opaque, shuffle=False, fallback="prefetch", num_workers=0)
+    for (x, y), (wx, wy) in zip(loader, _reference(ds, EVAL, 4), strict=True):
+        assert torch.equal(x, wx) and torch.equal(y, wy)

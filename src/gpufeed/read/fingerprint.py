@@ -58,9 +58,10 @@ def standard_getitem(dataset: Any) -> bool:
     be fingerprinted: a change to it would leave a cache or an array read serving the old samples.
     """
     getitem = getattr(type(dataset), "__getitem__", None)
-    # gpufeed's own sources (gpufeed.read.hf) read their data with code it knows, as torchvision's do
+    # gpufeed's own sources (gpufeed.read.hf) read with code it knows; its views (read/wrappers) run the inner
+    # dataset's code, so they are not among them
     return (getattr(getitem, "__module__", None) or "").startswith(
-        ("torchvision.", "torch.utils.data", "gpufeed.read.")
+        ("torchvision.", "torch.utils.data", "gpufeed.read.hf")
     )
 
 

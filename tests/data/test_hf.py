@@ -192,7 +192,6 @@ def test_views_of_a_dataset_serve_their_own_rows() -> None:
 def test_labels_from_a_classlabel_an_integer_column_or_none() -> None:
     images = [KINDS["jpeg"]] * 6
     by_class = _accelerate(_dataset(images), batch_size=6, transform=TRAIN, shuffle=False)
-    assert by_class.plan is not None
     assert next(iter(by_class))[1].tolist() == [0, 1, 2, 0, 1, 2]
     ints = _dataset(images, [7, 3, 9, 0, 1, 2], label="int")
     assert next(iter(_accelerate(ints, batch_size=6, transform=TRAIN, shuffle=False)))[1].tolist() == [7, 3, 9, 0, 1, 2]
@@ -310,7 +309,6 @@ def test_imagefolder_and_parquet_builders_read_as_their_rows(tmp_path: Path) -> 
     parquet = datasets.load_dataset("parquet", data_files=str(tmp_path / "rows.parquet"), split="train",
                                     cache_dir=str(tmp_path / "hf"))  # fmt: skip
     loader = _accelerate(parquet, batch_size=4, transform=EVAL, shuffle=False)
-    assert loader.plan is not None
     for (x, y), (wx, wy) in zip(loader, _reference(parquet, EVAL, 4), strict=True):
         assert torch.equal(x, wx) and torch.equal(y, wy)
 

@@ -145,7 +145,7 @@ def arrow_images(ds: Any, image_key: str | None = None, label_key: str | None = 
     classes = (
         features[label_key].names if label_key is not None and isinstance(features[label_key], ClassLabel) else None
     )
-    return ArrowImages(ds, image_key, label_key, classes, replaced=own is not None)
+    return ArrowImages(ds, image_key, label_key, classes)
 
 
 class _RowNames(Sequence[str]):
@@ -168,14 +168,11 @@ class ArrowImages(Dataset):
     """A ``datasets.Dataset``'s image column and labels as ``(RGB PIL image, label)``, ``transform`` applied to
     the image (torchvision's convention), with the source protocol of an image folder (:meth:`image_files`)."""
 
-    def __init__(
-        self, ds: Any, image_key: str, label_key: str | None, classes: list[str] | None, replaced: bool = False
-    ) -> None:
+    def __init__(self, ds: Any, image_key: str, label_key: str | None, classes: list[str] | None) -> None:
         self.hf, self.image_key, self.label_key = ds, image_key, label_key
         self.classes = classes
         self.labelled = label_key is not None  # else batches are the images alone
         self.transform: Any = None
-        self.replaced = replaced  # transform= replaced the dataset's own set_transform function
         self._feature = ds.features[image_key]
         self._files: ArrowFiles | None = None
         table = ds.data.table  # the Arrow table (memory-mapped or in memory); rows through the indices mapping
@@ -289,12 +286,11 @@ def _one_buffer(
     import pyarrow as pa
 
     held = [b for b, _, _ in parts if b is not None and b.size]
-    if not held or max(b.address + b.size for b in held) == min(b.address for b in held):
+    if not held:
         return torch.empty(0, dtype=torch.uint8), np.zeros(len(parts), dtype=np.int64)
     if len(held) > 1 and not single_file:
         return None
-    lo = min(b.address for b in held)
-    hi = max(b.address + b.size for b in held)
+    lo, hi = min(b.address for b in held), max(b.address + b.size for b in held)
     span = pa.foreign_buffer(lo, hi - lo, base=held)  # keeps the Arrow buffers (and their mapping) alive
     with warnings.catch_warnings():  # read-only memory: gpufeed's decoders only read it
         warnings.simplefilter("ignore", UserWarning)
@@ -312,6 +308,7 @@ class ArrowFiles(ImageFiles):
         from datasets.table import list_table_cache_files
 
         self.source = source
+        self._got: list[Any] | None = None
         self.what = source.what
         self.root = f"{source.what} ({source.hf._fingerprint})"
         parts = _binary_parts(source._column)
@@ -394,18 +391,22 @@ class ArrowFiles(ImageFiles):
             shape = (shape[0], shape[2], shape[1])
         return shape, orientation, raw[:3] == b"\xff\xd8\xff"
 
+    def _scan(self, threads: int, progress: bool) -> list[Any]:
+        """Each image's header (shape, orientation, is-JPEG) or its DataError: read once, for headers() and read()."""
+        if self._got is None:
+            self._got = run_caught(
+                self._header, [list(range(len(self)))], threads, "gpufeed: reading headers", progress
+            )
+        return self._got
+
     def headers(self, threads: int, progress: bool) -> tuple[torch.Tensor, dict[int, str]]:
-        got = run_caught(self._header, [list(range(len(self)))], threads, "gpufeed: reading headers", progress)
-        self._got = got
+        got = self._scan(threads, progress)
         bad = {i: str(r) for i, r in enumerate(got) if isinstance(r, DataError)}
         shapes = [(3, 0, 0) if isinstance(r, DataError) else r[0] for r in got]
         return torch.tensor(shapes, dtype=torch.int64).view(-1, 3), bad
 
     def read(self, threads: int, progress: bool) -> tuple[Encoded, torch.Tensor, dict[int, str]]:
-        got = getattr(self, "_got", None)
-        if got is None:
-            self.headers(threads, progress)
-            got = self._got
+        got = self._scan(threads, progress)
         bad = {i: str(r) for i, r in enumerate(got) if isinstance(r, DataError)}
         ok = lambda r: not isinstance(r, DataError)  # noqa: E731
         shapes = torch.tensor([r[0] if ok(r) else (3, 0, 0) for r in got], dtype=torch.int64).view(-1, 3)
@@ -432,6 +433,10 @@ def _orientation(raw: bytes, name: str) -> int:
     EXIF at all (an eXIf chunk, or ImageMagick's text chunk) is loaded to tell, as ``datasets`` loads it."""
     from PIL import Image
 
+    from ..store.decoders import _jpeg_orientation
+
+    if raw[:3] == b"\xff\xd8\xff":  # the APP1 segment's tag, walked by the JPEG decoders' own reader
+        return _jpeg_orientation(raw[: 1 << 17])
     if raw[:8] == b"\x89PNG\r\n\x1a\n" and b"eXIf" not in raw and b"exif" not in raw:
         return 1
     try:

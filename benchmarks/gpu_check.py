@@ -1,7 +1,16 @@
 """Every GPU check of gpufeed in one run of at most 8 minutes on one GPU; writes OUT/gpu_check.json.
 
     pip wheel --no-deps airbench==0.1.8 -w .whl                    # here, once (.whl/ travels with carry)
+    pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+        --platform manylinux2014_x86_64 -d .whl/hf datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19   # here, once
     PYTHONPATH=src python benchmarks/gpu_check.py --out "$OUT"     # on the GPU machine
+
+The hf_datasets part's wheels (.whl/hf, 0.9 MB, pure Python) are what ``datasets`` needs beyond the GPU machine's
+image, which holds pyarrow, pandas, huggingface_hub, fsspec, xxhash, pyyaml, tqdm and the rest (its package list);
+they go first on ``sys.path`` and ``PYTHONPATH`` at the start, before any DataLoader worker, only where ``datasets``
+is not installed (``_carried_wheels``; the JSON's ``datasets`` says which, the part's ``versions`` what it found).
+Should that pyarrow prove too old for them, add ``pyarrow==26.0.1`` to the command (55 MB: the tree that travels
+is then about 59 MB of its 64 MiB, airbench's 12 kB included; pandas, 12 MB more, would not fit as well).
 
 Parts, most valuable first (``--parts`` runs a chosen few, in the order given):
 
@@ -12,7 +21,11 @@ Parts, most valuable first (``--parts`` runs a chosen few, in the order given):
 3. ``loader_throughput``: gpufeed and airbench's ``CifarLoader`` first, then torchvision's
    ``DataLoader`` (slow) -- one row at a time;
 3b. ``image_folder``: nvJPEG against PIL, both folder stores against DataLoader(16), a ResNet-50 epoch;
-3b'. ``stream_loader``: ``gf.stream`` over MDS shards (nvJPEG) against the JPEG store on the same photos, local and
+3b'. ``hf_datasets``: a ``datasets.Dataset`` of the same 2,000 photos (``save_to_disk``, ``load_from_disk``): the JPEG
+   store's pixels, nvJPEG reading the memory-mapped Arrow bytes, against ``datasets``' PIL decoding (and against the
+   same files from the folder and from the loader's store), the store's bytes a view of the Arrow buffer, then
+   ``with_transform`` + DataLoader(16) against the pixel and JPEG stores;
+3b''. ``stream_loader``: ``gf.stream`` over MDS shards (nvJPEG) against the JPEG store on the same photos, local and
    cold from a local-directory remote, the first batch at 1,000 shards; its CUDA batches finite and of the right
    shape; each sample's augmented output the same served by 2 simulated ranks as by 1 (keyed draws on CUDA);
 3c. ``augment_recipes``: TrivialAugmentWide, RandAugment, AutoAugment, a SimCLR view against
@@ -71,6 +84,7 @@ LIMITS = {
     "sync_free": 45,
     "loader_throughput": 150,
     "image_folder": 90,
+    "hf_datasets": 90,
     "stream_loader": 120,
     "augment_recipes": 75,
     "image_sizes": 90,
@@ -202,6 +216,50 @@ def image_folder(c: Check) -> dict:
         + ["--out", str(c.out)]
     )
     return json.loads((c.out / "image_folder.json").read_text())
+
+
+def hf_datasets(c: Check) -> dict:
+    """A ``datasets.Dataset`` of the image_folder part's 2,000 photos (embedded bytes, a ClassLabel; save_to_disk,
+    then load_from_disk: one memory-mapped Arrow file) through ``gf.accelerate`` (benchmarks/hf_datasets.py): the
+    JPEG store's first 100 images decoded on the device (nvJPEG reading the Arrow mapping itself) against
+    ``datasets``' own PIL decoding, the same files from the folder and the loader's placed store (the Arrow view,
+    unpinned on CUDA), whether the store's bytes lie inside the Arrow buffer, and
+    ``DataLoader(ds.with_transform(fn), 16)`` against the pixel store and the JPEG store, RandomResizedCrop(224) +
+    flip + normalise at batch 256."""
+    if c.summary.get("datasets") is None:
+        return {"skipped": f"datasets is not installed and no wheels are carried ({_HF_WHEELS}): see the docstring"}
+    import importlib.metadata
+
+    import hf_datasets as hf
+
+    versions = {}
+    for name in ("datasets", "pyarrow", "pandas", "huggingface_hub", "fsspec", "dill", "multiprocess"):
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = None
+    c.summary["hf_datasets"] = {"versions": versions}  # recorded even if the import fails
+    # 64 photos: the image_folder rehearsal's folder, so it is generated once
+    small = ["--n", "64", "--size", "64", "--batch", "16", "--compare", "8", "--workers", "1", "--repeats", "1"]
+    full = ["--n", "2000", "--batch", "256", "--compare", "100", "--workers", "16", "--repeats", "3"]
+    hf.main(["--device", c.device, "--out", str(c.out)] + (small if c.small else full))
+    result = json.loads((c.out / f"hf_datasets_photos_{64 if c.small else 224}.json").read_text())
+    result["versions"] = versions
+    folder = c.summary.get("image_folder")
+    if isinstance(folder, dict) and "decoded_vs_pil" in folder:  # nvJPEG on the folder's files, for comparison
+        result["image_folder_decoded_vs_pil"] = folder["decoded_vs_pil"]
+    fidelity, copies = result["decoded_vs_pil"], result["zero_copy"]
+    images = fidelity["images"]
+    # the CPU decoders give PIL's pixels; nvJPEG does not (a few levels), but it must give the same pixels from the
+    # Arrow mapping as from the folder's files and from the loader's store
+    refused = any("refused" in w for w in fidelity["warnings"])  # nvJPEG refused the chunk: PIL's pixels instead
+    decoded = fidelity["max_levels"] == 0 if c.device == "cpu" else "cuda" in fidelity["decoder"] and not refused
+    same = fidelity["same_as_folder_files"] == images and fidelity["same_as_served"] == images
+    # Encoded.placed leaves a memory-mapped store unpinned on CUDA (pinning would copy the column): the loader
+    # serves the Arrow view on both devices, and nvJPEG copies in from pageable memory
+    served = copies["served_on_arrow"] and not copies["served_pinned"]
+    result["ok"] = bool(decoded and same and copies["built_on_arrow"] and served and not copies["bad_images"])
+    return result
 
 
 def stream_loader(c: Check) -> dict:
@@ -455,6 +513,33 @@ def _airbench() -> str | None:
     return wheels[-1].name
 
 
+_HF_WHEELS = ROOT / ".whl" / "hf"
+
+
+def _carried_wheels(module: str, folder: Path) -> str | None:
+    """``module`` importable: as installed (its version, nothing changed), else from the wheels carried in ``folder``,
+    unzipped into a temporary directory put first on ``sys.path`` and ``PYTHONPATH`` (a DataLoader's forkserver,
+    started later, and the subprocess parts see it too); None when neither. Nothing is imported here."""
+    import importlib.metadata
+    import importlib.util
+
+    if importlib.util.find_spec(module) is not None:
+        try:
+            return f"installed {importlib.metadata.version(module)}"
+        except importlib.metadata.PackageNotFoundError:
+            return "installed"
+    wheels = sorted(folder.glob("*.whl"))
+    if not wheels:
+        return None
+    target = Path(tempfile.mkdtemp(prefix=f"{module}-wheels-"))
+    for wheel in wheels:
+        zipfile.ZipFile(wheel).extractall(target)
+    sys.path.insert(0, str(target))
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(target), *filter(None, [os.environ.get("PYTHONPATH")])])
+    importlib.invalidate_caches()
+    return f"carried: {', '.join(w.name for w in wheels)}"
+
+
 def _shm() -> str:
     r = subprocess.run(["df", "-h", "/dev/shm"], capture_output=True, text=True)
     return (r.stdout or r.stderr).strip()
@@ -485,6 +570,13 @@ def main(argv: list[str] | None = None) -> int:
             "airbench wheel missing (.whl/airbench-*.whl): its row is skipped; build it with "
             "`pip wheel --no-deps airbench==0.1.8 -w .whl` and carry .whl"
         )
+    # before any part starts a DataLoader's forkserver: its workers must find the carried wheels too
+    c.summary["datasets"] = _carried_wheels("datasets", _HF_WHEELS)
+    if c.summary["datasets"] is None and not c.small:
+        c.summary["warnings"].append(
+            f"datasets is not installed and no wheels are carried ({_HF_WHEELS}): the hf_datasets part is skipped; "
+            "download them as the docstring says and carry .whl"
+        )
     print(json.dumps(c.summary, indent=1), flush=True)  # versions and /dev/shm first
     c.save()
     tier_data = _TierData() if not c.small and (args.parts is None or "tier_fallback" in args.parts) else None
@@ -493,6 +585,7 @@ def main(argv: list[str] | None = None) -> int:
         "sync_free": sync_free,
         "loader_throughput": loader_throughput,
         "image_folder": image_folder,
+        "hf_datasets": hf_datasets,
         "stream_loader": stream_loader,
         "augment_recipes": augment_recipes,
         "image_sizes": image_sizes,

@@ -21,12 +21,16 @@ bytes copied), local-only and from a local-directory remote, from the call to gf
 hand; ``--first-batch fresh`` (default) runs each in a new Python process, so the engine's import (1-4 s, inside the
 call) is counted; the imports before the call (torch, torchvision, gpufeed) are reported beside it. Last, a profile
 of one local epoch stage by stage (shard read, headers, decode, transform), each run alone, against the loop's
-epoch (how much the reader thread overlaps).
+epoch (how much the reader thread overlaps). And the cost of checking each sample against the sha1 ``gpufeed
+convert`` stored (NOTE [ Checking each sample against its sha1 ] in gpufeed/mds/shards.py): the local loader's
+epochs with the check and without it, alternating in rounds on the same loader, and the shard reads alone both ways
+(``--only sha1`` runs this part alone, after the conversion).
 
 Goals (issue 22): local shards at least 90% of the JPEG store's img/s; the cold first epoch at least 75%; the first
 batch within 5 s at 1,000 shards.
 
     python benchmarks/stream_throughput.py [--device cuda] [--n 3000] [--batch 256] [--repeats 3] [--quick]
+    python benchmarks/stream_throughput.py --only sha1 [--repeats 5]
 """
 
 from __future__ import annotations
@@ -307,6 +311,81 @@ def profile(mds: Path, tf: Any, batch: int, device: torch.device, loop_s: float)
     }
 
 
+# -- the sha1 check ---------------------------------------------------------------------------------------------------
+
+
+def sha1_cost(mds: Path, tf: Any, batch: int, device: torch.device, repeats: int) -> dict[str, Any]:
+    """img/s of the local loader with each sample checked against its sha1 and without (``shards.verify``), the
+    two alternating in ``repeats`` rounds after a warm-up epoch of each; then one epoch's shard reads alone, both
+    ways (the reader thread's share of the check), and sha1 alone over the same bytes."""
+    import hashlib
+
+    loader = gf.stream(local=mds, transform=tf, batch_size=batch, device=device)
+    shards = loader.shards
+    if not shards.verify:
+        raise RuntimeError(f"{mds} is not checked (no sha1 column or no gpufeed.json): convert it with gpufeed")
+    runs: dict[bool, list[tuple[float, float, int]]] = {True: [], False: []}
+    try:
+        for flag in (True, False):
+            shards.verify = flag
+            _epoch(loader, device)  # warm-up
+        for _ in range(repeats):
+            for flag in (True, False):
+                shards.verify = flag
+                runs[flag].append(_epoch(loader, device))
+        plan = loader.epoch_plan(0)
+        reads: dict[bool, float] = {}
+        for flag in (True, False, True, False):  # twice each; the faster of the two
+            shards.verify = flag
+            t = time.perf_counter()
+            for k in range(plan.num_batches):
+                shards.read(plan.batch(k))
+            took = time.perf_counter() - t
+            reads[flag] = min(reads.get(flag, took), took)
+        images = [bytes(b) for k in range(plan.num_batches) for b in shards.read(plan.batch(k)).images]
+        t = time.perf_counter()
+        for b in images:
+            hashlib.sha1(b).hexdigest()
+        hashing = time.perf_counter() - t
+    finally:
+        shards.verify = True
+        shards.close()
+    rate = {flag: [n / s for s, _, n in r] for flag, r in runs.items()}
+    ratios = [a / b for a, b in zip(rate[True], rate[False], strict=True)]  # per round: drift cancels
+    n = plan.num_batches * plan.batch_size
+    megabytes = sum(len(b) for b in images) / 1e6
+    return {
+        "images": n,
+        "mean_image_kb": round(1000 * megabytes / len(images), 1),
+        "img_s_checked": round(statistics.median(rate[True]), 1),
+        "img_s_unchecked": round(statistics.median(rate[False]), 1),
+        "img_s_checked_rounds": [round(v, 1) for v in rate[True]],
+        "img_s_unchecked_rounds": [round(v, 1) for v in rate[False]],
+        "ratio_median": round(statistics.median(ratios), 4),
+        "ratio_rounds": [round(v, 4) for v in ratios],
+        "read_s_checked": round(reads[True], 3),
+        "read_s_unchecked": round(reads[False], 3),
+        "read_us_per_image_added": round(1e6 * (reads[True] - reads[False]) / n, 2),
+        "sha1_alone_s": round(hashing, 3),
+        "sha1_mb_s": round(megabytes / hashing, 1),
+    }
+
+
+def print_sha1(cost: dict[str, Any]) -> None:
+    print(f"\nsha1 check, local loader ({cost['images']:,} images of {cost['mean_image_kb']} KB on average), "
+          "alternating rounds:")  # fmt: skip
+    print("| loader | img/s (median) | rounds |")
+    print("|---|---|---|")
+    for name, key in (("checked (default)", "checked"), ("unchecked (shards.verify = False)", "unchecked")):
+        rounds = ", ".join(f"{v:,.0f}" for v in cost[f"img_s_{key}_rounds"])
+        print(f"| {name} | {cost[f'img_s_{key}']:,.0f} | {rounds} |")
+    print(f"- checked / unchecked, median of the rounds' ratios: {cost['ratio_median']:.3f} "
+          f"({', '.join(f'{v:.3f}' for v in cost['ratio_rounds'])})")  # fmt: skip
+    print(f"- one epoch's shard reads alone: {cost['read_s_checked']:.3f} s checked, {cost['read_s_unchecked']:.3f} s "
+          f"unchecked ({cost['read_us_per_image_added']:.1f} us an image); sha1 alone over the same bytes "
+          f"{cost['sha1_alone_s']:.3f} s ({cost['sha1_mb_s']:,.0f} MB/s)")  # fmt: skip
+
+
 # -- a sample's output whichever rank serves it ----------------------------------------------------------------------
 
 
@@ -461,6 +540,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--first-batch", choices=["fresh", "here"], default="fresh", help="its process (imports counted)")
     p.add_argument("--no-profile", action="store_true", help="skip the stage-by-stage profile")
     p.add_argument("--quick", action="store_true", help="600 images, 2 rounds")
+    p.add_argument("--only", choices=["sha1"], default=None, help="run one part alone (after the conversion)")
     p.add_argument("--work", type=Path, default=None, help="for the shards and caches (default: a temporary one)")
     p.add_argument("--out", type=Path, default=Path("bench-out"))
     args = p.parse_args(argv)
@@ -484,6 +564,13 @@ def main(argv: list[str] | None = None) -> int:
         mds, small = work / "mds", work / "mds-small"
         converted = convert_folder(Path(folder.root), mds, args.shard_size)
         print(f"converted: {converted}", flush=True)
+        if args.only == "sha1":
+            cost = sha1_cost(mds, tf, args.batch, device, args.repeats)
+            env = environment(device, images=len(folder), batch_size=args.batch, size=args.size, repeats=args.repeats)
+            print(", ".join(f"{k}={v}" for k, v in env.items()))
+            print_sha1(cost)
+            save_json(args.out / "stream_sha1.json", env, [], None, sha1=cost, converted=converted)
+            return 0
         # the 1,000-shard index: the same JPEGs in shards of about 6 (about 500 KB at full size), linked round
         converted_small = convert_folder(Path(folder.root), small, max(1 << 16, int(512_000 * args.scale**2)))
         index = linked_index(small, work / "mds-index", args.index_shards)
@@ -491,6 +578,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(engine_dataloader(mds, tf, args.batch, workers, device))
         first = first_batches(index, work, args)
         prof = None if args.no_profile else profile(mds, tf, args.batch, device, rows[1].epoch_s)
+        cost = sha1_cost(mds, tf, args.batch, device, args.repeats)
     finally:
         if args.work is None:
             shutil.rmtree(work, ignore_errors=True)
@@ -510,9 +598,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {k:<15} {v:7.2f} s  {prof['ms_per_image'][k]:6.2f} ms/image")
         print(f"  serial sum {prof['serial_s']:.2f} s, the loop's epoch {prof['loop_s']:.2f} s: the reader thread hid "
               f"{prof['hidden_by_reader_s']:.2f} s of its {prof['reader_side_s']:.2f} s")  # fmt: skip
+    print_sha1(cost)
     save_json(
         args.out / "stream_throughput.json", env, rows, rows[0], goals=met, first_batch=first, profile=prof,
-        converted=converted, converted_index=converted_small, **extra,
+        converted=converted, converted_index=converted_small, sha1=cost, **extra,
     )  # fmt: skip
     return 0
 

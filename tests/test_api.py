@@ -35,6 +35,19 @@ def test_import_initialises_no_cuda_changes_no_torch_global_and_leaves_torchvisi
     assert out == ["False", "True", "False", "True", "True", "gpufeed.loading.loader"]
 
 
+def test_the_command_lines_help_imports_no_torchvision_nor_pil():
+    # every CLI call pays what building its parser imports: `gpufeed --help` took 1.9x `import torch` when the
+    # parser's model and loader names came with the training loop (and torchvision, the datasets)
+    code = (
+        "import sys\nfrom gpufeed.cli.main import main\n"
+        "for argv in (['--help'], ['train', '--help'], ['diagnose', '--help'], ['convert', '--help']):\n"
+        "    try:\n        main(argv)\n    except SystemExit:\n        pass\n"
+        "print('torchvision' in sys.modules, 'PIL' in sys.modules, file=sys.stderr)"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert run.stderr.split() == ["False", "False"] and "gpufeed train" in run.stdout
+
+
 def test_the_code_passes_the_linter_the_formatter_and_the_type_checker():
     """What `make lint` runs, here too, so CI catches a lapse."""
     from pathlib import Path

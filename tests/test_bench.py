@@ -56,3 +56,19 @@ def test_a_batch_size_larger_than_the_training_images_is_refused_before_any_rung
     folder = image_folder(tmp_path / "photos", [(20, 20)] * 10)
     with pytest.raises(ConfigError, match=r"batch_size=64 is more than the 10 training images.*batch_size <= 10"):
         run_bench("cpu", batch_size=64, datasets=(folder, None), data=str(tmp_path / "photos"), image_size=32)
+
+
+def test_the_verdict_counts_the_epoch_against_the_model_alone_not_only_the_wait():
+    import torch
+
+    from gpufeed.bench import BASELINE, Row, summary
+
+    # workers that take the model's cores: the epoch is 2.9x the model alone though it waits 15%
+    contended = [Row(BASELINE, 2.9, data_wait_fraction=0.15), Row("gpufeed", 1.1), Row(FP32, 1.0)]
+    text = summary(contended, torch.device("cpu"))
+    assert text.startswith("On this CPU, the plain DataLoader epoch is data-bound: it waits for data 15% of its 2.90 s")
+    assert "yet its epoch takes 2.9x the model alone" in text and "the model, not the data" not in text
+    waiting = [Row(BASELINE, 4.0, data_wait_fraction=0.6), Row("gpufeed", 1.1), Row(FP32, 1.0)]
+    assert "data-bound: it waits for data 60% of its 4.00 s" in summary(waiting, torch.device("cpu"))
+    modelled = [Row(BASELINE, 1.1, data_wait_fraction=0.05), Row("gpufeed", 1.05), Row(FP32, 1.0)]
+    assert summary(modelled, torch.device("cpu")).endswith(": the model, not the data, is the cost here.")

@@ -256,3 +256,20 @@ def test_train_with_a_store_finds_the_entry_cache_build_made_for_it(split_folder
     assert main([*args, "--epochs", "1", "--device", "cpu", "--no-progress", "--out", str(tmp_path / "o")]) == 0
     after = [p for p in home.iterdir() if p.name.startswith("imagefolder-")]
     assert set(built) <= set(after) and len(set(after) - set(built)) == 1  # only the validation split's entry added
+
+
+def test_cache_build_into_a_read_only_place_says_so_alone(split_folder, home, tmp_path, capsys):
+    import subprocess
+
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,ro", "tmpfs", str(ro)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a read-only tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        assert main(["cache", "build", "--data", str(split_folder), "--cache-dir", str(ro)]) == 2
+    finally:
+        subprocess.run(["umount", str(ro)], check=True)
+    err = capsys.readouterr().err
+    assert "gpufeed cache: CacheWriteError: cannot create the build lock" in err and "Read-only file system" in err
+    assert "memory" not in err.split("CacheWriteError", 1)[1]  # not the plan's notes about budgets and malloc

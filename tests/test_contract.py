@@ -68,23 +68,25 @@ def test_every_sample_once_per_epoch_in_the_shared_order(kind):
 @pytest.mark.parametrize("kind", list(LOADERS))
 @pytest.mark.parametrize("even", [True, False])
 def test_ranks_take_disjoint_shares_that_cover_the_epoch(kind, even):
-    # 23 samples in batches of 4: 6 batch slots, 2 per rank, so even=True has nothing to pad: each sample on one rank
+    # 23 samples in batches of 4: 6 batch slots, 2 per rank; even=True also gives every rank's batches the same
+    # shapes (a gather per batch fits), so the last slot is filled with the order's first sample
     shares = [[labels([b]) for b in make(kind, rank=r, world_size=3, even=even)] for r in range(3)]
     every = [i for share in shares for batch in share for i in batch]
-    assert sorted(every) == list(range(23))  # disjoint and covering
     order = gf.sampling.epoch_order(3, 0, 23).tolist()  # slot j of the shared order goes to rank j % 3
-    assert shares == [[order[0:4], order[12:16]], [order[4:8], order[16:20]], [order[8:12], order[20:23]]]
+    assert Counter(every) == Counter(range(23)) + (Counter(order[:1]) if even else Counter())  # disjoint, covering
+    last = order[20:23] + (order[:1] if even else [])
+    assert shares == [[order[0:4], order[12:16]], [order[4:8], order[16:20]], [order[8:12], last]]
 
 
 @pytest.mark.parametrize("kind", list(LOADERS))
-def test_even_ranks_repeat_one_batch_of_the_orders_start_and_share_nothing_else(kind):
-    # 17 samples in batches of 4: 5 slots (4 full, then 1 sample) for 3 ranks; even=True adds a batch of repeats
-    # before the short one, so every rank has 2 batches
+def test_even_ranks_fill_equal_full_batches_with_the_orders_start_and_share_nothing_else(kind):
+    # 17 samples in batches of 4 for 3 ranks: even=True serves the whole order, then its first 7 samples again, so
+    # every rank has 2 full batches (the same shapes everywhere: a gather per batch fits), the repeats at the end
     shares = [[labels([b]) for b in make(kind, n=17, rank=r, world_size=3, even=True)] for r in range(3)]
     every = [i for share in shares for batch in share for i in batch]
     order = gf.sampling.epoch_order(3, 0, 17).tolist()
-    assert Counter(every) == Counter(range(17)) + Counter(order[:4])  # each sample once, the 4 repeats twice
-    assert shares == [[order[0:4], order[12:16]], [order[4:8], order[0:4]], [order[8:12], order[16:17]]]
+    assert Counter(every) == Counter(range(17)) + Counter(order[:7])  # each sample once, the 7 repeats twice
+    assert shares == [[order[0:4], order[12:16]], [order[4:8], order[16:17] + order[0:3]], [order[8:12], order[3:7]]]
 
 
 @pytest.mark.parametrize("kind", list(LOADERS))

@@ -1,8 +1,10 @@
 """The GPU check script, rehearsed on the CPU at small sizes, so it cannot rot between GPU sessions."""
 
 import json
+import os
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -16,8 +18,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 # The rehearsal runs in two processes of about equal time, so that `make test`'s workers share it (about 100 s of
 # parts in one): the data side (loaders, recipes, the diagnosis of a script), then the training side.
-DATA = ["prefetch_race", "loader_throughput", "image_folder", "stream_loader", "image_sizes", "augment_recipes"]
-DATA += ["diagnose_script"]
+DATA = ["prefetch_race", "loader_throughput", "image_folder", "hf_datasets", "stream_loader", "image_sizes"]
+DATA += ["augment_recipes", "diagnose_script"]
 TRAINING = ["bench_ladder", "ddp_overhead", "accelerate_tiers", "tune"]
 
 
@@ -48,6 +50,21 @@ def test_the_cpu_rehearsal_of_the_data_parts_runs_and_records_each(tmp_path, mon
     assert [r["name"].split(",")[0] for r in folder["rows"]][:3] == ["torchvision DataLoader + PIL"] + [
         "gpufeed accelerate"
     ] * 2
+    hf = summary["hf_datasets"]  # a datasets.Dataset of the folder's 64 photos: the JPEG store's pixels and bytes
+    assert summary["datasets"].startswith("installed ") and hf["versions"]["datasets"]
+    fidelity = hf["decoded_vs_pil"]
+    assert fidelity["images"] == 8 and fidelity["max_levels"] == 0  # on the CPU: datasets' own pixels, bit for bit
+    assert fidelity["same_as_folder_files"] == fidelity["same_as_served"] == 8 and not fidelity["warnings"]
+    assert hf["image_folder_decoded_vs_pil"]["max_levels"] == 0  # the image_folder part's figure, set beside
+    copies = hf["zero_copy"]  # one Arrow file: the store, as read and as served, is a view of its buffer
+    assert copies["arrow_files"] == 1 and copies["built_on_arrow"] and copies["served_on_arrow"]
+    assert not copies["served_pinned"] and copies["plan_says_not_copied"] and copies["bad_images"] == 0
+    assert [r["name"] for r in hf["rows"]] == [
+        "with_transform + DataLoader, num_workers=1",
+        "gf.accelerate, pixels store",
+        "gf.accelerate, jpeg store",
+    ]
+    assert all(r["images"] == 64 and r["images_per_s"] > 0 for r in hf["rows"]) and hf["ok"]
     streamed = summary["stream_loader"]  # gf.stream beside the JPEG store, then 1 rank against 2 simulated ranks
     assert [r["name"].split(" (")[0].split(":")[0] for r in streamed["rows"]] == [
         "gf.accelerate(ImageFolder), JPEG store",
@@ -75,6 +92,31 @@ def test_the_cpu_rehearsal_of_the_training_parts_runs_and_records_each(tmp_path,
     ladder = [r["name"] for r in summary["bench_ladder"]["rows"]]
     assert ladder[0] == "gpufeed" and ladder[-1].startswith("dataset on the GPU")
     assert summary["tune"] and summary["ddp_overhead"] and summary["accelerate_tiers"]
+
+
+def test_a_module_missing_here_is_taken_from_the_carried_wheels(tmp_path, monkeypatch):
+    import gpu_check
+
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    with zipfile.ZipFile(wheels / "gpufeed_carried_probe-1.0-py3-none-any.whl", "w") as z:
+        z.writestr("gpufeed_carried_probe/__init__.py", "VALUE = 7\n")
+        z.writestr("gpufeed_carried_probe-1.0.dist-info/METADATA", "Metadata-Version: 2.1\nName: carried-probe\n")
+    before = list(sys.path)
+    monkeypatch.setattr(sys, "path", list(sys.path))  # (both restored after the test)
+    monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
+    assert gpu_check._carried_wheels("torch", wheels).startswith("installed ")  # installed: nothing is added
+    assert gpu_check._carried_wheels("gpufeed_carried_probe", tmp_path / "none") is None  # neither: the part skips
+    assert sys.path == before
+    got = gpu_check._carried_wheels("gpufeed_carried_probe", wheels)
+    assert got == "carried: gpufeed_carried_probe-1.0-py3-none-any.whl"
+    assert os.environ["PYTHONPATH"].split(os.pathsep)[0] == sys.path[0]  # a DataLoader worker, a subprocess see it
+    try:
+        import gpufeed_carried_probe
+
+        assert gpufeed_carried_probe.VALUE == 7
+    finally:
+        sys.modules.pop("gpufeed_carried_probe", None)
 
 
 def test_a_part_that_fails_or_times_out_is_recorded_and_the_next_runs(tmp_path, monkeypatch):

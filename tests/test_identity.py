@@ -104,3 +104,32 @@ def test_the_fallback_s_fingerprint_of_a_folder_survives_a_move_but_not_another_
     assert dataset_identity(ds) == dataset_identity(ImageFolder(str(tmp_path / "b" / "photos")))
     (tmp_path / "b" / "photos" / "class0" / "0000.png").rename(tmp_path / "b" / "photos" / "class0" / "9999.png")
     assert dataset_identity(ds) != dataset_identity(ImageFolder(str(tmp_path / "b" / "photos")))
+
+
+def test_a_state_of_other_data_names_the_data_and_one_of_another_chunk_size_resumes_alike():
+    from gpufeed.errors import StateError
+
+    small = gf.DeviceLoader(torch.zeros(512, 3, 8, 8, dtype=torch.uint8), torch.zeros(512, dtype=torch.long),
+                            batch_size=4, device="cpu")  # fmt: skip
+    large = gf.DeviceLoader(torch.ones(512, 3, 64, 64, dtype=torch.uint8), torch.zeros(512, dtype=torch.long),
+                            batch_size=4, device="cpu")  # fmt: skip
+    assert small.config.chunk_batches != large.config.chunk_batches  # picked from the images' size
+    it = iter(small)
+    next(it)
+    state = small.state_dict()
+    with pytest.raises(StateError, match=r"saved with images='512 images of \(3, 8, 8\) torch.uint8', but this loader"):
+        large.load_state_dict(state)
+    # the same data where another chunk size is picked (another device): the state resumes the batches it left
+    from gpufeed.augment import Compose, RandomCrop, RandomHorizontalFlip
+
+    images = torch.randint(0, 256, (64, 3, 8, 8), dtype=torch.uint8, generator=torch.Generator().manual_seed(2))
+    aug = Compose([RandomCrop(8, padding=2), RandomHorizontalFlip()])
+    run = gf.DeviceLoader(images, torch.arange(64), batch_size=4, transform=aug, device="cpu", chunk_batches=8)
+    it = iter(run)
+    [next(it) for _ in range(5)]
+    state, rest = run.state_dict(), list(it)
+    elsewhere = gf.DeviceLoader(images, torch.arange(64), batch_size=4, transform=aug, device="cpu", chunk_batches=3)
+    elsewhere.load_state_dict(state)
+    resumed = list(elsewhere)
+    assert len(resumed) == len(rest) == 11
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(rest, resumed, strict=True))

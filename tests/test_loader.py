@@ -305,3 +305,54 @@ def test_a_local_shard_state_belongs_to_the_whole_dataset_so_every_rank_loads_it
     state = ranks[0].state_dict()
     ranks[1].load_state_dict(state)  # rank 1 holds other images, but of the same dataset
     assert (ranks[1].state_dict()["epoch"], ranks[1].state_dict()["batch"]) == (0, 1)
+
+
+def _by_sample(batches: list) -> dict[int, torch.Tensor]:
+    """Each served sample's augmented image, by its label (the sample's index)."""
+    return {int(label): x for xb, yb in batches for x, label in zip(xb, yb, strict=True)}
+
+
+def test_a_seed_draws_the_same_augmentation_at_any_chunk_size_and_world_size():
+    # NOTE [ Keyed draws in every loader ]: chunk_batches is picked from the device and the image size, so a draw per
+    # chunk made the CPU and a GPU augment alike-seeded runs differently (0 of 16 batches equal between 1 and 32)
+    from gpufeed.augment import ColorJitter, RandomResizedCrop
+
+    n = 48
+    images = torch.randint(0, 256, (n, 3, 20, 20), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
+    labels = torch.arange(n)
+    aug = Compose([RandomResizedCrop(12), RandomHorizontalFlip(), ColorJitter(0.4, 0.4, 0.4, 0.1)])
+
+    def served(**kw) -> dict[int, torch.Tensor]:
+        kw = {"seed": 7, **kw}
+        loader = DeviceLoader(images, labels, batch_size=4, transform=aug, device="cpu", dtype=None, **kw)
+        loader.set_epoch(2)
+        return _by_sample(list(loader))
+
+    one = served(chunk_batches=1)
+    assert sorted(one) == list(range(n))
+    for other in (served(chunk_batches=32), served(chunk_batches=5, drop_last=False)):
+        assert all(torch.equal(one[i], other[i]) for i in range(n))
+    ranks = {}
+    for rank in range(3):  # three ranks share the epoch out: each sample drawn as on one rank
+        ranks.update(served(chunk_batches=2, rank=rank, world_size=3, shuffle=True))
+    assert sorted(ranks) == list(range(n)) and all(torch.equal(one[i], ranks[i]) for i in range(n))
+    local = {}
+    for rank in range(2):  # a local shard keeps each sample's own id
+        local.update(served(chunk_batches=3, rank=rank, world_size=2, shard="local"))
+    assert all(torch.equal(one[i], local[i]) for i in range(n))
+    assert not torch.equal(one[0], served(chunk_batches=1, seed=8)[0])  # the seed still decides
+
+
+def test_a_transform_that_draws_with_torchs_own_functions_is_named_with_the_fix():
+    from gpufeed.augment import BatchTransform
+
+    class Jitter(BatchTransform):  # a user's op written for a torch.Generator
+        def sample(self, x, generator):
+            return {"noise": torch.rand(x.shape[0], generator=generator)}
+
+        def apply(self, x, params):
+            return x
+
+    images, labels = torch.zeros(4, 3, 4, 4, dtype=torch.uint8), torch.arange(4)
+    with pytest.raises(ConfigError, match=r"passes its generator= to torch's own random functions.*params' rand"):
+        DeviceLoader(images, labels, batch_size=2, transform=Jitter(), device="cpu")

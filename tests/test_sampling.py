@@ -92,7 +92,10 @@ def test_training_shards_are_equal_full_batches_with_bounded_padding(n, bs, worl
         assert len(allidx.unique()) == len(allidx) and n - len(allidx) < world * bs
     else:
         assert torch.equal(allidx.unique(), torch.arange(n))  # every sample, at least once
-        assert len(allidx) - n == padded * bs < world * bs  # the stated padding bound
+        assert len(allidx) - n == padded < world * bs  # the stated padding bound, in samples
+        sizes = [[len(b) for b in s.split(bs)] for s in shares]
+        assert all(x == sizes[0] for x in sizes)  # the same shapes on every rank, batch for batch: a gather fits
+        assert rank_indices(order, bs, 0, world, False, "pad").equal(shares[0])  # as even="pad" lays it out
     if world == 1:
         assert padded == 0  # one rank: nothing repeated
 
@@ -196,9 +199,12 @@ def test_real_counts_and_remainder_at_the_readme_sizes():
     assert [real_counts(96, 8, r, 2, False, "pad") for r in range(2)] == [(8,) * 6, (8,) * 6]
     assert [real_counts(101, 8, r, 2, False, "pad") for r in range(2)] == [(8,) * 6 + (5,), (8,) * 6 + (0,)]
     assert [gather_remainder(n, 8, 2, "pad") for n in (90, 96, 101)] == [10, 0, 5]
-    assert gather_remainder(101, 8, 2, even=True) == gather_remainder(101, 8, 2, even=False) == -1
-    # Training's padding: a whole batch of repeats, then the ragged tail (9 samples, batches of 2, 3 ranks).
-    assert [real_counts(9, 2, r, 3, False, True) for r in range(3)] == [(2, 2), (2, 0), (2, 1)]
+    assert gather_remainder(101, 8, 2, even=False) == gather_remainder(101, 8, 2, even=True, drop_last=True) == -1
+    # even=True without drop_last is laid out as "pad": equal shapes on every rank, the repeats known
+    assert gather_remainder(101, 8, 2, even=True) == 5 and gather_remainder(101, 8, 1, even=True) == -1
+    assert [real_counts(9, 2, r, 3, False, True) for r in range(3)] == [(2, 2), (2, 1), (2, 0)]
+    assert [real_counts(9, 2, r, 3, False, True) for r in range(3)] == [real_counts(9, 2, r, 3, False, "pad")
+                                                                       for r in range(3)]  # fmt: skip
 
 
 def test_even_modes_are_checked_with_the_fix_in_the_message():

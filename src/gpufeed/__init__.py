@@ -29,6 +29,7 @@ from .errors import (
     GpufeedError,
     NotADataLoaderError,
     StateError,
+    StorageError,
     UnsupportedTransformError,
     WorkerError,
 )
@@ -101,6 +102,7 @@ __all__ = [
     "Plan",
     "Report",
     "StateError",
+    "StorageError",
     "StreamLoader",
     "UnsupportedTransformError",
     "WorkerError",

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from .device import environment, resolve_device
+from .diagnose import CONTENTION_SLOWDOWN, DATA_BOUND_FRACTION
 from .errors import ConfigError
 from .report import bar_chart, format_table
 from .train.loop import TrainConfig, train
@@ -336,18 +337,37 @@ def summary(rows: list[Row], device: torch.device) -> str:
         return "(too few rungs ran to say what limits training here)"
     best = _best_dataloader(rows) or base
     assert best.epoch_s is not None
-    bound = "data-bound" if (base.data_wait_fraction or 0) >= 0.25 else "model-bound"
+    bound, why = _bound(base.epoch_s, base.data_wait_fraction or 0.0, floor.epoch_s)
     versus = f"{best.epoch_s / ours.epoch_s:.1f}x the best DataLoader rung ({best.name})"
     if best is not base:
         versus += f", {base.epoch_s / ours.epoch_s:.1f}x num_workers=0"
     return (
-        f"On this {device.type.upper()}, the plain DataLoader epoch is {bound}: it waits for data "
-        f"{base.data_wait_fraction or 0:.0%} of its {base.epoch_s:.2f} s, where the model alone takes "
-        f"{floor.epoch_s:.2f} s; {ours_name} waits {ours.data_wait_fraction or 0:.1%} and runs at "
-        f"{ours.epoch_s / floor.epoch_s:.2f}x the model alone ({versus})"
-        + (": the model, not the data, is the cost here" if bound == "model-bound" else "")
-        + "."
+        f"On this {device.type.upper()}, the plain DataLoader epoch is {bound}: {why}; {ours_name} waits "
+        f"{ours.data_wait_fraction or 0:.1%} and runs at {ours.epoch_s / floor.epoch_s:.2f}x the model alone "
+        f"({versus})" + (": the model, not the data, is the cost here" if bound == "model-bound" else "") + "."
     )
+
+
+def _bound(epoch_s: float, waiting: float, floor_s: float) -> tuple[str, str]:
+    """``(verdict, why)`` of the plain DataLoader rung: data-bound when it waits for data at least
+    :data:`~gpufeed.diagnose.DATA_BOUND_FRACTION` of its epoch, or when its epoch takes at least
+    :data:`~gpufeed.diagnose.CONTENTION_SLOWDOWN` times the model alone while waiting less (its workers take the
+    cores the step needs: on a CPU the wait hides the data's cost), as ``gf.diagnose``'s contention check judges.
+
+    Example:
+        >>> _bound(2.9, 0.15, 1.0)[0], _bound(1.1, 0.05, 1.0)[0], _bound(4.0, 0.6, 1.0)[0]
+        ('data-bound', 'model-bound', 'data-bound')
+    """
+    slower = epoch_s / floor_s
+    said = f"it waits for data {waiting:.0%} of its {epoch_s:.2f} s, where the model alone takes {floor_s:.2f} s"
+    if waiting >= DATA_BOUND_FRACTION:
+        return "data-bound", said
+    if slower >= CONTENTION_SLOWDOWN:
+        return "data-bound", (
+            f"{said}, yet its epoch takes {slower:.1f}x the model alone: making the data takes the cores the step "
+            "needs, a cost the wait does not show"
+        )
+    return "model-bound", said
 
 
 def _write(out: Path, rows: list[Row], device: torch.device, sizing: str, log: Callable[[str], None]) -> None:

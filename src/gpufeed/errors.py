@@ -16,6 +16,7 @@ __all__ = [
     "GpufeedError",
     "NotADataLoaderError",
     "StateError",
+    "StorageError",
     "UnsupportedTransformError",
     "WorkerError",
 ]
@@ -39,6 +40,13 @@ class DeviceError(GpufeedError, RuntimeError):
 
 class StateError(GpufeedError, RuntimeError):
     """A loader state cannot be restored (taken with another configuration, or loaded mid-epoch)."""
+
+
+class StorageError(GpufeedError, RuntimeError):
+    """A stream's remote did not deliver a shard (or its index): unreachable, silent past ``download_timeout``, or
+    without the object (deleted, not uploaded). The message names the shard, the remote and what to do; the
+    position of the batch that needed it stays in the loader's ``state_dict()``, so ``load_state_dict()`` resumes
+    there once the remote serves again."""
 
 
 class WorkerError(GpufeedError, RuntimeError):

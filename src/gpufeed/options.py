@@ -25,7 +25,7 @@ import torch
 
 from .errors import ConfigError
 from .sampling import Even, as_even
-from .validate import as_flag, as_int, as_workers
+from .validate import as_flag, as_int, as_seconds, as_workers, as_world
 
 __all__ = ["FALLBACKS", "ON_ERROR", "SHARD_MODES", "STORES", "BatchOptions", "ReadOptions", "cache_option"]
 
@@ -56,7 +56,10 @@ class BatchOptions:
         drop_last = as_flag(self.drop_last, "drop_last")
         if self.shard not in SHARD_MODES:
             raise ConfigError(f"shard={self.shard!r} must be one of {SHARD_MODES}")
+        rank, world_size = as_world(self.rank, self.world_size)
         checked: dict[str, Any] = {
+            "rank": rank,
+            "world_size": world_size,
             "batch_size": as_int(self.batch_size, "batch_size", 1),
             "seed": as_int(self.seed, "seed"),
             "shuffle": as_flag(self.shuffle, "shuffle"),
@@ -141,6 +144,9 @@ class ReadOptions:
             "cache": cache_option(self.cache),
             "memory_budget": None if budget is None else as_int(budget, "memory_budget (bytes)", 0),
             "num_workers": None if self.num_workers is None else as_workers(self.num_workers),
+            "cache_lambda": as_flag(self.cache_lambda, "cache_lambda"),
+            "progress": as_flag(self.progress, "progress"),
+            "lock_timeout": as_seconds(self.lock_timeout, "lock_timeout", unbounded=True),  # inf: no limit
         }
         for name, value in checked.items():
             object.__setattr__(self, name, value)
@@ -158,6 +164,13 @@ def cache_option(cache: Any) -> bool | str | Path:
     if str(cache).strip().lower() in _FLAG_WORDS:
         raise ConfigError(f"cache={cache!r} reads as a flag, not a directory: pass cache=True, False or 'auto'")
     root = Path(cache).expanduser()
-    if root.exists() and not root.is_dir():
+    try:
+        is_file = root.exists() and not root.is_dir()
+    except OSError as e:  # under a directory this process may not enter: nothing can be read or written there
+        raise ConfigError(
+            f"cache={str(cache)!r} cannot be looked at ({e.strerror or e}): a directory on its way may not be "
+            "entered by this user; choose a location you can write, or cache=False"
+        ) from None
+    if is_file:
         raise ConfigError(f"cache={str(cache)!r} is a file; pass a directory, the root gpufeed's entries go under")
     return root

@@ -5,8 +5,10 @@ Everything here is a function of its integer arguments only, computed on the CPU
 
 NOTE [ Sharing an epoch out to ranks: the three ``even`` modes ]
 - ``even=True`` (training): every rank the same number of batches, so no rank waits in a collective
-  (DDP's gradient all-reduce). Whole batches of repeats, or ``drop_last`` drops whole batches; only
-  a rank's last batch can be short.
+  (DDP's gradient all-reduce). ``drop_last`` drops whole batches; without it, every rank's batches also have
+  the same shapes, batch for batch (a gather per batch, ``gather_for_metrics``, needs that whichever launcher
+  started the ranks): the epoch is laid out as under ``even="pad"``, its repeats known to ``real_counts`` and
+  ``gather_for_metrics``. On one rank nothing is repeated and only the last batch is short.
 - ``even="pad"`` (evaluation with collectives): every sample once, then repeats of the order's first
   samples at the very end, up to ``world * batch_size`` per round: every rank the same number of
   batches, each a full ``batch_size`` (one rank: only the last batch short, nothing repeated). The
@@ -145,6 +147,12 @@ def _padded_total(n: int, batch_size: int, world: int) -> int:
     return -(-n // per_round) * per_round
 
 
+def _layout(even: Even, drop_last: bool, world: int) -> Even:
+    """The layout ``even`` gives: True without ``drop_last`` on several ranks is ``"pad"``'s (equal shapes on every
+    rank, batch for batch: NOTE [ Sharing an epoch out to ranks ])."""
+    return "pad" if even is True and not drop_last and world > 1 else even
+
+
 def shard_batches(n: int, batch_size: int, world: int, drop_last: bool, even: Even) -> tuple[int, int, int]:
     """How an epoch of ``n`` samples is cut for ``world`` ranks: ``(slots, full_used, padded)``.
 
@@ -153,20 +161,21 @@ def shard_batches(n: int, batch_size: int, world: int, drop_last: bool, even: Ev
     it is kept: ``slots`` batch slots in all, handed to ranks in turn (slot ``j`` to rank ``j % world``).
 
     ``even=True`` (training): every rank gets the same number of slots: with ``drop_last`` whole
-    batches are dropped (fewer than ``world * batch_size`` samples), else batches of repeats are
-    added (fewer than ``world * batch_size`` samples). ``even=False`` (evaluation): no padding, each
+    batches are dropped (fewer than ``world * batch_size`` samples), else it is ``even="pad"``'s layout (equal
+    shapes on every rank). ``even=False`` (evaluation): no padding, each
     sample once; rank counts differ by at most one batch. With one rank, nothing is padded.
     ``even="pad"``: the whole order, then ``padded`` *samples* (not batches) of repeats, in ``slots``
     batches; ``full_used`` is ``n // batch_size`` (see NOTE [ Sharing an epoch out to ranks ]).
 
     Example:
-        >>> shard_batches(10, 2, 3, drop_last=False, even=True)   # 5 batches + 1 padded = 2 per rank
-        (6, 5, 1)
+        >>> shard_batches(10, 2, 3, drop_last=False, even=True)   # 10 samples + 2 repeats: 2 full batches per rank
+        (6, 5, 2)
         >>> shard_batches(10, 2, 3, drop_last=True, even=True)    # 3 batches used, 4 samples dropped
         (3, 3, 0)
     """
     if world < 1:
         raise ConfigError(f"world_size={world} must be >= 1")
+    even = _layout(even, drop_last, world)
     full, tail = divmod(n, batch_size)
     if even == "pad":
         total = _padded_total(n, batch_size, world)
@@ -197,7 +206,7 @@ def rank_indices(
         raise ConfigError(f"rank={rank} must be in [0, world_size={world})")
     n = order.shape[0]
     slots, full, padded = shard_batches(n, batch_size, world, drop_last, even)
-    if even == "pad":  # the whole order, then the repeats: they end the last round
+    if _layout(even, drop_last, world) == "pad":  # the whole order, then the repeats: they end the last round
         parts = [order] if not padded else [order, order.repeat(-(-padded // n))[:padded]]
         return _slots_of(torch.cat(parts), batch_size, rank, world, slots)
     parts = [order[: full * batch_size]]
@@ -240,23 +249,24 @@ def real_counts(
         missing = max(0, -(-largest // batch_size) - (full + (1 if tail else 0)))
         return (batch_size,) * full + (0,) * missing + ((tail,) if tail else ())
     slots, full, padded = shard_batches(n, batch_size, world, drop_last, even)
-    if even == "pad":
+    if _layout(even, drop_last, world) == "pad":
         return tuple(max(0, min(batch_size, n - j * batch_size)) for j in range(rank, slots, world))
     tail = n - full * batch_size
     counts = [batch_size] * full + [0] * padded + ([tail] if slots > full + padded else [])
     return tuple(counts[j] for j in range(rank, slots, world))
 
 
-def gather_remainder(n: int, batch_size: int, world: int, even: Even) -> int:
+def gather_remainder(n: int, batch_size: int, world: int, even: Even, drop_last: bool = False) -> int:
     """What Accelerate's ``GradientState.remainder`` holds for its own loaders: the real samples in the last
-    gathered round, ``n % (world * batch_size)`` (0: the round is all real), under ``even="pad"``, whose repeats
+    gathered round, ``n % (world * batch_size)`` (0: the round is all real), under ``even="pad"`` (and ``even=True``
+    without ``drop_last``, laid out alike), whose repeats
     end that round; -1 (keep every gathered sample) otherwise, where no prefix of the round is the real part.
 
     Example:
         >>> gather_remainder(101, 8, 2, even="pad")   # 6 rounds of 16, then 5 real samples and 11 repeats
         5
     """
-    return n % (world * batch_size) if even == "pad" else -1
+    return n % (world * batch_size) if _layout(even, drop_last, world) == "pad" else -1
 
 
 def local_indices(

@@ -64,6 +64,89 @@ def as_int(value: Any, name: str, minimum: int | None = None) -> int:
     return number
 
 
+MAX_VIEWS = 64  # views per sample: DINO draws 12; a million is a typo that would run for minutes
+MAX_WORLD = 1 << 20  # ranks: well above any cluster, below what a rank table of that size costs to allocate
+_ORDER_BYTES = 8  # an epoch's order holds one int64 per sample
+
+
+def as_views(value: Any) -> int:
+    """``views=`` as a count: an int in [1, :data:`MAX_VIEWS`].
+
+    Example:
+        >>> as_views(2)
+        2
+    """
+    views = as_int(value, "views", 1)
+    if views > MAX_VIEWS:
+        raise ConfigError(
+            f"views={views:,} draws that many augmented copies of every sample; gpufeed serves at most {MAX_VIEWS} "
+            "(DINO's recipe draws 12): pass a smaller count, or one pipeline per view"
+        )
+    return views
+
+
+def as_world(rank: Any, world_size: Any) -> tuple[int | None, int | None]:
+    """``rank`` and ``world_size`` as given (None: read from torch.distributed later), checked: ints, ``world_size``
+    in [1, :data:`MAX_WORLD`], ``rank`` in [0, world_size) when both are given."""
+    world = None if world_size is None else as_int(world_size, "world_size", 1)
+    if world is not None and world > MAX_WORLD:
+        raise ConfigError(f"world_size={world:,} is more ranks than gpufeed shares data to (at most {MAX_WORLD:,})")
+    r = None if rank is None else as_int(rank, "rank", 0)
+    if r is not None and world is not None and r >= world:
+        raise ConfigError(f"rank={r} must be in [0, world_size={world})")
+    return r, world
+
+
+def as_seconds(value: Any, name: str, unbounded: bool = False) -> float | None:
+    """A time in seconds: None, or a finite real number >= 0 (a bool, a string, NaN, a negative, and inf unless
+    ``unbounded`` (no limit) is an error that names ``name``)."""
+    if value is None:
+        return None
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise ConfigError(f"{name}={value!r} must be a number of seconds (or None), not a {type(value).__name__}")
+    seconds = float(value)
+    if np.isnan(seconds) or seconds < 0 or (np.isinf(seconds) and not unbounded):
+        limit = " (or inf: no limit)" if unbounded else ""
+        raise ConfigError(f"{name}={value!r} must be a finite number of seconds >= 0{limit}")
+    return seconds
+
+
+def check_length(n: Any, what: str) -> int:
+    """``len(dataset)``: an int >= 0 whose epoch order (8 bytes a sample) fits this machine's memory; a
+    ``__len__`` of 10**12 is an error naming it, not an allocator's failure mid-way."""
+    length = as_int(n, f"len({what})", 0)
+    import psutil
+
+    total = psutil.virtual_memory().total
+    if length * _ORDER_BYTES > total:
+        raise ConfigError(
+            f"len({what}) = {length:,}: an epoch's order alone would take {length * _ORDER_BYTES / 2**30:,.0f} GiB, "
+            f"more than this machine's {total / 2**30:,.0f} GiB; check the dataset's __len__, or stream data of that "
+            "size with gf.stream"
+        )
+    return length
+
+
+def as_batch_keys(value: Any) -> tuple[str, ...] | None:
+    """``accelerate(batch_keys=...)``: None, or one or two distinct non-empty strings (images, then labels).
+
+    Example:
+        >>> as_batch_keys(["pixel_values", "labels"])
+        ('pixel_values', 'labels')
+    """
+    if value is None:
+        return None
+    keys = (value,) if isinstance(value, str) else tuple(value) if isinstance(value, (list, tuple)) else None
+    if keys is None or not 1 <= len(keys) <= 2 or not all(isinstance(k, str) and k for k in keys):
+        raise ConfigError(
+            f"batch_keys={value!r} must name the batch's parts: two strings (images, labels), such as "
+            "('pixel_values', 'labels'), or one for images without labels"
+        )
+    if len(set(keys)) != len(keys):
+        raise ConfigError(f"batch_keys={value!r} names one key twice")
+    return keys
+
+
 def as_workers(value: Any, name: str = "num_workers") -> int:
     """``value`` as a count of workers (an int >= 0), capped at :data:`WORKERS_PER_CORE` per usable core with a
     warning that names the cap.
@@ -145,6 +228,7 @@ def label_tensor(labels: Sequence[Any] | np.ndarray | torch.Tensor, source: str)
             "without labels, pass placeholders such as torch.zeros(len(images), dtype=torch.long))"
         )
     if isinstance(labels, torch.Tensor):
+        check_not_meta(labels, source)
         t = labels
     else:
         array = None
@@ -224,8 +308,18 @@ class Guarded(Dataset):
             return SampleFailure(i, self.source, error, self.length, isinstance(e, IndexError), file)
 
 
+def check_not_meta(value: Any, name: str) -> None:
+    """A meta tensor (``torch.device("meta")``) has a shape and no data: nothing a loader can serve."""
+    if isinstance(value, torch.Tensor) and value.is_meta:
+        raise DataError(
+            f"{name} is a meta tensor (shape {tuple(value.shape)}, no data): build it on the CPU or a GPU, or load "
+            "its values (tensor.to_empty(device=...), then fill it) before giving it to gpufeed"
+        )
+
+
 def as_tensor(value: Any, name: str) -> torch.Tensor:
     if isinstance(value, torch.Tensor):
+        check_not_meta(value, name)
         return value
     if isinstance(value, np.ndarray):
         return torch.from_numpy(np.ascontiguousarray(value))

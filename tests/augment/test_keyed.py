@@ -437,3 +437,22 @@ def test_normals_made_a_piece_of_columns_at_a_time_equal_the_whole_draw_bit_for_
     pieces = KeyedDraws(2, 1, ids).normal((5, 3, 7, 9))
     assert torch.equal(whole, pieces) and whole.shape == (5, 3, 7, 9)
     assert abs(float(whole.mean())) < 0.1 and abs(float(whole.std()) - 1) < 0.1
+
+
+def test_two_samples_whose_first_32_bit_lanes_collide_still_draw_apart():
+    # NOTE [ 64 bits per sample ]: ids below 2**32 map to distinct lanes (the mix is a bijection); among 300,000
+    # 62-bit ids (a stream's global sample ids, a hash of a key) two share a 32-bit lane (birthday bound: ~10
+    # pairs), and with one lane they would draw the same parameters every draw of the epoch
+    from gpufeed.augment.keyed import _base
+    from gpufeed.sampling import derive_seed
+
+    ids = torch.randint(0, 2**62, (300_000,), generator=torch.Generator().manual_seed(0))
+    lanes = _base(derive_seed(0x524F4F54, 0, 0), ids)  # KeyedDraws(seed=0, epoch=0)'s root
+    first = lanes[0]
+    order = torch.argsort(first, stable=True)
+    same = (first[order][1:] == first[order][:-1]).nonzero().flatten()
+    assert len(same) > 0  # a collision of the first lane exists among these ids
+    a, b = int(order[same[0]]), int(order[same[0] + 1])
+    assert lanes[1][a] != lanes[1][b]  # the second lane tells them apart
+    draws = KeyedDraws(0, 0, torch.tensor([a, b])).uniform((2, 64))
+    assert not torch.equal(draws[0], draws[1])

@@ -456,6 +456,23 @@ def test_a_real_full_disk_is_refused_before_writing_and_fails_cleanly_while_writ
     assert sorted(p.name for p in small_disk.iterdir()) == [".entry.lock"]
 
 
+def test_a_disk_full_before_the_build_starts_keeps_the_data_in_memory(small_disk):
+    filler = small_disk / "filler"
+    with open(filler, "wb") as f:  # every block taken: the build lock's few bytes do not fit either
+        try:
+            while True:
+                f.write(b"\0" * 65536)
+                f.flush()
+        except OSError as e:
+            assert e.errno == errno.ENOSPC
+    with pytest.raises(CacheWriteError, match=r"cannot write the build lock .*No space left on device.*free space"):
+        build_cache(_dataset(), small_disk / "cache" / "entry", progress=False)
+    with pytest.warns(UserWarning, match="the data stays in memory, not cached on disk: cannot write the build lock"):
+        loader = gf.accelerate(_dataset(), batch_size=8, device="cpu", cache=small_disk / "cache", progress=False)
+    assert loader.plan.cache_path is None
+    assert _first_batch(loader) == _first_batch(gf.accelerate(_dataset(), batch_size=8, device="cpu", cache=False))
+
+
 # -- the manifest covers itself ------------------------------------------------------------------------------------
 
 

@@ -289,11 +289,14 @@ def test_the_jpeg_store_serves_the_arrow_bytes_without_a_copy(tmp_path: Path) ->
     assert lo <= held.data.data_ptr() and held.data.data_ptr() + held.data.numel() <= hi  # a view of the file
     assert "not copied" in str(loader.plan)
     assert [bytes(held.file(i).numpy()) for i in range(len(ds))] == files
+    # placed for a GPU, the view stays the view: pinning it would copy the whole column into page-locked RAM
+    on_gpu = held.placed("jpeg", torch.device("cuda"))
+    assert held.mapped and on_gpu.nvjpeg and on_gpu.data is held.data and "nvJPEG" in on_gpu.describe()
     _dataset(files).save_to_disk(str(tmp_path / "two"), num_shards=2)
     split = datasets.load_from_disk(str(tmp_path / "two"))
     assert len(split.cache_files) == 2
     copied = _accelerate(split, batch_size=5, transform=TRAIN, store="jpeg")
-    assert "span several Arrow files" in str(copied.plan)
+    assert "span several Arrow files" in str(copied.plan) and not copied.store.mapped  # its own buffer: pinned on a GPU
     assert [bytes(copied.store.file(i).numpy()) for i in range(len(split))] == files
 
 

@@ -3,6 +3,8 @@
 Every sample ``i`` has columns ``image`` (bytes known from ``i``: :func:`payload`), ``label`` (``i % 10``), ``key``,
 ``sha1`` (of the image) and ``idx`` (``i``), so a test can check any id it is served against what was written.
 
+:func:`parse_shards` reads a converted dataset back from its bytes alone (no engine).
+
 Run as a script, it is a child process of a test: ``torchrun ... mds.py rank ...`` (one rank: the engine's order
 against gpufeed's plan, then its planned ids read under a cache limit) or ``python mds.py hold ...`` (a reader that
 keeps its shared memory until killed).
@@ -67,6 +69,34 @@ def write_mds(
     return out
 
 
+def parse_shards(dst: Path) -> list[dict]:
+    """The samples of an MDS dataset from its bytes alone: index.json, then each shard's header, offsets and
+    records (per record: a uint32 size per variable-size column, then the columns, in column order)."""
+    decode = {
+        "bytes": bytes,
+        "str": lambda b: b.decode("utf-8"),
+        "int": lambda b: int.from_bytes(b, "little", signed=True),
+    }
+    samples = []
+    for shard in json.loads((dst / "index.json").read_text())["shards"]:
+        data = (dst / shard["raw_data"]["basename"]).read_bytes()
+        n = int(np.frombuffer(data, np.uint32, 1)[0])
+        offsets = np.frombuffer(data, np.uint32, n + 1, 4)
+        names, encodings, sizes = shard["column_names"], shard["column_encodings"], shard["column_sizes"]
+        assert n == shard["samples"]
+        for i in range(n):
+            record = data[offsets[i] : offsets[i + 1]]
+            variable = [j for j, s in enumerate(sizes) if s is None]
+            lengths = dict(zip(variable, np.frombuffer(record, np.uint32, len(variable)).tolist(), strict=True))
+            at, sample = 4 * len(variable), {}
+            for j, (name, encoding) in enumerate(zip(names, encodings, strict=True)):
+                size = sizes[j] if sizes[j] is not None else lengths[j]
+                sample[name] = decode[encoding](record[at : at + size])
+                at += size
+            samples.append(sample)
+    return samples
+
+
 def photo(i: int) -> bytes:
     """Sample ``i`` of :func:`write_photos`: a real image file of its own size (16-55 px sides), every seventh a
     PNG, the rest JPEGs."""
@@ -82,15 +112,25 @@ def photo(i: int) -> bytes:
     return out.getvalue()
 
 
-def write_photos(out: Path, n: int, *, size_limit: int = 8192, bad: tuple[int, ...] = ()) -> Path:
+def write_photos(
+    out: Path, n: int, *, size_limit: int = 8192, bad: tuple[int, ...] = (), digests: bool = False
+) -> Path:
     """``n`` real images as MDS (columns image: bytes, label: int = the sample's id, so a batch's labels are its
-    ids); the samples in ``bad`` hold bytes that are no image."""
+    ids); the samples in ``bad`` hold bytes that are no image. ``digests``: as ``gpufeed convert`` writes them, with
+    columns ``key`` (``p00012.jpg``) and ``sha1`` and its ``gpufeed.json``."""
     from streaming import MDSWriter
 
-    columns = {"image": "bytes", "label": "int"}
+    from gpufeed.mds.parts import FORMAT
+
+    columns = {"image": "bytes", "label": "int"} | ({"key": "str", "sha1": "str"} if digests else {})
     with MDSWriter(out=str(out), columns=columns, size_limit=size_limit, progress_bar=False) as w:
         for i in range(n):
-            w.write({"image": b"\xff\xd8\xff not a JPEG" if i in bad else photo(i), "label": i})
+            image = b"\xff\xd8\xff not a JPEG" if i in bad else photo(i)
+            extra = {"key": f"p{i:05d}.jpg", "sha1": hashlib.sha1(image).hexdigest()} if digests else {}
+            w.write({"image": image, "label": i, **extra})
+    if digests:
+        meta = {"format": FORMAT, "classes": None, "num_classes": n, "source": "test", "kind": "folder", "samples": n}
+        (out / "gpufeed.json").write_text(json.dumps(meta))
     return out
 
 

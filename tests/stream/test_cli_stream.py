@@ -186,11 +186,12 @@ def test_an_s3_url_with_a_cache_limit_too_small_or_an_unreachable_endpoint_is_a_
     argv = ["train", "--data", "s3://gpufeed-test/mds", *RUN]
     assert main([*argv, "--local", str(tmp_path / "c"), "--cache-limit", "4K"]) == 2
     err = capsys.readouterr().err
-    assert "ConfigError: cache_limit=4096 bytes is too small for this dataset" in err and "give at least" in err
+    assert "ConfigError: cache_limit=4,096 bytes is too small for this dataset" in err and "give at least" in err
     monkeypatch.setenv("S3_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")  # nothing listens there
     assert main([*argv, "--local", str(tmp_path / "c2")]) == 2
     err = capsys.readouterr().err
-    assert "DataError: MDS dataset s3://gpufeed-test/mds, fetched into" in err and "could not read it" in err
+    assert "StorageError: index.json of the MDS dataset s3://gpufeed-test/mds could not be fetched" in err
+    assert "the remote could not be reached (EndpointConnectionError" in err and "S3_ENDPOINT_URL" in err
     assert "Traceback" not in err
 
 
@@ -236,3 +237,28 @@ def test_torchrun_gets_local_under_a_name_its_own_parser_does_not_take_for_local
     assert launched.training_script_args == ["train", "--data", "s3://b/p", "--local-dir", "/scratch/c",
                                              "--local-dir=/x"]  # fmt: skip
     assert build_parser().parse_args(launched.training_script_args).local == "/x"  # the same option of ours
+
+
+def test_tars_with_numbered_classes_train_without_num_classes_as_the_convert_flow_says(tmp_path, home, capsys):
+    # WebDataset tars name no classes (gpufeed.json's "classes" is null): convert records their count (the largest
+    # label plus one), and train takes it from there, where it used to refuse with a false reason
+    import io
+    import tarfile
+
+    rng = np.random.default_rng(4)
+    (tmp_path / "wds").mkdir()
+    with tarfile.open(tmp_path / "wds" / "shard-000.tar", "w") as tar:
+        for i, label in enumerate([0, 4, 2, 1, 3, 0, 2, 4, 1, 3, 0, 2]):
+            image = io.BytesIO()
+            Image.fromarray(rng.integers(0, 256, (24, 30, 3), dtype=np.uint8)).save(image, "JPEG")
+            for ext, data in (("jpg", image.getvalue()), ("cls", str(label).encode())):
+                info = tarfile.TarInfo(f"{i:04d}.{ext}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    dst = tmp_path / "wds-mds"
+    assert main(["convert", str(tmp_path / "wds"), str(dst), "--quiet"]) == 0
+    meta = json.loads((dst / "gpufeed.json").read_text())
+    assert (meta["classes"], meta["num_classes"]) == (None, 5)
+    argv = ["train", "--data", str(dst), *RUN, "--epochs", "1", "--no-progress", "--out", str(tmp_path / "o")]
+    assert main(argv) == 0
+    assert "stream: 12 samples in 5 classes" in capsys.readouterr().out

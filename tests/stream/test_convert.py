@@ -21,6 +21,7 @@ from PIL import Image
 from gpufeed.errors import ConfigError, DataError
 from gpufeed.mds.convert import convert
 
+from .mds import parse_shards as _parse
 from fakes import image_folder, snapshot
 
 # find_spec, not importorskip: importing the engine takes seconds, paid by every worker that collects this file
@@ -98,34 +99,6 @@ def _tar_expected(root: Path) -> list[tuple[str, int, bytes]]:
 # ---- reading the result back, two ways ----
 
 
-def _parse(dst: Path) -> list[dict]:
-    """The samples of an MDS dataset from its bytes alone: index.json, then each shard's header, offsets and
-    records (per record: a uint32 size per variable-size column, then the columns, in column order)."""
-    decode = {
-        "bytes": bytes,
-        "str": lambda b: b.decode("utf-8"),
-        "int": lambda b: int.from_bytes(b, "little", signed=True),
-    }
-    samples = []
-    for shard in json.loads((dst / "index.json").read_text())["shards"]:
-        data = (dst / shard["raw_data"]["basename"]).read_bytes()
-        n = int(np.frombuffer(data, np.uint32, 1)[0])
-        offsets = np.frombuffer(data, np.uint32, n + 1, 4)
-        names, encodings, sizes = shard["column_names"], shard["column_encodings"], shard["column_sizes"]
-        assert n == shard["samples"]
-        for i in range(n):
-            record = data[offsets[i] : offsets[i + 1]]
-            variable = [j for j, s in enumerate(sizes) if s is None]
-            lengths = dict(zip(variable, np.frombuffer(record, np.uint32, len(variable)).tolist(), strict=True))
-            at, sample = 4 * len(variable), {}
-            for j, (name, encoding) in enumerate(zip(names, encodings, strict=True)):
-                size = sizes[j] if sizes[j] is not None else lengths[j]
-                sample[name] = decode[encoding](record[at : at + size])
-                at += size
-            samples.append(sample)
-    return samples
-
-
 def _stream(dst: Path) -> list[dict]:
     """The samples as the engine serves them, in order."""
     from streaming import StreamingDataset
@@ -171,6 +144,7 @@ def test_an_image_folder_converts_byte_identical_in_imagefolder_order_and_src_is
     assert _manifest(tmp_path / "dst") == {
         "format": "gpufeed.mds/1",
         "classes": ["class0", "class1", "zeta"],
+        "num_classes": 3,
         "source": str(src),
         "kind": "folder",
         "split": None,
@@ -201,6 +175,7 @@ def test_webdataset_tars_convert_in_tar_order_with_cls_labels_keys_and_a_png(tmp
     _check_samples(tmp_path / "dst", expected)
     manifest = _manifest(tmp_path / "dst")
     assert (manifest["kind"], manifest["classes"], manifest["samples"]) == ("wds", None, 9)
+    assert manifest["num_classes"] == 8  # numbered classes: the largest label written (7), plus one
     assert manifest["image_types"] == {"jpeg": 8, "png": 1}
     assert result.parts == 4  # 3 + 2 from the first tar, 3 + 1 from the second: a part never spans two tars
 

@@ -91,6 +91,13 @@ def test_each_samples_pixels_are_its_own_keyed_draws_whatever_batch_serves_it(ph
     assert sum(not torch.equal(x, other[i]) for i, x in _by_id(served).items() if i in other) > 40
 
 
+def test_a_stream_without_labels_serves_whole_batches_of_images_the_labelled_ones(photos):
+    labelled = list(_loader(photos, shuffle=False))
+    alone = list(_loader(photos, shuffle=False, label_key=None))
+    assert len(alone) == len(labelled) and all(isinstance(x, torch.Tensor) and x.shape == (8, 3, 12, 12) for x in alone)
+    assert all(torch.equal(x, y[0]) for x, y in zip(alone, labelled, strict=True))  # the batch, not its first image
+
+
 @pytest.mark.parametrize("world", [2, 4])
 def test_more_ranks_serve_the_same_global_batches_with_the_same_pixels_as_one(photos, world):
     one = _served(_loader(photos, shuffle=True), epoch=1)

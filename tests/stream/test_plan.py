@@ -207,6 +207,10 @@ def test_the_shuffle_block_fits_half_the_cache_and_warns_when_not_even_one_shard
     assert block_size_for_cache([10] * 100, 1000, 10**12, 1) == 4_000_000  # capped at the engine default
     with pytest.warns(UserWarning, match=r"holds 8 shards, too few .* using shuffle_block_size=15"):
         assert block_size_for_cache([10] * 100, 1000, 8000, 2) == 15
+    # in the figure the user gave: the engine's 8,000 bytes plus the 2,000 gpufeed keeps back; 16,000 would fit
+    said = r"cache_limit=10,000 bytes \(2,000 of them kept .*\) holds 8 shards.* cache_limit=18,000 bytes \(8,000 more"
+    with pytest.warns(UserWarning, match=said):
+        assert block_size_for_cache([10] * 100, 1000, 8000, 2, reserved=2000) == 15
 
 
 # ---- the engine is optional ----

@@ -181,8 +181,13 @@ def test_other_columns_and_no_labels_are_taken_by_name(data):
 def test_a_cache_limit_is_refused_for_local_only_data_and_when_too_small(data, tmp_path):
     with pytest.raises(ConfigError, match="cache_limit=1000000 with local-only data .* never evicted"):
         Shards(data, cache_limit=1_000_000)
-    with pytest.raises(ConfigError, match=r"cache_limit=30000 bytes is too small .* give at least \d+ bytes"):
+    with pytest.raises(ConfigError, match=r"cache_limit=30,000 bytes is too small .* give at least [\d,]+ bytes") as e:
         Shards(tmp_path / "cache", str(data), cache_limit=30_000)
+    least = int(re.search(r"give at least ([\d,]+) bytes", str(e.value)).group(1).replace(",", ""))  # type: ignore
+    with Shards(tmp_path / "cache", str(data), cache_limit=least) as shards:
+        # the warning speaks of the limit given, not of what the engine is left after gpufeed's margin
+        with pytest.warns(UserWarning, match=rf"cache_limit={least:,} bytes \([\d,]+ of them kept .* \([\d,]+ more"):
+            shards.shuffle_block_size(1)
 
 
 def test_a_missing_or_truncated_shard_is_an_error_naming_it(data, tmp_path):
@@ -219,8 +224,9 @@ class _Fake:
 
 
 def _settle(fake: _Fake, count: int) -> None:
-    """Until ``count`` shards are prepared, and a moment more (for one too many to show)."""
-    deadline = time.monotonic() + 5
+    """Until ``count`` shards are prepared, and a moment more (for one too many to show). The deadline only ends a
+    prefetcher that never gets there: a loaded machine may stall its thread for seconds, which must not fail it."""
+    deadline = time.monotonic() + 60
     while len(fake.prepared) < count and time.monotonic() < deadline:
         time.sleep(0.005)
     time.sleep(0.05)
@@ -248,7 +254,7 @@ def test_the_prefetcher_skips_shards_the_reader_reached_before_it():
     ahead = Prefetcher(fake, [35, 0, 36, 12, 51, 1, 22, 40], ahead=1)
     _settle(fake, 1)
     ahead.advance(8)  # all read (the reader fetched them itself): fetching them now could only re-download
-    ahead._thread.join(5)  # it ends on its own, having skipped them
+    ahead._thread.join(60)  # it ends on its own, having skipped them (at once; the 60 s only bound a hang)
     assert not ahead._thread.is_alive() and fake.prepared == [3]
 
 
@@ -381,3 +387,87 @@ def test_a_local_that_caches_another_remote_or_an_older_version_of_it_is_refused
     write_mds(copy, 200)
     with pytest.raises(ConfigError, match="differs from .*converted or written again"):
         Shards(cache, str(copy))
+
+
+def _flip(path: Path, offset: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)
+        f.seek(offset)
+        f.write(bytes([byte[0] ^ 0x01]))
+
+
+def _image_offset(shards: Shards, sample: int) -> tuple[Path, int]:
+    """The shard file holding ``sample`` and the offset of a byte in the middle of its image."""
+    shard, position = (int(v[0]) for v in shards.index.locate([sample]))
+    path = Path(shards.local) / shards.index.basenames[shard]
+    data = path.read_bytes()
+    image = shards.read([sample]).images[0]
+    start = data.index(image)
+    return path, start + len(image) // 2
+
+
+def test_a_sample_whose_bytes_no_longer_match_their_sha1_is_refused_even_if_it_decodes(tmp_path):
+    # sample 18 is a JPEG: a bit flipped in its entropy-coded data still decodes (to other pixels): only its sha1 tells
+    import io
+
+    from PIL import Image
+
+    data = write_photos(tmp_path / "photos", 40, digests=True)
+    with Shards(data) as shards:
+        assert shards.verify
+        path, offset = _image_offset(shards, 18)
+        _flip(path, offset)
+    with Shards(data) as shards:
+        shards.verify = False
+        damaged = shards.read([18]).images[0]
+        Image.open(io.BytesIO(damaged)).convert("RGB")  # decodes
+        shards.verify = True
+        match = r"sample 18 \(key 'p00018.jpg', shard shard\.\d{5}\.mds, position \d+\): its image bytes do not match"
+        with pytest.raises(DataError, match=match + r" the sha1 .*not served. .*convert the dataset again"):
+            shards.read([17, 18])
+        assert shards.read([17, 19])  # the others are served
+    loader = open_photos(str(data), shuffle=False)
+    ids = loader.epoch_plan(0).ids.tolist()
+    served = []
+    with pytest.raises(DataError, match="sample 18 .key 'p00018.jpg'"):
+        for _, y in loader:
+            served += y.tolist()
+    assert served == ids[: ids.index(18) // 8 * 8]  # the batches before its batch, whole; not it
+
+
+def test_a_cached_shard_damaged_on_disk_names_the_file_to_delete_and_a_users_own_mds_is_not_checked(data, tmp_path):
+    local = tmp_path / "cache"
+    with Shards(local, str(data)) as shards:
+        assert shards.verify  # written as gpufeed convert writes: a sha1 column and gpufeed.json
+        _check(shards, [42])
+        path, offset = _image_offset(shards, 42)
+        _flip(path, offset)
+        with pytest.raises(DataError, match=rf"key 's00042', shard .*: end the run and delete {re.escape(str(path))}"):
+            shards.read([42])
+    own = tmp_path / "own"  # the same shards without gpufeed.json: a user's own MDS, its columns not ours to judge
+    shutil.copytree(data, own)
+    (own / "gpufeed.json").unlink()
+    path = own / path.name
+    _flip(path, offset)
+    with Shards(own) as shards:
+        assert not shards.verify and shards.read([42]).images[0] != payload(42)  # served as it is
+    plain = write_photos(tmp_path / "plain", 10)  # no sha1 column at all
+    with Shards(plain) as shards:
+        assert not shards.verify and shards.read([3]).labels.tolist() == [3]
+
+
+def test_the_prefetcher_stops_at_a_shard_the_remote_does_not_deliver_and_leaves_it_to_the_read():
+    from gpufeed.errors import StorageError
+
+    class Down(_Fake):
+        def prepare(self, shard: int) -> None:
+            if shard == 0:
+                raise StorageError("shard 0: the remote could not be reached")
+            self.prepared.append(shard)
+
+    fake = Down()
+    with Prefetcher(fake, [35, 0, 12, 22], ahead=4) as ahead:  # shards 3, 0, 1, 2
+        ahead._thread.join(60)
+        assert not ahead._thread.is_alive() and ahead.failed and fake.prepared == [3]
+        ahead.advance(4)  # not raised here: the read of shard 0 raises it, in its batch

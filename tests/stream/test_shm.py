@@ -1,10 +1,13 @@
 """Shared-memory hygiene: a reader killed with its process group leaves the engine's blocks, the next run cleans them
-and works; blocks a living process uses are never touched."""
+and works; blocks a living process uses are never touched. One job per local directory: another job on it is refused
+by name, the ranks of one job share it."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -13,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from gpufeed.cache.location import default_cache_dir
+from gpufeed.errors import ConfigError
 from gpufeed.mds import shm
 from gpufeed.mds.shards import Shards
 
@@ -53,9 +57,15 @@ def test_a_reader_killed_with_its_process_group_leaves_blocks_the_next_run_clean
         _wait_for(ready, child)
         (prefix, names), *others = shm.blocks_naming(local).items()
         assert not others and f"{prefix}_locals" in names and len(names) >= 6
-        # alive: the lock is shared by the living run, and its blocks are mapped: nothing may be cleaned
-        with shm.hold(local) as lock:
-            assert not lock.first and lock.cleaned == []
+        # alive: another job (this process) is refused, naming the living run; its blocks are mapped: nothing may
+        # be cleaned
+        pid = int(ready.read_text())
+        with pytest.raises(
+            ConfigError, match=rf"local={local} is in use by another job: pid {pid} on .*another local="
+        ):
+            shm.hold(local)
+        with pytest.raises(ConfigError, match=rf"in use by another job: pid {pid} .*running .*mds.py hold"):
+            Shards(local, str(data))  # refused before any engine object is made
         assert shm.clean_stale(local) == []
         assert shm.blocks_naming(local) == {prefix: names}
     finally:
@@ -92,11 +102,60 @@ def test_the_first_holder_of_a_directory_is_told_so_and_the_others_share_it(tmp_
     b = shm.hold(local)
     assert (a.first, b.first) == (True, False)
     assert a.path == b.path and a.path.parent == default_cache_dir() / "stream-locks"
-    assert a.path.read_text() == f"{local}\n"
+    record = json.loads(a.path.read_text())
+    assert (record["local"], record["pid"], record["job"]) == (str(local), os.getpid(), shm.job())
     a.release()
     b.release()
     with shm.hold(local) as c:
         assert c.first
+
+
+def _as_rank_of(monkeypatch, port: str | None) -> None:
+    """This process as a rank of a torchrun job whose rendezvous is on ``port`` (None: a job of its own)."""
+    for name in ("TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "SLURM_STEP_ID"):
+        monkeypatch.delenv(name, raising=False)
+    if port is None:
+        for name in ("WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+            monkeypatch.delenv(name, raising=False)
+    else:
+        monkeypatch.setenv("WORLD_SIZE", "4")
+        monkeypatch.setenv("MASTER_ADDR", "10.1.2.3")
+        monkeypatch.setenv("MASTER_PORT", port)
+
+
+def test_the_ranks_of_one_job_share_a_directory_and_another_job_is_refused_naming_it(tmp_path, monkeypatch):
+    # flock is per open file: two holds in one process contend as two processes do, so each hold here stands for a
+    # rank of its own; the job each belongs to is read from its environment, as torchrun sets it
+    local = tmp_path / "cache"
+    _as_rank_of(monkeypatch, "29500")
+    ranks = [shm.hold(local), shm.hold(local), shm.hold(local)]  # three ranks of one job on this node
+    assert [r.first for r in ranks] == [True, False, False]
+    for port in ("29501", None):  # another torchrun job, then a single process
+        _as_rank_of(monkeypatch, port)
+        with pytest.raises(ConfigError) as refused:
+            shm.hold(local)
+        text = str(refused.value)
+        assert f"in use by another job: pid {os.getpid()} on {socket.gethostname()}" in text
+        assert "(job MASTER_ADDR=10.1.2.3 MASTER_PORT=29500; this one is " in text and "another local=" in text
+    _as_rank_of(monkeypatch, "29500")
+    with shm.hold(local) as late:  # a rank of the first job that comes late still joins
+        assert not late.first
+    for r in ranks:
+        r.release()
+    _as_rank_of(monkeypatch, "29501")
+    with shm.hold(local) as other:  # the first job ended: the next one takes the directory over
+        assert other.first and json.loads(other.path.read_text())["job"] == "MASTER_ADDR=10.1.2.3 MASTER_PORT=29501"
+
+
+def test_a_job_is_named_by_its_launchers_rendezvous_and_a_lone_process_by_its_pid():
+    rank = {"WORLD_SIZE": "8", "MASTER_ADDR": "node7", "MASTER_PORT": "29500", "TORCHELASTIC_RUN_ID": "r1"}
+    assert shm.job(rank) == "TORCHELASTIC_RUN_ID=r1 MASTER_ADDR=node7 MASTER_PORT=29500"
+    assert shm.job({**rank, "MASTER_PORT": "29501"}) != shm.job(rank)
+    assert shm.job({"WORLD_SIZE": "2", "SLURM_JOB_ID": "77", "SLURM_STEP_ID": "0"}) == "SLURM_JOB_ID=77 SLURM_STEP_ID=0"
+    assert shm.job({"WORLD_SIZE": "2"}) == f"ppid={os.getppid()}@{socket.gethostname()}"  # mp.spawn's ranks
+    assert shm.job({"WORLD_SIZE": "1", "MASTER_PORT": "29500"}) == f"pid={os.getpid()}@{socket.gethostname()}"
+    # ranks placed by gf.stream(layout=...) before any process group or launcher variable: one job, by its parent
+    assert shm.job({}, ranks=2) == f"ppid={os.getppid()}@{socket.gethostname()}"
 
 
 def test_readers_of_one_remote_in_a_process_share_the_engine_object_and_leak_nothing(data, tmp_path):

@@ -5,7 +5,8 @@ Usage: python -m torch.distributed.run --nproc-per-node 2 evaluate_run.py OUT N 
 For each dataset size N, a gpufeed loader with ``even="pad"`` (labels: the sample indices) is read twice:
 - the README's Accelerate recipe: ``accelerator.reduce`` of a running count and ``gather_for_metrics`` of
   (predictions, labels) on every batch;
-- a plain DDP loop: ``dist.all_reduce`` on every batch, keeping ``y[:loader.real_counts[i]]``.
+- a plain DDP loop: ``dist.all_reduce`` on every batch, keeping ``y[:loader.real_counts[i]]``;
+then a loader with the default settings (``even=True``), ``gather_for_metrics`` on every batch.
 A rank with fewer batches would wait forever in the other's collective. Writes OUT/eval-<rank>.json:
 per N, the labels gather_for_metrics returned, the reduced count of real samples, the labels this rank kept
 in the plain loop, and the batch counts of both ranks under ``even="pad"`` and ``even=False``.
@@ -28,8 +29,10 @@ import gpufeed as gf
 BATCH = 8
 
 
-def build(n: int, even: bool | str, device: torch.device) -> object:
+def build(n: int, even: bool | str | None, device: torch.device) -> object:
+    """The loader of ``n`` samples; ``even=None``: accelerate's default (``even=True``)."""
     images = torch.arange(n * 3 * 4 * 4, dtype=torch.int64).remainder(251).to(torch.uint8).view(n, 3, 4, 4)
+    kwargs = {} if even is None else {"even": even}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return gf.accelerate(
@@ -37,10 +40,10 @@ def build(n: int, even: bool | str, device: torch.device) -> object:
             batch_size=BATCH,
             shuffle=True,
             seed=5,
-            even=even,
             device=device,
             cache=False,
             progress=False,
+            **kwargs,
         )
 
 
@@ -65,10 +68,15 @@ def main() -> None:
             real = torch.tensor(loader.real_counts[i])
             dist.all_reduce(real)
             kept.extend(y[: loader.real_counts[i]].tolist())
+        # The default settings (even=True): every rank's batches the same shapes, or the gather aborts both ranks.
+        default = []
+        with torch.no_grad():
+            for _, y in build(n, None, accelerator.device):
+                default.extend(accelerator.gather_for_metrics(y).tolist())
         batches = [len(loader), len(build(n, False, accelerator.device))]
         everyone = [None] * dist.get_world_size()
         dist.all_gather_object(everyone, batches)
-        results[n] = {"gathered": gathered, "count": int(count), "kept": kept, "batches": everyone}
+        results[n] = {"gathered": gathered, "count": int(count), "kept": kept, "batches": everyone, "default": default}
     out.mkdir(parents=True, exist_ok=True)
     (out / f"eval-{accelerator.process_index}.json").write_text(json.dumps(results))
     accelerator.end_training()  # destroys the process group

@@ -115,6 +115,8 @@ def test_padded_evaluation_with_a_collective_every_batch_counts_every_sample_onc
         per_rank = [r[str(n)] for r in ranks]
         for result in per_rank:  # gather_for_metrics dropped the repeats: the epoch's order, each sample once
             assert result["gathered"] == epoch_order(5, 0, n).tolist() and result["count"] == n, n
+            # the default even=True too: the same shapes on both ranks (torchrun; 64 vs 20 bytes aborted gloo)
+            assert result["default"] == epoch_order(5, 0, n).tolist(), n
         kept = per_rank[0]["kept"] + per_rank[1]["kept"]  # the plain loop's second pass: epoch 1
         assert sorted(kept) == list(range(n)), n
         batches = -(-n // 8)  # of the whole epoch: even="pad" gives each rank half, rounded up; even=False splits them

@@ -163,3 +163,60 @@ def test_a_lightning_datamodules_train_dataloader_is_changed_and_verified(tmp_pa
     )
     _verified(report, batches=8)  # the Trainer iterated gpufeed's loader for both epochs
     _applies(project, out, tmp_path, "lightning_datamodule.py")
+
+
+@pytest.fixture(scope="module")
+def hf_project(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A user's folder: hf_set_transform.py and ``data``, a ``save_to_disk`` dataset of 96 images (JPEG and PNG,
+    40 x 48) with a two-class ``ClassLabel``."""
+    datasets = pytest.importorskip("datasets")
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    root = tmp_path_factory.mktemp("hf-project")
+    shutil.copy(SCRIPTS / "hf_set_transform.py", root / "hf_set_transform.py")
+    rng = np.random.default_rng(3)
+    images = []
+    for i in range(96):
+        out = io.BytesIO()
+        Image.fromarray(rng.integers(0, 255, (40, 48, 3), dtype=np.uint8)).save(out, "JPEG" if i % 2 else "PNG")
+        images.append({"bytes": out.getvalue(), "path": None})
+    features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=["cat", "dog"])})
+    ds = datasets.Dataset.from_dict({"image": images, "label": [i % 2 for i in range(96)]}, features=features)
+    ds.save_to_disk(str(root / "data"))
+    return root
+
+
+def test_a_hugging_face_set_transform_loop_gets_the_recipe_as_transform_and_keeps_its_dict_batches(
+    tmp_path, hf_project
+):
+    out = tmp_path / "out"
+    run, report = _diagnose(hf_project, out, ("--verify", "--side-seconds", "6"), "hf_set_transform.py", "data")
+    [main] = [ld for ld in report["loaders"] if ld["main"]]
+    assert main["dataset"] == "Dataset" and main["transform"].startswith(
+        "preprocess (set by set_transform/with_transform), applying Compose( RandomResizedCrop(size=(32, 32)"
+    )
+    assert report["code_change"] == (
+        "- DataLoader(ds, batch_size=32, shuffle=True, collate_fn=collate_fn, num_workers=args.workers)\n"
+        "+ gf.accelerate(ds, batch_size=32, shuffle=True, transform=train_tf, batch_keys=('pixel_values', 'labels'))"
+    )
+    side = report["side"]
+    assert "refused" not in side and "replaced by the recipe given" in side["accelerate"]["plan"]
+    v = _verified(report, batches=9)  # 96 rows in batches of 32, 3 epochs; the loop read the same dict keys
+    assert v["predicted"] == report["prediction"]
+    text = _applies(hf_project, out, tmp_path, "hf_set_transform.py")
+    assert "ds.set_transform(preprocess)" in text  # left as it was: transform= replaces it
+
+
+def test_a_set_transform_function_applying_the_scripts_own_callable_gets_the_reason(tmp_path, hf_project):
+    out = tmp_path / "out"
+    options = ("--steps", "0", "--no-side")
+    _, report = _diagnose(hf_project, out, options, "hf_set_transform.py", "data", "--variant", "own", "--epochs", "1")
+    assert report["code_change"] is None
+    assert report["no_change_reason"] == (
+        "the dataset's set_transform function <lambda> cannot be replaced by a recipe: <lambda> applies scale (a "
+        "__main__.Scale), not a torchvision or timm transform: gf.accelerate splits and batches those recipes (and "
+        "gpufeed.augment's ops), not a callable of the script's own"
+    )

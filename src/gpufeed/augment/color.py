@@ -6,16 +6,22 @@ per sample instead of one per call. torchvision applies the four adjustments in 
 per image; here, in each of the four slots, each enabled adjustment runs on the samples whose order
 puts it there (on the CPU), or on the whole batch with the result kept by mask (on a GPU: no host
 sync); no per-sample Python either way.
+
+A batch of 2 or 4 channels is an LA or RGBA image, taken as torchvision's PIL kernels take it (the only place
+torchvision jitters one: its tensor kernels refuse it): the colour channels jittered, alpha kept, or made opaque
+when hue is jittered (PIL's HSV round trip has no alpha). See :mod:`.channels`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from ..errors import ConfigError
+from .channels import join_alpha, opaque, split_alpha
 from .params import Draws, permutation, rand
 from .transforms import BatchTransform, Params
 
@@ -42,6 +48,8 @@ def gray(x: torch.Tensor) -> torch.Tensor:
     """torchvision's tensor ``rgb_to_grayscale`` (one channel, truncated to the dtype); 1 channel stays."""
     if x.shape[1] == 1:
         return x
+    if x.shape[1] != 3:  # an alpha channel is the caller's to split off (.channels.split_alpha)
+        raise ConfigError(f"grayscale takes images of 1 or 3 channels (as torchvision's); this batch has {x.shape[1]}")
     r, g, b = x.unbind(dim=1)
     return (0.2989 * r + 0.587 * g + 0.114 * b).to(x.dtype).unsqueeze(1)
 
@@ -162,7 +170,13 @@ class ColorJitter(BatchTransform):
         return {"order": order, "factors": factors}
 
     def apply(self, x: torch.Tensor, params: Params) -> torch.Tensor:
-        order, factors = params["order"], params["factors"]
+        colour, alpha = split_alpha(x, "ColorJitter")
+        out = self._jitter(colour, params["order"], params["factors"])
+        if alpha is not None and params["factors"][3] is not None:  # PIL's hue: through HSV, which has no alpha
+            alpha = opaque(alpha)
+        return join_alpha(out, alpha)
+
+    def _jitter(self, x: torch.Tensor, order: torch.Tensor, factors: list[Any]) -> torch.Tensor:
         enabled = [j for j, f in enumerate(factors) if f is not None]
         if len(enabled) == 1:  # the order does not matter
             return _ADJUST[enabled[0]](x, factors[enabled[0]])

@@ -7,7 +7,8 @@ and makes each draw a pure function of
     (base key from seed and epoch, sample id, stream, counter within the stream, element index)
 
 through a counter-based hash computed on the batch's device with integer tensor ops: 32-bit values held in
-int64 (every product below 2**63, so nothing relies on signed overflow), mixed by Wellons' ``lowbias32``. A
+int64 (every product below 2**63, so nothing relies on signed overflow), mixed by Wellons' ``lowbias32``; a
+sample's own key is 64 bits, two such lanes (NOTE [ 64 bits per sample ]). A
 stream is the path of labels from :meth:`KeyedDraws.child` (``Compose`` gives each op its position); the counter
 advances with each draw call, as a generator's state does. :meth:`KeyedDraws.select` gives the same keys for a
 subset of the samples (an op run on the samples a coin picked).
@@ -44,7 +45,7 @@ __all__ = ["KeyedDraws", "mix32"]
 
 _M32 = 0xFFFFFFFF
 # Domain tags, so a child's key, a spawned stream's key and a draw's constants never coincide.
-_CHILD, _SPAWN, _DRAW, _ROOT = 0x43484C44, 0x5350574E, 0x44524157, 0x524F4F54
+_CHILD, _SPAWN, _DRAW, _ROOT, _LANE = 0x43484C44, 0x5350574E, 0x44524157, 0x524F4F54, 0x4C414E45
 _Label = int | str | tuple
 _PIECE = 1 << 16  # values mixed at a time on the CPU: 512 KiB of int64, within a core's L2 cache
 _NORMAL_PIECE = 1 << 20  # normal pairs made at a time (per sample x columns): ~40 MB of temporaries at most
@@ -99,6 +100,20 @@ def _halves(key: int) -> tuple[int, int]:
     return key & _M32, (key >> 32) & _M32
 
 
+# NOTE [ 64 bits per sample ]: a sample's key is its 64-bit id mixed with the root (seed, epoch) into two 32-bit
+# lanes, each lane a different mix of both halves of the id. With one 32-bit lane, two of a million samples shared
+# every draw of an epoch with probability ~1 (about 116 such pairs: N**2 / 2**33); with two, ~N**2 / 2**65. Each draw
+# mixes both lanes, so samples whose first lanes collide still draw apart.
+def _base(root: int, ids: torch.Tensor) -> torch.Tensor:
+    """``(2, N)``: each sample's key lanes (int64 holding 32 bits), from its id and the root key."""
+    lo, hi = ids & _M32, (ids >> 32) & _M32
+    lanes = []
+    for lane in (0, 1):
+        r0, r1 = _halves(derive_seed(root, _LANE, lane))
+        lanes.append(_mix_(_mix_(lo ^ r0) ^ hi ^ r1))
+    return torch.stack(lanes)
+
+
 class KeyedDraws:
     """Per-sample random draws keyed by ``(seed, epoch, ids[i])``, in place of a ``torch.Generator``.
 
@@ -123,12 +138,10 @@ class KeyedDraws:
             got = f"{tuple(ids.shape)} {ids.dtype}" if isinstance(ids, torch.Tensor) else type(ids).__name__
             raise ConfigError(f"ids must be a 1-D int64 tensor of sample ids, one per sample; got {got}")
         root = derive_seed(_ROOT, int(seed), int(epoch))
-        r0, r1 = _halves(root)
-        # Each sample's base value: its 64-bit id mixed with the root key (both halves, so ids past 2**32 differ).
-        base = _mix_(_mix_((ids & _M32) ^ r0) ^ ((ids >> 32) & _M32) ^ r1)
-        self._set(root, ids, base, 0)
+        self._set(root, ids, _base(root, ids), 0)
 
     def _set(self, key: int, ids: torch.Tensor, base: torch.Tensor, counter: int) -> None:
+        # base: (2, N), each sample's 64-bit key as two 32-bit lanes (NOTE [ 64 bits per sample ])
         self.key, self.ids, self._base, self._counter = key, ids, base, counter
 
     @classmethod
@@ -164,7 +177,7 @@ class KeyedDraws:
     def select(self, idx: torch.Tensor) -> KeyedDraws:
         """The draws of the samples at ``idx`` (positions in this batch): the same keys, at the same counter."""
         idx = idx.to(self.device)
-        return KeyedDraws._of(self.key, self.ids.index_select(0, idx), self._base.index_select(0, idx), self._counter)
+        return KeyedDraws._of(self.key, self.ids.index_select(0, idx), self._base.index_select(1, idx), self._counter)
 
     def _advance(self) -> int:
         counter = self._counter
@@ -183,7 +196,8 @@ class KeyedDraws:
     def _draw(self) -> tuple[torch.Tensor, int]:
         """The next draw's per-sample values ``(N,)`` and its element constant (the counter advances by one)."""
         c0, c1 = _halves(derive_seed(self.key, _DRAW, self._advance()))
-        return _mix_(self._base ^ c0), c1
+        lo, hi = self._base
+        return _mix_(_mix_(lo ^ c0) ^ hi), c1
 
     def _columns(self, t: torch.Tensor, c1: int, start: int, stop: int) -> torch.Tensor:
         """``(N, stop - start)``: elements ``start..stop`` of the draw ``(t, c1)``; any range of them gives the same

@@ -18,6 +18,7 @@ import torch.nn.functional as nnf
 
 from ..errors import ConfigError
 from .auto_ops import adjust_sharpness, autocontrast, equalize, posterize
+from .channels import ALPHA_CHANNELS, join_alpha, split_alpha
 from .color import gray
 from .params import Draws, apply_on, check_p, coin, uniform
 from .transforms import BatchTransform, Params
@@ -134,19 +135,33 @@ class RandomAdjustSharpness(_Sometimes):
 
     def op(self, x: torch.Tensor) -> torch.Tensor:
         factor = torch.full((x.shape[0],), float(self.sharpness_factor), dtype=torch.float64, device=x.device)
-        return adjust_sharpness(x, factor)
+        colour, alpha = split_alpha(x, "RandomAdjustSharpness")  # LA, RGBA: as ImageEnhance, alpha kept
+        return join_alpha(adjust_sharpness(colour, factor), alpha)
 
 
 def grayscale(x: torch.Tensor, channels: int) -> torch.Tensor:
     """torchvision's tensor ``rgb_to_grayscale``: the weighted sum, truncated to the dtype; with 3 output channels
-    it takes the input's channel count (a 1-channel image stays 1 channel, as torchvision's ``expand``)."""
-    out = gray(x) if x.shape[1] == 3 else x.clone()
-    return out.expand(-1, x.shape[1], -1, -1).contiguous() if channels == 3 else out
+    it takes the input's channel count (a 1-channel image stays 1 channel, as torchvision's ``expand``). LA and
+    RGBA (2, 4 channels), which only PIL's ``convert`` takes: the gray of the colour channels, alpha dropped."""
+    colour, alpha = split_alpha(x, "Grayscale")
+    out = gray(colour) if colour.shape[1] == 3 else colour.clone()
+    wide = channels if alpha is not None else x.shape[1]  # PIL: "L" or "RGB", whatever came in
+    return out.expand(-1, wide, -1, -1).contiguous() if channels == 3 else out
 
 
 @dataclass(frozen=True)
 class RandomGrayscale(_Sometimes):
+    """As many output channels as the image has, as torchvision's; which refuses 2 and 4 (LA, RGBA), as here."""
+
     p: float = 0.1
+
+    def apply(self, x: torch.Tensor, params: Params) -> torch.Tensor:
+        if x.shape[1] in ALPHA_CHANNELS:  # before the coin: never only on an unlucky draw
+            raise ConfigError(
+                f"RandomGrayscale on {x.shape[1]}-channel images: torchvision refuses it ('num_output_channels "
+                "should be either 1 or 3'); convert the images to RGB or L first (image.convert('RGB'))"
+            )
+        return super().apply(x, params)
 
     def op(self, x: torch.Tensor) -> torch.Tensor:
         return grayscale(x, x.shape[1])

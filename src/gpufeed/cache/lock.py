@@ -50,9 +50,9 @@ def lock_timeout(value: float | None) -> float:
     return seconds
 
 
-def _holder(f: IO[str]) -> str:
+def _holder(f: IO[bytes]) -> str:
     f.seek(0)
-    text = f.read().strip()
+    text = f.read().decode(errors="replace").strip()
     try:
         h = json.loads(text)
         since = datetime.fromtimestamp(h["since"]).isoformat(sep=" ", timespec="seconds")
@@ -80,7 +80,7 @@ def build_lock(
     path = target.parent / f".{target.name}.lock"
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        f = open(path, "a+")
+        f = open(path, "a+b", buffering=0)  # unbuffered: a full disk fails the write, not a later close
     except OSError as e:
         raise CacheWriteError(
             f"cannot create the build lock {path} ({e.strerror or e}): the cache location is not writable, so "
@@ -89,11 +89,18 @@ def build_lock(
         ) from None
     with f:
         _acquire(f, path, target, timeout_s, progress, announce_s, poll_s)
-        f.seek(0)
-        f.truncate()
         record = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.time(), "target": str(target)}
-        f.write(json.dumps(record))
-        f.flush()
+        try:  # who holds it, for a waiting process to name; a full disk refuses even these few bytes
+            f.seek(0)
+            f.truncate()
+            f.write(json.dumps(record).encode())
+        except OSError as e:
+            fcntl.flock(f, fcntl.LOCK_UN)
+            raise CacheWriteError(
+                f"cannot write the build lock {path} ({e.strerror or e}): the cache location has no room or no "
+                f"right to write, so {target} cannot be built there; free space or choose another location (cache "
+                "root: GPUFEED_CACHE_DIR / --cache-dir / accelerate(..., cache=ROOT)), or accelerate(..., cache=False)"
+            ) from None
         try:
             yield
         finally:
@@ -101,7 +108,7 @@ def build_lock(
 
 
 def _acquire(
-    f: IO[str], path: Path, target: Path, timeout_s: float, progress: bool, announce_s: float, poll_s: float
+    f: IO[bytes], path: Path, target: Path, timeout_s: float, progress: bool, announce_s: float, poll_s: float
 ) -> None:
     start = time.monotonic()
     bar = None

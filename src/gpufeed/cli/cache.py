@@ -114,18 +114,30 @@ def _build_folder(args: argparse.Namespace) -> int:
             "--path and --resize are CIFAR-10's; an image folder's entry goes under the cache root (--cache-dir), "
             "named by its files and recipe, so that accelerate finds it"
         )
+    import warnings
+
+    from ..errors import CacheWriteError
+
     ds = load_data(args, train=True)
-    loader = accelerate(  # as train would call it, so that its store and key are train's
-        ds,
-        batch_size=1,
-        device=args.device,
-        cache=args.cache_dir or True,
-        store=args.store,
-        max_side=args.max_side,
-        progress=True,
-    )
+    with warnings.catch_warnings(record=True) as caught:  # accelerate keeps the data in memory, with a warning
+        warnings.simplefilter("always")
+        loader = accelerate(  # as train would call it, so that its store and key are train's
+            ds,
+            batch_size=1,
+            device=args.device,
+            cache=args.cache_dir or True,
+            store=args.store,
+            max_side=args.max_side,
+            progress=True,
+        )
+    unwritten = [str(w.message) for w in caught if "stays in memory, not cached on disk" in str(w.message)]
+    for w in caught:  # the others, as they were
+        if str(w.message) not in unwritten:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     plan = loader.plan
     assert plan is not None  # accelerate() constructs every loader with its plan
+    if plan.cache_path is None and unwritten:  # building the entry was the command's whole point: its error, alone
+        raise CacheWriteError(unwritten[0].split("not cached on disk: ", 1)[-1])
     if plan.cache_path is None:
         raise ConfigError(f"nothing was written to the cache ({'; '.join(plan.notes) or 'see the plan'})")
     done = "found (already built)" if plan.ingest.startswith("cache hit") else "built"

@@ -7,38 +7,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-
-def positive(text: str) -> int:
-    """An argparse type: an int >= 1 (a count of images, a size)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} must be >= 1")
-    return value
-
-
-def count(text: str) -> int:
-    """An argparse type: an int >= 0 (a number of workers), capped at a few per usable core with a warning (a
-    typo such as 1000000 would start processes until the machine stops)."""
-    from ..validate import as_workers
-
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} must be >= 0")
-    return as_workers(value, "--num-workers")
-
-
-def output_dir(text: str) -> Path:
-    """An argparse type: a folder for results (created if missing); an existing file is refused up front."""
-    path = Path(text).expanduser()
-    if path.exists() and not path.is_dir():
-        raise argparse.ArgumentTypeError(f"{text} is a file, not a folder for the results")
-    return path
+# the argparse types, where the commands have always imported them from
+from .types import count, label_key, output_dir, positive, seconds_or_rate  # noqa: F401
 
 
 def lead() -> bool:
@@ -48,7 +18,8 @@ def lead() -> bool:
 
 def data_choice(text: str) -> str:
     """An argparse type: ``synthetic``, ``cifar10``, ``synthetic-folder``, an MDS dataset (a remote URL the streaming
-    engine reads, ``s3://bucket/prefix``, or a folder holding an ``index.json``), or an existing folder of images."""
+    engine reads, ``s3://bucket/prefix``, or a folder holding an ``index.json``), an existing folder (of images, or
+    a Hugging Face dataset's ``save_to_disk`` folder), or Parquet files (a ``.parquet`` file, a glob pattern)."""
     from ..data.images import KEYWORDS
     from ..data.mds import SCHEMES, check_url, is_url
     from ..errors import ConfigError
@@ -63,9 +34,18 @@ def data_choice(text: str) -> str:
         return text
     path = Path(text).expanduser()
     if not path.is_dir():
+        from ..mds.hf import locate
+
+        try:
+            parquet = locate(text)
+        except ConfigError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+        if parquet is not None:  # a file, or a glob pattern kept as one (the shell did not expand a quoted one)
+            return str(path.resolve()) if path.is_file() else str(path.absolute())
         raise argparse.ArgumentTypeError(
-            f"{text!r} is neither one of {', '.join(KEYWORDS)} nor a folder (no such directory: of images, or an MDS "
-            f"dataset holding index.json), nor a remote MDS dataset ({', '.join(s + '://' for s in SCHEMES)})"
+            f"{text!r} is neither one of {', '.join(KEYWORDS)} nor a folder (no such directory: of images, a Hugging "
+            "Face dataset's save_to_disk folder, or an MDS dataset holding index.json), nor .parquet files, nor a "
+            f"remote MDS dataset ({', '.join(s + '://' for s in SCHEMES)})"
         )
     return str(path.resolve())
 
@@ -86,11 +66,13 @@ def add_data_arguments(p: argparse.ArgumentParser, sizes: bool = True) -> None:
         "--data",
         type=data_choice,
         default="synthetic",
-        metavar="{synthetic,cifar10,synthetic-folder,DIR,URL}",
+        metavar="{synthetic,cifar10,synthetic-folder,DIR,PARQUET,URL}",
         help="embedded synthetic CIFAR-10 (default), torchvision's real one, the embedded synthetic JPEG folder, "
-        "your image folder (DIR/<class>/*.jpg, or DIR/train and DIR/val; only read), or an MDS dataset (made by "
-        "gpufeed convert) read by gpufeed.stream: a remote URL (s3://bucket/prefix, gs://, azure://, oci://, hf://, "
-        "...) or a DIR holding its index.json (local; with --local CACHE, read as a remote fetched into CACHE)",
+        "your image folder (DIR/<class>/*.jpg, or DIR/train and DIR/val; only read), a Hugging Face dataset (a DIR "
+        "written by save_to_disk, a DatasetDict's train and validation/test splits; or .parquet files: a file, a "
+        "DIR of them, a quoted glob; only read), or an MDS dataset (made by gpufeed convert) read by gpufeed.stream: "
+        "a remote URL (s3://bucket/prefix, gs://, azure://, oci://, hf://, ...) or a DIR holding its index.json "
+        "(local; with --local CACHE, read as a remote fetched into CACHE)",
     )
     p.add_argument(
         "--data-dir",
@@ -107,8 +89,24 @@ def add_data_arguments(p: argparse.ArgumentParser, sizes: bool = True) -> None:
         type=data_choice,
         default=None,
         metavar="DIR|URL",
-        help="an image folder's validation split, when --data DIR is the training split itself; with an MDS "
-        "--data, another MDS dataset (a remote one is cached under gpufeed's cache directory), every sample scored",
+        help="an image folder's validation split, when --data DIR is the training split itself; with a Hugging "
+        "Face --data (one dataset, not a DatasetDict), another one; with an MDS --data, another MDS dataset (a "
+        "remote one is cached under gpufeed's cache directory), every sample scored",
+    )
+    h = p.add_argument_group("Hugging Face datasets (--data a save_to_disk DIR, or Parquet files)")
+    h.add_argument(
+        "--image-key",
+        default=None,
+        metavar="COLUMN",
+        help="the image column (default: the one Image column; of Parquet written by other tools, a "
+        "struct<bytes, path> or binary column named here)",
+    )
+    h.add_argument(
+        "--label-key",
+        type=label_key,
+        default="auto",
+        metavar="COLUMN",
+        help="the label column (default: the ClassLabel, else an integer column named label, labels or target)",
     )
     g = p.add_argument_group("MDS datasets (--data URL, or DIR with an index.json)")
     g.add_argument(
@@ -147,7 +145,16 @@ def _check_folder_options(args: argparse.Namespace) -> None:
     from ..data.images import is_folder
     from ..data.mds import is_stream
     from ..errors import ConfigError
+    from .hf_data import is_hf
 
+    if not is_hf(args.data) and (getattr(args, "image_key", None), getattr(args, "label_key", "auto")) != (
+        None,
+        "auto",
+    ):
+        raise ConfigError(
+            f"--image-key and --label-key name the columns of a Hugging Face dataset (--data a save_to_disk folder or "
+            f"Parquet files); --data {args.data} is not one: drop them"
+        )
     stream = is_stream(args.data)
     if not stream:
         for option, value in (("--local", args.local), ("--cache-limit", args.cache_limit)):
@@ -214,9 +221,10 @@ def _check_cache_outside(args: argparse.Namespace) -> None:
 
 def load_data(args: argparse.Namespace, train: bool = True, transform: Any = None, announce: bool = True) -> Any:
     """The dataset the options name; ``announce`` prints the line that says which (rank 0 only). An image
-    folder comes with the folder recipe at ``--image-size`` (``transform`` is CIFAR-10's)."""
+    folder or a Hugging Face dataset comes with the folder recipe at ``--image-size`` (``transform`` is
+    CIFAR-10's)."""
     from ..data import cifar10, describe
-    from ..data.images import folder_splits, is_folder
+    from ..data.images import is_folder
     from ..data.mds import is_stream
 
     _check_folder_options(args)
@@ -229,7 +237,7 @@ def load_data(args: argparse.Namespace, train: bool = True, transform: Any = Non
         )
     if is_folder(args.data):
         size = getattr(args, "image_size", None) or 224
-        train_set, val_set, what = folder_splits(args.data, args.val_data, size, args.data_seed)
+        train_set, val_set, what = _splits(args, size)
         ds = train_set if train else val_set
         if ds is None:
             from ..errors import ConfigError
@@ -251,22 +259,25 @@ def load_train_test(args: argparse.Namespace, train_size: int | None, test_size:
     """``(train, test)`` datasets with the standard recipes; prints one line naming them and what part is used
     (test is None for an image folder without a validation split)."""
     from ..data import describe
-    from ..data.images import folder_splits, is_folder
+    from ..data.images import is_folder
     from ..data.mds import is_stream
     from ..train.loaders import eval_transform, train_transform
+    from .hf_data import hf_subset, is_hf
 
     _check_folder_options(args)
     if is_stream(args.data):
         return _stream_train_test(args, train_size, test_size)
     if is_folder(args.data):
         size = getattr(args, "image_size", None) or 224
-        train, test, what = folder_splits(args.data, args.val_data, size, args.data_seed)
+        train, test, what = _splits(args, size)
         held = (len(train), len(test) if test is not None else 0)
         used = subset_note(train_size, test_size, held, spread=True)
         val = f", {len(test):,} validation" if test is not None else ""
         if lead():
             print(f"data: {what}: {len(train):,} training images in {len(train.classes)} classes{val}{used}, "
                   f"{size}x{size} crops", flush=True)  # fmt: skip
+        if is_hf(args.data):  # the spread subset made here: the training loop's is an image folder's
+            train, test = hf_subset(train, train_size), hf_subset(test, test_size) if test is not None else None
         return train, test
     train = load_data(args, True, train_transform(), announce=False)
     test = load_data(args, False, eval_transform(), announce=False)
@@ -274,6 +285,17 @@ def load_train_test(args: argparse.Namespace, train_size: int | None, test_size:
         used = subset_note(train_size, test_size, (len(train), len(test)))
         print(f"data: {describe(train)}, {len(test):,} test samples{used}", flush=True)
     return train, test
+
+
+def _splits(args: argparse.Namespace, size: int) -> tuple[Any, Any | None, str]:
+    """``(train, validation or None, description)`` of an image folder or a Hugging Face dataset on disk."""
+    from ..data.images import folder_splits
+    from .hf_data import hf_splits, is_hf
+
+    if is_hf(args.data):
+        image_key, label_key = getattr(args, "image_key", None), getattr(args, "label_key", "auto")
+        return hf_splits(args.data, args.val_data, size, image_key, label_key)
+    return folder_splits(args.data, args.val_data, size, args.data_seed)
 
 
 def _stream_train_test(args: argparse.Namespace, train_size: int | None, test_size: int | None) -> Any:

@@ -1,15 +1,17 @@
-"""``gpufeed convert SRC DST``: an image folder or WebDataset tars -> MDS shards (the streaming engine's format)."""
+"""``gpufeed convert SRC DST``: an image folder, WebDataset tars or a Hugging Face dataset on disk -> MDS shards
+(the streaming engine's format)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from .common import positive
+from .common import label_key, positive
 
 HELP = (
-    "convert an image folder (ImageFolder, Food101) or WebDataset tars to MDS shards for streaming: each image's "
-    "bytes copied as they are, resumable, SRC only read"
+    "convert an image folder (ImageFolder, Food101), WebDataset tars or a Hugging Face dataset (a save_to_disk "
+    "folder, Parquet files) to MDS shards for streaming: each image's bytes copied as they are, resumable, SRC only "
+    "read"
 )
 
 
@@ -27,8 +29,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "src",
         metavar="SRC",
-        help="an image folder (SRC/<class>/<files>), a Food101 folder (images/ and meta/), or WebDataset tars: a "
-        "tar, a folder of tars, or a quoted glob ('DIR/train-*.tar'); only read",
+        help="an image folder (SRC/<class>/<files>), a Food101 folder (images/ and meta/), WebDataset tars (a "
+        "tar, a folder of tars, or a quoted glob: 'DIR/train-*.tar'), or a Hugging Face dataset: a save_to_disk "
+        "folder, a .parquet file, a folder of them, or a quoted glob; only read",
     )
     p.add_argument("dst", metavar="DST", help="a new or empty folder, or the DST of an interrupted run (it resumes)")
     p.add_argument(
@@ -52,9 +55,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--split",
-        choices=["train", "test"],
         default=None,
-        help="Food101: the split to convert, train (default) or test",
+        metavar="NAME",
+        help="the split to convert: of a Food101 folder train (default) or test; of a Hugging Face DatasetDict "
+        "(save_to_disk) one of its splits (default train)",
+    )
+    p.add_argument(
+        "--image-key",
+        default=None,
+        metavar="COLUMN",
+        help="a Hugging Face dataset's image column (default: its one Image column; of Parquet written by other "
+        "tools, a struct<bytes, path> or binary column named here)",
+    )
+    p.add_argument(
+        "--label-key",
+        type=label_key,
+        default="auto",
+        metavar="COLUMN",
+        help="a Hugging Face dataset's label column (default: its ClassLabel, else an integer column named label, "
+        "labels or target); none: no labels (-1)",
     )
     p.add_argument(
         "--skip-bad",
@@ -77,11 +96,19 @@ def run(args: argparse.Namespace) -> int:
             split=args.split,
             progress=not args.quiet,
             skip_bad=args.skip_bad,
+            image_key=args.image_key,
+            label_key=args.label_key,
         )
     except KeyboardInterrupt:
         print("the finished parts are kept: run the same command again to resume", file=sys.stderr)
         raise
-    kinds = {"folder": "image folder", "food101": "Food101", "wds": "WebDataset tars"}
+    kinds = {
+        "folder": "image folder",
+        "food101": "Food101",
+        "wds": "WebDataset tars",
+        "hf": "Hugging Face dataset",
+        "parquet": "Parquet files",
+    }
     what = kinds.get(result.kind, result.kind)
     if result.split:
         what += f", split {result.split}"

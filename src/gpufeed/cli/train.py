@@ -7,7 +7,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from .common import add_batch_size, add_data_arguments, count, output_dir, positive
+from .common import add_batch_size, add_data_arguments, count, output_dir, positive, seconds_or_rate
 
 HELP = (
     "train a model on CIFAR-10, an image folder or an MDS dataset (--data s3://bucket/prefix --local /scratch/cache) "
@@ -67,7 +67,7 @@ def _launch(args: argparse.Namespace) -> int:
 
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
     """The options that set up a run; ``gpufeed diagnose`` takes the same ones."""
-    from ..train.loaders import LOADER_KINDS
+    from ..train.kinds import LOADER_KINDS
     from ..train.models import FOLDER_MODELS, MODELS
 
     add_data_arguments(p)
@@ -102,7 +102,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cuda-graphs", action="store_true", help="capture forward, backward and step in a CUDA graph")
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
     add_batch_size(p)
-    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--lr", type=seconds_or_rate, default=0.05, help="the learning rate (a finite number > 0)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda if available)")
     p.add_argument(

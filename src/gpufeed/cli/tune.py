@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from .common import add_batch_size, add_data_arguments, positive
+from .common import add_batch_size, add_data_arguments, positive, seconds_or_rate
 
 HELP = (
     "measure num_workers, prefetch_factor, pin_memory for the DataLoader of a dataset and print the best (of an MDS "
@@ -16,7 +16,7 @@ HELP = (
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_data_arguments(p)
     add_batch_size(p)
-    p.add_argument("--time-budget", type=float, default=60, help="seconds the search may take")
+    p.add_argument("--time-budget", type=seconds_or_rate, default=60, help="seconds the search may take")
     p.add_argument("--device", default="cpu", help="where batches go (cuda: the copy is timed, pinning tried)")
     p.add_argument(
         "--max-workers", type=positive, default=None, help="largest worker count tried (default: usable cores)"

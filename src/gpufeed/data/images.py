@@ -41,7 +41,7 @@ KEYWORDS = ("synthetic", "cifar10", "synthetic-folder")  # what --data names bes
 def is_folder(data: str) -> bool:
     """Whether ``--data`` names image folders (a directory, or the embedded synthetic one) rather than CIFAR-10 or
     an MDS dataset (a remote URL, or a directory holding an ``index.json``: :mod:`gpufeed.data.mds`)."""
-    from .mds import is_stream
+    from ..mds.urls import is_stream
 
     return data not in ("synthetic", "cifar10") and not is_stream(data)
 

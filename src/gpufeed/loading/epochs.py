@@ -101,6 +101,8 @@ class EpochLoader:
     source_watch: SourceWatch | None = None
     # False: batches are the images alone (a Hugging Face dataset read with label_key=None); labels are not served
     labelled: bool = True
+    # accelerate(batch_keys=...): each batch as a dict under these keys (a Hugging Face loop's batch["pixel_values"])
+    batch_keys: tuple[str, ...] | None = None
 
     def _mixed(self, batch: Any, epoch: int, index: int) -> Any:
         """``batch`` mixed by ``mix``, with draws from (seed, epoch, rank, batch): a resumed epoch mixes alike."""
@@ -230,7 +232,7 @@ class EpochLoader:
         """
         from dataclasses import asdict
 
-        epoch, offset = resume_position(state, self.kind, asdict(self.config), len(self))
+        check_state(state, self.kind)
         strict = self.strict_state if strict is None else as_flag(strict, "strict")
         from ..version import __version__
 
@@ -257,6 +259,9 @@ class EpochLoader:
                 "changed it on purpose, load the position anyway with loader.load_state_dict(state, strict=False), "
                 "or set loader.strict_state = False before a trainer (Lightning, Accelerate) loads it"
             )
+        # after the data's check: a setting derived from the data (chunk_batches, from the images' size) differs
+        # because the data does, and the data is what to name
+        epoch, offset = resume_position(state, self.kind, asdict(self.config), len(self))
         self._live, self._stopped = None, None  # as set_epoch: a running iteration is detached, not cut short
         self._epoch, self._offset = epoch, offset
 
@@ -282,6 +287,14 @@ class _Position:
     next_batch: int
     done: bool = False
     start: int = 0  # the batch the iteration began at (a resumed epoch begins part-way)
+
+
+def _as_dict(batch: Any, keys: tuple[str, ...]) -> dict[str, Any]:
+    """``batch`` (images, or a tuple of parts) as ``{key: part}``, the keys in order."""
+    parts = (batch,) if len(keys) == 1 else tuple(batch)
+    if len(parts) != len(keys):
+        raise DataError(f"batch_keys={keys} names {len(keys)} parts; the batches have {len(parts)}")
+    return dict(zip(keys, parts, strict=True))
 
 
 class _Epoch:
@@ -312,6 +325,8 @@ class _Epoch:
             batch = self.loader._mixed(next(self._source), p.epoch, p.next_batch)
             if not self.loader.labelled:
                 batch = batch[0]
+            if self.loader.batch_keys is not None:
+                batch = _as_dict(batch, self.loader.batch_keys)
         except BaseException:  # a dead worker, a sample that raised, Ctrl-C: this iteration is over
             self._stop()
             raise
@@ -351,7 +366,7 @@ class _AccelerateView:
         self._it = weakref.ref(it)
         # gather_for_metrics keeps this many samples of the last gathered batch (-1: all of them)
         c = it.loader.config
-        self.remainder = gather_remainder(c.n, c.batch_size, c.world_size, c.even)
+        self.remainder = gather_remainder(c.n, c.batch_size, c.world_size, c.even, c.drop_last)
 
     @property
     def end_of_dataloader(self) -> bool:
@@ -412,13 +427,9 @@ def check_explicit_world(config: Any, explicit: bool, built_pid: int, what: str)
     )
 
 
-def resume_position(state: Any, loader: str, config: dict[str, Any], batches: int) -> tuple[int, int]:
-    """``(epoch, batch)`` to continue from a saved ``state``; a StateError if it cannot be resumed here.
-
-    ``loader`` ("device" or "fallback") and ``config`` (what fixes the sequence) must match what the
-    state was saved with, type for type (``seed=123.0`` is not the seed 123), except the rank: the
-    position is the same on every rank. ``batches`` is the number of batches in an epoch of this rank.
-    """
+def check_state(state: Any, loader: str) -> None:
+    """A StateError unless ``state`` is a loader state of this version, saved by a ``loader`` ("device" or
+    "fallback") loader: what must hold before anything in it is compared."""
     if not isinstance(state, dict):
         raise StateError(
             f"state is a {type(state).__name__}, not the dict loader.state_dict() returned; pass that dict "
@@ -431,6 +442,16 @@ def resume_position(state: Any, loader: str, config: dict[str, Any], batches: in
             f"state was saved by a {state.get('loader')} loader but this is a {loader} loader (the batched path and "
             "the per-sample fallback augment differently); rebuild the loader the way it was saved"
         )
+
+
+def resume_position(state: Any, loader: str, config: dict[str, Any], batches: int) -> tuple[int, int]:
+    """``(epoch, batch)`` to continue from a saved ``state``; a StateError if it cannot be resumed here.
+
+    ``loader`` ("device" or "fallback") and ``config`` (what fixes the sequence) must match what the
+    state was saved with, type for type (``seed=123.0`` is not the seed 123), except the rank: the
+    position is the same on every rank. ``batches`` is the number of batches in an epoch of this rank.
+    """
+    check_state(state, loader)
     if state.get("world_size", 1) != config["world_size"]:
         epoch, batch = state.get("epoch"), state.get("batch")
         if type(epoch) is int and type(batch) is int and batch > 0:
@@ -443,8 +464,10 @@ def resume_position(state: Any, loader: str, config: dict[str, Any], batches: in
             f"continue from the next epoch start instead with {way}"
         )
     for key, current in config.items():
-        if key == "rank":
-            continue  # any rank's state resumes every rank
+        # any rank's state resumes every rank; the chunk size (picked from the device and the images' size) changes
+        # no batch since each sample's draws are its own (NOTE [ Keyed draws in every loader ] in .loader)
+        if key in ("rank", "chunk_batches"):
+            continue
         if type(state.get(key)) is not type(current) or state.get(key) != current:  # 123.0 is not the seed 123
             raise StateError(
                 f"state has {key}={state.get(key)!r} but this loader has {key}={current!r}; "

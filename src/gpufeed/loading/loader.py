@@ -12,9 +12,11 @@ For the host tiers a chunk is gathered on the CPU into pinned memory and copied 
 :func:`gpufeed.prefetch`; the transform still runs on the device, with the same chunks and seeds,
 so every tier yields the same batches.
 
-Randomness: each chunk's transform draws from a generator seeded with
-``derive_seed(seed, epoch, rank, chunk)``, so any batch can be recomputed from the configuration
-alone; that is what makes mid-epoch resume exact.
+Randomness: NOTE [ Keyed draws in every loader ]. Each sample's augmentation is drawn from its own key,
+(seed, epoch, sample id) (:class:`~gpufeed.augment.keyed.KeyedDraws`, as ``gf.stream`` draws), not from a stream per
+chunk: a sample gets the same crop, flip and colour whatever chunk, batch, position, rank or world size serves it
+and on the CPU as on a GPU (a chunk size picked from the device and image size no longer changes what is drawn),
+and any batch can be recomputed from the configuration alone, which is what makes mid-epoch resume exact.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import numpy as np
 import torch
 
 from ..augment.functional import convert_dtype
+from ..augment.keyed import KeyedDraws
 from ..augment.mix import as_mix
 from ..augment.transforms import BatchTransform, takes_ragged
 from ..device import resolve_device
@@ -36,7 +39,7 @@ from ..sampling import derive_seed, epoch_order, local_indices, rank_indices
 from ..store import Store, as_store
 from ..store.base import STORAGE_TIERS
 from ..store.dense import pinned, pinned_gather
-from ..validate import as_int, check_epoch, check_labels, check_transform, label_tensor
+from ..validate import as_int, as_views, check_epoch, check_labels, check_transform, label_tensor
 from .config import EpochConfig, distributed_rank
 from .epochs import EpochLoader
 from .hostmem import keep_freed_buffers
@@ -82,8 +85,8 @@ class DeviceLoader(EpochLoader):
             ``np.memmap``). The batches are the same for every tier.
         rank, world_size: this process's share of each epoch; by default read from
             ``torch.distributed`` when it is initialised, else one rank.
-        even: ``True`` (training): every rank gets the same number of batches, padding with
-            repeated samples (fewer than ``world_size * batch_size``) or dropping with ``drop_last``.
+        even: ``True`` (training): every rank gets the same number of batches, dropping whole batches with
+            ``drop_last``; without it laid out as ``"pad"`` (the same shapes on every rank, batch for batch).
             ``"pad"`` (evaluation): every sample once, then repeats at the very end so that every rank
             gets the same number of full batches (a collective per batch never waits); the repeats are
             known: Accelerate's ``gather_for_metrics`` drops them, and :attr:`real_counts` says how many
@@ -166,13 +169,15 @@ class DeviceLoader(EpochLoader):
             raise ConfigError(f"storage={storage!r} must be one of {STORAGE_TIERS}")
         if storage != "device" and store.device.type != "cpu":
             raise ConfigError(f"storage={storage!r} keeps images on the host, but they are on {store.device}")
-        if chunk_batches is None:
+        if chunk_batches is not None:
+            chunk_batches = as_int(chunk_batches, "chunk_batches", 1)
+        else:
             batch_bytes = max(1, int(batch_size * store.sample_bytes))  # decoded: what a chunk takes
             budget = _CHUNK_BYTES.get(self.device.type, _CHUNK_BYTES["cuda"])
             chunk_batches = max(1, min(_MAX_CHUNK_BATCHES, budget // batch_bytes))
         rank, world_size = distributed_rank(options.rank, options.world_size)
         self.config = EpochConfig(
-            n, batch_size, options.shuffle, options.drop_last, seed, chunk_batches or 1, rank, world_size, even, shard
+            n, batch_size, options.shuffle, options.drop_last, seed, chunk_batches, rank, world_size, even, shard
         )
         # What a state belongs to (NOTE [ What a state belongs to ] in gpufeed.loading.identity): taken from the whole
         # dataset, before a local shard keeps a part, so that a state saved on any rank matches every rank.
@@ -183,7 +188,7 @@ class DeviceLoader(EpochLoader):
         self.transform = transform
         self.mix = as_mix(mix, num_classes)
         self.view_transforms = view_transforms
-        self.views = len(view_transforms) if view_transforms is not None else as_int(views, "views", 1)
+        self.views = len(view_transforms) if view_transforms is not None else as_views(views)
         if view_transforms is None and self.views > 1 and (transform is None or not getattr(transform, "random", True)):
             raise ConfigError(f"views={self.views} draws each view's own augmentation: it needs a random transform")
         if self.views > 1 and self.mix is not None:
@@ -223,10 +228,22 @@ class DeviceLoader(EpochLoader):
         larger than the image) fails here and not in the middle of the first epoch; their batch."""
         if self.transform is None:
             return None
-        x = self.store.batch(torch.arange(min(2, len(self.store))), self.device)
-        for view in range(1, len(self.view_transforms or [])):  # every view's pipeline, not only the first
-            self._finish(x, epoch=0, chunk=0, generator=torch.Generator(device=self.device), view=view)
-        return self._finish(x, epoch=0, chunk=0, generator=torch.Generator(device=self.device))
+        ids = torch.arange(min(2, len(self.store)))
+        x = self.store.batch(ids, self.device)
+        draws = KeyedDraws(self.config.seed, 0, ids.to(self.device))
+        try:
+            for view in range(1, len(self.view_transforms or [])):  # every view's pipeline, not only the first
+                self._finish(x, draws, view=view)
+            return self._finish(x, draws)
+        except TypeError as e:
+            if "KeyedDraws" not in str(e):
+                raise
+            raise ConfigError(
+                f"the transform {describe(self.transform)} passes its generator= to torch's own random functions "
+                f"({str(e).splitlines()[0]}); gpufeed hands each op a KeyedDraws, each sample's own draws "
+                "(NOTE [ Keyed draws in every loader ]): draw with gpufeed.augment.params' rand, randint, randn, "
+                "coin or uniform, which take a KeyedDraws or a torch.Generator"
+            ) from e
 
     def _fingerprint(self) -> dict[str, Any]:
         """The data and the batched pipeline a state of this loader belongs to."""
@@ -283,12 +300,23 @@ class DeviceLoader(EpochLoader):
             if self.device.type == "cuda" and not ragged:
                 order = order.pin_memory().to(self.device, non_blocking=True)  # once per epoch, no host sync
             raw = ((k, *self._gather(order[k * span : (k + 1) * span])) for k in chunks)
-        generator = torch.Generator(device=self.device) if self.transform is not None else None
+        ids = self._sample_ids(order)  # NOTE [ Keyed draws in every loader ]
         for k, x, y in raw:
+            draws = KeyedDraws(c.seed, epoch, ids[k * span : (k + 1) * span]) if self.transform is not None else None
             if self.views == 1:
-                yield k, self._finish(x, epoch, k, generator), y
-            else:  # the same images, each view with its own draws
-                yield k, [self._finish(x, epoch, k, generator, view) for view in range(self.views)], y
+                yield k, self._finish(x, draws), y
+            else:  # the same images, view 0 drawing as a single view would, the others from their own streams
+                yield k, [self._finish(x, draws, v) for v in range(self.views)], y
+
+    def _sample_ids(self, order: torch.Tensor) -> torch.Tensor:
+        """The epoch's sample ids, in visiting order, on the device (copied once per epoch, from pinned memory: no
+        copy per chunk, no host sync): each sample's index in the whole dataset (a local shard's samples, stored
+        as ``rank, rank + world, ...``, keep theirs)."""
+        c = self.config
+        ids = order * c.world_size + c.rank if c.shard == "local" and c.world_size > 1 else order
+        if ids.device != self.device:
+            ids = (ids.pin_memory() if self.device.type == "cuda" else ids).to(self.device, non_blocking=True)
+        return ids
 
     def _gather(self, idx: torch.Tensor) -> tuple[Any, torch.Tensor]:
         """The chunk at ``idx`` on the device: its images as the transform takes them, and its labels."""
@@ -299,15 +327,12 @@ class DeviceLoader(EpochLoader):
         """The chunk at ``idx`` (host indices) of a dense host store, in pinned memory, for a copy ahead."""
         return self.store.pinned_batch(idx), pinned_gather(self.labels, idx)
 
-    def _finish(self, x: Any, epoch: int, chunk: int, generator: torch.Generator | None, view: int = 0) -> torch.Tensor:
+    def _finish(self, x: Any, draws: KeyedDraws | None, view: int = 0) -> torch.Tensor:
         count = len(x)
         if self.transform is not None:
-            assert generator is not None
-            c = self.config
-            parts = (c.seed, epoch, c.rank, chunk) if view == 0 else (c.seed, epoch, c.rank, chunk, view)
-            generator.manual_seed(derive_seed(*parts))
+            assert draws is not None
             transform = self.view_transforms[view] if self.view_transforms is not None else self.transform
-            x = transform(x, generator=generator)
+            x = transform(x, generator=draws if view == 0 else draws.child(("view", view)))
             if not isinstance(x, torch.Tensor) or x.dim() < 1 or x.shape[0] != count:
                 got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
                 raise DataError(f"transform returned {got} for a batch of {count}; it must keep the batch axis")

@@ -48,7 +48,7 @@ from ..mds.state import load_stream_state, stream_state
 from ..read.files import header_shape
 from ..store.encoded import Encoded, decode
 from ..store.ragged import Ragged
-from ..validate import as_flag, as_int, check_transform
+from ..validate import as_flag, as_int, as_views, check_transform
 from .ahead import Ahead
 from .config import EpochConfig
 from .epochs import EpochLoader
@@ -165,7 +165,7 @@ class StreamLoader(EpochLoader):
         self.channels_last = as_flag(channels_last, "channels_last")
         self.layout = layout if layout is not None else process_layout()
         self._explicit_world = layout is not None
-        self.views = as_int(views, "views", 1)
+        self.views = as_views(views)
         if self.views > 1 and (transform is None or not transform.random):
             raise ConfigError(f"views={self.views} draws each view's own augmentation: it needs a random transform")
         self.mix = as_mix(mix, num_classes)
@@ -306,7 +306,7 @@ class StreamLoader(EpochLoader):
             images: Any = self._view(x, draws)
         else:  # view 0 draws as a single view would; the others from their own streams
             images = [self._view(x, draws if v == 0 else draws.child(("view", v))) for v in range(self.views)]
-        return (images, labels) if self.labelled else images
+        return images, labels  # EpochLoader drops the labels of an unlabelled stream (label_key=None)
 
     def _view(self, x: Ragged | torch.Tensor, draws: KeyedDraws) -> torch.Tensor:
         count = len(x)

@@ -1,12 +1,15 @@
-"""``convert``: an image folder (ImageFolder, Food101) or WebDataset tars -> MDS shards, each image's bytes as they
-are (no re-encode), with a sha1 per sample; resumable (NOTE [ Parts ] in :mod:`.parts`), never writing into SRC.
+"""``convert``: an image folder (ImageFolder, Food101), WebDataset tars or a Hugging Face dataset on disk (a
+``save_to_disk`` folder, Parquet files) -> MDS shards, each image's bytes as they are (no re-encode), with a sha1
+per sample; resumable (NOTE [ Parts ] in :mod:`.parts`), never writing into SRC.
 
 The format (a contract with gpufeed's streaming reader): MDS columns ``image`` (the file's bytes), ``label`` (the
-class index; -1 when a sample has none), ``key`` (the file's path relative to SRC, or the WebDataset key) and
+class index; -1 when a sample has none), ``key`` (the file's path relative to SRC, the WebDataset key, or a
+Hugging Face dataset's row index, zero-padded) and
 ``sha1`` (hex, of ``image``); ``DST/index.json`` lists every shard; ``DST/gpufeed.json`` (format
 ``gpufeed.mds/1``: classes, source, kind, split, samples, image types, skipped samples) is written last, so its
 presence means the conversion finished. Samples keep the source's order: ImageFolder's (class, then file name),
-Food101's (torchvision's), or tar order with the tars sorted by name.
+Food101's (torchvision's), tar order with the tars sorted by name, or a Hugging Face dataset's rows (through a
+``select``/``shuffle`` view's indices; Parquet files sorted by name).
 """
 
 from __future__ import annotations
@@ -63,21 +66,30 @@ def convert(
     split: str | None = None,
     progress: bool = True,
     skip_bad: bool = False,
+    image_key: str | None = None,
+    label_key: str | None = "auto",
 ) -> ConvertResult:
     """Convert ``src`` to MDS shards in ``dst``, copying each image file's bytes untouched.
 
     ``src``: an ImageFolder (``SRC/<class>/<files>``), a Food101 folder (``images/`` beside ``meta/``; ``split``
     ``"train"``, the default, or ``"test"``), or WebDataset tars (a tar, a folder of tars, or a glob pattern such
     as ``"DIR/imagenet1k-train-*.tar"``). Images of any format Pillow reads are copied as they are and counted by
-    type; a sample that is not an image (its header unreadable) is a DataError naming it, or with ``skip_bad`` is
-    left out and listed in ``gpufeed.json``. Called again with the same arguments after an interruption (Ctrl-C,
-    kill -9, a bad file), it resumes; on a finished DST it returns at once (``finished=True``).
+    type. A Hugging Face dataset: a ``save_to_disk`` folder (of a DatasetDict, ``split``, default ``"train"``), a
+    ``.parquet`` file, a folder of them, or a glob; its image column (``image_key``: found from the features, an
+    ``Image``; of Parquet written by other tools, a ``struct<bytes, path>`` or binary column named here) and label
+    column (``label_key``: ``"auto"``, the ``ClassLabel`` or an integer ``label`` column; None: no labels) are found
+    as ``gf.accelerate`` finds them, the ``ClassLabel``'s names kept as the classes, an image given by path read
+    from its file. A sample that is not an image (its header unreadable) is a DataError naming it, or with
+    ``skip_bad`` is left out and listed in ``gpufeed.json``. Called again with the same arguments after an
+    interruption (Ctrl-C, kill -9, a bad file), it resumes; on a finished DST it returns at once
+    (``finished=True``).
 
     Example:
         >>> from gpufeed.mds.convert import convert
         >>> result = convert("food-101", "/scratch/food101-mds", split="train")  # doctest: +SKIP
         >>> result.samples, result.image_types  # doctest: +SKIP
         (75750, {'jpeg': 75750})
+        >>> convert("food101-hf", "/scratch/food101-val-mds", split="validation")  # doctest: +SKIP
 
     Raises:
         ConfigError: a bad argument, a ``src`` that is no such dataset, or a ``dst`` that holds something else
@@ -86,7 +98,7 @@ def convert(
         CacheWriteError: ``dst`` could not be written (full disk, no permission); finished parts are kept.
     """
     settings = _settings(shard_size, compression, samples_per_part)
-    source = open_source(src, split)
+    source = open_source(src, split, image_key, label_key)
     target = Path(dst).expanduser().resolve()
     if target.is_relative_to(source.root):
         raise ConfigError(
@@ -191,7 +203,7 @@ def _write_part(
     shutil.rmtree(tmp, ignore_errors=True)  # the engine's writer refuses a folder that is not empty
     types: Counter[str] = Counter()
     skipped: list[dict[str, str]] = []
-    consumed = 0
+    consumed, top = 0, -1
     try:
         writer = streaming().MDSWriter(
             out=str(tmp),
@@ -217,6 +229,7 @@ def _write_part(
             else:
                 writer.write({"image": item.data, "label": item.label, "key": item.key, "sha1": got.sha1})
                 types[got.kind] += 1
+                top = max(top, item.label)
             bar.update()
         _finish(writer)
     except BaseException as e:
@@ -232,6 +245,7 @@ def _write_part(
         "ends_unit": items.ended,
         "image_types": dict(types),
         "skipped": skipped,
+        "max_label": top,  # gpufeed.json's num_classes where the source names no classes (numbered tars)
     }
 
 

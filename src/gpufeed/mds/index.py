@@ -47,12 +47,15 @@ _SHARD_KEYS = ("samples", "raw_data", "column_names", "column_encodings", "colum
 
 @dataclass(frozen=True)
 class _Columns:
-    """Where a shard layout keeps the image and label columns inside a sample record."""
+    """Where a shard layout keeps the image and label columns inside a sample record, and the ``sha1`` (hex of the
+    image's bytes) and ``key`` columns ``gpufeed convert`` writes, when the layout has them."""
 
     sizes: tuple[int | None, ...]  # fixed size of each column, None = variable (its size leads the record)
     image: int
     label: int | None
     label_format: str
+    digest: int | None = None
+    key: int | None = None
 
     @classmethod
     def of(cls, shard: dict[str, Any], image_key: str, label_key: str | None) -> _Columns:
@@ -79,25 +82,47 @@ class _Columns:
                 )
             label_format = LABEL_ENCODINGS[encodings[label]]
         sizes = tuple(int(s) if s else None for s in shard["column_sizes"])
-        return cls(sizes, names.index(image_key), label, label_format)
 
-    def parse(self, record: bytes) -> tuple[bytes, int]:
-        """The image bytes and the label (-1 without a label column) of one sample record."""
+        def text_column(name: str) -> int | None:
+            return names.index(name) if name in names and encodings[names.index(name)] == "str" else None
+
+        return cls(sizes, names.index(image_key), label, label_format, text_column("sha1"), text_column("key"))
+
+    def _spans(self, record: bytes) -> list[tuple[int, int]]:
+        """``(start, end)`` of each column's bytes in ``record``; a ValueError if they overrun it."""
         variable = sum(s is None for s in self.sizes)
         lengths = iter(struct.unpack_from(f"<{variable}I", record, 0))
-        at = 4 * variable
-        image, label = b"", -1
-        for column, fixed in enumerate(self.sizes):
+        at, spans = 4 * variable, []
+        for fixed in self.sizes:
             size = fixed if fixed is not None else next(lengths)
-            if column == self.image:
-                image = record[at : at + size]
-            elif column == self.label:
-                raw = record[at : at + size]
-                label = int(raw.decode()) if not self.label_format else struct.unpack(self.label_format, raw)[0]
+            spans.append((at, at + size))
             at += size
         if at > len(record):
             raise ValueError(f"the record holds {len(record)} bytes, its columns {at}")
-        return image, label
+        return spans
+
+    def parse(self, record: bytes) -> tuple[bytes, int, bytes | None]:
+        """The image bytes, the label (-1 without a label column) and the stored sha1 (hex, ASCII; None without a
+        ``sha1`` column) of one sample record."""
+        spans = self._spans(record)
+        begin, end = spans[self.image]
+        image, label = record[begin:end], -1
+        if self.label is not None:
+            begin, end = spans[self.label]
+            raw = record[begin:end]
+            label = int(raw.decode()) if not self.label_format else struct.unpack(self.label_format, raw)[0]
+        digest = None
+        if self.digest is not None:
+            begin, end = spans[self.digest]
+            digest = record[begin:end]
+        return image, label, digest
+
+    def key_of(self, record: bytes) -> str | None:
+        """The sample's ``key`` column (its name in the source: a file's path), None without one."""
+        if self.key is None:
+            return None
+        begin, end = self._spans(record)[self.key]
+        return record[begin:end].decode("utf-8", errors="replace")
 
 
 class Index:
@@ -143,6 +168,8 @@ class Index:
             if key not in layouts:
                 layouts[key] = _Columns.of(s, image_key, label_key)
             self.columns.append(layouts[key])
+        # every shard has the sha1 column gpufeed convert writes: each sample can be checked against its bytes
+        self.has_digests = all(c.digest is not None for c in self.columns)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str], image_key: str = "image", label_key: str | None = "label") -> Index:

@@ -206,6 +206,7 @@ def complete(dst: Path, parts: list[dict[str, Any]], about: dict[str, Any]) -> d
         types.update(part["image_types"])
     manifest = {
         **about,
+        "num_classes": _num_classes(about.get("classes"), parts),
         "samples": samples,
         "image_types": dict(sorted(types.items())),
         "skipped": [s for p in parts for s in p["skipped"]],
@@ -216,6 +217,18 @@ def complete(dst: Path, parts: list[dict[str, Any]], about: dict[str, Any]) -> d
     except OSError as e:
         raise write_error(dst, e) from e
     return manifest
+
+
+def _num_classes(classes: list[str] | None, parts: list[dict[str, Any]]) -> int | None:
+    """The classes' count: the names' (a folder's, a ClassLabel's), else the largest label written plus one (tars
+    number their classes); None for images without labels, or parts written before the largest was recorded."""
+    if classes is not None:
+        return len(classes)
+    tops = [p.get("max_label") for p in parts]
+    if any(t is None for t in tops):
+        return None
+    top = max((t for t in tops if t is not None), default=-1)
+    return top + 1 if top >= 0 else None
 
 
 def write_error(dst: Path, e: OSError) -> CacheWriteError:

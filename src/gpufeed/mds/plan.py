@@ -45,12 +45,14 @@ from ..validate import as_flag, as_int
 from . import engine
 
 __all__ = [
+    "DOWNLOADERS_PER_RANK",
     "SHUFFLE_ALGOS",
     "EpochPlan",
     "Layout",
     "StreamSettings",
     "block_size_for_cache",
     "check_layout",
+    "engine_cache_limit",
     "plan_epoch",
     "plan_share",
     "plan_work",
@@ -388,7 +390,12 @@ def plan_share(
 
 
 def block_size_for_cache(
-    samples_per_shard: Sequence[int] | np.ndarray, shard_bytes: int, cache_bytes: int, num_canonical_nodes: int
+    samples_per_shard: Sequence[int] | np.ndarray,
+    shard_bytes: int,
+    cache_bytes: int,
+    num_canonical_nodes: int,
+    *,
+    reserved: int = 0,
 ) -> int:
     """The largest shuffle block (samples) whose shards fit in half of ``cache_bytes`` for the run's canonical nodes.
 
@@ -399,7 +406,9 @@ def block_size_for_cache(
     more shards than a small cache holds, and evicts shards before their samples are used: measured 16 downloads
     per shard at a quarter cache, 1.0 with a fitted block. Capped at the engine's default; at least the largest
     shard (below it the engine's ``py1e`` leaves a shard's samples unshuffled, and warns): a cache too small for that
-    warns here, naming the size that would fit.
+    warns here, naming the size that would fit. ``reserved``: the bytes of the user's ``cache_limit`` that are not in
+    ``cache_bytes`` (the index, the downloads in flight): the warning speaks of ``cache_bytes + reserved``, the
+    figure the user gave.
 
     Example:
         >>> block_size_for_cache([10] * 100, shard_bytes=1000, cache_bytes=40_000, num_canonical_nodes=1)
@@ -412,11 +421,29 @@ def block_size_for_cache(
     smallest = math.ceil(int(sizes.max()) / 0.75) + 1
     if block < smallest:
         needed = 2 * num_canonical_nodes * (math.ceil(1.25 * smallest / float(sizes.mean())) + 2) * shard_bytes
+        given, wanted = int(cache_bytes) + reserved, needed + reserved
+        kept = f" ({reserved:,} of them kept for the index and the downloads in flight)" if reserved else ""
         warnings.warn(
-            f"a cache of {cache_bytes} bytes holds {shards_fit} shards, too few for a shuffle across shards with "
-            f"num_canonical_nodes={num_canonical_nodes}; using shuffle_block_size={smallest} (one shard). A cache of "
-            f"about {needed} bytes (or fewer canonical nodes, or smaller shards) shuffles across shards",
+            f"cache_limit={given:,} bytes{kept} holds {shards_fit} shards, too few for a shuffle across shards with "
+            f"num_canonical_nodes={num_canonical_nodes}; using shuffle_block_size={smallest:,} (one shard). "
+            f"cache_limit={wanted:,} bytes ({wanted - given:,} more; or fewer canonical nodes, or smaller shards) "
+            "shuffles across shards",
             stacklevel=2,
         )
         return smallest
     return min(block, max(4_000_000 // num_canonical_nodes, 1 << 18))
+
+
+# NOTE [ Cache limit: what the engine is given ]
+# The engine checks ``cache_usage + shard <= cache_limit`` before a download but adds the shard's size only when it
+# completes, so concurrent downloads on a node each pass the check and the directory overshoots (measured: +2.7
+# shards with two ranks). gpufeed gives the engine ``cache_limit - downloaders x largest shard``, where each rank
+# downloads from at most two threads (its prefetcher and a reader re-fetching an evicted shard): the directory then
+# stays under the user's limit (polled in ``tests/stream/test_shards.py``). Local-only data takes no limit: its
+# shards are the only copy and are never to be evicted (the engine's upstream release deleted them).
+DOWNLOADERS_PER_RANK = 2
+
+
+def engine_cache_limit(cache_limit: int, max_shard_bytes: int, ranks_per_node: int) -> int:
+    """The limit the engine gets for a user's ``cache_limit`` (NOTE [ Cache limit: what the engine is given ])."""
+    return cache_limit - DOWNLOADERS_PER_RANK * ranks_per_node * max_shard_bytes

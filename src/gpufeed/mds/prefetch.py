@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..errors import ConfigError
+from ..errors import ConfigError, StorageError
 
 if TYPE_CHECKING:
     from .shards import Shards
@@ -23,7 +23,10 @@ class Prefetcher:
     their first use, never more than ``ahead`` whose first use is still to come (downloads overlap the reader; the
     cache is not filled with shards needed much later), and skips a shard the reader reached first (it fetched it
     itself; a late fetch could only bring back a shard already read and evicted: measured 1.8 downloads a shard
-    at a quarter cache before this rule, 1.02 after). An error in the thread is raised by the next :meth:`advance`.
+    at a quarter cache before this rule, 1.02 after). A shard the remote does not deliver (a StorageError) ends the
+    prefetching: the read that needs that shard raises it (NOTE [ A shard's download: bounded, typed, ... ] in
+    ``shards.py``), in the batch that needed it, and the shards after it would most likely wait in vain too. Any other
+    error in the thread is raised by the next :meth:`advance`.
 
     Example::
 
@@ -45,6 +48,7 @@ class Prefetcher:
         self._position = 0
         self._closed = False
         self.error: BaseException | None = None
+        self.failed = False  # stopped at a shard the remote did not deliver
         self.prepared = 0
         self._cond = threading.Condition()
         self._thread = threading.Thread(target=self._run, name="gpufeed-stream-prefetch", daemon=True)
@@ -64,6 +68,8 @@ class Prefetcher:
                         continue
                 self._shards.prepare(shard)
                 self.prepared += 1
+        except StorageError:  # kept by the shards for the read that needs it
+            self.failed = True
         except BaseException as e:  # raised in the reader by advance()
             self.error = e
 

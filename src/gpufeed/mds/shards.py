@@ -5,14 +5,15 @@ into ``local`` by the engine's ``StreamingDataset.prepare_shard`` (its downloads
 shared by the node's ranks, its LRU eviction under ``cache_limit``); local-only data (``local`` alone) needs no
 engine object at all. Either way gpufeed reads the samples itself, with ``pread`` on the shard file (the layout:
 ``index.py``), keeping only the two columns it serves; ``prefetch.py`` fetches shards ahead of the reader.
+A shard's download, bounded by ``download_timeout`` and typed, is :mod:`.downloads`'.
 
-NOTE [ Cache limit: what the engine is given ]
-The engine checks ``cache_usage + shard <= cache_limit`` before a download but adds the shard's size only when it
-completes, so concurrent downloads on a node each pass the check and the directory overshoots (measured: +2.7
-shards with two ranks). gpufeed gives the engine ``cache_limit - downloaders x largest shard``, where each rank
-downloads from at most two threads (its prefetcher and a reader re-fetching an evicted shard): the directory then
-stays under the user's limit (polled in ``tests/stream/test_shards.py``). Local-only data takes no limit: its
-shards are the only copy and are never to be evicted (the engine's upstream release deleted them).
+NOTE [ Checking each sample against its sha1 ]
+``gpufeed convert`` writes each image's sha1 (hex) beside it. A sample is checked as it is read (on the reader's
+thread; ``hashlib`` releases the GIL for buffers over 2 KiB), so a shard damaged on the remote, in transit or on the
+local disk is a DataError naming the sample, its key and shard before any of its bytes is served -- even bytes that
+still decode. Cost: benchmarks/RESULTS.md (issue 30). Only datasets written by ``gpufeed convert`` (its
+``gpufeed.json``) with a ``sha1`` column in every shard are checked: a column of that name in a user's own MDS may
+mean something else, and such data is served as it is.
 """
 
 from __future__ import annotations
@@ -31,15 +32,15 @@ from typing import Any
 import numpy as np
 
 from ..cache.location import default_cache_dir
-from ..errors import ConfigError, DataError
+from ..errors import ConfigError, DataError, GpufeedError, StorageError
 from ..validate import as_int
 from . import engine, shm
+from .downloads import Downloads, is_missing, storage_cause
 from .index import Index
-from .plan import block_size_for_cache
+from .plan import DOWNLOADERS_PER_RANK, block_size_for_cache, engine_cache_limit
 
-__all__ = ["Samples", "Shards", "default_local", "engine_cache_limit"]
+__all__ = ["Samples", "Shards", "default_local", "storage_cause"]
 
-DOWNLOADERS_PER_RANK = 2  # NOTE [ Cache limit: what the engine is given ]
 REMOTE_MARK = "gpufeed-remote.json"  # in a remote's local: which remote it caches
 
 # NOTE [ One engine object per remote and local in a process ]
@@ -74,11 +75,6 @@ def default_local(remote: str) -> str:
     return str(default_cache_dir() / "stream" / hashlib.sha1(remote.encode()).hexdigest()[:20])
 
 
-def engine_cache_limit(cache_limit: int, max_shard_bytes: int, ranks_per_node: int) -> int:
-    """The limit the engine gets for a user's ``cache_limit`` (NOTE [ Cache limit: what the engine is given ])."""
-    return cache_limit - DOWNLOADERS_PER_RANK * ranks_per_node * max_shard_bytes
-
-
 class Shards:
     """The samples of an MDS dataset by global id: local-only (``local`` alone) or fetched from ``remote`` into
     ``local``. Thread-safe; :meth:`close` (or ``with``) when done.
@@ -93,7 +89,15 @@ class Shards:
         image_key, label_key: the columns holding an image file's bytes and the integer label (None: no labels).
         cache_limit: bytes (or ``"64gb"``) the node's ``local`` may hold; remote data only.
         ranks_per_node: ranks sharing ``local`` (default ``LOCAL_WORLD_SIZE``, else 1); sizes the download margin.
-        download_retry, download_timeout, validate_hash: passed to the engine.
+        download_retry: the engine's attempts at a download.
+        download_timeout: the most seconds a read (or the prefetcher) waits for a shard, the engine's
+            ``download_retry`` attempts and the storage client's own retries included (each attempt's socket reads
+            time out after this too); past it a StorageError (NOTE [ A shard's download: bounded, typed, ... ]).
+        validate_hash: passed to the engine (its check of a downloaded shard against the index's hashes).
+
+    A sample of a dataset ``gpufeed convert`` wrote is checked against its stored sha1 as it is read (``verify``;
+    NOTE [ Checking each sample against its sha1 ]). Another job on the same ``local`` is refused (NOTE [ One job
+    per local directory ] in ``shm.py``); the ranks of one job share it.
 
     Example::
 
@@ -133,6 +137,8 @@ class Shards:
         self._ds: Any = None
         self._offsets: dict[int, np.ndarray] = {}
         self._touched: dict[int, float] = {}
+        self.download_timeout = float(download_timeout)
+        self._downloads = Downloads(self.download_timeout)  # NOTE [ A shard's download: bounded, typed, ... ]
         self.cache_limit: int | None = None
         self.engine_cache_limit: int | None = None
         if self.remote is None:
@@ -152,6 +158,8 @@ class Shards:
                 raise
         classes = self.meta.get("classes")
         self.classes: list[str] | None = list(classes) if isinstance(classes, list) else None
+        # NOTE [ Checking each sample against its sha1 ]: True for gpufeed's conversions; set False to skip it
+        self.verify = self.index.has_digests and str(self.meta.get("format", "")).startswith("gpufeed.mds/")
 
     def _open_remote(
         self,
@@ -172,7 +180,7 @@ class Shards:
             if cache_limit is not None:
                 self._set_cache_limit(engine.bytes_to_int(cache_limit))
             return
-        self._lock = shm.hold(self.local)
+        self._lock = shm.hold(self.local, self.ranks_per_node)
         try:
             # never iterated: batch_size and num_canonical_nodes only satisfy the constructor
             self._ds = engine.dataset(
@@ -193,9 +201,12 @@ class Shards:
                     "local"
                 ) from e
             raise
-        except BaseException:
+        except (GpufeedError, KeyboardInterrupt, SystemExit):
             self.close()
             raise
+        except Exception as e:  # the index could not be fetched (botocore's, google's, ... errors)
+            self.close()
+            raise self._storage_error("index.json", e) from e
         self.index = Index.load(os.path.join(self.local, "index.json"), image_key, label_key)
         if cache_limit is not None:
             self._set_cache_limit(engine.bytes_to_int(cache_limit))
@@ -246,9 +257,9 @@ class Shards:
             self.close()
             need = floor + limit - given
             raise ConfigError(
-                f"cache_limit={limit} bytes is too small for this dataset: its index takes {index_bytes} bytes, its "
-                f"largest shard {biggest}, and {self.ranks_per_node} rank(s) download up to "
-                f"{DOWNLOADERS_PER_RANK * self.ranks_per_node} shards at once; give at least {need} bytes"
+                f"cache_limit={limit:,} bytes is too small for this dataset: its index takes {index_bytes:,} bytes, "
+                f"its largest shard {biggest:,}, and {self.ranks_per_node} rank(s) download up to "
+                f"{DOWNLOADERS_PER_RANK * self.ranks_per_node} shards at once; give at least {need:,} bytes"
             )
         self.cache_limit, self.engine_cache_limit = limit, given
         # read at each download (prepare_shard), so set after construction: the index is known only then
@@ -262,8 +273,10 @@ class Shards:
 
             try:
                 CloudDownloader.direct_download(f"{self.remote.rstrip('/')}/gpufeed.json", path, timeout)
-            except FileNotFoundError:
-                return {}
+            except Exception as e:
+                if is_missing(e):  # a user's own MDS (on S3 the client says 404, not FileNotFoundError)
+                    return {}
+                raise self._storage_error("gpufeed.json", e) from e
         try:
             meta = json.loads(Path(path).read_text())
         except FileNotFoundError:
@@ -277,18 +290,25 @@ class Shards:
         if self.engine_cache_limit is None:
             return None
         index_bytes = os.path.getsize(os.path.join(self.local, "index.json"))
+        usable = self.engine_cache_limit - index_bytes
         return block_size_for_cache(
             self.index.samples_per_shard,
             int(self.index.max_bytes.max()),
-            self.engine_cache_limit - index_bytes,
+            usable,
             num_canonical_nodes,
+            reserved=int(self.cache_limit or 0) - usable,  # the warning speaks of the user's cache_limit
         )
 
     def prepare(self, shard: int) -> None:
         """Make ``shard`` local (download it, evicting the coldest under the limit) and mark it used; for
-        local-only data, ask the kernel to read it ahead."""
+        local-only data, ask the kernel to read it ahead.
+
+        Raises:
+            StorageError: the remote did not deliver it within ``download_timeout`` (NOTE [ A shard's download:
+                bounded, typed, ... ]); a later read of the shard raises it again, without waiting.
+        """
         if self._ds is not None:
-            self._ds.prepare_shard(int(shard), blocking=True)
+            self._fetch(int(shard), reader=False)
             return
         if hasattr(os, "posix_fadvise"):
             try:
@@ -310,7 +330,10 @@ class Shards:
         for _ in range(1 + RETRIES):
             if self._ds is not None:
                 # also touches the shard in the engine's LRU: a shard being read is not the coldest
-                self._ds.prepare_shard(int(shard), blocking=True)
+                if os.path.exists(path):
+                    self._prepare_inline(shard)  # here already: a touch, no network
+                else:
+                    self._fetch(shard, reader=True)
                 self._touched[shard] = time.monotonic()
             try:
                 return os.open(path, os.O_RDONLY)
@@ -329,6 +352,56 @@ class Shards:
         raise DataError(
             f"shard {path} was evicted {1 + RETRIES} times before it could be read: cache_limit={self.cache_limit} is "
             "too small for this many ranks and this shuffle block; raise it or lower shuffle_block_size"
+        )
+
+    def _prepare_inline(self, shard: int) -> None:
+        try:
+            self._ds.prepare_shard(int(shard), blocking=True)
+        except (GpufeedError, KeyboardInterrupt, SystemExit):
+            raise
+        except Exception as e:
+            raise self._fetch_error(shard, e) from e
+
+    def _fetch(self, shard: int, *, reader: bool) -> None:
+        """``shard`` local within ``download_timeout``, or its typed error (:meth:`Downloads.wait`)."""
+        try:
+            self._downloads.wait(self._ds, shard, reader=reader)
+        except (GpufeedError, KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as e:
+            raise self._fetch_error(shard, e) from e
+
+    def _fetch_error(self, shard: int, e: BaseException) -> GpufeedError:
+        """The typed error of a failed download of ``shard`` (the engine's raw one as its cause)."""
+        if isinstance(e, GpufeedError):
+            return e
+        if isinstance(e, ValueError) and "Attempted shard eviction" in str(e):
+            return ConfigError(
+                f"shard {self.index.basenames[shard]} does not fit in local={self.local} under cache_limit="
+                f"{self.cache_limit or 0:,} bytes: the engine found nothing of its own to evict ({e}). Another job "
+                "on the same local (each keeps its own accounting) or files put there by hand fill it: give each job "
+                "its own local, or raise cache_limit"
+            )
+        return self._storage_error(self.index.basenames[shard], e, shard)
+
+    def _storage_error(self, name: str, e: BaseException, shard: int | None = None) -> StorageError:
+        what, fix = storage_cause(e)
+        where = f"{str(self.remote).rstrip('/')}/{name}"
+        if shard is None:
+            subject = f"{name} of the MDS dataset {self.remote}"
+            resume = "nothing was served yet: gf.stream again once it answers"
+        else:
+            first, last = int(self.index.starts[shard]), int(self.index.ends[shard]) - 1
+            subject = f"shard {name} (samples {first:,}..{last:,})"
+            resume = (
+                "the loader's state_dict() now holds the position of the batch that needed it: save it, and "
+                "load_state_dict(state) on a new gf.stream (or on this loader) resumes there once the remote serves "
+                "again"
+            )
+        return StorageError(
+            f"{subject} could not be fetched from {where} into {self.local}: {what} ({type(e).__name__}: {e}; "
+            f"download_retry attempts and the client's retries within download_timeout={self.download_timeout:g} s). "
+            f"{fix[0].upper()}{fix[1:]}; {resume}"
         )
 
     def _read_shard(self, shard: int, positions: np.ndarray) -> list[tuple[bytes, int]]:
@@ -351,15 +424,38 @@ class Shards:
                     record = os.pread(fd, end - begin, begin) if end >= begin else b""
                     if len(record) != end - begin:
                         raise ValueError(f"bytes {begin}..{end} are not in the file")
-                    out.append(columns.parse(record))
+                    image, label, digest = columns.parse(record)
                 except (ValueError, struct.error, UnicodeDecodeError) as e:
                     sample = int(self.index.starts[shard]) + position
                     raise DataError(
                         f"sample {sample} (shard {self.index.basenames[shard]}, position {position}) is corrupt: {e}"
                     ) from None
+                if self.verify and digest is not None:  # NOTE [ Checking each sample against its sha1 ]
+                    actual = hashlib.sha1(image).hexdigest()
+                    if actual.encode() != digest:
+                        raise self._mismatch(shard, position, record, digest, actual)
+                out.append((image, label))
             return out
         finally:
             os.close(fd)
+
+    def _mismatch(self, shard: int, position: int, record: bytes, digest: bytes, actual: str) -> DataError:
+        sample = int(self.index.starts[shard]) + position
+        name = self.index.basenames[shard]
+        key = self.index.columns[shard].key_of(record)
+        fix = (
+            f"the cached copy is damaged, or the remote's: end the run and delete {os.path.join(self.local, name)} "
+            f"(the next run fetches it again from {self.remote}); if that fails the same way, convert the dataset "
+            "again and upload it"
+            if self.remote is not None
+            else "copy the shard again from where the dataset came from, or convert the dataset again"
+        )
+        return DataError(
+            f"sample {sample} (key {key!r}, shard {name}, position {position}): its image bytes do not match the sha1 "
+            f"gpufeed convert stored with them (stored {digest.decode(errors='replace')[:12]}..., read "
+            f"{actual[:12]}...): the shard file {os.path.join(self.local, name)} is corrupt, and the sample is not "
+            f"served. {fix[0].upper()}{fix[1:]}"
+        )
 
     def read(self, ids: np.ndarray | Sequence[int]) -> Samples:
         """Image bytes and labels of global sample ids, in the order given (each shard opened once)."""

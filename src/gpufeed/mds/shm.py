@@ -15,22 +15,43 @@ live run). gpufeed never calls it. Instead:
    ``StreamingDataset`` on the same directory, outside gpufeed, is left alone);
 3. then it shares the lock with the other ranks of its node, which skip the cleaning.
 The engine's ``/tmp/NNNNNN_*_filelock`` files are left alone (they name no directory); ``TMPDIR`` moves them.
+
+NOTE [ One job per local directory ]
+The ranks of one job on a node share ``local`` (one engine cache, one LRU, one limit); two jobs must not: each
+engine keeps its own accounting of the same files, so one evicts what the other counts (an outside trial: one job
+died with the engine's "no shards present locally to evict", the directory 10% over its limit) or serves what the
+other is replacing. The engine's own check does not catch it: its walk of the shared-memory prefixes skips every
+prefix whose ``/tmp`` file locks exist, which those of a dataset that has downloaded do (checked: a second
+``StreamingDataset`` on the same remote and local, in another process, is constructed without complaint). So the
+first holder of the lock (step 1 above, while it holds it exclusively) writes its job into the lock file
+(:func:`job`: the launcher's rendezvous -- torchrun's ``MASTER_ADDR:MASTER_PORT`` and run id, Slurm's job id -- or
+this process alone); every holder, once it shares the lock, reads it back and is refused (a ConfigError naming that
+job's pid, host and command, and the fix: another ``local``) when it is another job's. The lock file is rewritten
+only under the exclusive lock, which no one gets while a holder lives, so what it says is the living holders' job;
+two first holders racing for the exclusive lock (flock's conversion to shared is not atomic) each read the file
+after it, and the one that did not write it last is refused.
 """
 
 from __future__ import annotations
 
 import fcntl
 import hashlib
+import json
 import os
 import re
+import socket
+import time
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ..cache.location import default_cache_dir
+from ..errors import ConfigError
 from . import engine
 
-__all__ = ["SHM_DIR", "RunLock", "blocks_naming", "clean_stale", "hold", "lock_path", "mapped_blocks"]
+__all__ = ["SHM_DIR", "RunLock", "blocks_naming", "clean_stale", "hold", "job", "lock_path", "mapped_blocks"]
 
 SHM_DIR = Path("/dev/shm")
 _BLOCK = re.compile(r"^(\d{6})_([a-z_]+)$")
@@ -166,8 +187,63 @@ class RunLock:
         self.release()
 
 
-def hold(local: str | os.PathLike[str]) -> RunLock:
+# what names a multi-process job the same in each of its ranks (and differs between two jobs at once on a node)
+_JOB_VARIABLES = ("TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT", "SLURM_JOB_ID", "SLURM_STEP_ID")
+
+
+def job(env: Mapping[str, str] | None = None, ranks: int = 1) -> str:
+    """This process's job, as the ranks of one job on a node all name it (NOTE [ One job per local directory ]).
+
+    A rank of a multi-process job (``WORLD_SIZE`` > 1, or a process group of more than one): its launcher's
+    rendezvous (``MASTER_ADDR``, ``MASTER_PORT``, torchrun's run id, Slurm's job and step), else its parent process
+    (``torch.multiprocessing.spawn``'s ranks share it). ``ranks``: the ranks on this node the caller's layout says
+    share the directory (``gf.stream(layout=...)`` before any process group): more than one is a multi-process job
+    too. Any other process is a job of its own.
+
+    Example:
+        >>> job({"WORLD_SIZE": "2", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"})
+        'MASTER_ADDR=10.0.0.1 MASTER_PORT=29500'
+    """
+    env = os.environ if env is None else env
+    world = max(int(env.get("WORLD_SIZE", "1") or 1), ranks)
+    if world <= 1 and env is os.environ:
+        import torch.distributed as dist
+
+        world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    if world <= 1:
+        return f"pid={os.getpid()}@{socket.gethostname()}"
+    named = " ".join(f"{k}={env[k]}" for k in _JOB_VARIABLES if env.get(k))
+    return named or f"ppid={os.getppid()}@{socket.gethostname()}"
+
+
+def _command(pid: int) -> str:
+    try:
+        words = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return "?"
+    text = " ".join(w.decode(errors="replace") for w in words if w)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+def _refusal(local: str, path: Path, theirs: dict[str, Any]) -> ConfigError:
+    pid, host = theirs.get("pid"), theirs.get("host")
+    since = theirs.get("since")
+    when = time.strftime(" since %Y-%m-%d %H:%M:%S", time.localtime(since)) if isinstance(since, (int, float)) else ""
+    command = f", running {_command(pid)}" if isinstance(pid, int) and host == socket.gethostname() else ""
+    return ConfigError(
+        f"local={local} is in use by another job: pid {pid} on {host}{when}{command} (job {theirs.get('job')}; this "
+        f"one is {job()}). Two jobs on one cache directory evict each other's shards and overrun cache_limit: give "
+        f"this job another local= (each job a directory of its own; the ranks of one job share theirs), or wait for "
+        f"that one to end (the lock {path} frees when its last process exits)"
+    )
+
+
+def hold(local: str | os.PathLike[str], ranks: int = 1) -> RunLock:
     """Hold ``local`` for this run; the first holder cleans its stale blocks. Release it when the run ends.
+    ``ranks``: the ranks of this node that share ``local`` (:func:`job`).
+
+    Raises:
+        ConfigError: another job holds ``local`` (NOTE [ One job per local directory ]); the ranks of one job share it.
 
     Example::
 
@@ -182,10 +258,17 @@ def hold(local: str | os.PathLike[str]) -> RunLock:
     except OSError as e:
         warnings.warn(
             f"cannot create the lock file {path} ({e}); shared memory left by a killed run on {local} will not be "
-            "cleaned: set GPUFEED_CACHE_DIR to a writable directory",
+            "cleaned, nor another job on it refused: set GPUFEED_CACHE_DIR to a writable directory",
             stacklevel=2,
         )
         return RunLock(local, None, first=False)
+    mine = {
+        "local": local,
+        "job": job(ranks=ranks),
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "since": time.time(),
+    }
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         first = True
@@ -195,10 +278,16 @@ def hold(local: str | os.PathLike[str]) -> RunLock:
     try:
         if first:
             os.ftruncate(fd, 0)
-            os.write(fd, local.encode() + b"\n")  # for a person listing the lock directory
+            os.pwrite(fd, (json.dumps(mine) + "\n").encode(), 0)  # who holds it: for the next job, and a person
             cleaned = clean_stale(local)
         # shared from here: the node's other ranks join; a first holder elsewhere waits (it would clean)
         fcntl.flock(fd, fcntl.LOCK_SH)
+        try:
+            theirs = json.loads(os.pread(fd, 1 << 16, 0).decode())
+        except (ValueError, UnicodeDecodeError):
+            theirs = None  # written by a gpufeed before the job was recorded: its holders are of that release
+        if isinstance(theirs, dict) and theirs.get("job") != mine["job"]:
+            raise _refusal(local, path, theirs)
     except BaseException:
         os.close(fd)
         raise

@@ -1,9 +1,11 @@
-"""What ``gpufeed convert`` reads: an ImageFolder, a Food101 folder, or WebDataset tars, as units of samples.
+"""What ``gpufeed convert`` reads: an ImageFolder, a Food101 folder, WebDataset tars, or a Hugging Face dataset
+(a ``save_to_disk`` folder or Parquet files, :mod:`.hf`), as units of samples.
 
-A source is a list of units read in order (the folder itself, or each tar), each a stream of samples that can
-start at any position, so a conversion resumes where its last finished part ended. A folder's listing is
-torchvision's own (``ImageFolder``'s classes and files; ``Food101``'s ``meta/<split>.json``), so sample ``i`` of
-the conversion is sample ``i`` of the dataset a user would build over the same folder. Sources are only read.
+A source is a list of units read in order (the folder itself, each tar, the saved dataset, each Parquet file),
+each a stream of samples that can start at any position, so a conversion resumes where its last finished part
+ended. A folder's listing is torchvision's own (``ImageFolder``'s classes and files; ``Food101``'s
+``meta/<split>.json``), a Hugging Face dataset's order its rows', so sample ``i`` of the conversion is sample ``i``
+of the dataset a user would build over the same data. Sources are only read.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pathlib import Path
 
 from ..errors import ConfigError, DataError
 from . import wds
+from .items import Item, Source
 
 __all__ = ["Item", "Ready", "Source", "image_type", "open_source", "prepare", "ready"]
 
@@ -35,19 +38,6 @@ _MAGIC = (
 
 
 @dataclass(frozen=True)
-class Item:
-    """One source sample: its key, label (-1: none), the image file's bytes (``None`` for a folder's file until
-    :func:`ready` reads it), where it is (a path, or ``tar:key.ext``) and why it cannot be used (``None``: it may).
-    """
-
-    key: str
-    label: int
-    data: bytes | None
-    where: str
-    error: str | None = None
-
-
-@dataclass(frozen=True)
 class Ready:
     """An item read and checked: ``why`` it cannot be converted (``None``: it can), its bytes' ``sha1`` (hex)
     and image ``kind`` (``jpeg``, ``png``, ...)."""
@@ -56,31 +46,6 @@ class Ready:
     why: str | None
     sha1: str = ""
     kind: str = ""
-
-
-@dataclass(frozen=True)
-class Source:
-    """``kind`` ``folder``, ``food101`` or ``wds``; ``units`` the folder or the tars; ``count`` the samples when
-    known before reading (folders); ``fingerprint`` a digest of the listing (file names, tar sizes)."""
-
-    path: str
-    root: Path
-    kind: str
-    units: tuple[str, ...]
-    classes: tuple[str, ...] | None
-    count: int | None
-    fingerprint: str
-    split: str | None = None
-    files: tuple[tuple[str, int], ...] = ()  # a folder's (path, label), in the dataset's order
-
-    def items(self, unit: int, start: int = 0) -> Iterator[Item]:
-        """The samples of ``units[unit]`` from position ``start`` on."""
-        if self.kind == "wds":
-            for sample in wds.samples(Path(self.units[unit]), skip=start):
-                yield _tar_item(sample)
-            return
-        for path, label in self.files[start:]:
-            yield Item(Path(path).relative_to(self.root).as_posix(), label, None, path)
 
 
 def ready(items: Iterator[Item], threads: int) -> Iterator[Ready]:
@@ -127,32 +92,30 @@ def image_type(data: bytes) -> str:
     return next((name for magic, name in _MAGIC if data.startswith(magic)), "other")
 
 
-def _tar_item(sample: wds.WdsSample) -> Item:
-    field = wds.image_field(sample)
-    if field is None:
-        has = ", ".join(sorted(sample.fields)) or "nothing"
-        return Item(
-            sample.key,
-            -1,
-            None,
-            sample.where,
-            f"{sample.where}: no image (fields {has}; an image is one of {', '.join(wds.IMAGE_FIELDS)})",
-        )
-    try:
-        label = wds.label_of(sample)
-    except DataError as e:
-        return Item(sample.key, -1, None, sample.where, str(e))
-    return Item(sample.key, label, sample.fields[field], f"{sample.where}.{field}")
-
-
-def open_source(src: str | Path, split: str | None = None) -> Source:
-    """The source ``src`` names: WebDataset tars (a tar, a folder of tars, a glob pattern), a Food101 folder
-    (``images/`` beside ``meta/<split>.json``; ``split`` default ``"train"``), or an ImageFolder.
+def open_source(
+    src: str | Path, split: str | None = None, image_key: str | None = None, label_key: str | None = "auto"
+) -> Source:
+    """The source ``src`` names: a Hugging Face dataset (a ``save_to_disk`` folder, ``split`` of a DatasetDict's
+    default ``"train"``; a ``.parquet`` file, a folder of them, a glob pattern), WebDataset tars (a tar, a folder
+    of tars, a glob pattern), a Food101 folder (``images/`` beside ``meta/<split>.json``; ``split`` default
+    ``"train"``), or an ImageFolder. ``image_key`` / ``label_key``: a Hugging Face dataset's columns
+    (:func:`gpufeed.read.hf.find_columns`; ``label_key`` None: no labels).
 
     Raises:
-        ConfigError: ``src`` does not exist or is no such source, or ``split`` does not apply to it.
+        ConfigError: ``src`` does not exist or is no such source, or ``split``, ``image_key`` or ``label_key``
+            does not apply to it (a missing column is named with the columns there are).
     """
+    from . import hf
+
     text = str(src)
+    on_disk = hf.locate(src)
+    if on_disk is not None:
+        return hf.source(on_disk, split, image_key, label_key)
+    if image_key is not None or label_key != "auto":
+        raise ConfigError(
+            f"image_key and label_key (--image-key, --label-key) name the columns of a Hugging Face dataset (a "
+            f"save_to_disk folder, Parquet files); {text} is not one: drop them"
+        )
     tars = wds.list_tars(src)
     if tars is not None:
         _no_split(split, text)
@@ -166,7 +129,8 @@ def open_source(src: str | Path, split: str | None = None) -> Source:
     if not root.is_dir():
         raise ConfigError(
             f"src={text!r}: no such folder or tar; give an image folder (SRC/<class>/<files>), a "
-            "Food101 folder, or WebDataset tars (a .tar, a folder of them, or a quoted glob)"
+            "Food101 folder, WebDataset tars (a .tar, a folder of them, or a quoted glob), or a Hugging Face "
+            "dataset (a save_to_disk folder, or .parquet files)"
         )
     root = root.resolve()
     if (root / "meta").is_dir() and (root / "images").is_dir():
@@ -178,8 +142,8 @@ def open_source(src: str | Path, split: str | None = None) -> Source:
 def _no_split(split: str | None, text: str) -> None:
     if split is not None:
         raise ConfigError(
-            f"split={split!r} applies to a Food101 folder (meta/<split>.json); {text} is not one: "
-            "drop it, and give the folder of the split you want"
+            f"split={split!r} applies to a Food101 folder (meta/<split>.json) or a Hugging Face DatasetDict "
+            f"(save_to_disk); {text} is neither: drop it, and give the folder of the split you want"
         )
 
 

@@ -23,11 +23,11 @@ from typing import Any
 
 import torch
 
-from ..errors import UnsupportedTransformError
+from ..errors import ConfigError, UnsupportedTransformError
 from ..loading.fallback import FallbackLoader
 from ..loading.loader import DeviceLoader
 from ..options import BatchOptions, ReadOptions
-from ..validate import UnbatchableError
+from ..validate import UnbatchableError, as_batch_keys
 from .assemble import device_loader, fallback_loader
 from .materialise import materialise
 from .plan import plan
@@ -66,6 +66,7 @@ def accelerate(
     on_error: str = "error",
     image_key: str | None = None,
     label_key: str | None = "auto",
+    batch_keys: Sequence[str] | None = None,
 ) -> DeviceLoader | FallbackLoader:
     """A loader over ``dataset`` that yields what ``DataLoader(dataset, ...)`` would, many times faster.
 
@@ -82,6 +83,9 @@ def accelerate(
         image_key, label_key: a Hugging Face dataset's image column (found from its ``Image`` feature) and label
             column (``"auto"``: its ``ClassLabel``, or an integer ``label``/``labels``/``target`` column; class
             names from the ``ClassLabel``).
+        batch_keys: each batch as a dict under these keys instead of a tuple: ``("pixel_values", "labels")``
+            for a loop written for a Hugging Face collate function (``batch["pixel_values"]``, ``model(**batch)``);
+            one key per part of the batch (one alone for images without labels).
         batch_size, shuffle, drop_last, seed, channels_last, rank, world_size, even, shard: as for
             :class:`DeviceLoader` (checked by :class:`~gpufeed.options.BatchOptions`).
         dtype: the images' dtype; ``None``: what the pipeline returns (float after ToTensor/Normalize).
@@ -104,6 +108,7 @@ def accelerate(
         >>> [tuple(x.shape) for x, _ in loader], loader.plan.storage
         ([(4, 3, 32, 32), (4, 3, 32, 32)], 'device')
     """
+    keys = as_batch_keys(batch_keys)
     batch = BatchOptions(batch_size, shuffle, drop_last, seed, dtype, channels_last, rank, world_size, even, shard)
     read = ReadOptions(
         cache, store, max_side, fallback, on_error, cache_lambda, num_workers, progress, lock_timeout, memory_budget
@@ -128,5 +133,11 @@ def accelerate(
             decided = replace(decided, notes=req.notes + decided.notes)
         source = materialise(req, probed, decided)
     except (UnsupportedTransformError, UnbatchableError) as e:  # what the batched path cannot run
-        return fallback_loader(req, e)
-    return device_loader(req, probed, source)
+        loader: DeviceLoader | FallbackLoader = fallback_loader(req, e)
+    else:
+        loader = device_loader(req, probed, source)
+    if keys is not None and len(keys) != (2 if loader.labelled else 1):
+        parts = "(images, labels)" if loader.labelled else "images alone (no label column)"
+        raise ConfigError(f"batch_keys={keys} names {len(keys)} parts; this loader's batches are {parts}")
+    loader.batch_keys = keys
+    return loader

@@ -4,7 +4,9 @@ and run on them -- all before the dataset is read.
 What the batched path cannot do is found here, so that it takes the fallback (or fails) without a read of the
 dataset: an op gpufeed cannot batch or cache (from the split), images of different sizes the recipe cannot keep
 as they are, randomness outside the transform (reads that differ), a value the batched ops refuse (a dry run on
-the probed samples). Its result, :class:`Probed`, carries the batched ops the loader will run: built once here.
+the probed samples). What torchvision itself refuses for the images' channel count (an LA or RGBA image's alpha,
+:mod:`gpufeed.augment.channels`) is an error here, fallback or not: the per-sample pipeline would raise too. Its
+result, :class:`Probed`, carries the batched ops the loader will run: built once here.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 
 import torch
 
+from ..augment.channels import fix_words, refusal_words
 from ..augment.transforms import takes_ragged
 from ..errors import ConfigError, DataError, UnsupportedTransformError
 from ..read.files import has_image_files
@@ -24,8 +27,10 @@ from ..read.samples import RaggedError, as_pair, ragged_message, to_chw, with_tr
 from ..read.wrappers import hidden_transforms
 from ..sampling import derive_seed, global_seed
 from ..store.ragged import Ragged
-from ..validate import Guarded, SampleFailure, UnbatchableError, check_dataset, check_label
+from ..validate import Guarded, SampleFailure, UnbatchableError, check_dataset, check_label, check_not_meta
 from .translate import RANDOM_SUPPORTED, Split, build_batched, flatten, kind, split_transform
+from .translate.refusals import is_refusal, refusal
+from .translate.state import is_v2
 
 __all__ = ["Probe", "Probed", "probe", "probe_samples"]
 
@@ -62,6 +67,8 @@ def probe(dataset: Any, transforms: Sequence[Any], cache_lambda: bool = False, o
     # A folder's bad files are all found while its store is built (and named in one error, or left out): the probe
     # reads past them rather than failing on the first.
     sample = probe_samples(dataset, split.cached_transform(), "skip" if has_image_files(dataset) else on_error)
+    for s in [split, *others]:
+        _refuse_channels(s.device, sample)
     notes: list[str] = []
     batched = tuple(
         build_batched(s.device, sample.dtype, sample.size, sample.pil, notes, sample.channels) for s in [split, *others]
@@ -91,15 +98,56 @@ def _refuse_ragged(sample: Probe, batched: Any) -> None:
     raise RaggedError(sample.ragged, sizes_only=sample.sizes_only)
 
 
+_CONTAINERS = ("RandomApply", "RandomChoice", "RandomOrder")
+_TO_TENSOR = ("ToTensor", "PILToTensor", "ToImage", "MaybeToTensor", "MaybePILToTensor")
+
+
+def _refuse_channels(ops: Sequence[Any], sample: Probe) -> None:
+    """Raise what torchvision raises for the images' channel count at each op's place in the pipeline (a PIL image
+    or a tensor, v1 or v2: :func:`gpufeed.augment.channels.refusal_words`), before the dataset is read.
+
+    Decided by the pipeline alone, never by a draw: a RandomGrayscale(p=0.1) that happened not to fire on the
+    probed samples would still raise on the tenth image of an epoch."""
+    if sample.channels is not None:
+        _walk_channels(ops, sample, sample.pil, sample.dtype, sample.channels)
+
+
+def _walk_channels(ops: Sequence[Any], sample: Probe, pil: bool, dtype: torch.dtype, channels: int) -> None:
+    """:func:`_refuse_channels` from one place on, the image being ``pil`` or a tensor of ``dtype`` there."""
+    for op in ops:
+        name = kind(op)
+        if name in _CONTAINERS:  # their ops see the images as they are here (and may not change them)
+            _walk_channels([inner for t in op.transforms for inner in flatten(t)], sample, pil, dtype, channels)
+            continue
+        said = refusal_words(name, op, channels, pil, is_v2(op))
+        if said is not None:
+            raise refusal(op, dtype, pil, said, fix_words(int(sample.channels or channels), sample.pil))
+        if name in _TO_TENSOR:
+            pil, dtype = False, torch.float32 if name in ("ToTensor", "MaybeToTensor") else dtype
+        elif name in ("ToDtype", "ConvertImageDtype") and isinstance(getattr(op, "dtype", None), torch.dtype):
+            dtype = op.dtype
+        elif name == "Grayscale":
+            channels = int(op.num_output_channels)
+
+
 def _dry_run(batched: Any, samples: torch.Tensor | Ragged | None) -> None:
     """Run the batched ops on the probed samples: what they refuse (an erase value a uint8 image cannot
-    hold, a fill out of range) is found before the dataset is read, and can take the fallback."""
+    hold, a fill out of range) is found before the dataset is read, and can take the fallback -- as can anything
+    else they raise on these samples (a gpufeed bug, not the user's pipeline: torchvision's own refusals are
+    found from the pipeline first), so that ``fallback="prefetch"`` still runs the user's pipeline."""
     if batched is None or samples is None:
         return
     try:
         batched(samples, generator=torch.Generator().manual_seed(0))
     except (ConfigError, DataError) as e:
+        if is_refusal(e):
+            raise
         raise UnsupportedTransformError(f"the batched ops cannot run this pipeline: {e}") from e
+    except Exception as e:
+        raise UnsupportedTransformError(
+            f"the batched ops raised {type(e).__name__} ({e}) on the probed samples: pass fallback='prefetch' to run "
+            "your pipeline per sample instead (and please report this to gpufeed)"
+        ) from e
 
 
 @dataclass(frozen=True)
@@ -200,6 +248,8 @@ def probe_samples(dataset: Any, cached: Callable[[Any], Any] | None, on_error: s
         if isinstance(item, SampleFailure):
             raise item.exception()
         image, label = as_pair(item)
+        check_not_meta(image, f"{source}[{i}]'s image")
+        check_not_meta(label, f"{source}[{i}]'s label")
         check_label(label, source, i)
         try:
             out = cached(image) if cached is not None else image

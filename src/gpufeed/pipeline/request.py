@@ -20,7 +20,7 @@ from ..errors import ConfigError
 from ..options import BatchOptions, ReadOptions
 from ..read.hf import arrow_images, hf_kind, transform_of
 from ..read.wrappers import SourceWatch, unwrap
-from ..validate import UnbatchableError, as_int, check_dataset, check_epoch
+from ..validate import UnbatchableError, as_views, check_dataset, check_epoch, check_length
 
 __all__ = ["DATASET", "Request", "request"]
 
@@ -96,7 +96,8 @@ def request(
         raise ConfigError("image_key and label_key name the columns of a Hugging Face datasets.Dataset; this is a "
                           f"{type(dataset).__name__}: drop them")  # fmt: skip
     check_dataset(dataset)
-    check_epoch(len(dataset), batch.batch_size, batch.drop_last)  # the rank-aware check follows in the loader
+    n = check_length(len(dataset), "dataset")  # an absurd __len__ is named before anything is allocated
+    check_epoch(n, batch.batch_size, batch.drop_last)  # the rank-aware check follows in the loader
     watch = SourceWatch(dataset, transform_given=transform is not DATASET)  # what is read once, by identity
     unbatchable = None
     try:  # torch's Subset / random_split parts / ConcatDataset: their inner transform, files and arrays
@@ -116,7 +117,7 @@ def request(
             raise ConfigError(f"views: {len(views)} pipeline(s); give an int, or one pipeline per view (two or more)")
         transforms, count = tuple(views), len(views)
     else:
-        transforms, count = (transform,), as_int(views, "views", 1)
+        transforms, count = (transform,), as_views(views)
     return Request(
         dataset, transforms, count, batch, read, resolve_device(device), mixer, num_classes, watch, unbatchable, notes
     )

@@ -11,6 +11,7 @@ the engine's do, except that the shuffle block is fitted to the cache when a lim
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -24,7 +25,8 @@ from ..loading.stream import StreamLoader, process_layout
 from ..loading.stream_samples import SampleOps
 from ..mds.plan import Layout, StreamSettings
 from ..mds.shards import Shards
-from ..validate import as_int
+from ..mds.urls import check_url
+from ..validate import as_int, as_seconds, as_views
 from .translate import build_batched, split_transform
 
 __all__ = ["stream", "streaming_dataset_error"]
@@ -90,6 +92,58 @@ def streaming_dataset_error(dataset: Any) -> ConfigError | None:
     )
 
 
+def check_stream_arguments(
+    remote: str | os.PathLike[str] | None, cache_limit: Any, retry: Any, timeout: Any, views: Any
+) -> int | None:
+    """What :func:`stream` hands the engine, checked before any shard or credential is looked for (a typo costs
+    no network round trip): the remote's scheme one the engine reads, ``cache_limit`` a size (returned in bytes),
+    the attempts a count >= 1, the timeout a finite number of seconds, ``views`` a count.
+
+    Example:
+        >>> check_stream_arguments("s3://bucket/data", "1gb", 2, 60.0, 1)
+        1073741824
+    """
+    if isinstance(views, (list, tuple)):
+        raise ConfigError(
+            "views=[...] (one recipe per view) is gf.accelerate's; gf.stream draws views=N independent views of its "
+            "one transform: pass an int, or one gf.stream per recipe over the same shards"
+        )
+    as_views(views)
+    as_int(retry, "download_retry", 1)  # attempts, the first included (the engine's meaning)
+    seconds = as_seconds(timeout, "download_timeout")
+    if seconds is None or seconds == 0:
+        raise ConfigError(f"download_timeout={timeout!r} must be a number of seconds > 0")
+    if isinstance(remote, str):
+        check_url(remote)
+    if cache_limit is None:
+        return None
+    return as_bytes(cache_limit, "cache_limit")
+
+
+_POWERS = "kmgtp"  # kb, mb, gb, tb, pb: powers of 1024, as the engine reads them
+
+
+def as_bytes(value: Any, name: str) -> int:
+    """A size: an int of bytes >= 1, or a string such as ``"64gb"`` or ``"1.5 TB"`` (binary units, as the engine
+    reads them).
+
+    Example:
+        >>> as_bytes("1.5kb", "cache_limit"), as_bytes(4096, "cache_limit")
+        (1536, 4096)
+    """
+    if isinstance(value, str):
+        match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgtp]?)b?\s*", value.lower())
+        if match is None:
+            raise ConfigError(f"{name}={value!r} is not a size: give bytes (an int) or a string such as '64gb'")
+        number, unit = match.groups()
+        size = int(float(number) * 1024 ** (_POWERS.index(unit) + 1 if unit else 0))
+    else:
+        size = as_int(value, name, 1)
+    if size < 1:
+        raise ConfigError(f"{name}={value!r} must be at least 1 byte")
+    return size
+
+
 def stream(
     remote: str | None = None,
     local: str | os.PathLike[str] | None = None,
@@ -148,14 +202,20 @@ def stream(
             node count (the engine's default), ``shuffle_block_size`` to one that fits ``cache_limit`` when set.
             A resumed state's order settings are taken over.
         seed: the augmentation's seed; each sample's draws are keyed by (seed, epoch, sample id).
-        dtype, channels_last, num_classes, mix, views, device: as for :func:`gpufeed.accelerate`.
+        dtype, channels_last, num_classes, mix, device: as for :func:`gpufeed.accelerate`.
+        views: an int: each batch is ``([view_1, ..., view_k], labels)``, independent draws of ``transform``
+            (one recipe per view, as ``gf.accelerate`` takes, is not served by streams).
         image_key, label_key: the columns holding an image file's bytes and its integer label (None: batches are
             images alone).
         cache_limit: bytes (or ``"64gb"``) the node's ``local`` may hold (remote data only).
         layout: this rank's place (:class:`gpufeed.mds.plan.Layout`); by default from the process group and
             torchrun's ``LOCAL_WORLD_SIZE``.
         ahead, prefetch_shards: batches read and decoded, and shards fetched, ahead of use.
-        download_retry, download_timeout, validate_hash: passed to the engine.
+        download_retry, download_timeout, validate_hash: how shards are fetched (checked first: a count, a finite
+            number of seconds > 0). ``download_timeout`` bounds the whole wait for one shard, the engine's
+            ``download_retry`` attempts and its storage client's own retries included: then a
+            :class:`~gpufeed.errors.StorageError` names the shard and the remote (``state_dict()`` holds the
+            position, ``load_state_dict()`` resumes there).
 
     Example::
 
@@ -171,6 +231,7 @@ def stream(
             raise streaming_dataset_error(value) or ConfigError(
                 f"{name}={value!r}: give a URL (s3://bucket/prefix, gs://...) or a directory"
             )
+    cache_limit = check_stream_arguments(remote, cache_limit, download_retry, download_timeout, views)
     if (batch_size is None) == (global_batch_size is None):
         raise ConfigError(
             "give batch_size= (per rank, as DataLoader's) or global_batch_size= (over all ranks; kept when a run "
@@ -214,6 +275,8 @@ def stream(
             )  # fmt: skip
         if num_classes is None and shards.classes is not None:
             num_classes = len(shards.classes)
+        elif num_classes is None and isinstance(shards.meta.get("num_classes"), int):  # numbered classes (tars)
+            num_classes = shards.meta["num_classes"]
         loader = StreamLoader(
             shards,
             settings,

@@ -101,7 +101,11 @@ def dataset_identity(dataset: Any) -> dict[str, Any] | None:
     elif isinstance(getattr(dataset, "samples", None), list):
         files = []
         for path, target in dataset.samples:
-            st = os.stat(path)
+            try:
+                st = os.stat(path)
+            except OSError as e:  # a folder it may not enter: the build names the file (or skips it, on_error=)
+                files.append([str(path), f"unreadable: {e.strerror or e}", target])
+                continue
             files.append([str(Path(path).resolve()), st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, target])
         ident["files"] = hashlib.blake2b(json.dumps(files).encode(), digest_size=16).hexdigest()
     else:

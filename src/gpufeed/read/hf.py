@@ -35,7 +35,7 @@ from ..errors import ConfigError, DataError
 from ..store.encoded import Encoded
 from .files import ImageFiles, header_shape, run_caught
 
-__all__ = ["AUTO", "ArrowImages", "arrow_images", "hf_kind", "transform_of"]
+__all__ = ["AUTO", "ArrowImages", "arrow_images", "find_columns", "hf_kind", "transform_of"]
 
 AUTO: Any = "auto"  # label_key: the ClassLabel column, else an integer column named label/labels/target
 _LABEL_NAMES = ("label", "labels", "target", "targets", "fine_label", "coarse_label")
@@ -90,9 +90,42 @@ def arrow_images(ds: Any, image_key: str | None = None, label_key: str | None = 
     kind = hf_kind(ds)
     if kind != "Dataset":
         _refuse_kind(ds, kind or type(ds).__name__)
+    image_key, label_key, classes = find_columns(ds.features, image_key, label_key)
+    mode = ds.features[image_key].mode
+    if mode not in (None, "RGB"):
+        raise ConfigError(
+            f"the column {image_key!r} is Image(mode={mode!r}): gpufeed serves RGB images (as "
+            f"ImageFolder does); cast it with ds.cast_column({image_key!r}, datasets.Image()) and convert in the "
+            "recipe if the model needs another mode"
+        )
+    own = transform_of(ds)
+    if own is not None and transform is None:
+        name = getattr(own, "__qualname__", type(own).__name__)
+        raise ConfigError(
+            f"the dataset carries its own transform ({name}, set by set_transform/with_transform), a function "
+            f"gpufeed cannot split into cached and batched parts (it reads the columns {_columns_read(ds)}). Pass "
+            f"the recipe it applies to each image instead: gf.accelerate(ds, transform=RECIPE, ...) in place of "
+            f"DataLoader(ds.with_transform(fn), ...); gpufeed decodes {image_key!r} to RGB and labels from "
+            f"{label_key!r} as your function would"
+        )
+    return ArrowImages(ds, image_key, label_key, classes)
+
+
+def find_columns(
+    features: Any, image_key: str | None = None, label_key: str | None = AUTO
+) -> tuple[str, str | None, list[str] | None]:
+    """``(image_key, label_key, classes)`` of a dataset's ``features`` (a ``datasets.Features``), by the rules
+    :func:`arrow_images` states: the one ``Image`` column unless ``image_key`` names one; ``label_key`` ``"auto"``
+    the ``ClassLabel``, else an integer column named ``label``/``labels``/``target``/..., else none; ``classes``
+    the ``ClassLabel``'s names (None for an integer column or none). ``gpufeed convert`` reads a Hugging Face
+    dataset on disk by the same rules, so both name the same columns.
+
+    Raises:
+        ConfigError: no (or several) Image columns and no ``image_key``; a key that is not a column, or a column
+            of the wrong kind; several label columns. The message lists the columns and the option to pass.
+    """
     from datasets import ClassLabel, Image, Value
 
-    features = ds.features
     images = [k for k, f in features.items() if isinstance(f, Image)]
     described = ", ".join(f"{k} ({type(f).__name__})" for k, f in features.items())
     if image_key is None:
@@ -110,12 +143,6 @@ def arrow_images(ds: Any, image_key: str | None = None, label_key: str | None = 
             f"image_key={image_key!r} is a {features[image_key]!r} column, not an Image: cast it with "
             f"ds.cast_column({image_key!r}, datasets.Image()) if it holds encoded images or their paths"
         )
-    if features[image_key].mode not in (None, "RGB"):
-        raise ConfigError(
-            f"the column {image_key!r} is Image(mode={features[image_key].mode!r}): gpufeed serves RGB images (as "
-            f"ImageFolder does); cast it with ds.cast_column({image_key!r}, datasets.Image()) and convert in the "
-            "recipe if the model needs another mode"
-        )
     integer = lambda f: isinstance(f, Value) and (f.dtype.startswith(("int", "uint")) or f.dtype == "bool")  # noqa: E731
     if label_key is AUTO:
         named = [k for k, f in features.items() if isinstance(f, ClassLabel)]
@@ -132,20 +159,9 @@ def arrow_images(ds: Any, image_key: str | None = None, label_key: str | None = 
                 f"label_key={label_key!r} is a {features[label_key]!r} column; gpufeed reads class indices (a "
                 "ClassLabel or an integer column): pass another label_key, or None for images alone"
             )
-    own = transform_of(ds)
-    if own is not None and transform is None:
-        name = getattr(own, "__qualname__", type(own).__name__)
-        raise ConfigError(
-            f"the dataset carries its own transform ({name}, set by set_transform/with_transform), a function "
-            f"gpufeed cannot split into cached and batched parts (it reads the columns {_columns_read(ds)}). Pass "
-            f"the recipe it applies to each image instead: gf.accelerate(ds, transform=RECIPE, ...) in place of "
-            f"DataLoader(ds.with_transform(fn), ...); gpufeed decodes {image_key!r} to RGB and labels from "
-            f"{label_key!r} as your function would"
-        )
-    classes = (
-        features[label_key].names if label_key is not None and isinstance(features[label_key], ClassLabel) else None
-    )
-    return ArrowImages(ds, image_key, label_key, classes)
+    labels = features[label_key] if label_key is not None else None
+    classes = list(labels.names) if isinstance(labels, ClassLabel) else None
+    return image_key, label_key, classes
 
 
 class _RowNames(Sequence[str]):
@@ -414,7 +430,7 @@ class ArrowFiles(ImageFiles):
         jpeg = torch.tensor([bool(r[2]) if ok(r) else False for r in got], dtype=torch.bool)
         lengths = torch.from_numpy(np.maximum(self._lengths, 0))
         encoded = Encoded(self._data, torch.from_numpy(self._starts.copy()), lengths, shapes, jpeg, paths=self.names,
-                          orient=orient if bool((orient > 1).any()) else None)  # fmt: skip
+                          orient=orient if bool((orient > 1).any()) else None, mapped=not self.copied)  # fmt: skip
         labels = torch.tensor(self.source.targets, dtype=torch.int64)
         return encoded, labels, bad
 

@@ -53,6 +53,10 @@ class Encoded(Store):
     index: torch.Tensor | None = None  # (N,) each image's sample index in the dataset (None: 0..N-1)
     paths: Sequence[str] | None = None  # the dataset's files, by sample index: what errors name
     orient: torch.Tensor | None = None  # (N,) uint8 EXIF orientation to apply once decoded (None: none, as a folder)
+    # data is a view of a memory-mapped file (a Hugging Face dataset's Arrow file): pinning it would copy the whole
+    # column into page-locked RAM, so nvJPEG reads it where it lies (its copy in is then a pageable one)
+    mapped: bool = False
+    nvjpeg: bool = False  # placed for a CUDA device: the JPEGs are decoded by nvJPEG
 
     kind = "jpeg"
     ragged = True
@@ -115,7 +119,9 @@ class Encoded(Store):
 
     def placed(self, storage: str, device: torch.device) -> Encoded:
         # whatever the tier: the decoders read host memory; nvJPEG's copies in are faster from pinned memory
-        return self.pin_memory() if device.type == "cuda" else self
+        if device.type != "cuda":
+            return self
+        return replace(self if self.mapped else self.pin_memory(), nvjpeg=True)
 
     def batch(self, idx: torch.Tensor, device: torch.device) -> Ragged:
         return decode(self.select(idx), device)
@@ -131,7 +137,7 @@ class Encoded(Store):
         return [self.shapes, *(pixels.image(i).contiguous() for i in range(len(pixels)))]
 
     def describe(self) -> str:
-        where = "nvJPEG, batched" if self.data.is_pinned() else f"torchvision on {usable_cores()} CPU thread(s)"
+        where = "nvJPEG, batched" if self.nvjpeg else f"torchvision on {usable_cores()} CPU thread(s)"
         jpegs = int(self.jpeg.sum())
         others = f", the {len(self) - jpegs:,} others by PIL on the CPU" if jpegs < len(self) else ""
         what = f"encoded files: {len(self):,} images decoding to 3 channels, {sizes(self.shapes)}"

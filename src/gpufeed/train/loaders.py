@@ -24,11 +24,11 @@ from ..errors import ConfigError
 from ..pipeline.accelerate import accelerate
 from ..sampling import derive_seed
 from ..workers import default_workers, loader_kwargs
+from .kinds import LOADER_KINDS
 
 __all__ = ["LOADER_KINDS", "MEAN", "STD", "eval_transform", "make_train_loader", "subset", "train_transform"]
 
 MEAN, STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
-LOADER_KINDS = ("torch", "pretransform", "gpu-per-sample", "gpufeed", "fixed")
 
 
 def train_transform() -> T.Compose:

@@ -170,10 +170,14 @@ def open_stream_loaders(cfg: Any, sources: tuple[Any, Any], device: torch.device
     out = StreamLoaders(opened, None, 0, opened.shards.index.num_samples, [opened.shards.close])
     try:
         if opened.num_classes is None:
-            raise ConfigError(
-                f"{train_src.describe()} has no gpufeed.json naming its classes (it was not written by gpufeed "
-                "convert): give --num-classes N"
+            meta = opened.shards.meta
+            why = (
+                "has a gpufeed.json without class names or a class count (its labels are numbers, written by an "
+                "older gpufeed convert)"
+                if meta
+                else "has no gpufeed.json naming its classes (it was not written by gpufeed convert)"
             )
+            raise ConfigError(f"{train_src.describe()} {why}: give --num-classes N")
         out.num_classes = opened.num_classes
         batches = len(opened) if cfg.train_size is None else cfg.train_size // cfg.batch_size
         if batches < 1:

@@ -129,7 +129,9 @@ def rewrite(loader: LoaderRecord) -> tuple[Change | None, str | None]:
     if args is None:
         return None, why
     notes: list[str] = []
-    blocking = _runtime(args, loader, notes)
+    extra: list[str] = []
+    blocking = _hugging_face(args, loader, notes, extra) if loader.hf is not None else []
+    blocking += _runtime(args, loader, notes)
     if blocking:
         return None, "; ".join(blocking)
     if "dataset" not in args:
@@ -141,7 +143,87 @@ def rewrite(loader: LoaderRecord) -> tuple[Change | None, str | None]:
             value = "False"
         if value is not None:
             kept.append(f"{name}={value}")
-    return Change(source, f"gf.accelerate({', '.join(kept)})", notes=notes), None
+    return Change(source, f"gf.accelerate({', '.join(kept + extra)})", notes=notes), None
+
+
+def _hugging_face(args: dict[str, str], loader: LoaderRecord, notes: list[str], extra: list[str]) -> list[str]:
+    """A loader over a ``datasets.Dataset`` (``loader.hf``, what :mod:`gpufeed.watch.hf` found): the recipe its
+    ``set_transform`` function applies becomes ``transform=``, the columns are named where they are not found by
+    their features, a collate function that only stacks fields goes (``batch_keys=`` keeps the batches the dicts
+    the loop reads). ``args`` is changed in place; what blocks the change is returned, one reason each."""
+    hf = loader.hf or {}
+    fn, recipe, batch = hf.get("function"), hf.get("recipe"), hf.get("batch") or {}
+    blocking = []
+    if fn is not None and recipe is None:
+        blocking.append(f"the dataset's set_transform function {fn} cannot be replaced by a recipe: {hf.get('why')}")
+    if hf.get("image") is None:
+        blocking.append(
+            "the dataset has no single Image column for gf.accelerate to read (cast the column of encoded images "
+            "with ds.cast_column(name, datasets.Image()), or name it with image_key=)"
+        )
+    if batch.get("labels") is not None and hf.get("label") is None:
+        blocking.append(
+            "the batches carry labels but the dataset has no single ClassLabel or integer label column: name it "
+            "with label_key="
+        )
+    if hf.get("collate") is not None:
+        blocking.append(str(hf["collate"]) + "; gf.accelerate yields the images and labels alone")
+    # judged here (torch's, or one that only stacks the fields: batch_keys= gives the same dicts), not by _runtime
+    args.pop("collate_fn", None)
+    kind = batch.get("kind")
+    if kind == "dict" and (batch.get("images") is None or len(batch.get("keys") or []) > 2):
+        blocking.append(
+            f"the batches are dicts of {batch.get('keys')}; gf.accelerate yields images and labels alone "
+            "(batch_keys= names them)"
+        )
+    elif kind == "tuple" and (batch.get("length") != 2 or hf.get("label") is None):
+        blocking.append(
+            f"the batches are tuples of {batch.get('length')}"
+            + ("" if hf.get("label") is not None else " and the dataset has no ClassLabel or integer label column")
+            + "; gf.accelerate yields (images, labels), or the images alone"
+        )
+    elif kind is None:
+        blocking.append(
+            "the script took no batch from the loader, so what its loop reads of a batch (a dict's keys, a tuple) "
+            "is not known; run it for a few steps (--steps N)"
+        )
+    elif kind not in ("dict", "tuple", "tensor"):
+        blocking.append(f"the batches are {kind} objects; gf.accelerate yields tensors")
+    if blocking:
+        return blocking
+    if "dataset" in args:
+        args["dataset"] = _without_format(args["dataset"])
+    if recipe is not None:
+        extra.append(f"transform={recipe}")
+    as_dict = kind == "dict"
+    keys = [batch["images"], *([batch["labels"]] if batch.get("labels") is not None else [])] if as_dict else []
+    extra += [f"image_key={hf['image']!r}"] if hf.get("image_key") else []
+    alone = (as_dict and len(keys) == 1) or kind == "tensor"
+    if alone and hf.get("label") is not None:
+        extra.append("label_key=None")  # the loop's batches carry no labels
+    elif hf.get("label_key"):
+        extra.append(f"label_key={hf['label']!r}")
+    extra += [f"batch_keys={tuple(keys)!r}"] if as_dict else []
+    if recipe is not None:
+        notes.append(
+            f"gf.accelerate decodes the column {hf['image']!r} to RGB"
+            + (f", reads the labels from {hf['label']!r}" if hf.get("label") else "")
+            + f" and runs {recipe} batched in place of the dataset's {fn}"
+            + (f" (the batches stay dicts with the keys {', '.join(map(repr, keys))})" if as_dict else "")
+        )  # fmt: skip
+    return []
+
+
+def _without_format(dataset: str) -> str:
+    """``ds.with_transform(fn)`` (or ``.with_format(...)``) as ``ds``: ``transform=`` replaces the function."""
+    call = _parse_call(dataset)
+    if (
+        call is not None
+        and isinstance(call.func, ast.Attribute)
+        and call.func.attr in ("with_transform", "with_format")
+    ):
+        return _text(dataset, call.func.value)
+    return dataset
 
 
 def _runtime(args: dict[str, str], loader: LoaderRecord, notes: list[str]) -> list[str]:

@@ -8,18 +8,16 @@ measured no better than the script's own settings is not offered; advice about w
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..findings import Finding
 from .predict import bound
-
-if TYPE_CHECKING:
-    from .analyse import WatchReport
+from .summary import ReportData
 
 __all__ = ["fixes", "worth"]
 
 
-def fixes(r: WatchReport, cores: int) -> list[Finding]:
+def fixes(r: ReportData, cores: int) -> list[Finding]:
     """The findings for the main loader of report ``r`` (its verdict, wait fraction, side measurement and
     prediction set).
 
@@ -75,7 +73,7 @@ def fixes(r: WatchReport, cores: int) -> list[Finding]:
     return out
 
 
-def worth(r: WatchReport) -> str:
+def worth(r: ReportData) -> str:
     """The one thing worth doing, with its predicted worth to the loop: the last line of every report.
 
     Example:
@@ -91,7 +89,7 @@ def worth(r: WatchReport) -> str:
     return text
 
 
-def _worth(r: WatchReport) -> str:
+def _worth(r: ReportData) -> str:
     fraction = r.data_wait_fraction or 0.0
     ceiling = f"at most {bound(fraction):.2f}x to this loop (it waits {fraction:.0%} of the time)"
     p = r.prediction
@@ -129,7 +127,7 @@ def _payback(p: dict[str, Any]) -> str:
     return f" (repaid after {steps:,.0f} steps)"
 
 
-def _data_bound(r: WatchReport) -> Finding:
+def _data_bound(r: ReportData) -> Finding:
     main, side, p = r.loaders[0], r.side, r.prediction
     fraction = r.data_wait_fraction or 0.0
     waiting = f"the loop waits for {main.name}'s batches {fraction:.0%} of the time"
@@ -175,7 +173,7 @@ def _data_bound(r: WatchReport) -> Finding:
     )
 
 
-def _workers(r: WatchReport, cores: int) -> Finding:
+def _workers(r: ReportData, cores: int) -> Finding:
     """Too few workers for a data-bound loop: the gain from more, as measured by tune_dataloader on the side."""
     main, side = r.loaders[0], r.side or {}
     tuned, script = side.get("tuned") or {}, (side.get("script_loader") or {}).get("img_s")

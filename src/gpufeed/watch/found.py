@@ -15,7 +15,7 @@ import linecache
 import os
 import re
 import sysconfig
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
 
@@ -58,6 +58,7 @@ class Built:
     source: str | None = None
     file: str | None = None
     by: str | None = None
+    frame: FrameType | None = field(default=None, repr=False)  # the script's frame (its names); not recorded
 
 
 def where_built(
@@ -89,7 +90,7 @@ def where_built(
     except ValueError:
         shown = filename
     file = os.path.abspath(filename) if not filename.startswith("<") else None
-    return Built(f"{shown}:{line}", source, file, by)
+    return Built(f"{shown}:{line}", source, file, by, frame)
 
 
 _OWN = {"torch", "gpufeed", "_gpufeed_watch"}  # the loader's own machinery: never "the library that built it"

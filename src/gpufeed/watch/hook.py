@@ -42,6 +42,7 @@ from typing import Any
 
 from .clock import nvml_index
 from .found import batch_samples, loader_record, where_built
+from .hf import batch_layout, hf_found
 from .patching import PatchOnImport
 from .record import FIRST_BATCH
 from .signals import install_handlers
@@ -237,6 +238,8 @@ def _batch(state: State, watched: Watched, t0: float, t1: float, grad: bool, dat
     """One batch served: requested at ``t0``, returned at ``t1`` (perf_counter)."""
     rec = watched.record
     samples = batch_samples(data, state.torch.Tensor)
+    if rec.hf is not None and rec.hf.get("batch") is None:  # what the script's loop reads of a batch
+        rec.hf["batch"] = batch_layout(data, state.torch.Tensor)
     with state.lock:
         rec.requested.append(t0 - state.origin)
         rec.waits.append(t1 - t0)
@@ -290,6 +293,12 @@ def _built(state: State, loader: Any, frame: FrameType | None, iterated: bool = 
                 "iterated"
             )
     record = loader_record(loader, len(state.watched), built)
+    if not gpufeed_loader:
+        record.hf = hf_found(loader.dataset, loader.collate_fn, built.frame)
+        if record.hf is not None and record.hf["function"] is not None and record.transform is None:
+            applies = record.hf["recipe_text"] or "a recipe not found (see the change)"
+            record.transform = f"{record.hf['function']} (set by set_transform/with_transform), applying {applies}"
+    built.frame = None  # the script's frame is not kept alive by the hook
     watched = Watched(record, weakref.ref(loader), settings=_settings(loader))
     state.watched.append(watched)
     object.__setattr__(loader, "_gpufeed_watched", watched)  # DataLoader.__setattr__ guards some attributes

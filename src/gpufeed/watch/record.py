@@ -66,6 +66,9 @@ class LoaderRecord:
     # script called it itself; and the absolute path of the file of built_at
     built_by: str | None = None
     file: str | None = None
+    # a loader over a Hugging Face datasets.Dataset: what gpufeed.watch.hf.HFFound says of it (its set_transform
+    # function, the recipe that function applies and its name where the loader is built, the first batch's layout)
+    hf: dict[str, Any] | None = None
 
     @property
     def batches(self) -> int:

@@ -45,6 +45,7 @@ from ..device import resolve_device, sync, usable_cores
 from ..errors import ConfigError, DataError, UnsupportedTransformError
 from ..loading.prefetch import map_tensors
 from ..validate import UnbatchableError
+from .hf import accelerate_kwargs, is_hf_dataset
 
 __all__ = ["TUNE_BUDGET_S", "side_measurement", "subset_size"]
 
@@ -131,7 +132,8 @@ def _measure(loader: DataLoader, budget_s: float, device: torch.device, start: f
     n = len(dataset)
     sample_s = _pilot(dataset, n)
     k, measured_batch = fitted(subset_size(n, batch_size, loader.num_workers), batch_size, sample_s, budget_s)
-    subset = Subset(dataset, range(k))
+    subset = _part(dataset, k)
+    given = accelerate_kwargs(dataset, loader.collate_fn)  # a Hugging Face dataset's recipe, as the change passes it
     # a DistributedSampler (torchrun, Lightning, Accelerate) shuffles when its shuffle says so
     shuffle = isinstance(loader.sampler, RandomSampler) or getattr(loader.sampler, "shuffle", False) is True
     out: dict[str, Any] = {
@@ -159,13 +161,21 @@ def _measure(loader: DataLoader, budget_s: float, device: torch.device, start: f
     # a quarter of it: their difference is the cost per sample. Scaling one call's time scaled its fixed costs too
     # and overestimated by 15-50% at 2.7x the part; two reads, the smaller first, took the warm-up for a cost per
     # sample and underestimated by 30-45% (benchmarks/diagnose_prescription.py).
-    first = _read_in(dataset, 2, measured_batch, device, accelerate) if n > k >= 8 else None
+    first = _read_in(dataset, 2, measured_batch, device, accelerate, given) if n > k >= 8 else None
     with tempfile.TemporaryDirectory(prefix="gpufeed-side-") as scratch, _cache_dir(scratch):
         t0 = time.perf_counter()
         try:  # rank 0 of 1: every sample of the part, whatever process group the script set up. cache="auto"
             # into a scratch root, as a run would decide it: what it writes is measured, then removed
             fast = accelerate(
-                subset, measured_batch, shuffle, device=device, cache="auto", progress=False, rank=0, world_size=1
+                subset,
+                measured_batch,
+                shuffle,
+                device=device,
+                cache="auto",
+                progress=False,
+                rank=0,
+                world_size=1,
+                **given,
             )
         except _REFUSALS as e:
             out["refused"] = {"error": type(e).__name__, "reason": str(e)}
@@ -181,7 +191,7 @@ def _measure(loader: DataLoader, budget_s: float, device: torch.device, start: f
                 "disk_bytes": _tree_bytes(Path(scratch)), "cache_root": cache_root,
                 "files_bytes": _files_bytes(subset),
             }  # fmt: skip
-            if first is not None and (quarter := _read_in(dataset, k // 4, measured_batch, device, accelerate)):
+            if first is not None and (quarter := _read_in(dataset, k // 4, measured_batch, device, accelerate, given)):
                 out["accelerate"]["reads"] = {"first": first, "part": (k, build_s), "quarter": quarter}
             out["notes"] += [f"accelerate: {note}"] if note else []
             del fast
@@ -193,19 +203,27 @@ def _measure(loader: DataLoader, budget_s: float, device: torch.device, start: f
     return out
 
 
-def _read_in(dataset: Any, k: int, batch: int, device: torch.device, accelerate: Any) -> tuple[int, float] | None:
+def _read_in(
+    dataset: Any, k: int, batch: int, device: torch.device, accelerate: Any, given: dict[str, Any]
+) -> tuple[int, float] | None:
     """``(k, seconds)``: ``gf.accelerate`` reading the first ``k`` samples in (its own scratch cache), or None when
     accelerate refuses them (the main call then says why)."""
     with tempfile.TemporaryDirectory(prefix="gpufeed-side-") as scratch, _cache_dir(scratch):
         t0 = time.perf_counter()
         try:
-            loader = accelerate(Subset(dataset, range(k)), min(batch, k), False, device=device, cache="auto",
-                                progress=False, rank=0, world_size=1)  # fmt: skip
+            loader = accelerate(_part(dataset, k), min(batch, k), False, device=device, cache="auto",
+                                progress=False, rank=0, world_size=1, **given)  # fmt: skip
         except _REFUSALS:
             return None
         seconds = time.perf_counter() - t0
         del loader
     return k, seconds
+
+
+def _part(dataset: Any, k: int) -> Any:
+    """The first ``k`` samples: a ``Subset``, or a Hugging Face dataset's own ``select`` (gf.accelerate reads a
+    ``datasets.Dataset``, not a torch wrapper of one; the view keeps its ``set_transform`` function)."""
+    return dataset.select(range(k)) if is_hf_dataset(dataset) else Subset(dataset, range(k))
 
 
 def _pilot(dataset: Any, n: int) -> float:
@@ -238,9 +256,11 @@ def _tree_bytes(root: Path) -> int:
     return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
 
 
-def _files_bytes(subset: Subset) -> int | None:
+def _files_bytes(subset: Any) -> int | None:
     """The bytes of the part's image files, for a dataset that lists them (ImageFolder's ``samples``), through
     ``Subset``s (their indices mapped down)."""
+    if not isinstance(subset, Subset):  # a Hugging Face dataset's part: its images are in its Arrow files
+        return None
     dataset, indices = subset.dataset, list(subset.indices)
     for _ in range(4):
         if not isinstance(dataset, Subset):
@@ -257,7 +277,7 @@ def _files_bytes(subset: Subset) -> int | None:
 
 def _script_rate(
     loader: DataLoader,
-    subset: Subset,
+    subset: Any,
     shuffle: bool,
     batch_size: int,
     device: torch.device,
@@ -294,7 +314,7 @@ def _script_rate(
     return {"img_s": rate, "settings": settings}
 
 
-def _tuned(subset: Subset, batch_size: int, device: torch.device, budget_s: float) -> dict[str, Any]:
+def _tuned(subset: Any, batch_size: int, device: torch.device, budget_s: float) -> dict[str, Any]:
     """tune_dataloader's choice on ``subset`` in ``budget_s``: its kwargs and measured img/s."""
     from ..tune import tune_dataloader
 

@@ -7,13 +7,12 @@ ended, every rank, every loader, the main loader as found, and the fix as measur
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..report import diagnosis_text, format_table, timeline_plot
 from .advice import source_lines
-
-if TYPE_CHECKING:
-    from .analyse import LoaderSummary, WatchReport
+from .summary import NO_LOADER, TOO_FEW, LoaderSummary, ReportData
+from .verify_text import verify_text
 
 __all__ = ["report_text", "save_plot"]
 
@@ -38,10 +37,8 @@ _RANK_COLUMNS = [
 ]
 
 
-def report_text(r: WatchReport) -> str:
+def report_text(r: ReportData) -> str:
     """The printed report: how the script ended, the verdict and its evidence, the loaders, the fix, the notes."""
-    from .analyse import NO_LOADER, TOO_FEW
-
     lines = [f"gpufeed diagnose: {' '.join(r.command)}", *_ending(r.exit, r.status, r.verdict == NO_LOADER), ""]
     if r.verdict == NO_LOADER:
         lines += [
@@ -88,8 +85,6 @@ def report_text(r: WatchReport) -> str:
     lines += _fix(r)
     lines += [f"note: {n}" for n in r.notes]
     if r.verify is not None:
-        from .verify import verify_text
-
         lines += ["", *verify_text(r.verify)]
     if r.diagnosis is not None:
         from .fixes import worth
@@ -100,7 +95,7 @@ def report_text(r: WatchReport) -> str:
     return "\n".join(lines)
 
 
-def save_plot(r: WatchReport, path: Path) -> None:
+def save_plot(r: ReportData, path: Path) -> None:
     """The main loader's timeline (gf.diagnose's plot), or a figure saying why there is none."""
     if r.diagnosis is not None:
         timeline_plot(r.diagnosis, path)
@@ -154,7 +149,7 @@ def _as_found(s: LoaderSummary) -> list[str]:
     ]
 
 
-def _fix(r: WatchReport) -> list[str]:
+def _fix(r: ReportData) -> list[str]:
     """The side measurement's figures, the prediction for the loop and the code change, under the heading the
     verdict gives them."""
     side, lines = r.side, []

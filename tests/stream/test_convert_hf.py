@@ -1,0 +1,289 @@
+"""``gpufeed convert`` of a Hugging Face dataset on disk (a ``save_to_disk`` folder, Parquet files) to MDS shards:
+the encoded bytes untouched, the rows' order, labels and class names kept, the dataset only read."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+from importlib.util import find_spec
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torchvision.transforms as T
+from PIL import Image
+
+from gpufeed.errors import ConfigError, DataError
+from gpufeed.mds.convert import convert
+
+from .mds import parse_shards as _parse
+from fakes import snapshot
+
+datasets = pytest.importorskip("datasets")
+pytestmark = pytest.mark.skipif(
+    find_spec("streaming") is None, reason="gpufeed.stream needs MosaicML Streaming: pip install 'gpufeed[streaming]'"
+)
+
+NAMES = ["cat", "dog", "fox"]
+FEATURES = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=NAMES)})
+
+
+def _encoded(seed: int, fmt: str, exif_orientation: int | None = None) -> bytes:
+    """A small image, each seed its own size (14-21 x 10-13) and pixels."""
+    rng = np.random.default_rng(seed)
+    pixels = rng.integers(0, 256, (10 + seed % 4, 14 + seed % 8, 3), dtype=np.uint8)
+    out = io.BytesIO()
+    im = Image.fromarray(pixels)
+    if exif_orientation is not None:
+        exif = Image.Exif()
+        exif[0x0112] = exif_orientation
+        im.save(out, fmt, exif=exif)
+    else:
+        im.save(out, fmt)
+    return out.getvalue()
+
+
+def _images(n: int) -> list[bytes]:
+    """``n`` images, every third a PNG, the rest JPEGs."""
+    return [_encoded(i, "PNG" if i % 3 == 2 else "JPEG") for i in range(n)]
+
+
+def _dataset(images: list[bytes], labels: list[int] | None = None) -> datasets.Dataset:
+    labels = labels if labels is not None else [i % len(NAMES) for i in range(len(images))]
+    rows = {"image": [{"bytes": b, "path": None} for b in images], "label": labels}
+    return datasets.Dataset.from_dict(rows, features=FEATURES)
+
+
+def _expected(images: list[bytes], labels: list[int]) -> list[dict]:
+    width = len(str(len(images) - 1))
+    return [
+        {"image": b, "label": y, "key": f"{i:0{width}d}", "sha1": hashlib.sha1(b).hexdigest()}
+        for i, (b, y) in enumerate(zip(images, labels, strict=True))
+    ]
+
+
+def _manifest(dst: Path) -> dict:
+    return json.loads((dst / "gpufeed.json").read_text())
+
+
+EVAL = T.Compose([T.Resize(12), T.CenterCrop(8), T.PILToTensor()])
+
+
+def test_a_saved_dataset_converts_byte_identical_in_row_order_with_its_class_names(tmp_path):
+    import gpufeed as gf
+
+    images = _images(7)
+    labels = [2, 0, 1, 1, 0, 2, 0]
+    _dataset(images, labels).save_to_disk(str(tmp_path / "saved"))
+    before = snapshot(tmp_path / "saved")
+    result = convert(tmp_path / "saved", tmp_path / "dst", samples_per_part=3, shard_size=800, progress=False)
+
+    assert _parse(tmp_path / "dst") == _expected(images, labels)
+    assert _manifest(tmp_path / "dst") == {
+        "format": "gpufeed.mds/1",
+        "classes": NAMES,
+        "num_classes": len(NAMES),
+        "source": str(tmp_path / "saved"),
+        "kind": "hf",
+        "split": None,
+        "samples": 7,
+        "image_types": {"jpeg": 5, "png": 2},
+        "skipped": [],
+    }
+    assert (result.samples, result.parts, result.classes) == (7, 3, tuple(NAMES))
+    assert snapshot(tmp_path / "saved") == before  # read only: no cache file, no lock beside the data
+
+    # read back by gf.stream: the labels in row order, each image's pixels as PIL decodes its bytes
+    with gf.stream(local=str(tmp_path / "dst"), transform=EVAL, batch_size=4, shuffle=False, drop_last=False,
+                   device="cpu") as loader:  # fmt: skip
+        served = list(loader)
+        assert loader.shards.classes == NAMES
+    assert torch.cat([y for _, y in served]).tolist() == labels
+    x = torch.cat([x for x, _ in served])
+    for i, raw in enumerate(images):
+        with Image.open(io.BytesIO(raw)) as im:
+            assert torch.equal(x[i], EVAL(im.convert("RGB"))), f"row {i}"
+
+
+def test_a_shuffled_selection_is_read_through_its_indices_in_the_views_order(tmp_path):
+    from gpufeed.mds import hf
+
+    images = _images(9)
+    view = _dataset(images).shuffle(seed=4).select([5, 0, 7, 2, 8])
+    order = view._indices.column(0).to_pylist()
+    assert order != sorted(order)  # a real mapping, not the identity
+    items = list(hf.saved_rows(view, "image", "label", 2, 1, "view"))  # from row 2 on, as a resume reads it
+    assert [(it.key, it.data, it.label) for it in items] == [
+        (str(i), images[r], r % 3) for i, r in list(enumerate(order))[2:]
+    ]
+    assert items[0].where == "view row 2"
+
+    view.save_to_disk(str(tmp_path / "view"))  # save_to_disk writes the view's rows in its order
+    convert(tmp_path / "view", tmp_path / "dst", progress=False)
+    assert _parse(tmp_path / "dst") == _expected([images[r] for r in order], [r % 3 for r in order])
+
+
+def test_a_datasetdict_converts_the_split_asked_train_by_default(tmp_path):
+    images = _images(6)
+    train, test = _dataset(images[:4]), _dataset(images[4:], [2, 1])
+    datasets.DatasetDict(train=train, test=test).save_to_disk(str(tmp_path / "dd"))
+    assert convert(tmp_path / "dd", tmp_path / "train", progress=False).split == "train"
+    assert _parse(tmp_path / "train") == _expected(images[:4], [0, 1, 2, 0])
+    result = convert(tmp_path / "dd", tmp_path / "test", split="test", progress=False)
+    assert (result.split, result.samples, _manifest(tmp_path / "test")["split"]) == ("test", 2, "test")
+    assert _parse(tmp_path / "test") == _expected(images[4:], [2, 1])
+    with pytest.raises(ConfigError, match=r"split='validation': .* has the splits \['train', 'test'\]; pass one"):
+        convert(tmp_path / "dd", tmp_path / "x", split="validation", progress=False)
+
+    datasets.DatasetDict(a=train, b=test).save_to_disk(str(tmp_path / "ab"))
+    with pytest.raises(ConfigError, match=r"none is named train: .* has the splits \['a', 'b'\]; pass one"):
+        convert(tmp_path / "ab", tmp_path / "x", progress=False)
+    train.save_to_disk(str(tmp_path / "one"))
+    with pytest.raises(ConfigError, match="split='test': .* is one dataset, not a DatasetDict"):
+        convert(tmp_path / "one", tmp_path / "x", split="test", progress=False)
+    assert not (tmp_path / "x").exists()
+
+
+def test_parquet_files_convert_as_one_dataset_and_an_interruption_resumes_mid_file(tmp_path, monkeypatch):
+    import streaming
+
+    images = _images(10)
+    ds = _dataset(images)
+    (tmp_path / "pq").mkdir()
+    ds.select(range(6, 10)).to_parquet(str(tmp_path / "pq" / "part-1.parquet"), batch_size=2)  # row groups of 2
+    ds.select(range(6)).to_parquet(str(tmp_path / "pq" / "part-0.parquet"), batch_size=2)
+    before = snapshot(tmp_path / "pq")
+    options = {"samples_per_part": 3, "shard_size": 900, "progress": False}
+    whole = convert(tmp_path / "pq", tmp_path / "whole", **options)
+    expected = _expected(images, [i % 3 for i in range(10)])
+    assert _parse(tmp_path / "whole") == expected  # the files in name order, keys counted over both
+    assert (whole.kind, whole.classes, whole.parts) == ("parquet", tuple(NAMES), 4)  # 3 + 3 | 3 + 1
+
+    real = streaming.MDSWriter.write
+
+    def write(self, sample):
+        if sample["key"] == "9":  # the second file's second part: the resume starts 3 rows in, inside a row group
+            raise KeyboardInterrupt
+        real(self, sample)
+
+    monkeypatch.setattr(streaming.MDSWriter, "write", write)
+    with pytest.raises(KeyboardInterrupt):
+        convert(tmp_path / "pq", tmp_path / "dst", **options)
+    monkeypatch.setattr(streaming.MDSWriter, "write", real)
+    result = convert(tmp_path / "pq", tmp_path / "dst", **options)
+    assert (result.reused_parts, result.parts, result.samples) == (3, 4, 10)
+    assert snapshot(tmp_path / "dst") == snapshot(tmp_path / "whole")
+
+    one = convert(f"{tmp_path}/pq/part-1.*", tmp_path / "glob", progress=False)  # a glob picks files by name
+    assert [s["key"] for s in _parse(tmp_path / "glob")] == ["0", "1", "2", "3"] and one.samples == 4
+    assert _parse(tmp_path / "glob")[0]["image"] == images[6]
+    assert snapshot(tmp_path / "pq") == before
+
+
+def test_parquet_without_huggingface_metadata_reads_a_binary_or_struct_column_named_by_image_key(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    images = _images(4)
+    struct = pa.array([{"bytes": b, "path": f"x/{i}.jpg"} for i, b in enumerate(images)])
+    table = pa.table({"jpg": pa.array(images, pa.binary()), "pic": struct, "cls": [7, 3, 0, 3], "txt": list("abcd")})
+    (tmp_path / "raw").mkdir()
+    pq.write_table(table, tmp_path / "raw" / "data.parquet")
+    with pytest.raises(ConfigError, match=r"no Image column; its columns: jpg \(Value\), pic \(dict\).*--image-key"):
+        convert(tmp_path / "raw", tmp_path / "x", progress=False)
+    with pytest.raises(ConfigError, match=r"label_key='txt' is a Value\('string'\) column"):
+        convert(tmp_path / "raw", tmp_path / "x", image_key="jpg", label_key="txt", progress=False)
+
+    for key in ("jpg", "pic"):
+        result = convert(tmp_path / "raw", tmp_path / key, image_key=key, label_key="cls", progress=False)
+        assert result.classes is None and _manifest(tmp_path / key)["classes"] is None  # integers, no names
+        assert _parse(tmp_path / key) == _expected(images, [7, 3, 0, 3])
+    result = convert(tmp_path / "raw", tmp_path / "alone", image_key="jpg", label_key=None, progress=False)
+    assert [s["label"] for s in _parse(tmp_path / "alone")] == [-1] * 4  # no labels: -1, the format's "none"
+
+
+def test_images_given_by_path_are_read_from_their_files(tmp_path):
+    import pyarrow.parquet as pq
+
+    images = _images(3)
+    (tmp_path / "files").mkdir()
+    rows = []
+    for i, raw in enumerate(images):
+        (tmp_path / "files" / f"{i}.img").write_bytes(raw)
+        rows.append({"bytes": None, "path": str(tmp_path / "files" / f"{i}.img")})
+    rows.append({"bytes": None, "path": str(tmp_path / "files" / "gone.jpg")})
+    ds = datasets.Dataset.from_dict({"image": rows, "label": [0, 1, 2, 1]}, features=FEATURES)
+    # save_to_disk and to_parquet embed the files' bytes; a Parquet file written by pyarrow keeps the paths alone
+    (tmp_path / "pq").mkdir()
+    pq.write_table(ds.data.table, tmp_path / "pq" / "paths.parquet")
+    with pytest.raises(DataError, match=r"gone.jpg: cannot be read \(No such file"):
+        convert(tmp_path / "pq", tmp_path / "dst", progress=False)
+    result = convert(tmp_path / "pq", tmp_path / "dst", skip_bad=True, progress=False)
+    assert _parse(tmp_path / "dst") == _expected(images, [0, 1, 2])
+    assert [s["key"] for s in result.skipped] == ["3"] and result.classes == tuple(NAMES)
+
+
+def test_a_corrupt_row_stops_the_conversion_unless_skip_bad(tmp_path):
+    images = _images(5)
+    images[2] = b"\xff\xd8\xff not a JPEG after all"
+    _dataset(images).save_to_disk(str(tmp_path / "saved"))
+    with pytest.raises(DataError, match=r"saved row 2: cannot be read as an image(.|\n)*--skip-bad"):
+        convert(tmp_path / "saved", tmp_path / "dst", samples_per_part=2, progress=False)
+    result = convert(tmp_path / "saved", tmp_path / "dst", samples_per_part=2, skip_bad=True, progress=False)
+    assert (result.samples, result.reused_parts, [s["key"] for s in result.skipped]) == (4, 1, ["2"])
+    assert [s["key"] for s in _parse(tmp_path / "dst")] == ["0", "1", "3", "4"]
+
+
+def test_a_missing_column_is_named_with_the_columns_there_are(tmp_path):
+    _dataset(_images(2)).save_to_disk(str(tmp_path / "saved"))
+    with pytest.raises(ConfigError, match=r"image_key='img' is not a column.*image \(Image\), label \(ClassLabel\)"):
+        convert(tmp_path / "saved", tmp_path / "x", image_key="img", progress=False)
+    with pytest.raises(ConfigError, match=r"label_key='y' is not a column.*--label-key NAME"):
+        convert(tmp_path / "saved", tmp_path / "x", label_key="y", progress=False)
+    (tmp_path / "folder" / "cat").mkdir(parents=True)
+    (tmp_path / "folder" / "cat" / "a.jpg").write_bytes(_images(1)[0])
+    with pytest.raises(ConfigError, match="name the columns of a Hugging Face dataset.*not one: drop them"):
+        convert(tmp_path / "folder", tmp_path / "x", label_key="label", progress=False)
+    assert not (tmp_path / "x").exists()
+
+
+def test_an_exif_rotated_jpeg_is_copied_as_stored_and_served_unrotated_unlike_datasets_decode(tmp_path):
+    """MDS keeps the file; gf.stream decodes as ImageFolder's loader does (no EXIF turn), while ``datasets``
+    (3 and later) turns the image upright: a 14x10 file of orientation 6 is 10 wide in ``ds[0]``."""
+    import gpufeed as gf
+
+    raw = _encoded(0, "JPEG", exif_orientation=6)  # 14 wide, 10 high as stored
+    ds = _dataset([raw, _encoded(1, "JPEG")])  # (the engine needs more samples than its canonical nodes)
+    ds.save_to_disk(str(tmp_path / "saved"))
+    convert(tmp_path / "saved", tmp_path / "dst", progress=False)
+    assert _parse(tmp_path / "dst")[0]["image"] == raw
+    square = T.Compose([T.Resize(10), T.CenterCrop(10), T.PILToTensor()])
+    with gf.stream(local=str(tmp_path / "dst"), transform=square, batch_size=2, shuffle=False, drop_last=False,
+                   device="cpu") as loader:  # fmt: skip
+        x, _ = next(iter(loader))
+    with Image.open(io.BytesIO(raw)) as im:
+        assert im.size == (14, 10) and torch.equal(x[0], square(im.convert("RGB")))  # as stored
+    if int(datasets.__version__.split(".")[0]) >= 3:
+        upright = ds[0]["image"]
+        assert upright.size == (10, 14) and not torch.equal(x[0], square(upright.convert("RGB")))
+
+
+def test_the_cli_converts_a_split_with_the_columns_named(tmp_path, capsys):
+    from gpufeed.cli.main import main
+
+    images = _images(4)
+    datasets.DatasetDict(train=_dataset(images[:3]), validation=_dataset(images[3:])).save_to_disk(str(tmp_path / "dd"))
+    assert main(["convert", str(tmp_path / "dd"), str(tmp_path / "val"), "--split", "validation", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(
+        f"converted {tmp_path / 'dd'} (Hugging Face dataset, split validation, 3 classes) -> {tmp_path / 'val'}: "
+        "1 samples (jpeg 1)"
+    )
+    assert main(["convert", str(tmp_path / "dd"), str(tmp_path / "none"), "--label-key", "none", "--quiet"]) == 0
+    assert [s["label"] for s in _parse(tmp_path / "none")] == [-1, -1, -1]
+    assert _manifest(tmp_path / "none")["classes"] is None
+    assert main(["convert", str(tmp_path / "dd"), str(tmp_path / "x"), "--image-key", "img", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "ConfigError" in err and "image_key='img' is not a column" in err and "--image-key" in err

@@ -1,0 +1,198 @@
+"""One checking layer for every public entry: a hostile argument to ``gf.accelerate``, ``DeviceLoader`` or
+``gf.stream`` is a ``ConfigError`` (or ``DataError`` for the data itself) naming it, raised before a sample is read,
+a cache entry looked up or a remote reached; never a raw error from numpy, the allocator or a storage client."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch.utils.data import Dataset, TensorDataset
+
+import gpufeed as gf
+from gpufeed.errors import ConfigError, DataError, GpufeedError
+from gpufeed.pipeline.stream import as_bytes, check_stream_arguments
+from gpufeed.validate import MAX_VIEWS, MAX_WORLD
+
+
+class _Unread(Dataset):
+    """A dataset that fails the test if a sample is read: an argument must be refused before."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int):
+        raise AssertionError(f"sample {i} was read before the arguments were checked")
+
+
+# values no argument of these kinds takes
+HOSTILE = st.sampled_from([math.nan, math.inf, -math.inf, -1, -0.5, "x", "no", "yes", b"1", [], {}, object(), 1j])
+
+
+def _kwargs(name: str, value: object) -> dict[str, object]:
+    return {"device": "cpu", "progress": False, "cache": False, name: value} if name != "progress" else {
+        "device": "cpu", "cache": False, name: value,
+    }  # fmt: skip
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    name=st.sampled_from(["lock_timeout", "cache_lambda", "progress", "batch_size", "seed", "views", "world_size",
+                          "rank", "num_workers", "max_side", "memory_budget", "shuffle", "drop_last"]),
+    value=HOSTILE,
+)  # fmt: skip
+def test_a_hostile_argument_to_accelerate_is_a_config_error_before_any_read(name: str, value: object) -> None:
+    if name in ("seed",) and isinstance(value, int):  # any int is a seed
+        return
+    if name == "lock_timeout" and value == math.inf:  # no limit: taken (test_lock_timeout_...)
+        return
+    with pytest.raises(ConfigError, match=name):
+        gf.accelerate(_Unread(), **_kwargs(name, value))
+
+
+@pytest.mark.parametrize(
+    "kwargs, said",
+    [
+        ({"views": 10**6}, f"views=1,000,000 draws that many augmented copies of every sample; gpufeed serves at most "
+                           f"{MAX_VIEWS}"),
+        ({"world_size": 10**9, "rank": 0}, rf"world_size=1,000,000,000 is more ranks than gpufeed shares data to \(at "
+                                           rf"most {MAX_WORLD:,}\)"),
+        ({"world_size": 4, "rank": 4}, r"rank=4 must be in \[0, world_size=4\)"),
+        ({"lock_timeout": -1}, "lock_timeout=-1 must be a finite number of seconds >= 0"),
+        ({"lock_timeout": math.nan}, "lock_timeout=nan must be a finite number of seconds >= 0"),
+        ({"lock_timeout": "30"}, "lock_timeout='30' must be a number of seconds"),
+        ({"lock_timeout": True}, "lock_timeout=True must be a number of seconds"),
+        ({"cache_lambda": "x"}, "cache_lambda='x' must be True or False"),
+        ({"progress": "no"}, "progress='no' must be True or False"),
+    ],
+)  # fmt: skip
+def test_bounds_and_kinds_are_named_with_the_value(kwargs: dict[str, object], said: str) -> None:
+    with pytest.raises(ConfigError, match=said):
+        gf.accelerate(_Unread(), **{"device": "cpu", "cache": False, **kwargs})
+
+
+def test_lock_timeout_zero_and_a_number_are_taken() -> None:
+    ds = TensorDataset(torch.zeros(4, 3, 4, 4, dtype=torch.uint8), torch.zeros(4, dtype=torch.long))
+    for timeout in (0, 2.5, 7, math.inf):  # inf: wait as long as another process's build takes
+        assert len(gf.accelerate(ds, batch_size=2, device="cpu", progress=False, lock_timeout=timeout)) == 2
+
+
+class _Huge(Dataset):
+    def __len__(self) -> int:
+        return 10**15  # an epoch's order alone: 7 PiB
+
+    def __getitem__(self, i: int):
+        raise AssertionError("read")
+
+
+def test_a_length_no_epoch_order_fits_is_named_before_anything_is_allocated() -> None:
+    with pytest.raises(ConfigError, match=r"len\(dataset\) = 1,000,000,000,000,000: an epoch's order alone"):
+        gf.accelerate(_Huge(), device="cpu", progress=False)
+
+
+def test_the_device_loader_checks_chunk_batches_views_and_meta_tensors() -> None:
+    images, labels = torch.zeros(4, 3, 4, 4, dtype=torch.uint8), torch.zeros(4, dtype=torch.long)
+    for bad in (0, -1, 1.5, "2"):
+        with pytest.raises(ConfigError, match="chunk_batches"):
+            gf.DeviceLoader(images, labels, device="cpu", chunk_batches=bad)
+    assert gf.DeviceLoader(images, labels, batch_size=2, device="cpu", chunk_batches=3).config.chunk_batches == 3
+    with pytest.raises(ConfigError, match="views=65 draws"):
+        gf.DeviceLoader(images, labels, device="cpu", views=MAX_VIEWS + 1)
+    meta = torch.empty(4, 3, 4, 4, dtype=torch.uint8, device="meta")
+    with pytest.raises(DataError, match=r"images is a meta tensor \(shape \(4, 3, 4, 4\), no data\)"):
+        gf.DeviceLoader(meta, labels, device="cpu")
+    with pytest.raises(DataError, match="labels is a meta tensor"):
+        gf.DeviceLoader(images, torch.empty(4, dtype=torch.long, device="meta"), device="cpu")
+    on_meta = TensorDataset(meta, labels)
+    with pytest.raises(DataError, match=r"TensorDataset\[0\]'s image is a meta tensor"):
+        gf.accelerate(on_meta, device="cpu", progress=False, cache=False)
+
+
+@pytest.mark.parametrize(
+    "args, said",
+    [
+        (("s3://bucket/data", "lots", 2, 60.0, 1), "cache_limit='lots' is not a size"),
+        (("s3://bucket/data", "0 gb", 2, 60.0, 1), "cache_limit='0 gb' must be at least 1 byte"),
+        (("s3://bucket/data", -5, 2, 60.0, 1), "cache_limit=-5 must be >= 1"),
+        (("s3://bucket/data", None, 2, math.nan, 1), "download_timeout=nan must be a finite number"),
+        (("s3://bucket/data", None, 2, 0, 1), "download_timeout=0 must be a number of seconds > 0"),
+        (("s3://bucket/data", None, 0, 60.0, 1), "download_retry=0 must be >= 1"),
+        (("ftp://host/data", None, 2, 60.0, 1), "'ftp://host/data': the streaming engine reads .* not ftp://"),
+        (("s3://bucket/data", None, 2, 60.0, [1, 2]), r"views=\[...\] \(one recipe per view\) is gf.accelerate's"),
+        (("s3://bucket/data", None, 2, 60.0, 10**6), "views=1,000,000 draws"),
+    ],
+)
+def test_stream_arguments_are_checked_before_the_network(args: tuple, said: str) -> None:
+    pytest.importorskip("streaming")
+    with pytest.raises(ConfigError, match=said):
+        check_stream_arguments(*args)
+    with pytest.raises(ConfigError, match=said):  # through gf.stream itself: no credentials, no shard looked for
+        remote, cache_limit, retry, timeout, views = args
+        gf.stream(remote, "/nonexistent-local", transform=None, batch_size=4, cache_limit=cache_limit,
+                  download_retry=retry, download_timeout=timeout, views=views)  # fmt: skip
+
+
+def test_sizes_read_as_the_engine_reads_them() -> None:
+    assert [as_bytes(v, "cache_limit") for v in ("1.5kb", "64GB", " 3 mb ", "2200000", "1 tb", 4096)] == [
+        1536, 64 * 2**30, 3 * 2**20, 2_200_000, 2**40, 4096,
+    ]  # fmt: skip
+    assert check_stream_arguments("s3://bucket/data", "2gb", 1, 0.5, 2) == 2 * 2**30
+    assert check_stream_arguments("/data/mds", None, 2, 60, 1) is None
+
+
+@settings(max_examples=40, deadline=None)
+@given(value=st.one_of(HOSTILE, st.text(max_size=6)))
+def test_any_cache_limit_is_a_size_or_a_config_error(value: object) -> None:
+    try:
+        size = as_bytes(value, "cache_limit")
+    except GpufeedError as e:
+        assert isinstance(e, ConfigError) and "cache_limit=" in str(e)
+    else:
+        assert isinstance(size, int) and size >= 1
+
+
+def test_a_cache_root_under_a_directory_that_cannot_be_entered_is_named(tmp_path, monkeypatch) -> None:
+    import errno
+    from pathlib import Path
+
+    barred = tmp_path / "barred"
+    real_stat = Path.stat
+
+    def stat(self, *args, **kwargs):  # what a user who may not search ``barred`` gets (root may search anything)
+        if barred in self.parents or self == barred:
+            raise PermissionError(errno.EACCES, "Permission denied", str(self))
+        return real_stat(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "stat", stat)
+    ds = TensorDataset(torch.zeros(4, 3, 4, 4, dtype=torch.uint8), torch.zeros(4, dtype=torch.long))
+    with pytest.raises(ConfigError, match=r"cache='.*barred/cache' cannot be looked at \(Permission denied\)"):
+        gf.accelerate(ds, device="cpu", progress=False, cache=barred / "cache")
+
+
+def test_a_file_that_cannot_be_reached_changes_the_folders_key_instead_of_failing_it(tmp_path, monkeypatch) -> None:
+    import errno
+    import os
+
+    from torchvision.datasets import ImageFolder
+
+    import gpufeed.read.fingerprint as fingerprint
+
+    from fakes import image_folder
+
+    image_folder(tmp_path / "photos", [(12, 10)] * 4)
+    folder = ImageFolder(str(tmp_path / "photos"))
+    before = fingerprint.dataset_identity(folder)
+    barred = folder.samples[1][0]
+    real = os.stat
+
+    def stat(path, *args, **kwargs):  # a class folder that is readable but not searchable
+        if str(path) == barred:
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(fingerprint.os, "stat", stat)
+    after = fingerprint.dataset_identity(folder)
+    assert after is not None and before is not None and after["files"] != before["files"]

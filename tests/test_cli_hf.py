@@ -1,0 +1,189 @@
+"""The commands on a Hugging Face dataset on disk (``--data`` a ``save_to_disk`` folder or Parquet files): served
+as an image folder is (its recipes, models and stores), the columns found as ``gf.accelerate`` finds them, and
+nothing written beside the data."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from gpufeed.cli.main import build_parser, main
+from gpufeed.errors import ConfigError, DataError
+
+from fakes import snapshot
+
+datasets = pytest.importorskip("datasets")
+
+NAMES = ["cat", "dog", "owl"]
+
+
+def _images(n: int, seed: int = 0) -> list[bytes]:
+    """``n`` JPEGs (every fourth a PNG) of different sizes, each class tinted so that a model can learn it."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        h, w = rng.integers(36, 60, 2)
+        pixels = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
+        pixels[..., i % 3] //= 4
+        buf = io.BytesIO()
+        Image.fromarray(pixels).save(buf, "PNG" if i % 4 == 3 else "JPEG")
+        out.append(buf.getvalue())
+    return out
+
+
+def _dataset(n: int, seed: int = 0, names: list[str] | None = NAMES) -> datasets.Dataset:
+    label = datasets.ClassLabel(names=names) if names is not None else datasets.Value("int64")
+    features = datasets.Features({"image": datasets.Image(), "label": label})
+    rows = {"image": [{"bytes": b, "path": None} for b in _images(n, seed)], "label": [i % 3 for i in range(n)]}
+    return datasets.Dataset.from_dict(rows, features=features)
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """A DatasetDict of 24 training and 6 validation rows, as ``load_dataset(...).save_to_disk(DIR)`` leaves it."""
+    root = tmp_path_factory.mktemp("hf") / "pets"
+    datasets.DatasetDict(train=_dataset(24), validation=_dataset(6, seed=1)).save_to_disk(str(root))
+    return root
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("GPUFEED_CACHE_DIR", str(tmp_path / "home"))
+    return tmp_path / "home"
+
+
+def _train(data: str, out: Path, *extra: str) -> int:
+    args = ["train", "--data", data, "--image-size", "32", "--epochs", "1", "--batch-size", "8", "--device", "cpu"]
+    return main([*args, "--no-progress", "--out", str(out), *extra])
+
+
+def test_train_on_a_saved_datasetdict_trains_on_train_and_scores_the_validation_split(saved, home, tmp_path, capsys):
+    before = snapshot(saved)
+    assert _train(str(saved), tmp_path / "o", "--model", "resnet18") == 0
+    out = capsys.readouterr().out
+    assert out.startswith(
+        f"data: Hugging Face dataset {saved} (train split; validation: its validation split): 24 training images in "
+        "3 classes, 6 validation, 32x32 crops\n"
+    )
+    assert "a Hugging Face dataset (column 'image'" in out  # the plan: read from the Arrow bytes, as accelerate does
+    epoch = json.loads((tmp_path / "o" / "train.json").read_text())["epochs"][0]
+    assert (epoch["images"], epoch["test_images"]) == (24, 6)
+    assert abs(epoch["test_acc"] * 6 - round(epoch["test_acc"] * 6)) < 1e-9  # k of 6 images
+    assert snapshot(saved) == before  # read only: no cache or indices file beside the data
+    assert any(p.name.startswith("arrowimages-") for p in home.iterdir())  # the store went to gpufeed's dir
+
+
+def test_a_training_subset_is_spread_over_the_rows_and_writes_nothing_beside_the_data(saved, home, tmp_path, capsys):
+    from gpufeed.cli.common import load_train_test
+
+    before = snapshot(saved)
+    args = build_parser().parse_args(["train", "--data", str(saved), "--image-size", "32", "--device", "cpu"])
+    train, test = load_train_test(args, 6, 3)
+    assert "(using 6 evenly spaced training and 3 evenly spaced test)" in capsys.readouterr().out
+    assert (len(train), len(test), train.targets, test.targets) == (6, 3, [0, 1, 2, 0, 1, 2], [0, 2, 1])
+    assert train.classes == NAMES and train.transform is not None and test.transform is not None
+    assert snapshot(saved) == before  # select(keep_in_memory=True): its indices were not written into the dataset
+
+
+def test_parquet_files_with_integer_labels_train_with_val_data_naming_other_parquet(home, tmp_path, capsys):
+    (tmp_path / "train").mkdir()
+    _dataset(12, names=None).to_parquet(str(tmp_path / "train" / "a.parquet"))
+    _dataset(12, seed=2, names=None).to_parquet(str(tmp_path / "train" / "b.parquet"))
+    _dataset(6, seed=1, names=None).to_parquet(str(tmp_path / "val.parquet"))
+    before = snapshot(tmp_path / "train")
+    pattern = f"{tmp_path}/train/*.parquet"
+    assert _train(pattern, tmp_path / "o", "--val-data", str(tmp_path / "val.parquet")) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(
+        f"data: Parquet files {pattern}, validation 1 Parquet file {tmp_path / 'val.parquet'}: 24 training images in "
+        "3 classes, 6 validation"
+    )  # the classes of integer labels: 0 to the largest
+    assert json.loads((tmp_path / "o" / "train.json").read_text())["epochs"][0]["test_images"] == 6
+    assert snapshot(tmp_path / "train") == before
+
+
+def test_diagnose_and_tune_read_a_saved_dataset(saved, home, tmp_path, capsys):
+    args = ["diagnose", "--data", str(saved), "--image-size", "32", "--batch-size", "8", "--steps", "3"]
+    assert main([*args, "--device", "cpu", "--out", str(tmp_path / "d")]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"data: Hugging Face dataset {saved}") and "verdict:" in out
+    tune = ["tune", "--data", str(saved), "--batch-size", "8", "--time-budget", "2", "--max-workers", "1"]
+    assert main(tune) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"data: Hugging Face dataset {saved}") and "24 training images" in out
+    assert "best: DataLoader(dataset, **{'batch_size': 8" in out
+
+
+def test_bench_and_cache_build_read_a_saved_dataset(saved, home, tmp_path, capsys):
+    args = ["bench", "--data", str(saved), "--image-size", "32", "--batch-size", "8", "--device", "cpu"]
+    assert main([*args, "--out", str(tmp_path / "b")]) == 0
+    rows = {r["name"]: r for r in json.loads((tmp_path / "b" / "bench.json").read_text())["rows"]}
+    for name in ("torchvision DataLoader, num_workers=2, persistent", "gpufeed"):  # workers get it pickled
+        assert rows[name]["images_per_s"] > 0 and rows[name]["skipped"] is None
+    assert rows["gpufeed"]["test_acc"] is not None
+    capsys.readouterr()
+    assert main(["cache", "build", "--data", str(saved)]) == 0
+    out = capsys.readouterr().out
+    assert "24 training images, 3 classes" in out and "ragged: 24 images" in out
+
+
+def test_a_saved_dataset_without_a_classlabel_takes_its_columns_from_the_options(home, tmp_path, capsys):
+    ds = _dataset(8).rename_column("image", "photo").cast_column("label", datasets.Value("int64"))
+    ds = ds.rename_column("label", "y")
+    ds.save_to_disk(str(tmp_path / "one"))
+    assert main(["train", "--data", str(tmp_path / "one"), "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert "no label column" in err and "--label-key" in err and "photo, y" in err
+    assert _train(str(tmp_path / "one"), tmp_path / "o", "--label-key", "y") == 0
+    out = capsys.readouterr().out
+    assert "8 training images in 3 classes" in out and "(no --val-data: accuracy not measured)" in out
+    assert main(["train", "--data", str(tmp_path / "one"), "--image-key", "image", "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert "image_key='image' is not a column" in err and "photo (Image)" in err
+
+
+def test_options_that_do_not_fit_a_hugging_face_dataset_are_refused_by_name(saved, home, tmp_path):
+    from gpufeed.cli.train import run
+
+    datasets.DatasetDict(a=_dataset(3), b=_dataset(3)).save_to_disk(str(tmp_path / "ab"))
+    _dataset(3).save_to_disk(str(tmp_path / "one"))
+    other = datasets.Dataset.from_dict(
+        {"image": [{"bytes": b, "path": None} for b in _images(3)], "label": [0, 1, 0]},
+        features=datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=["x", "y"])}),
+    )
+    other.save_to_disk(str(tmp_path / "other"))
+    (tmp_path / "folder" / "cat").mkdir(parents=True)
+    (tmp_path / "folder" / "cat" / "a.jpg").write_bytes(_images(1)[0])
+    cases = [
+        (["--data", str(tmp_path / "ab")], ConfigError, r"splits a, b\), none named train"),
+        (["--data", str(saved), "--val-data", str(tmp_path / "one")], ConfigError, "has its own validation split"),
+        (["--data", str(tmp_path / "one"), "--val-data", str(tmp_path / "folder")], ConfigError,
+         "the validation set is a Hugging Face dataset too"),
+        (["--data", str(tmp_path / "one"), "--val-data", str(tmp_path / "one")], ConfigError, "is the training data"),
+        (["--data", str(tmp_path / "one"), "--val-data", str(tmp_path / "other")], DataError,
+         r"class names of training and validation .* differ \(only in training: \['cat', 'dog', 'owl'\]"),
+        (["--data", str(tmp_path / "folder"), "--label-key", "label"], ConfigError,
+         "--image-key and --label-key name the columns of a Hugging Face dataset"),
+        (["--data", str(saved), "--download"], ConfigError, "never writes"),
+    ]  # fmt: skip
+    for extra, error, match in cases:
+        args = build_parser().parse_args(["train", *extra, "--device", "cpu", "--out", str(tmp_path / "o")])
+        with pytest.raises(error, match=match):
+            run(args)
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_parquet_file_or_pattern_is_accepted_as_data_and_a_pattern_matching_nothing_is_not(tmp_path, capsys):
+    from gpufeed.cli.common import data_choice
+
+    _dataset(3).to_parquet(str(tmp_path / "a.parquet"))
+    assert data_choice(str(tmp_path / "a.parquet")) == str(tmp_path / "a.parquet")
+    assert data_choice(f"{tmp_path}/*.parquet") == f"{tmp_path}/*.parquet"
+    with pytest.raises(SystemExit) as e:
+        main(["train", "--data", f"{tmp_path}/*.parq"])
+    assert e.value.code == 2 and "nor .parquet files" in capsys.readouterr().err

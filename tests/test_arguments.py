@@ -114,7 +114,7 @@ def test_the_device_loader_checks_chunk_batches_views_and_meta_tensors() -> None
 @pytest.mark.parametrize(
     "args, said",
     [
-        (("s3://bucket/data", "lots", 2, 60.0, 1), "cache_limit='lots' is not a size"),
+        (("s3://bucket/data", "lots", 2, 60.0, 1), "cache_limit='lots' must be a size in bytes"),
         (("s3://bucket/data", "0 gb", 2, 60.0, 1), "cache_limit='0 gb' must be at least 1 byte"),
         (("s3://bucket/data", -5, 2, 60.0, 1), "cache_limit=-5 must be >= 1"),
         (("s3://bucket/data", None, 2, math.nan, 1), "download_timeout=nan must be a finite number"),

@@ -8,6 +8,7 @@ caller would catch without knowing gpufeed (``ValueError``, ``TypeError``, ``Run
 from __future__ import annotations
 
 __all__ = [
+    "CacheNotWrittenWarning",
     "CacheError",
     "CacheWriteError",
     "ConfigError",
@@ -74,3 +75,12 @@ class CacheWriteError(CacheError):
     The message names the path, the bytes needed and the remedy. :func:`gpufeed.accelerate` catches
     it and keeps the data in memory (with a warning); :func:`gpufeed.build_cache` raises it.
     """
+
+
+class CacheNotWrittenWarning(UserWarning):
+    """``accelerate`` kept the data in memory because its cache could not be written; ``error`` says why (the
+    :class:`CacheWriteError` a caller that needs the entry, ``gpufeed cache build``, raises)."""
+
+    def __init__(self, message: str, error: CacheWriteError) -> None:
+        super().__init__(message)
+        self.error = error

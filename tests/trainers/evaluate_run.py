@@ -79,6 +79,7 @@ def main() -> None:
         results[n] = {"gathered": gathered, "count": int(count), "kept": kept, "batches": everyone, "default": default}
     out.mkdir(parents=True, exist_ok=True)
     (out / f"eval-{accelerator.process_index}.json").write_text(json.dumps(results))
+    dist.barrier()  # neither rank tears gloo down while the other's last collective still runs
     accelerator.end_training()  # destroys the process group
 
 

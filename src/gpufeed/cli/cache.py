@@ -116,7 +116,7 @@ def _build_folder(args: argparse.Namespace) -> int:
         )
     import warnings
 
-    from ..errors import CacheWriteError
+    from ..errors import CacheNotWrittenWarning
 
     ds = load_data(args, train=True)
     with warnings.catch_warnings(record=True) as caught:  # accelerate keeps the data in memory, with a warning
@@ -130,14 +130,14 @@ def _build_folder(args: argparse.Namespace) -> int:
             max_side=args.max_side,
             progress=True,
         )
-    unwritten = [str(w.message) for w in caught if "stays in memory, not cached on disk" in str(w.message)]
+    unwritten = [w.message.error for w in caught if isinstance(w.message, CacheNotWrittenWarning)]
     for w in caught:  # the others, as they were
-        if str(w.message) not in unwritten:
+        if not isinstance(w.message, CacheNotWrittenWarning):
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     plan = loader.plan
     assert plan is not None  # accelerate() constructs every loader with its plan
     if plan.cache_path is None and unwritten:  # building the entry was the command's whole point: its error, alone
-        raise CacheWriteError(unwritten[0].split("not cached on disk: ", 1)[-1])
+        raise unwritten[0]
     if plan.cache_path is None:
         raise ConfigError(f"nothing was written to the cache ({'; '.join(plan.notes) or 'see the plan'})")
     done = "found (already built)" if plan.ingest.startswith("cache hit") else "built"

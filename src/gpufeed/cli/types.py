@@ -8,15 +8,19 @@ from pathlib import Path
 __all__ = ["count", "label_key", "output_dir", "positive", "seconds_or_rate"]
 
 
-def positive(text: str) -> int:
-    """An argparse type: an int >= 1 (a count of images, a size)."""
+def _whole(text: str, minimum: int) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} must be >= 1")
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"{value} must be >= {minimum}")
     return value
+
+
+def positive(text: str) -> int:
+    """An argparse type: an int >= 1 (a count of images, a size)."""
+    return _whole(text, 1)
 
 
 def seconds_or_rate(text: str) -> float:
@@ -41,13 +45,7 @@ def count(text: str) -> int:
     typo such as 1000000 would start processes until the machine stops)."""
     from ..validate import as_workers
 
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} must be >= 0")
-    return as_workers(value, "--num-workers")
+    return as_workers(_whole(text, 0), "--num-workers")
 
 
 def output_dir(text: str) -> Path:

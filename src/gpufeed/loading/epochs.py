@@ -259,8 +259,7 @@ class EpochLoader:
                 "changed it on purpose, load the position anyway with loader.load_state_dict(state, strict=False), "
                 "or set loader.strict_state = False before a trainer (Lightning, Accelerate) loads it"
             )
-        # after the data's check: a setting derived from the data (chunk_batches, from the images' size) differs
-        # because the data does, and the data is what to name
+        # after the data's check: a configuration that differs because the data does (its length) names the data
         epoch, offset = resume_position(state, self.kind, asdict(self.config), len(self))
         self._live, self._stopped = None, None  # as set_epoch: a running iteration is detached, not cut short
         self._epoch, self._offset = epoch, offset

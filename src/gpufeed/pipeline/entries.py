@@ -24,7 +24,7 @@ import torch
 from ..cache import Manifest, check_target, entry_path, is_gpufeed_entry, write_cache
 from ..cache.lock import build_lock
 from ..cache.lock import lock_timeout as resolve_lock_timeout
-from ..errors import CacheError, CacheWriteError
+from ..errors import CacheError, CacheNotWrittenWarning, CacheWriteError
 from ..options import ReadOptions
 from ..read.files import bad_files_error
 from ..read.fingerprint import cache_key
@@ -164,7 +164,9 @@ def _drop_progress(target: Path, resume: Any) -> None:
 
 
 def _in_memory(e: CacheWriteError) -> None:
-    warnings.warn(f"gpufeed: the data stays in memory, not cached on disk: {e}", stacklevel=4)
+    warnings.warn(
+        CacheNotWrittenWarning(f"gpufeed: the data stays in memory, not cached on disk: {e}", e), stacklevel=4
+    )
 
 
 def check_outside_dataset(dataset: Any, target: Path) -> None:

@@ -11,13 +11,13 @@ the engine's do, except that the shuffle block is fitted to the cache when a lim
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from ..augment.transforms import BatchTransform, takes_ragged
+from ..cache.usage import parse_size
 from ..device import resolve_device
 from ..errors import ConfigError
 from ..loading.plan import Plan
@@ -120,25 +120,15 @@ def check_stream_arguments(
     return as_bytes(cache_limit, "cache_limit")
 
 
-_POWERS = "kmgtp"  # kb, mb, gb, tb, pb: powers of 1024, as the engine reads them
-
-
 def as_bytes(value: Any, name: str) -> int:
-    """A size: an int of bytes >= 1, or a string such as ``"64gb"`` or ``"1.5 TB"`` (binary units, as the engine
-    reads them).
+    """A size: an int of bytes >= 1, or a string such as ``"64gb"`` or ``"1.5T"`` (powers of 1024, read by
+    :func:`gpufeed.cache.usage.parse_size`, as ``GPUFEED_CACHE_LIMIT`` and ``--cache-limit`` are).
 
     Example:
         >>> as_bytes("1.5kb", "cache_limit"), as_bytes(4096, "cache_limit")
         (1536, 4096)
     """
-    if isinstance(value, str):
-        match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgtp]?)b?\s*", value.lower())
-        if match is None:
-            raise ConfigError(f"{name}={value!r} is not a size: give bytes (an int) or a string such as '64gb'")
-        number, unit = match.groups()
-        size = int(float(number) * 1024 ** (_POWERS.index(unit) + 1 if unit else 0))
-    else:
-        size = as_int(value, name, 1)
+    size = parse_size(value, name) if isinstance(value, str) else as_int(value, name, 1)
     if size < 1:
         raise ConfigError(f"{name}={value!r} must be at least 1 byte")
     return size

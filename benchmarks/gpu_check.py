@@ -95,6 +95,7 @@ LIMITS = {
     "accelerate_tiers": 120,
     "tune": 100,
     "diagnose_script": 180,  # the script twice: as it is, then changed (--verify)
+    "launches": 90,
 }
 GPU_ONLY = ("sync_free", "cuda_tests", "tier_fallback")
 
@@ -503,6 +504,66 @@ def diagnose_script(c: Check) -> dict:
 # -- the run -----------------------------------------------------------------------------------------------------
 
 
+def launches(c: Check) -> dict:
+    """Per recipe of benchmarks/launches.py at 32 px, batch 256: the launching operators counted on the device path
+    (the CPU's count), the CUDA kernels the profiler saw for one batch, the time per batch, and whether the recipe
+    captures in a CUDA graph (its generator registered) and replays. On the CPU rehearsal: the counts only."""
+    import launches as counts
+
+    size, batch = 32, 64 if c.small else 256
+    x = torch.randint(0, 256, (batch, 3, size, size), dtype=torch.uint8, device=c.device)
+    result: dict = {"size": size, "batch": batch, "recipes": {}}
+    for name, recipe in counts.recipes(size).items():
+        row: dict = {"dispatched": counts.count(recipe, x).total, "goal": counts.GOALS.get(name)}
+        result["recipes"][name] = row
+        if c.device == "cuda":
+            row.update(_cuda_launches(recipe, x))
+        c.save()
+    return result
+
+
+def _cuda_launches(recipe: Callable, x: torch.Tensor) -> dict:
+    from torch.profiler import ProfilerActivity, profile
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    for _ in range(3):
+        recipe(x, generator=g)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        recipe(x, generator=g)
+        torch.cuda.synchronize()
+    kernels = sum(e.count for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(20):
+        recipe(x, generator=g)
+    end.record()
+    torch.cuda.synchronize()
+    row: dict = {"cuda_kernels": kernels, "ms_per_batch": round(start.elapsed_time(end) / 20, 3)}
+    try:
+        graph = torch.cuda.CUDAGraph()
+        graph.register_generator_state(g)
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            recipe(x, generator=g)
+        torch.cuda.current_stream().wait_stream(stream)
+        with torch.cuda.graph(graph):
+            out = recipe(x, generator=g)
+        graph.replay()
+        torch.cuda.synchronize()
+        start.record()
+        for _ in range(20):
+            graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        row["graph"] = {"captured": True, "finite": bool(torch.isfinite(out.float()).all()),
+                        "ms_per_batch": round(start.elapsed_time(end) / 20, 3)}  # fmt: skip
+    except Exception as e:  # recorded: which recipes do not capture, and why
+        row["graph"] = {"captured": False, "error": f"{type(e).__name__}: {e}"[:500]}
+    return row
+
+
 def _airbench() -> str | None:
     wheels = sorted((ROOT / ".whl").glob("airbench-*.whl"))
     if not wheels:
@@ -596,6 +657,7 @@ def main(argv: list[str] | None = None) -> int:
         "accelerate_tiers": accelerate_tiers,
         "tune": tune,
         "diagnose_script": diagnose_script,
+        "launches": launches,
     }
     unknown = [n for n in args.parts or [] if n not in parts]
     if unknown:

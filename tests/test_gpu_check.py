@@ -19,7 +19,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 # The rehearsal runs in two processes of about equal time, so that `make test`'s workers share it (about 100 s of
 # parts in one): the data side (loaders, recipes, the diagnosis of a script), then the training side.
 DATA = ["prefetch_race", "loader_throughput", "image_folder", "hf_datasets", "stream_loader", "image_sizes"]
-DATA += ["augment_recipes", "diagnose_script"]
+DATA += ["augment_recipes", "diagnose_script", "launches"]
 TRAINING = ["bench_ladder", "ddp_overhead", "accelerate_tiers", "tune"]
 
 
@@ -84,6 +84,9 @@ def test_the_cpu_rehearsal_of_the_data_parts_runs_and_records_each(tmp_path, mon
     verified = diagnosed["verify"]  # the changed copy, run for the same 4 steps
     assert "error" not in verified and verified["after"]["loader"].startswith("DeviceLoader at ")
     assert verified["after"]["batches"] == verified["before"]["batches"] == 4
+    counted = summary["launches"]["recipes"]  # the device path's operators per batch, counted on the CPU here
+    assert len(counted) == 5 and all(r["dispatched"] > 0 and "cuda_kernels" not in r for r in counted.values())
+    assert counted["crop+flip+normalise"]["goal"] == 12 and counted["crop+flip+normalise"]["dispatched"] < 100
 
 
 @pytest.mark.slow

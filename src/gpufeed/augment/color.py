@@ -23,6 +23,7 @@ import torch
 from ..errors import ConfigError
 from .channels import join_alpha, opaque, split_alpha
 from .params import Draws, permutation, rand
+from .paths import host_path
 from .transforms import BatchTransform, Params
 
 __all__ = ["ColorJitter", "adjust_brightness", "adjust_contrast", "adjust_hue", "adjust_saturation", "blend", "gray"]
@@ -180,7 +181,7 @@ class ColorJitter(BatchTransform):
         enabled = [j for j, f in enumerate(factors) if f is not None]
         if len(enabled) == 1:  # the order does not matter
             return _ADJUST[enabled[0]](x, factors[enabled[0]])
-        if x.device.type == "cpu":  # each adjustment on the samples whose order puts it in this slot: 4x less work
+        if host_path(x):  # each adjustment on the samples whose order puts it in this slot: 4x less work
             x = x.clone()  # the caller's batch is not written to
             for slot in range(4):
                 for j in enabled:

@@ -19,6 +19,7 @@ from ..errors import ConfigError, DataError
 from . import chunks as C
 from . import geometry as G
 from .geometry import PADDING_MODES, Padding
+from .paths import host_path
 
 __all__ = [
     "PADDING_MODES",
@@ -141,7 +142,7 @@ def normalize(
     equals ``F.normalize(F.to_tensor(img), mean, std)`` bit for bit before the final cast.
     """
     work = x.dtype if x.dtype.is_floating_point else torch.float32
-    if x.device.type == "cpu" and x.dtype == torch.uint8:  # a chunk at a time in the cache (gpufeed.augment.chunks)
+    if host_path(x) and x.dtype == torch.uint8:  # a chunk at a time in the cache (gpufeed.augment.chunks)
         return C.normalize_chunked(x, *float_constants(mean, std, x.shape[1]), reciprocal, dtype)
     y = convert_dtype(x, work, reciprocal)
     m, s = constant(tuple(mean), y, "mean"), constant(tuple(std), y, "std")

@@ -11,6 +11,7 @@ import torch
 
 from ..store.ragged import Ragged
 from .fixed_point import by_pass_order, fixed_taps, shift_clamp, vertical_first
+from .paths import host_path
 from .resample import resample_taps, resize_on_cpu
 
 __all__ = ["batched_ragged", "ragged_resized_crop"]
@@ -32,7 +33,7 @@ def ragged_resized_crop(
     On the CPU each box goes through the user's own kernel (:func:`resize_on_cpu`), exact. On a GPU one kernel
     per image would be launch-bound, so the batch is resampled together (:func:`batched_ragged`).
     """
-    if x.device.type == "cpu":
+    if host_path(x):
         boxes = torch.stack([top, left, height, width], 1).tolist()
         crops = [x.image(i)[:, y0 : y0 + h, x0 : x0 + w] for i, (y0, x0, h, w) in enumerate(boxes)]
         return resize_on_cpu(crops, int(x.shapes[0, 0]), x.dtype, size, antialias, mode, kernel)

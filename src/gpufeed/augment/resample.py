@@ -19,6 +19,7 @@ import numpy
 import torch
 
 from .fixed_point import fixed_resized_crop
+from .paths import host_path
 
 __all__ = ["resample_taps", "resize_on_cpu", "resized_crop"]
 
@@ -52,7 +53,7 @@ def resized_crop(
     (both exact, :mod:`.fixed_point`; "pil" on the CPU calls Pillow itself).
     """
     if x.dtype == torch.uint8 and kernel != "float" and mode != "nearest":
-        if x.device.type == "cpu" and (kernel == "torch" or x.shape[1] in (1, 3)):
+        if host_path(x) and (kernel == "torch" or x.shape[1] in (1, 3)):
             # On the CPU the library's own kernel per image is exact by definition, and faster than the batched
             # integer gathers (v2's uint8 resize: 6x at 256 crops of 32x32, 10x at 64 of 375x500 to 224; measured).
             boxes = torch.stack([top, left, height, width], 1).tolist()

@@ -27,6 +27,7 @@ from . import functional as F
 from . import geometry as G
 from .keyed import KeyedDraws
 from .params import Draws
+from .paths import host_path
 
 __all__ = [
     "BatchTransform",
@@ -279,7 +280,7 @@ def _remap(x: torch.Tensor, m: G.IndexMap, then: Normalize | None = None) -> tup
     """``x`` through the crops and flips of ``m``, and whether the ``Normalize`` that follows (``then``) was
     applied too: on the CPU, a chunk of samples at a time, each output row one window of the batch, and each
     chunk normalised while it is in the cache (see :mod:`gpufeed.augment.chunks`)."""
-    if x.device.type != "cpu":
+    if not host_path(x):
         return F.remap(x, m), False
     fill = F.constant(m.fill, x, "fill") if m.fill is not None else None
     if then is None or x.dtype != torch.uint8:

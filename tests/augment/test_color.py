@@ -85,3 +85,86 @@ def test_the_stated_pil_bounds_hold_and_are_the_measured_ones():
     measured = _pil_kernel_differences()
     assert all(measured[k] <= PIL_BOUNDS[k] for k in PIL_BOUNDS), measured  # never understated
     assert all(measured[k] >= PIL_BOUNDS[k] - 1 for k in PIL_BOUNDS), measured  # nor much overstated
+
+
+# --- the restructured kernels against the expressions they replace (torchvision's, with a factor per sample) ---
+
+
+def _blend_as_before(img1, img2, f):
+    from gpufeed.augment.color import _col
+
+    ratio, rest = _col(f, img1)
+    bound = 255 if img1.dtype == torch.uint8 else 1.0
+    return (ratio * img1 + rest * img2).clamp(0, bound).to(img1.dtype)
+
+
+def _hsv2rgb_as_before(img):
+    h, s, v = img.unbind(dim=-3)
+    i = torch.floor(h * 6.0)
+    f = (h * 6.0) - i
+    i = i.to(dtype=torch.int32) % 6
+    p = torch.clamp((v * (1.0 - s)), 0.0, 1.0)
+    q = torch.clamp((v * (1.0 - s * f)), 0.0, 1.0)
+    t = torch.clamp((v * (1.0 - s * (1.0 - f))), 0.0, 1.0)
+    mask = i.unsqueeze(dim=-3) == torch.arange(6, device=i.device).view(-1, 1, 1)
+    a1 = torch.stack((v, q, p, p, t, v), dim=-3)
+    a2 = torch.stack((t, v, v, q, p, p), dim=-3)
+    a3 = torch.stack((p, p, t, v, v, q), dim=-3)
+    a4 = torch.stack((a1, a2, a3), dim=-4)
+    return torch.einsum("...ijk, ...xijk -> ...xjk", mask.to(dtype=img.dtype), a4)
+
+
+def _images(seed, n, channels, h, w, dtype):
+    x = torch.randint(0, 256, (n, channels, h, w), dtype=torch.uint8, generator=_gen(seed))
+    if dtype == torch.uint8:
+        return x
+    x = x.to(dtype) / 255
+    # and values no uint8 image holds, with the ends of the range exactly
+    x += torch.rand(x.shape, generator=_gen(seed + 1), dtype=dtype) / 255
+    x.view(-1)[: x.numel() // 7] = 0.0
+    x.view(-1)[-(x.numel() // 7) :] = 1.0
+    return x.clamp_(0, 1)
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.float32, torch.float64])
+@pytest.mark.parametrize("seed", range(4))
+def test_brightness_contrast_and_saturation_equal_the_expressions_they_replace_bit_for_bit(dtype, seed):
+    from gpufeed.augment import color as C
+
+    g = _gen(100 + seed)
+    n, h, w = (int(v) for v in torch.randint(1, 40, (3,), generator=g))
+    x = _images(seed, n, 3, h, w, dtype)
+    f = torch.rand(n, generator=g) * 3  # past the bound too: the clamp is part of what is compared
+    f[0] = 1.0
+    work = dtype if dtype.is_floating_point else torch.float32  # torchvision's: the mean is taken in float
+
+    def mean(y):
+        return torch.mean(C.gray(y).to(work), dim=(-3, -2, -1), keepdim=True)
+
+    assert torch.equal(C.adjust_brightness(x, f), _blend_as_before(x, torch.zeros_like(x), f))
+    assert torch.equal(C.adjust_contrast(x, f), _blend_as_before(x, mean(x), f))
+    assert torch.equal(C.adjust_saturation(x, f), _blend_as_before(x, C.gray(x), f))
+    one = x[:, :1]  # one channel: contrast blends it with its own mean
+    assert torch.equal(C.adjust_contrast(one, f), _blend_as_before(one, mean(one), f))
+    assert torch.equal(C.blend(x, one, f), _blend_as_before(x, one, f))  # a smaller second operand, broadcast
+    assert torch.equal(x, _images(seed, n, 3, h, w, dtype))  # the input untouched (the products are in place)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("seed", range(4))
+def test_the_hsv_round_trip_equals_the_one_hot_selection_it_replaces_bit_for_bit(dtype, seed):
+    from gpufeed.augment import color as C
+
+    g = _gen(200 + seed)
+    n, h, w = (int(v) for v in torch.randint(1, 40, (3,), generator=g))
+    x = _images(seed, n, 3, h, w, dtype)
+    hsv = C._rgb2hsv(x)
+    assert torch.equal(C._hsv2rgb(hsv), _hsv2rgb_as_before(hsv))
+    shift = torch.rand(n, 1, 1, generator=g, dtype=dtype) - 0.5
+    shifted = torch.stack(((hsv[:, 0] + shift) % 1.0, hsv[:, 1], hsv[:, 2]), 1)
+    assert torch.equal(C._hsv2rgb(shifted), _hsv2rgb_as_before(shifted))  # every sector, at every hue shift
+    # whole uniform HSV cubes as well, sector edges (h * 6 an integer) included
+    hue = torch.rand(n * h * w, generator=g, dtype=dtype)
+    hue[::5] = torch.randint(0, 6, hue[::5].shape, generator=g).to(dtype) / 6
+    cube = torch.cat((hue.view(n, 1, h, w), torch.rand(n, 2, h, w, generator=g, dtype=dtype)), 1)
+    assert torch.equal(C._hsv2rgb(cube), _hsv2rgb_as_before(cube))

@@ -297,7 +297,7 @@ def augment_recipes(c: Check) -> dict:
     channels_last training step (goal: under 10%)."""
     import augment_recipes as recipes
 
-    small = ["--n", "128", "--batch", "64", "--workers", "1", "--repeats", "1", "--cost", "32,8,resnet18"]
+    small = ["--n", "128", "--batch", "64", "--workers", "0", "--repeats", "1", "--cost", "32,8,resnet18"]
     full = ["--n", "10000", "--batch", "256", "--workers", "16", "--repeats", "3", "--cost", "224,256,resnet50"]
     recipes.main(["--device", c.device, "--out", str(c.out)] + (small if c.small else full))
     return json.loads((c.out / "augment_recipes.json").read_text())

@@ -105,12 +105,21 @@ def decode_indices(batch: torch.Tensor) -> list[int]:
 
 @pytest.fixture(scope="session")
 def synthetic_cifar10(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The default synthetic CIFAR-10 (50,000 + 10,000 samples, seed 0), generated once per test process where
-    every test's gpufeed finds it by default (generating it takes seconds; copying it, a fraction of one)."""
+    """The default synthetic CIFAR-10 (50,000 + 10,000 samples, seed 0) where every test's gpufeed finds it by
+    default. Generated once per run (8 s): under pytest-xdist the workers share the session's root, where
+    gpufeed's own build lock lets one generate while the others wait, and each copies it (a fraction of a
+    second)."""
+    import os
+
     from gpufeed.data.synthetic import write_synthetic_cifar10
 
-    root = tmp_path_factory.getbasetemp() / "gpufeed-cache" / "data" / "synthetic-cifar10-0-50000-10000"
-    return write_synthetic_cifar10(root)
+    name = "synthetic-cifar10-0-50000-10000"
+    root = tmp_path_factory.getbasetemp() / "gpufeed-cache" / "data" / name
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return write_synthetic_cifar10(root)
+    if not root.exists():
+        copy_synthetic_cifar10(write_synthetic_cifar10(tmp_path_factory.getbasetemp().parent / name), root)
+    return root
 
 
 def copy_synthetic_cifar10(source: Path, root: Path) -> Path:

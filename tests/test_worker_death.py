@@ -191,3 +191,26 @@ def test_torchs_sigchld_handler_firing_while_gpufeed_waits_for_the_dead_worker_i
     it._workers[0].alive = True
     with pytest.raises(RuntimeError, match="something else"):
         workers.workers_that_died(it, EOFError())
+
+
+def test_a_loader_collected_in_a_reference_cycle_stops_its_workers_without_terminating_them(monkeypatch):
+    # Left to torch, the cycle's collection closed the index queues' feeders before the sentinels were put: each
+    # worker waited out torch's 5 s join, then torch terminated it. Stopped by gpufeed's finalizer (NOTE [ Stopping
+    # the persistent workers ]), each gets its sentinel and exits on its own within the collection: none is
+    # terminated.
+    import gc
+    import multiprocessing.process
+
+    terminated = []
+    terminate = multiprocessing.process.BaseProcess.terminate
+    monkeypatch.setattr(
+        multiprocessing.process.BaseProcess, "terminate", lambda w: terminated.append(w) or terminate(w)
+    )
+    loader = _loader(Doomed())
+    loader.cycle = loader
+    next(iter(loader))
+    workers = list(loader.loader._iterator._workers)
+    assert len(workers) == 2 and all(w.is_alive() for w in workers)
+    del loader
+    gc.collect()
+    assert not terminated and not any(w.is_alive() for w in workers)

@@ -16,10 +16,19 @@ transform unchanged (no ingestion), and keeps gpufeed's contract:
   :class:`gpufeed.WorkerError` naming it; the iteration ends there as after a ``break`` (the state keeps
   the failed position), and the next iteration starts fresh workers. A persistent ``DataLoader`` left
   as it is would fail every later epoch: its one iterator keeps waiting for the dead worker.
+
+NOTE [ Stopping the persistent workers ]
+The persistent DataLoader's workers are stopped when the loader is collected, by a finalizer that holds the
+DataLoader. Left to torch, a loader collected in a reference cycle (one that holds itself through a closure, a
+trainer, a test's frame) stalled 5 s per worker: the garbage collector closes the index queues' feeder threads
+with the rest of the cycle, before the iterator's ``__del__`` puts the sentinels that tell the workers to stop, so
+each worker waits out its join timeout (measured: 10 s for 2 workers, plain torch DataLoaders too). Held by the
+finalizer, the queues are alive when it runs, and the workers stop at once.
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -47,6 +56,16 @@ def _collate(items: list[Any]) -> Any:
     """torch's default collate, or the first sample's failure in the batch's place (raised in the parent)."""
     failed = next((item for item in items if isinstance(item, SampleFailure)), None)
     return failed if failed is not None else default_collate(items)
+
+
+class _Held:
+    """The persistent DataLoader, in a box its finalizer shares (NOTE [ Stopping the persistent workers ])."""
+
+    def __init__(self, loader: DataLoader) -> None:
+        self.loader = loader
+
+    def stop(self) -> None:
+        stop_workers(getattr(self.loader, "_iterator", None))
 
 
 class _Seeded(Dataset):
@@ -128,7 +147,8 @@ class FallbackLoader(EpochLoader):
         check_epoch(n, options.batch_size, options.drop_last, world_size, options.even)
         workers = default_workers() if num_workers is None else as_workers(num_workers)  # capped, as accelerate's
         self._seeded, self._workers, self._pin = _Seeded(ds, options.seed), workers, device.type == "cuda"
-        self.loader = self._data_loader(self._sampler, persistent=True)
+        self._held = _Held(self._data_loader(self._sampler, persistent=True))
+        weakref.finalize(self, self._held.stop)  # NOTE [ Stopping the persistent workers ]
         self._shared_in_use = False  # the persistent loader's one iterator is serving an iteration
         self.device, self.dtype, self.channels_last = device, options.dtype, options.channels_last
         # What a state belongs to (NOTE [ What a state belongs to ] in gpufeed.loading.identity): no sample is read
@@ -150,6 +170,15 @@ class FallbackLoader(EpochLoader):
         )
 
     kind = "fallback"
+
+    @property
+    def loader(self) -> DataLoader:
+        """The persistent DataLoader (replaced, with fresh workers, after a worker died)."""
+        return self._held.loader
+
+    @loader.setter
+    def loader(self, loader: DataLoader) -> None:
+        self._held.loader = loader
 
     def __len__(self) -> int:
         return len(self._sampler)

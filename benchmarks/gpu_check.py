@@ -513,6 +513,8 @@ def launches(c: Check) -> dict:
     size, batch = 32, 64 if c.small else 256
     x = torch.randint(0, 256, (batch, 3, size, size), dtype=torch.uint8, device=c.device)
     result: dict = {"size": size, "batch": batch, "recipes": {}}
+    # first: its first call compiles ColorJitter's fused kernels for the device (the counts below reuse them)
+    result["fused_vs_eager"] = _fused_vs_eager(c.device, 64 if c.small else 224, 8 if c.small else 64)
     for name, recipe in counts.recipes(size).items():
         row: dict = {"dispatched": counts.count(recipe, x).total, "goal": counts.GOALS.get(name)}
         result["recipes"][name] = row
@@ -520,6 +522,53 @@ def launches(c: Check) -> dict:
             row.update(_cuda_launches(recipe, x))
         c.save()
     return result
+
+
+def _fused_vs_eager(device: str, size: int, batch: int) -> dict:
+    """ColorJitter(0.4, 0.4, 0.4, 0.1) fused (compiled: Triton on a GPU) against its eager ops on the same device and
+    against the CPU's eager ops, given the same parameters (issue 31: bit for bit on the CPU, tests/augment/
+    test_fusion.py; Triton's division and fused multiply-adds may round otherwise: counted here), and the time to
+    compile it and to run it."""
+    from gpufeed.augment import ColorJitter, fusion
+
+    if not fusion.compiling(torch.device(device)):
+        return {"skipped": "GPUFEED_COMPILE=0 or no compiler"}
+    op = ColorJitter(0.4, 0.4, 0.4, 0.1)
+    x = torch.randint(0, 256, (batch, 3, size, size), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    params = op.sample(x, torch.Generator().manual_seed(1))
+    on = {k: ([f.to(device) for f in v] if k == "factors" else v.to(device)) for k, v in params.items()}
+    xd = x.to(device)
+    t = time.perf_counter()
+    fused = op.apply(xd, on)
+    _sync(device)
+    first = time.perf_counter() - t
+    with fusion.eager():
+        eager = op.apply(xd, on)
+        cpu = op.apply(x, params)
+    t = time.perf_counter()
+    for _ in range(10):
+        op.apply(xd, on)
+    _sync(device)
+    fused_ms = (time.perf_counter() - t) / 10 * 1e3
+    with fusion.eager():
+        t = time.perf_counter()
+        for _ in range(10):
+            op.apply(xd, on)
+        _sync(device)
+    eager_ms = (time.perf_counter() - t) / 10 * 1e3
+
+    def diff(a: torch.Tensor, b: torch.Tensor) -> dict:
+        d = (a.cpu().int() - b.cpu().int()).abs()
+        return {"max_levels": int(d.max()), "differing": int((d > 0).sum()), "values": d.numel()}
+
+    times = {"first_call_s": round(first, 2), "fused_ms": round(fused_ms, 3), "eager_ms": round(eager_ms, 3)}
+    return {"size": size, "batch": batch, "vs_eager_same_device": diff(fused, eager), "vs_cpu_eager": diff(fused, cpu),
+            **times}  # fmt: skip
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
 
 
 def _cuda_launches(recipe: Callable, x: torch.Tensor) -> dict:

@@ -15,15 +15,18 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
+import torch._inductor.metrics
 from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).parent))
 from gpufeed import augment as A
+from gpufeed.augment import fusion
 from gpufeed.augment.paths import device_path
 
 from harness import environment, save_json
@@ -57,11 +60,44 @@ class Launches(TorchDispatchMode):
 
 def count(transform: Callable[..., torch.Tensor], x: torch.Tensor, seed: int = 0) -> Launches:
     """One call of ``transform`` on ``x`` (seeded) on the device's code path, counted (after one uncounted call,
-    which makes the constants a loader keeps)."""
-    transform(x, generator=torch.Generator().manual_seed(seed))
-    with device_path(), Launches() as counter:
+    which makes the constants a loader keeps, and compiles the fused ops).
+
+    A fused op (gpufeed.augment.fusion) runs compiled code that the dispatcher does not see: each of its calls is
+    counted as the kernels Inductor generated for it when it compiled (``fused:<name>``; the CPU's C++ kernels,
+    which a GPU's Triton kernels follow loop for loop), and it runs outside the counting mode (under one, dynamo
+    would trace the eager ops instead)."""
+    kernels: dict[int, int] = {}
+    call = fusion._Fused.__call__
+
+    def compiling_call(self, *args):  # type: ignore[no-untyped-def]
+        before = torch._inductor.metrics.generated_kernel_count
+        out = call(self, *args)
+        kernels[id(self)] = kernels.get(id(self), 0) + torch._inductor.metrics.generated_kernel_count - before
+        return out
+
+    def counted_call(self, *args):  # type: ignore[no-untyped-def]
+        mode = torch.utils._python_dispatch._get_current_dispatch_mode()
+        with torch.utils._python_dispatch._disable_current_modes():
+            out = call(self, *args)
+        if isinstance(mode, Launches):
+            mode.ops[f"fused:{self.fn.__name__}"] += kernels.get(id(self), 0)
+        return out
+
+    with patched(fusion._Fused, "__call__", compiling_call), device_path():
+        transform(x, generator=torch.Generator().manual_seed(seed))
+    with patched(fusion._Fused, "__call__", counted_call), device_path(), Launches() as counter:
         transform(x, generator=torch.Generator().manual_seed(seed + 1))
     return counter
+
+
+@contextlib.contextmanager
+def patched(owner: object, name: str, value: object) -> Iterator[None]:
+    old = getattr(owner, name)
+    setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        setattr(owner, name, old)
 
 
 def recipes(size: int) -> dict[str, A.Compose]:
@@ -88,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--out", type=Path, default=Path("bench-out"))
     args = p.parse_args(argv)
+    # the fused ops' kernels are counted as Inductor generates them: from the graph, not from its on-disk cache
+    torch._inductor.config.fx_graph_cache = False
     x = torch.randint(0, 256, (args.batch, 3, args.size, args.size), dtype=torch.uint8)
     rows = []
     for name, recipe in recipes(args.size).items():

@@ -25,6 +25,10 @@ def pytest_configure(config: pytest.Config) -> None:
 
     if os.environ.get("PYTEST_XDIST_WORKER"):
         torch.set_num_threads(1)
+    # The batched ops' eager code everywhere (and in every process a test starts): compiling a fused op takes
+    # seconds per process and op set, cold. tests/augment/test_fusion.py turns it on, and checks the compiled
+    # pixels against the eager ones bit for bit (those are checked against torchvision's everywhere else).
+    os.environ.setdefault("GPUFEED_COMPILE", "0")
     # No time limit per hypothesis example: its default 200 ms fails a test whose example met a busy machine (a
     # stall of the other worker's subprocesses), not one that is wrong. A hang is still bounded by the suite.
     from hypothesis import settings

@@ -5,7 +5,8 @@ the same blend formula, the same truncating grayscale, the same HSV round trip -
 per sample instead of one per call. torchvision applies the four adjustments in a random order
 per image; here, in each of the four slots, each enabled adjustment runs on the samples whose order
 puts it there (on the CPU), or on the whole batch with the result kept by mask (on a GPU: no host
-sync); no per-sample Python either way.
+sync); no per-sample Python either way. A uint8 RGB batch takes the same arithmetic compiled into two passes
+(:mod:`.jitter`) where a compiler runs (NOTE [ Compiled ops ] in :mod:`.fusion`).
 
 A batch of 2 or 4 channels is an LA or RGBA image, taken as torchvision's PIL kernels take it (the only place
 torchvision jitters one: its tensor kernels refuse it): the colour channels jittered, alpha kept, or made opaque
@@ -21,7 +22,9 @@ from typing import Any
 import torch
 
 from ..errors import ConfigError
+from . import jitter as fused
 from .channels import join_alpha, opaque, split_alpha
+from .fusion import NotCompiled
 from .params import Draws, permutation, rand
 from .paths import host_path
 from .transforms import BatchTransform, Params
@@ -189,6 +192,11 @@ class ColorJitter(BatchTransform):
         return join_alpha(out, alpha)
 
     def _jitter(self, x: torch.Tensor, order: torch.Tensor, factors: list[Any]) -> torch.Tensor:
+        if x.dtype == torch.uint8 and x.shape[1] == 3:  # compiled: two passes (.jitter), the pixels below
+            try:
+                return fused.jitter(x, order, factors)
+            except NotCompiled:
+                pass
         enabled = [j for j, f in enumerate(factors) if f is not None]
         if len(enabled) == 1:  # the order does not matter
             return _ADJUST[enabled[0]](x, factors[enabled[0]])

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from ..augment.channels import fix_words, refusal_words
+from ..augment.fusion import eager
 from ..augment.transforms import takes_ragged
 from ..errors import ConfigError, DataError, UnsupportedTransformError
 from ..read.files import has_image_files
@@ -138,7 +139,8 @@ def _dry_run(batched: Any, samples: torch.Tensor | Ragged | None) -> None:
     if batched is None or samples is None:
         return
     try:
-        batched(samples, generator=torch.Generator().manual_seed(0))
+        with eager():  # refusals only: compiling (for the CPU, where the loader may be on a GPU) is the loader's
+            batched(samples, generator=torch.Generator().manual_seed(0))
     except (ConfigError, DataError) as e:
         if is_refusal(e):
             raise

@@ -1,0 +1,93 @@
+"""Fused kernels: an op's pixel arithmetic compiled once into a loop or two over the batch.
+
+An eager op is many full passes over the batch, one per tensor operation, each through memory (ColorJitter on a
+batch: about 500 of them). :func:`fused` compiles a function written in the same tensor operations with
+``torch.compile`` (Inductor: C++/OpenMP on the CPU, Triton on a GPU), which runs it as one loop per reduction,
+the float intermediates kept in registers.
+
+NOTE [ Compiled ops ]
+- Exactness: a fused function is written in the eager ops it replaces, in their order, and its result is
+  compared with the eager op's bit for bit in the tests (random parameters and sizes). A reduction whose result
+  depends on its order (a float sum) is written so that every order gives the same bits, or left to torch.
+- When: on first use per device type. Compiling takes seconds (the compiler's first start on the 2-core machine:
+  about 15-25 s for ColorJitter's four adjustments; Inductor keeps its output on disk, so a later process takes a
+  second or two). A DeviceLoader makes that first call at construction (its transform's run on two samples),
+  never mid-epoch; accelerate's dry run on the CPU does not compile (:func:`eager`), so a GPU loader compiles
+  for its GPU only.
+- What runs instead: a batch with a dimension of size 0 or 1 (torch.compile specialises on those sizes: a last
+  batch of one sample would recompile mid-epoch for one sample's work), ``GPUFEED_COMPILE=0`` (read at each
+  call), a block under :func:`eager`, and a device whose compiler failed (no C++ compiler, no Triton: one warning
+  naming the cost) raise :class:`NotCompiled`, and the op runs its eager code: the same pixels.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import os
+import warnings
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+__all__ = ["NotCompiled", "compiling", "eager", "fused"]
+
+_EAGER = contextvars.ContextVar("gpufeed_eager", default=False)
+_FAILED: set[str] = set()  # device types whose compiler failed: their ops run eager from then on
+
+
+class NotCompiled(Exception):
+    """The fused function does not run here (see NOTE [ Compiled ops ]): the caller runs its eager code."""
+
+
+def compiling(device: torch.device | None = None) -> bool:
+    """Whether fused functions compile (on ``device``): ``GPUFEED_COMPILE`` is not ``0``, no :func:`eager` block
+    is open, and the device's compiler has not failed."""
+    if _EAGER.get() or os.environ.get("GPUFEED_COMPILE", "1").strip() == "0":
+        return False
+    return device is None or device.type not in _FAILED
+
+
+@contextlib.contextmanager
+def eager() -> Iterator[None]:
+    """Within this block fused functions raise :class:`NotCompiled` (their ops run eager): a dry run that only
+    looks for refusals, on another device than the loader's, compiles nothing."""
+    token = _EAGER.set(True)
+    try:
+        yield
+    finally:
+        _EAGER.reset(token)
+
+
+class _Fused:
+    """``fn`` compiled on first use (see NOTE [ Compiled ops ])."""
+
+    def __init__(self, fn: Callable[..., Any], op: str, cost: str) -> None:
+        self.fn, self.op, self.cost = fn, op, cost
+        self.compiled: Callable[..., Any] | None = None
+
+    def __call__(self, x: torch.Tensor, *args: Any) -> Any:
+        if not compiling(x.device) or min(x.shape, default=0) < 2:
+            raise NotCompiled
+        if self.compiled is None:
+            self.compiled = torch.compile(self.fn, dynamic=True)
+        try:
+            return self.compiled(x, *args)
+        except torch._dynamo.exc.BackendCompilerFailed as e:  # no C++ compiler, no Triton
+            _FAILED.add(x.device.type)
+            cause = e.inner_exception
+            warnings.warn(
+                f"gpufeed could not compile its fused {self.op} on {x.device.type} ({type(cause).__name__}: "
+                f"{str(cause).strip().splitlines()[0][:200] if str(cause).strip() else '-'}); its ops run eager "
+                f"from now on, the same pixels {self.cost}. Install a C++ compiler (CPU) or Triton (GPU), or set "
+                "GPUFEED_COMPILE=0 to choose the eager ops without this warning",
+                stacklevel=2,
+            )
+            raise NotCompiled from e
+
+
+def fused(op: str, cost: str) -> Callable[[Callable[..., Any]], _Fused]:
+    """Decorator: the function runs compiled or raises :class:`NotCompiled` (see NOTE [ Compiled ops ]). ``op``
+    names it for a person, ``cost`` says what its eager code costs (for the warning where no compiler runs)."""
+    return lambda fn: _Fused(fn, op, cost)

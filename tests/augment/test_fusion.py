@@ -1,0 +1,156 @@
+"""The fused ops (gpufeed.augment.fusion, .jitter): compiled, they give the eager ops' pixels bit for bit; a batch
+of one, GPUFEED_COMPILE=0, a dry run and a device without a compiler run the eager ops (the last with one
+warning)."""
+
+import warnings
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+import gpufeed as gf
+from gpufeed.augment import ColorJitter, Compose, Normalize, RandomCrop, RandomHorizontalFlip, fusion, jitter
+from gpufeed.augment.paths import device_path
+
+
+@pytest.fixture
+def compiled(monkeypatch):
+    monkeypatch.setenv("GPUFEED_COMPILE", "1")  # the rest of the suite runs the eager ops (tests/conftest.py)
+    monkeypatch.setattr(fusion, "_FAILED", set())
+
+
+def _eager(op: ColorJitter, x: torch.Tensor, params: dict) -> torch.Tensor:
+    with fusion.eager():
+        return op.apply(x, params)
+
+
+# Every code path of .jitter, one compile each (seconds, cold): each adjustment alone (one tensor; contrast's
+# reduction with nothing before it; three planes; hue), two blends with a mean after a gray, all four with hue
+# around contrast. Ranges wide enough to clip (brightness 1.9 saturates).
+CONFIGS = [
+    dict(brightness=(0.1, 1.9)),
+    dict(contrast=(0.0, 2.0)),
+    dict(saturation=(0.0, 3.0)),
+    dict(hue=0.5),
+    dict(contrast=0.8, saturation=0.8),
+    dict(brightness=(0.5, 1.5), contrast=(0.2, 1.8), saturation=(0.0, 2.0), hue=(-0.5, 0.5)),
+]
+SHAPES = [(5, 13, 29), (2, 8, 8), (17, 32, 32), (3, 64, 48)]  # not square first: one compile serves all
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: "-".join(c))
+def test_the_fused_colorjitter_gives_the_eager_pixels_bit_for_bit(compiled, config):
+    op = ColorJitter(**config)
+    g = torch.Generator().manual_seed(len(config))
+    for n, h, w in SHAPES:
+        x = torch.randint(0, 256, (n, 3, h, w), dtype=torch.uint8, generator=g)
+        x[0, :, : h // 2] = x[0, :1, : h // 2]  # gray pixels: saturation 0, hue's max == min
+        x[-1, :, :, : w // 3] = 255  # white: brightness clips
+        params = op.sample(x, g)
+        with pytest.MonkeyPatch.context() as m:  # the compiled path is the one measured here
+            m.setattr(jitter, "jitter", _counted(jitter.jitter))
+            ours = op.apply(x, params)
+            assert jitter.jitter.calls == 1
+        assert torch.equal(ours, _eager(op, x, params)), (n, h, w)
+
+
+def _counted(fn):
+    def counted(*args):
+        counted.calls += 1
+        return fn(*args)
+
+    counted.calls = 0
+    return counted
+
+
+def test_images_too_large_for_an_exact_float_sum_take_torchs_mean_and_stay_exact(compiled):
+    op = ColorJitter(0.4, 0.4, 0.4, 0.1)  # 257 x 256 pixels: a gray sum can pass 2**24
+    g = torch.Generator().manual_seed(7)
+    x = torch.randint(0, 256, (3, 3, 257, 256), dtype=torch.uint8, generator=g)
+    x[1] = 250  # a bright image: its sum is well over 2**24
+    params = op.sample(x, g)
+    assert torch.equal(op.apply(x, params), _eager(op, x, params))
+
+
+def test_the_device_path_runs_the_same_fused_op(compiled):
+    op = ColorJitter(0.4, 0.4, 0.4, 0.1)
+    x = torch.randint(0, 256, (6, 3, 20, 24), dtype=torch.uint8, generator=torch.Generator().manual_seed(3))
+    params = op.sample(x, torch.Generator().manual_seed(4))
+    with device_path():
+        on_device_path = op.apply(x, params)
+    assert torch.equal(on_device_path, _eager(op, x, params))
+
+
+def test_a_batch_of_one_runs_the_eager_ops_without_compiling(compiled, monkeypatch):
+    # torch.compile specialises on size 1: a last batch of one sample would recompile mid-epoch
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: pytest.fail("compiled for one sample"))
+    jitter._kernels.cache_clear()
+    op = ColorJitter(0.4, 0.4, 0.4)
+    x = torch.randint(0, 256, (1, 3, 9, 9), dtype=torch.uint8)
+    params = op.sample(x, torch.Generator().manual_seed(0))
+    assert torch.equal(op.apply(x, params), _eager(op, x, params))
+    jitter._kernels.cache_clear()
+
+
+def _no_compiler(fn, **kwargs):
+    def failing(*args):
+        raise torch._dynamo.exc.BackendCompilerFailed(fn, RuntimeError("no C++ compiler found (test)"), None)
+
+    return failing
+
+
+def test_where_no_compiler_runs_the_op_warns_once_and_gives_the_eager_pixels(compiled, monkeypatch):
+    monkeypatch.setattr(torch, "compile", _no_compiler)
+    jitter._kernels.cache_clear()
+    op = ColorJitter(brightness=0.4, hue=0.1)
+    x = torch.randint(0, 256, (4, 3, 8, 8), dtype=torch.uint8)
+    params = op.sample(x, torch.Generator().manual_seed(0))
+    expected = _eager(op, x, params)
+    with pytest.warns(UserWarning, match=r"could not compile its fused ColorJitter on cpu .*no C\+\+ compiler.*"):
+        assert torch.equal(op.apply(x, params), expected)
+    assert not fusion.compiling(x.device) and fusion.compiling(torch.device("cuda"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once: later batches run eager without a word
+        assert torch.equal(op.apply(x, params), expected)
+    jitter._kernels.cache_clear()
+
+
+def test_gpufeed_compile_0_and_a_dry_run_never_compile(monkeypatch):
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: pytest.fail("compiled"))
+    jitter._kernels.cache_clear()
+    op = ColorJitter(contrast=0.4)
+    x = torch.randint(0, 256, (4, 3, 8, 8), dtype=torch.uint8)
+    params = op.sample(x, torch.Generator().manual_seed(0))
+    monkeypatch.setenv("GPUFEED_COMPILE", "0")
+    op.apply(x, params)
+    monkeypatch.setenv("GPUFEED_COMPILE", "1")
+    with fusion.eager():
+        op.apply(x, params)
+    jitter._kernels.cache_clear()
+
+
+def test_float_and_gray_batches_keep_the_eager_ops(compiled, monkeypatch):
+    monkeypatch.setattr(jitter, "jitter", lambda *a: pytest.fail("fused path taken"))
+    op = ColorJitter(0.4, 0.4, 0.4, 0.1)
+    for x in (torch.rand(3, 3, 8, 8), torch.randint(0, 256, (3, 1, 8, 8), dtype=torch.uint8)):
+        params = op.sample(x, torch.Generator().manual_seed(0))
+        assert op.apply(x, params).shape == x.shape
+
+
+def test_a_loader_compiles_at_construction_and_serves_the_eager_batches(compiled, monkeypatch):
+    recipe = Compose([ColorJitter(0.4, 0.4), RandomCrop(16, padding=2), RandomHorizontalFlip(),
+                      Normalize([0.5] * 3, [0.25] * 3)])  # fmt: skip
+    images = torch.randint(0, 256, (40, 3, 16, 16), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
+    labels = torch.arange(40)
+    calls = []
+    compile_ = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: calls.append(fn) or compile_(fn, **kw))
+    jitter._kernels.cache_clear()
+    loader = gf.DeviceLoader(images, labels, 16, transform=recipe, device="cpu", seed=3)
+    assert len(calls) == 2  # the mean gray and the jitter, at construction (the transform's run on two samples)
+    graphs = counters["stats"]["unique_graphs"]
+    ours = [x for x, _ in loader]
+    assert len(calls) == 2 and counters["stats"]["unique_graphs"] == graphs  # no recompile: batches of 16 and 8
+    monkeypatch.setenv("GPUFEED_COMPILE", "0")
+    theirs = [x for x, _ in gf.DeviceLoader(images, labels, 16, transform=recipe, device="cpu", seed=3)]
+    assert len(ours) == 3 and all(torch.equal(a, b) for a, b in zip(ours, theirs, strict=True))

@@ -13,6 +13,10 @@ from gpufeed.augment import ColorJitter, Compose, Normalize, RandomCrop, RandomH
 from gpufeed.augment.paths import device_path
 
 
+# A compile that failed would run the eager ops and pass every comparison here: it fails the test instead.
+pytestmark = pytest.mark.filterwarnings("error:gpufeed could not compile")
+
+
 @pytest.fixture
 def compiled(monkeypatch):
     monkeypatch.setenv("GPUFEED_COMPILE", "1")  # the rest of the suite runs the eager ops (tests/conftest.py)

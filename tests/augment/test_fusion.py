@@ -12,7 +12,6 @@ import gpufeed as gf
 from gpufeed.augment import ColorJitter, Compose, Normalize, RandomCrop, RandomHorizontalFlip, fusion, jitter
 from gpufeed.augment.paths import device_path
 
-
 # A compile that failed would run the eager ops and pass every comparison here: it fails the test instead.
 pytestmark = pytest.mark.filterwarnings("error:gpufeed could not compile")
 

@@ -83,6 +83,7 @@ def count(transform: Callable[..., torch.Tensor], x: torch.Tensor, seed: int = 0
             mode.ops[f"fused:{self.fn.__name__}"] += kernels.get(id(self), 0)
         return out
 
+    torch._dynamo.reset()  # dynamo's compiled frames are kept per code object: compile anew, counting its kernels
     with patched(fusion._Fused, "__call__", compiling_call), device_path():
         transform(x, generator=torch.Generator().manual_seed(seed))
     with patched(fusion._Fused, "__call__", counted_call), device_path(), Launches() as counter:

@@ -3,6 +3,7 @@ of one, GPUFEED_COMPILE=0, a dry run and a device without a compiler run the eag
 warning)."""
 
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -67,7 +68,7 @@ def _counted(fn):
 
 
 def test_images_too_large_for_an_exact_float_sum_take_torchs_mean_and_stay_exact(compiled):
-    op = ColorJitter(0.4, 0.4, 0.4, 0.1)  # 257 x 256 pixels: a gray sum can pass 2**24
+    op = ColorJitter(0.4, 0.4)  # 257 x 256 pixels: a gray sum can pass 2**24; brightness before contrast or after
     g = torch.Generator().manual_seed(7)
     x = torch.randint(0, 256, (3, 3, 257, 256), dtype=torch.uint8, generator=g)
     x[1] = 250  # a bright image: its sum is well over 2**24
@@ -157,3 +158,25 @@ def test_a_loader_compiles_at_construction_and_serves_the_eager_batches(compiled
     monkeypatch.setenv("GPUFEED_COMPILE", "0")
     theirs = [x for x, _ in gf.DeviceLoader(images, labels, 16, transform=recipe, device="cpu", seed=3)]
     assert len(ours) == 3 and all(torch.equal(a, b) for a, b in zip(ours, theirs, strict=True))
+
+
+def test_benchmarks_launches_counts_a_fused_op_as_the_kernels_it_compiled_to(compiled, monkeypatch):
+    # here, not in tests/test_launches.py: this file's tests share one process's compiler start (about 10 s, cold)
+    import torch._inductor.config
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    from launches import count
+
+    jitter._kernels.cache_clear()  # compiled afresh here: the kernels are counted as they are generated
+    x = torch.randint(0, 256, (64, 3, 16, 16), dtype=torch.uint8)
+    recipe = Compose([ColorJitter(0.4, 0.4), RandomCrop(16, padding=2)])  # two adjustments: a quick compile
+    with torch._inductor.config.patch(fx_graph_cache=False):  # a graph from the cache generates no kernels
+        fused = count(recipe, x)
+    monkeypatch.setenv("GPUFEED_COMPILE", "0")
+    eager = count(recipe, x)
+    jitter._kernels.cache_clear()
+    # the mean gray's and the jitter's loops in place of the eager adjustments' whole-batch ops
+    assert (
+        fused.ops["fused:mean_gray"] > 0 and fused.ops["fused:jitter"] > 0 and eager.ops["where"] > fused.ops["where"]
+    )
+    assert fused.host_reads == 0 and fused.total < eager.total / 2

@@ -119,7 +119,7 @@ def test_where_no_compiler_runs_the_op_warns_once_and_gives_the_eager_pixels(com
     jitter._kernels.cache_clear()
 
 
-def test_gpufeed_compile_0_and_a_dry_run_never_compile(monkeypatch):
+def test_gpufeed_compile_0_torch_compile_disable_and_a_dry_run_never_compile(monkeypatch):
     monkeypatch.setattr(torch, "compile", lambda fn, **kw: pytest.fail("compiled"))
     jitter._kernels.cache_clear()
     op = ColorJitter(contrast=0.4)
@@ -130,6 +130,8 @@ def test_gpufeed_compile_0_and_a_dry_run_never_compile(monkeypatch):
     monkeypatch.setenv("GPUFEED_COMPILE", "1")
     with fusion.eager():
         op.apply(x, params)
+    monkeypatch.setattr(torch._dynamo.config, "disable", True)  # TORCH_COMPILE_DISABLE=1
+    op.apply(x, params)
     jitter._kernels.cache_clear()
 
 

@@ -16,8 +16,9 @@ NOTE [ Compiled ops ]
   for its GPU only.
 - What runs instead: a batch with a dimension of size 0 or 1 (torch.compile specialises on those sizes: a last
   batch of one sample would recompile mid-epoch for one sample's work), ``GPUFEED_COMPILE=0`` (read at each
-  call), a block under :func:`eager`, and a device whose compiler failed (no C++ compiler, no Triton: one warning
-  naming the cost) raise :class:`NotCompiled`, and the op runs its eager code: the same pixels.
+  call) or ``TORCH_COMPILE_DISABLE=1``, a block under :func:`eager`, and a device whose compiler failed (no C++
+  compiler, no Triton: one warning naming the cost) raise :class:`NotCompiled`, and the op runs its eager code:
+  the same pixels.
 """
 
 from __future__ import annotations
@@ -43,9 +44,12 @@ class NotCompiled(Exception):
 
 def compiling(device: torch.device | None = None) -> bool:
     """Whether fused functions compile (on ``device``): ``GPUFEED_COMPILE`` is not ``0``, no :func:`eager` block
-    is open, and the device's compiler has not failed."""
+    is open, torch.compile is not disabled (``TORCH_COMPILE_DISABLE``), and the device's compiler has not
+    failed."""
     if _EAGER.get() or os.environ.get("GPUFEED_COMPILE", "1").strip() == "0":
         return False
+    if torch._dynamo.config.disable:  # TORCH_COMPILE_DISABLE=1: torch.compile would hand back the function, which
+        return False  # written for a compiler runs far slower eager than the op's own eager code
     return device is None or device.type not in _FAILED
 
 

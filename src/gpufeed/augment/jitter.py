@@ -30,7 +30,7 @@ import functools
 
 import torch
 
-from .fusion import fused
+from .fusion import NotCompiled, compiling, fused
 
 __all__ = ["jitter"]
 
@@ -219,6 +219,8 @@ def jitter(x: torch.Tensor, order: torch.Tensor, factors: list[torch.Tensor | No
     """ColorJitter on a uint8 RGB batch: ``factors[j]`` per sample for brightness, contrast, saturation, hue (None:
     not enabled), applied in each sample's ``order``; the pixels of the eager ops (.color), bit for bit. Raises
     :class:`~gpufeed.augment.fusion.NotCompiled` where it does not run compiled."""
+    if not compiling(x.device) or min(x.shape) < 2:
+        raise NotCompiled  # before any work here (the fused functions would raise it too)
     mean_gray, gray_image, run = _kernels(tuple(f is not None for f in factors))
     # the order's 4 slots compiled as a constant: a symbol shared with a batch of 4 at the first call would
     # recompile at the next batch size

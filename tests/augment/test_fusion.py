@@ -130,8 +130,8 @@ def test_gpufeed_compile_0_torch_compile_disable_and_a_dry_run_never_compile(mon
     monkeypatch.setenv("GPUFEED_COMPILE", "1")
     with fusion.eager():
         op.apply(x, params)
-    monkeypatch.setattr(torch._dynamo.config, "disable", True)  # TORCH_COMPILE_DISABLE=1
-    op.apply(x, params)
+    with torch._dynamo.config.patch(disable=True):  # TORCH_COMPILE_DISABLE=1 (monkeypatch would delete the key)
+        op.apply(x, params)
     jitter._kernels.cache_clear()
 
 
@@ -154,11 +154,14 @@ def test_a_loader_compiles_at_construction_and_serves_the_eager_batches(compiled
     jitter._kernels.cache_clear()
     loader = gf.DeviceLoader(images, labels, 16, transform=recipe, device="cpu", seed=3)
     assert len(calls) == 2  # the mean gray and the jitter, at construction (the transform's run on two samples)
+    assert loader.compile_note.startswith("fused kernels compiled: ColorJitter for cpu in ")  # for the plan
     graphs = counters["stats"]["unique_graphs"]
     ours = [x for x, _ in loader]
     assert len(calls) == 2 and counters["stats"]["unique_graphs"] == graphs  # no recompile: batches of 16 and 8
     monkeypatch.setenv("GPUFEED_COMPILE", "0")
-    theirs = [x for x, _ in gf.DeviceLoader(images, labels, 16, transform=recipe, device="cpu", seed=3)]
+    eager = gf.DeviceLoader(images, labels, 16, transform=recipe, device="cpu", seed=3)
+    theirs = [x for x, _ in eager]
+    assert eager.compile_note is None
     assert len(ours) == 3 and all(torch.equal(a, b) for a, b in zip(ours, theirs, strict=True))
 
 

@@ -26,16 +26,30 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import os
+import time
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
-__all__ = ["NotCompiled", "compiling", "eager", "fused"]
+__all__ = ["NotCompiled", "compiled_since", "compiling", "eager", "fused"]
 
 _EAGER = contextvars.ContextVar("gpufeed_eager", default=False)
 _FAILED: set[str] = set()  # device types whose compiler failed: their ops run eager from then on
+_SECONDS: dict[tuple[str, str], float] = {}  # (op, device type) -> seconds its first calls took, compiling
+
+
+def compiled_since(mark: dict[tuple[str, str], float]) -> str | None:
+    """What compiled since ``mark`` (a copy of :data:`_SECONDS` taken before), said for a plan; None if nothing."""
+    new = {k: v - mark.get(k, 0.0) for k, v in _SECONDS.items() if v > mark.get(k, 0.0)}
+    if not new:
+        return None
+    done = ", ".join(f"{op} for {kind} in {t:.1f} s" for (op, kind), t in new.items())
+    return (
+        f"fused kernels compiled: {done} (once per process; Inductor's disk cache makes the next one take a second "
+        "or two; GPUFEED_COMPILE=0 runs the eager ops instead)"
+    )
 
 
 class NotCompiled(Exception):
@@ -74,10 +88,16 @@ class _Fused:
     def __call__(self, x: torch.Tensor, *args: Any) -> Any:
         if not compiling(x.device) or min(x.shape, default=0) < 2:
             raise NotCompiled
-        if self.compiled is None:
+        first = self.compiled is None
+        if first:
             self.compiled = torch.compile(self.fn, dynamic=True)
         try:
-            return self.compiled(x, *args)
+            start = time.perf_counter()
+            out = self.compiled(x, *args)  # type: ignore[misc]  # set above
+            if first:
+                key = (self.op, x.device.type)
+                _SECONDS[key] = _SECONDS.get(key, 0.0) + time.perf_counter() - start
+            return out
         except torch._dynamo.exc.BackendCompilerFailed as e:  # no C++ compiler, no Triton
             _FAILED.add(x.device.type)
             cause = e.inner_exception

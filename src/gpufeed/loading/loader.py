@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from ..augment import fusion
 from ..augment.functional import convert_dtype
 from ..augment.keyed import KeyedDraws
 from ..augment.mix import as_mix
@@ -204,7 +205,9 @@ class DeviceLoader(EpochLoader):
         self._length: int | None = None
         self.source_watch = source_watch  # accelerate's: a dataset transform or labels replaced later is refused
         check_epoch(n, batch_size, options.drop_last, world_size, even, local=shard == "local")
-        probe = self._probe()
+        compiled = dict(fusion._SECONDS)
+        probe = self._probe()  # the transform's first run: a fused op compiles here, never mid-epoch
+        self.compile_note = fusion.compiled_since(compiled)
         self.host_memory_note: str | None = None
         if self.device.type == "cpu" and probe is not None:
             # each chunk of batches is a fresh buffer (and ragged images are made image by image): freed ones
@@ -214,7 +217,9 @@ class DeviceLoader(EpochLoader):
         # what accelerate() decided and why (gpufeed.loading.plan), completed with what only the loader knows: the
         # placed store's layout (its decoder follows the tier) and the note on its chunks' buffers
         self.plan = plan and replace(
-            plan, layout=self.store.describe(), notes=(*plan.notes, *filter(None, [self.host_memory_note]))
+            plan,
+            layout=self.store.describe(),
+            notes=(*plan.notes, *filter(None, [self.host_memory_note, self.compile_note])),
         )
 
     @property

@@ -533,6 +533,7 @@ def _fused_vs_eager(device: str, size: int, batch: int) -> dict:
     test_fusion.py; Triton's division and fused multiply-adds may round otherwise: counted here), and the time to
     compile it and to run it."""
     from gpufeed.augment import ColorJitter, fusion
+    from gpufeed.device import sync
 
     if not fusion.compiling(torch.device(device)):
         return {"skipped": "GPUFEED_COMPILE=0 or no compiler"}
@@ -543,7 +544,7 @@ def _fused_vs_eager(device: str, size: int, batch: int) -> dict:
     xd = x.to(device)
     t = time.perf_counter()
     fused = op.apply(xd, on)
-    _sync(device)
+    sync(torch.device(device))
     first = time.perf_counter() - t
     with fusion.eager():
         eager = op.apply(xd, on)
@@ -551,13 +552,13 @@ def _fused_vs_eager(device: str, size: int, batch: int) -> dict:
     t = time.perf_counter()
     for _ in range(10):
         op.apply(xd, on)
-    _sync(device)
+    sync(torch.device(device))
     fused_ms = (time.perf_counter() - t) / 10 * 1e3
     with fusion.eager():
         t = time.perf_counter()
         for _ in range(10):
             op.apply(xd, on)
-        _sync(device)
+        sync(torch.device(device))
     eager_ms = (time.perf_counter() - t) / 10 * 1e3
 
     def diff(a: torch.Tensor, b: torch.Tensor) -> dict:
@@ -567,11 +568,6 @@ def _fused_vs_eager(device: str, size: int, batch: int) -> dict:
     times = {"first_call_s": round(first, 2), "fused_ms": round(fused_ms, 3), "eager_ms": round(eager_ms, 3)}
     return {"size": size, "batch": batch, "vs_eager_same_device": diff(fused, eager), "vs_cpu_eager": diff(fused, cpu),
             **times}  # fmt: skip
-
-
-def _sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
 
 
 def _cuda_launches(recipe: Callable, x: torch.Tensor) -> dict:

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import argparse
 import collections
-import contextlib
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
+from unittest import mock
 
 import torch
 import torch._inductor.metrics
@@ -84,21 +84,11 @@ def count(transform: Callable[..., torch.Tensor], x: torch.Tensor, seed: int = 0
         return out
 
     torch._dynamo.reset()  # dynamo's compiled frames are kept per code object: compile anew, counting its kernels
-    with patched(fusion._Fused, "__call__", compiling_call), device_path():
+    with mock.patch.object(fusion._Fused, "__call__", compiling_call), device_path():
         transform(x, generator=torch.Generator().manual_seed(seed))
-    with patched(fusion._Fused, "__call__", counted_call), device_path(), Launches() as counter:
+    with mock.patch.object(fusion._Fused, "__call__", counted_call), device_path(), Launches() as counter:
         transform(x, generator=torch.Generator().manual_seed(seed + 1))
     return counter
-
-
-@contextlib.contextmanager
-def patched(owner: object, name: str, value: object) -> Iterator[None]:
-    old = getattr(owner, name)
-    setattr(owner, name, value)
-    try:
-        yield
-    finally:
-        setattr(owner, name, old)
 
 
 def recipes(size: int) -> dict[str, A.Compose]:

@@ -103,11 +103,17 @@ def kornia_epochs(images: torch.Tensor, batch: int, aug: Callable) -> Callable[[
     return epoch
 
 
-def recipe_rows(size: int, args: argparse.Namespace) -> tuple[list[Timing], list[dict]]:
+def _images(size: int, args: argparse.Namespace) -> tuple[np.ndarray, torch.Tensor]:
+    """The images at ``size``, seeded by it: HWC for PIL, NCHW for the batched peers. Noise: no op has an easy
+    shortcut."""
     n = args.n or IMAGES.get(size, 512)
-    rng = np.random.default_rng(size)
-    hwc = rng.integers(0, 256, (n, size, size, 3), dtype=np.uint8)  # noise: no op has an easy shortcut
-    images = torch.from_numpy(hwc).permute(0, 3, 1, 2).contiguous()
+    hwc = np.random.default_rng(size).integers(0, 256, (n, size, size, 3), dtype=np.uint8)
+    return hwc, torch.from_numpy(hwc).permute(0, 3, 1, 2).contiguous()
+
+
+def recipe_rows(size: int, args: argparse.Namespace) -> tuple[list[Timing], list[dict]]:
+    hwc, images = _images(size, args)
+    n = len(images)
     labels = torch.zeros(n, dtype=torch.long)
     rows: list[Timing] = []
     ratios = []
@@ -119,7 +125,7 @@ def recipe_rows(size: int, args: argparse.Namespace) -> tuple[list[Timing], list
         ours = time_epochs(f"{size}px {name}: gpufeed DeviceLoader", lambda ld=loader: ld, _CPU, args.repeats)
         rows += [base, ours]
         row = {"size": size, "recipe": name, "images": n, "vs_dataloader": round(base.epoch_s / ours.epoch_s, 2)}
-        row["gpufeed_epoch_s"] = round(ours.epoch_s, 4)
+        row["gpufeed_epoch_s"] = ours.epoch_s  # the ratio to Kornia is taken from it, after every size
         ratios.append(row)
         print(f"  {row}", flush=True)
     return rows, ratios
@@ -129,9 +135,7 @@ def kornia_rows(size: int, args: argparse.Namespace, ratios: list[dict]) -> list
     """Kornia's epochs at ``size``, after every size's gpufeed and DataLoader rows: its float batches left glibc's
     heap in a state that made the next gpufeed rows page-fault (224 px crop + flip + normalise: 0.23-0.35 s an
     epoch after Kornia's 128 px rows, 0.09 s without them), so it runs last and cannot touch the others'."""
-    n = args.n or IMAGES.get(size, 512)
-    hwc = np.random.default_rng(size).integers(0, 256, (n, size, size, 3), dtype=np.uint8)  # the same images
-    images = torch.from_numpy(hwc).permute(0, 3, 1, 2).contiguous()
+    _, images = _images(size, args)  # the same images
     rows = []
     for row in (r for r in ratios if r["size"] == size):
         aug = kornia_recipe(row["recipe"], size)

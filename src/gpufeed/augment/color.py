@@ -25,6 +25,7 @@ from ..errors import ConfigError
 from . import jitter as fused
 from .channels import join_alpha, opaque, split_alpha
 from .fusion import NotCompiled
+from .hsv import shift_hue, to_hsv, to_rgb
 from .params import Draws, permutation, rand
 from .paths import host_path
 from .transforms import BatchTransform, Params
@@ -84,36 +85,11 @@ def adjust_saturation(x: torch.Tensor, f: Factor) -> torch.Tensor:
 
 
 def _rgb2hsv(img: torch.Tensor) -> torch.Tensor:
-    r, g, b = img.unbind(dim=-3)
-    maxc, minc = torch.max(img, dim=-3).values, torch.min(img, dim=-3).values
-    eqc, cr = maxc == minc, maxc - minc
-    ones = torch.ones_like(maxc)
-    s = cr / torch.where(eqc, ones, maxc)
-    cr_divisor = torch.where(eqc, ones, cr)
-    rc, gc, bc = (maxc - r) / cr_divisor, (maxc - g) / cr_divisor, (maxc - b) / cr_divisor
-    hr = (maxc == r) * (bc - gc)
-    hg = ((maxc == g) & (maxc != r)) * (2.0 + rc - bc)
-    hb = ((maxc != g) & (maxc != r)) * (4.0 + gc - rc)
-    h = torch.fmod(((hr + hg + hb) / 6.0 + 1.0), 1.0)
-    return torch.stack((h, s, maxc), dim=-3)
+    return torch.stack(to_hsv(*img.unbind(dim=-3)), dim=-3)
 
 
 def _hsv2rgb(img: torch.Tensor) -> torch.Tensor:
-    h, s, v = img.unbind(dim=-3)
-    i = torch.floor(h * 6.0)
-    f = (h * 6.0) - i
-    i = i.to(dtype=torch.int32) % 6
-    p = torch.clamp((v * (1.0 - s)), 0.0, 1.0)
-    q = torch.clamp((v * (1.0 - s * f)), 0.0, 1.0)
-    t = torch.clamp((v * (1.0 - s * (1.0 - f))), 0.0, 1.0)
-    # torchvision picks each channel's value by sector with a one-hot einsum over six stacked candidates (1 * the
-    # value + 0 * the rest: the value exactly, since all are finite); selecting it directly gives the same bits, 8x
-    # faster on the CPU. Per sector i: r = (v q p p t v)[i], g = (t v v q p p)[i], b = (p p t v v q)[i].
-    sector = [i == k for k in range(6)]
-    r = torch.where(sector[0] | sector[5], v, torch.where(sector[1], q, torch.where(sector[4], t, p)))
-    g = torch.where(sector[1] | sector[2], v, torch.where(sector[3], q, torch.where(sector[0], t, p)))
-    b = torch.where(sector[3] | sector[4], v, torch.where(sector[5], q, torch.where(sector[2], t, p)))
-    return torch.stack((r, g, b), dim=-3)
+    return torch.stack(to_rgb(*img.unbind(dim=-3)), dim=-3)
 
 
 def adjust_hue(x: torch.Tensor, f: Factor) -> torch.Tensor:
@@ -123,7 +99,7 @@ def adjust_hue(x: torch.Tensor, f: Factor) -> torch.Tensor:
 
     hsv = _rgb2hsv(convert_dtype(x, torch.float32) if x.dtype == torch.uint8 else x)
     h, s, v = hsv.unbind(dim=-3)
-    h = (h + f.view(-1, 1, 1).to(h.dtype)) % 1.0
+    h = shift_hue(h, f.view(-1, 1, 1).to(h.dtype))
     return convert_dtype(_hsv2rgb(torch.stack((h, s, v), dim=-3)), x.dtype)
 
 

@@ -33,15 +33,20 @@ from typing import Any
 
 import torch
 
-__all__ = ["NotCompiled", "compiled_since", "compiling", "eager", "fused"]
+__all__ = ["NotCompiled", "compile_times", "compiled_since", "compiling", "eager", "fused"]
 
 _EAGER = contextvars.ContextVar("gpufeed_eager", default=False)
 _FAILED: set[str] = set()  # device types whose compiler failed: their ops run eager from then on
 _SECONDS: dict[tuple[str, str], float] = {}  # (op, device type) -> seconds its first calls took, compiling
 
 
+def compile_times() -> dict[tuple[str, str], float]:
+    """Seconds each fused op's first calls took, compiling, per (op, device type): a mark for :func:`compiled_since`."""
+    return dict(_SECONDS)
+
+
 def compiled_since(mark: dict[tuple[str, str], float]) -> str | None:
-    """What compiled since ``mark`` (a copy of :data:`_SECONDS` taken before), said for a plan; None if nothing."""
+    """What compiled since ``mark`` (:func:`compile_times` taken before), said for a plan; None if nothing."""
     new = {k: v - mark.get(k, 0.0) for k, v in _SECONDS.items() if v > mark.get(k, 0.0)}
     if not new:
         return None

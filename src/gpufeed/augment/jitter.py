@@ -31,6 +31,7 @@ import functools
 import torch
 
 from .fusion import NotCompiled, compiling, fused
+from .hsv import shift_hue, to_hsv, to_rgb
 
 __all__ = ["jitter"]
 
@@ -65,42 +66,11 @@ def _blends(v: State, tables: tuple, mean: torch.Tensor, kinds: frozenset[int]) 
     return v
 
 
-# torchvision picks red by sector i from (v, q, p, p, t, v), green from (t, v, v, q, p, p), blue from (p, p, t, v, v,
-# q): green is red's pattern at sector i + 4, blue at i + 2 (mod 6).
-_SHIFT = (0.0, 4.0, 2.0)
-
-
 def _hue(v: State, f: torch.Tensor) -> State:
-    """torchvision's adjust_hue on integer-valued floats: to [0, 1], HSV, the shift, RGB, back to levels.
-    ``fmod(a, 1)`` of a positive ``a`` and ``remainder(a, 1)`` are written ``a - floor(a)``, which is exact; each
-    channel's value is selected by its sector directly (see .color._hsv2rgb)."""
-    r, g, b = (c / 255 for c in _rgb(v))
-    maxc = torch.maximum(torch.maximum(r, g), b)
-    minc = torch.minimum(torch.minimum(r, g), b)
-    eqc, cr = maxc == minc, maxc - minc
-    ones = torch.ones_like(maxc)
-    s = cr / torch.where(eqc, ones, maxc)
-    crd = torch.where(eqc, ones, cr)
-    rc, gc, bc = (maxc - r) / crd, (maxc - g) / crd, (maxc - b) / crd
-    hr = (maxc == r) * (bc - gc)
-    hg = ((maxc == g) & (maxc != r)) * (2.0 + rc - bc)
-    hb = ((maxc != g) & (maxc != r)) * (4.0 + gc - rc)
-    h = (hr + hg + hb) / 6.0 + 1.0
-    h = h - torch.floor(h) + f
-    h = h - torch.floor(h)
-    i = torch.floor(h * 6.0)
-    fr = h * 6.0 - i
-    p = torch.clamp(maxc * (1.0 - s), 0.0, 1.0)
-    q = torch.clamp(maxc * (1.0 - s * fr), 0.0, 1.0)
-    t = torch.clamp(maxc * (1.0 - s * (1.0 - fr)), 0.0, 1.0)
-    out = []
-    for shift in _SHIFT:  # h * 6 can round up to 6 (torchvision's int32 i % 6), so i + shift runs to 10
-        j = i + shift
-        j = torch.where(j >= 6.0, j - 6.0, j)
-        j = torch.where(j >= 6.0, j - 6.0, j)
-        c = torch.where((j == 0.0) | (j == 5.0), maxc, torch.where(j == 1.0, q, torch.where(j == 4.0, t, p)))
-        out.append(torch.floor(c * (255 + 1.0 - 1e-3)))  # convert_image_dtype's float -> uint8
-    return tuple(out)
+    """torchvision's adjust_hue on integer-valued floats: to [0, 1], HSV (.hsv), the shift, RGB, back to levels
+    (convert_image_dtype's float -> uint8: times 255.999, truncated)."""
+    h, s, value = to_hsv(*(c / 255 for c in _rgb(v)))
+    return tuple(torch.floor(c * (255 + 1.0 - 1e-3)) for c in to_rgb(shift_hue(h, f), s, value))
 
 
 def _tables(order: torch.Tensor, factors: list[torch.Tensor | None]) -> tuple[torch.Tensor, ...]:

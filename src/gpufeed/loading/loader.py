@@ -205,7 +205,7 @@ class DeviceLoader(EpochLoader):
         self._length: int | None = None
         self.source_watch = source_watch  # accelerate's: a dataset transform or labels replaced later is refused
         check_epoch(n, batch_size, options.drop_last, world_size, even, local=shard == "local")
-        compiled = dict(fusion._SECONDS)
+        compiled = fusion.compile_times()
         probe = self._probe()  # the transform's first run: a fused op compiles here, never mid-epoch
         self.compile_note = fusion.compiled_since(compiled)
         self.host_memory_note: str | None = None

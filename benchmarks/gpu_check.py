@@ -516,6 +516,7 @@ def launches(c: Check) -> dict:
     result: dict = {"size": size, "batch": batch, "recipes": {}}
     # first: its first call compiles ColorJitter's fused kernels for the device (the counts below reuse them)
     result["fused_vs_eager"] = _fused_vs_eager(c.device, 64 if c.small else 224, 8 if c.small else 64)
+    result["resize_fused_vs_eager"] = _resize_fused_vs_eager(c.device, 64 if c.small else 224, 8 if c.small else 64)
     for name, recipe in counts.recipes(size).items():
         with torch._inductor.config.patch(fx_graph_cache=False):  # a fused op counted as the kernels it generates
             dispatched = counts.count(recipe, x).total
@@ -568,6 +569,63 @@ def _fused_vs_eager(device: str, size: int, batch: int) -> dict:
     times = {"first_call_s": round(first, 2), "fused_ms": round(fused_ms, 3), "eager_ms": round(eager_ms, 3)}
     return {"size": size, "batch": batch, "vs_eager_same_device": diff(fused, eager), "vs_cpu_eager": diff(fused, cpu),
             **times}  # fmt: skip
+
+
+def _resize_fused_vs_eager(device: str, size: int, batch: int) -> dict:
+    """RandomResizedCrop(size) + horizontal flip + Normalize as one fused op (gpufeed.augment.taps, compiled: Triton
+    on a GPU) from images 32 px larger, against the taps' arithmetic eager on the same device and against the CPU's
+    fused result, given the same boxes and flips (bit for bit on the CPU: tests/augment/test_fusion.py), in float
+    values differing; against the eager matrices (within a level, on 1e-4 of the values or fewer); the time to
+    compile and to run it, fused and the four ops eager."""
+    from gpufeed.augment import RandomResizedCrop, fusion, taps
+    from gpufeed.device import sync
+
+    dev = torch.device(device)
+    if not fusion.compiling(dev):
+        return {"skipped": "GPUFEED_COMPILE=0 or no compiler"}
+    mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+    crop = RandomResizedCrop(size)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 256, (batch, 3, size + 32, size + 32), dtype=torch.uint8, generator=g)
+    params, mask = crop.sample(x, g), torch.rand(batch, generator=g) < 0.5
+    xd, on, maskd = x.to(dev), {k: v.to(dev) for k, v in params.items()}, mask.to(dev)
+
+    def fused(images: torch.Tensor, p: dict, m: torch.Tensor) -> torch.Tensor:
+        return crop.apply_tail(images, p, [("cols", m)], (mean, std, False))
+
+    def eager_ops() -> torch.Tensor:  # the ops one by one, eager: the matrices, the flip, Normalize
+        with fusion.eager():
+            out = crop.apply(xd, on)
+        out = torch.where(maskd.view(-1, 1, 1, 1), out.flip(3), out)
+        return (out.float() / 255 - torch.tensor(mean, device=dev).view(1, 3, 1, 1)) / torch.tensor(
+            std, device=dev
+        ).view(1, 3, 1, 1)
+
+    t = time.perf_counter()
+    ours = fused(xd, on, maskd)
+    sync(dev)
+    first = time.perf_counter() - t
+    box = (on[k] for k in ("top", "left", "height", "width"))
+    tables = taps.tables(xd, *box, crop.size, crop.antialias, crop.interpolation, [("cols", maskd)])
+    by_taps = taps.taps_resample(xd, *tables, *taps.normalizing(mean, std, 3, size, dev))
+    cpu = fused(x, params, mask)
+
+    def timed(fn: Callable[[], torch.Tensor]) -> float:
+        fn()
+        sync(dev)
+        t = time.perf_counter()
+        for _ in range(10):
+            fn()
+        sync(dev)
+        return round((time.perf_counter() - t) / 10 * 1e3, 3)
+
+    def diff(a: torch.Tensor, b: torch.Tensor) -> dict:
+        d = (a.cpu() - b.cpu()).abs()
+        return {"max_abs": float(d.max()), "differing": int((d > 0).sum()), "values": d.numel()}
+
+    return {"size": size, "batch": batch, "vs_eager_taps_same_device": diff(ours, by_taps),
+            "vs_cpu_fused": diff(ours, cpu), "vs_eager_ops": diff(ours, eager_ops()), "first_call_s": round(first, 2),
+            "fused_ms": timed(lambda: fused(xd, on, maskd)), "eager_ops_ms": timed(eager_ops)}  # fmt: skip
 
 
 def _cuda_launches(recipe: Callable, x: torch.Tensor) -> dict:

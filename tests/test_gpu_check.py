@@ -89,6 +89,8 @@ def test_the_cpu_rehearsal_of_the_data_parts_runs_and_records_each(tmp_path, mon
     assert counted["crop+flip+normalise"]["goal"] == 12 and counted["crop+flip+normalise"]["dispatched"] < 100
     fused = summary["launches"]["fused_vs_eager"]  # the suite runs eager (GPUFEED_COMPILE=0); compiled, bit for bit
     assert "skipped" in fused or fused["vs_eager_same_device"]["differing"] == fused["vs_cpu_eager"]["differing"] == 0
+    resized = summary["launches"]["resize_fused_vs_eager"]
+    assert "skipped" in resized or resized["vs_eager_taps_same_device"]["differing"] == 0
 
 
 @pytest.mark.slow

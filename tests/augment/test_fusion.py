@@ -1,6 +1,6 @@
-"""The fused ops (gpufeed.augment.fusion, .jitter): compiled, they give the eager ops' pixels bit for bit; a batch
-of one, GPUFEED_COMPILE=0, a dry run and a device without a compiler run the eager ops (the last with one
-warning)."""
+"""The fused ops (gpufeed.augment.fusion, .jitter, .taps): compiled, they give the eager ops' pixels bit for bit (the
+resize: its eager taps; within torchvision's float kernel, and one level of the eager matrices); a batch of one,
+GPUFEED_COMPILE=0, a dry run and a device without a compiler run the eager ops (the last with one warning)."""
 
 import warnings
 from pathlib import Path
@@ -10,7 +10,19 @@ import torch
 from torch._dynamo.utils import counters
 
 import gpufeed as gf
-from gpufeed.augment import ColorJitter, Compose, Normalize, RandomCrop, RandomHorizontalFlip, fusion, jitter
+from gpufeed.augment import (
+    ColorJitter,
+    Compose,
+    Normalize,
+    RandomCrop,
+    RandomHorizontalFlip,
+    RandomResizedCrop,
+    RandomVerticalFlip,
+    fusion,
+    jitter,
+    taps,
+)
+from gpufeed.augment import functional as F
 from gpufeed.augment.paths import device_path
 
 # A compile that failed would run the eager ops and pass every comparison here: it fails the test instead.
@@ -186,3 +198,102 @@ def test_benchmarks_launches_counts_a_fused_op_as_the_kernels_it_compiled_to(com
         fused.ops["fused:mean_gray"] > 0 and fused.ops["fused:jitter"] > 0 and eager.ops["where"] > fused.ops["where"]
     )
     assert fused.host_reads == 0 and fused.total < eager.total / 2
+
+
+# RandomResizedCrop's taps: shrinking and growing, not square, both filters, antialiased or not (4 taps, 3, 5, 7)
+RESIZES = [
+    ((5, 37, 50), (24, 20), "bilinear", True),
+    ((8, 64, 64), (64, 64), "bicubic", True),
+    ((3, 100, 80), (32, 48), "bilinear", False),
+    ((4, 30, 30), (45, 40), "bicubic", False),
+]
+MEAN, STD = (0.5, 0.4, 0.3), (0.2, 0.3, 0.25)
+
+
+def _by_eager_taps(x, crop, params, flips=(), normalize=None):
+    """The taps' arithmetic eager (.taps.taps_resample), from the same boxes, tap counts and flips."""
+    box = (params[k] for k in ("top", "left", "height", "width"))
+    tables = taps.tables(x, *box, crop.size, crop.antialias, crop.interpolation, flips)
+    if normalize is None:
+        return taps.taps_resample(x, *tables)
+    return taps.taps_resample(x, *tables, *taps.normalizing(*normalize, x.shape[1], crop.size[1], x.device))
+
+
+@pytest.mark.parametrize(("shape", "out", "mode", "antialias"), RESIZES, ids=lambda v: str(v))
+def test_the_fused_resize_with_its_flips_and_normalize_gives_the_eager_taps_bit_for_bit(
+    compiled, shape, out, mode, antialias
+):
+    x = torch.randint(0, 256, (shape[0], 3, *shape[1:]), dtype=torch.uint8, generator=torch.Generator().manual_seed(3))
+    x[0, :, :, : shape[2] // 3] = 255  # white: bicubic overshoots and clamps
+    crop = RandomResizedCrop(out, interpolation=mode, antialias=antialias)
+    recipe = Compose([crop, RandomHorizontalFlip(), RandomVerticalFlip(), Normalize(MEAN, STD)])
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(taps, "_fused_taps", _counted(taps._fused_taps))
+        ours = recipe(x, generator=torch.Generator().manual_seed(1))
+        assert taps._fused_taps.calls == 1  # the four ops as one compiled call
+        alone = crop.apply(x, params := crop.sample(x, torch.Generator().manual_seed(2)))
+        assert taps._fused_taps.calls == 2
+    assert torch.equal(alone, _by_eager_taps(x, crop, params))
+    g = torch.Generator().manual_seed(1)  # the same draws, in the same order: the box, then each flip
+    params = crop.sample(x, g)
+    flipped = [torch.rand(shape[0], generator=g) < 0.5 for _ in range(2)]
+    levels = _by_eager_taps(x, crop, params)  # and the flips and Normalize as their own ops do them
+    levels = torch.where(flipped[0].view(-1, 1, 1, 1), levels.flip(3), levels)
+    levels = torch.where(flipped[1].view(-1, 1, 1, 1), levels.flip(2), levels)
+    assert torch.equal(ours, F.normalize(levels, MEAN, STD))
+    flips = [("cols", flipped[0]), ("rows", flipped[1])]
+    assert torch.equal(ours, _by_eager_taps(x, crop, params, flips, (MEAN, STD)))  # the tables gpu_check compares
+
+
+def test_the_fused_resize_is_within_torchvisions_float_kernel_and_a_level_of_the_matrices(compiled):
+    import torchvision.transforms.functional as TF
+
+    g = torch.Generator().manual_seed(5)
+    x = torch.randint(0, 256, (24, 3, 48, 40), dtype=torch.uint8, generator=g)
+    for mode in ("bilinear", "bicubic"):
+        crop = RandomResizedCrop((36, 44), interpolation=mode)
+        params = crop.sample(x, g)
+        ours = crop.apply(x, params)
+        with fusion.eager():
+            matrices = crop.apply(x, params)
+        tv = torch.stack([
+            TF.resized_crop(x[i], *(int(params[k][i]) for k in ("top", "left", "height", "width")), [36, 44],
+                            interpolation=TF.InterpolationMode(mode), antialias=True)
+            for i in range(len(x))
+        ])  # fmt: skip
+        for other in (tv, matrices):  # the float kernel's contract (tests/augment/test_resize.py)
+            diff = (ours.int() - other.int()).abs()
+            assert diff.max() <= 1 and (diff > 0).double().mean() < 0.01, mode
+
+
+def test_the_fused_resize_falls_back_to_the_ops_one_by_one_with_the_same_draws(compiled, monkeypatch):
+    # GPUFEED_COMPILE=0: the flips drawn for the tail serve the flips run after the eager resize
+    monkeypatch.setenv("GPUFEED_COMPILE", "0")
+    x = torch.randint(0, 256, (6, 3, 30, 26), dtype=torch.uint8, generator=torch.Generator().manual_seed(8))
+    crop, flip, norm = RandomResizedCrop(20), RandomHorizontalFlip(), Normalize(MEAN, STD)
+    ours = Compose([crop, flip, norm])(x, generator=torch.Generator().manual_seed(4))
+    g = torch.Generator().manual_seed(4)
+    one_by_one = norm(flip(crop(x, generator=g), generator=g))
+    assert torch.equal(ours, one_by_one)
+
+
+def test_a_loader_compiles_the_resize_at_construction_and_never_again(compiled, monkeypatch):
+    recipe = Compose([RandomResizedCrop(24), RandomHorizontalFlip(), Normalize(MEAN, STD)])
+    images = torch.randint(0, 256, (40, 3, 40, 36), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
+    monkeypatch.setattr(taps, "_fused_taps", fusion.fused("RandomResizedCrop's resampling", "-")(taps.taps_resample))
+    loader = gf.DeviceLoader(images, torch.arange(40), 16, transform=recipe, device="cpu", seed=3)
+    assert "RandomResizedCrop's resampling for cpu" in loader.compile_note
+    graphs = counters["stats"]["unique_graphs"]
+    for epoch in range(2):  # other boxes every batch, batches of 16 and 8: the tap counts come from the shapes
+        loader.set_epoch(epoch)
+        batches = [x for x, _ in loader]
+    assert counters["stats"]["unique_graphs"] == graphs
+    assert [tuple(b.shape) for b in batches] == [(16, 3, 24, 24)] * 2 + [(8, 3, 24, 24)]
+
+
+def test_the_device_path_runs_the_same_fused_resize(compiled):
+    x = torch.randint(0, 256, (6, 3, 33, 28), dtype=torch.uint8, generator=torch.Generator().manual_seed(3))
+    recipe = Compose([RandomResizedCrop(17), RandomHorizontalFlip(), Normalize(MEAN, STD)])
+    with device_path():
+        on_device_path = recipe(x, generator=torch.Generator().manual_seed(6))
+    assert torch.equal(on_device_path, recipe(x, generator=torch.Generator().manual_seed(6)))

@@ -104,6 +104,7 @@ class RandomHorizontalFlip(GeometricTransform):
     """Mirror the width axis of each sample with probability ``p``, independently."""
 
     p: float = 0.5
+    flips = "cols"  # the axis it mirrors: a resize before it can read its taps in reverse instead (.taps)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "p", check_probability(self.p))
@@ -118,6 +119,8 @@ class RandomHorizontalFlip(GeometricTransform):
 @dataclass(frozen=True)
 class RandomVerticalFlip(RandomHorizontalFlip):
     """Mirror the height axis of each sample with probability ``p``, independently."""
+
+    flips = "rows"
 
     def index_map(self, params: Params, height: int, width: int) -> G.IndexMap:
         return G.flip_map(params["mask"], height, "rows")

@@ -8,7 +8,10 @@ the float intermediates kept in registers.
 NOTE [ Compiled ops ]
 - Exactness: a fused function is written in the eager ops it replaces, in their order, and its result is
   compared with the eager op's bit for bit in the tests (random parameters and sizes). A reduction whose result
-  depends on its order (a float sum) is written so that every order gives the same bits, or left to torch.
+  depends on its order (a float sum) is written so that every order gives the same bits, or left to torch. A
+  multiply and an add stay two roundings: Inductor's C++ compiles with ``-ffp-contract=off``, and Triton's fused
+  multiply-adds are turned off (``emulate_precision_casts``) for these functions. One exception, said where it
+  is: the resize's eager code is other arithmetic (matrices; .resample), one level apart on a pixel in 10**4.
 - When: on first use per device type. Compiling takes seconds (the compiler's first start on the 2-core machine:
   about 15-25 s for ColorJitter's four adjustments; Inductor keeps its output on disk, so a later process takes a
   second or two). A DeviceLoader makes that first call at construction (its transform's run on two samples),
@@ -95,7 +98,7 @@ class _Fused:
             raise NotCompiled
         first = self.compiled is None
         if first:
-            self.compiled = torch.compile(self.fn, dynamic=True)
+            self.compiled = torch.compile(self.fn, dynamic=True, options=_options())
         try:
             start = time.perf_counter()
             out = self.compiled(x, *args)  # type: ignore[misc]  # set above
@@ -109,14 +112,24 @@ class _Fused:
             warnings.warn(
                 f"gpufeed could not compile its fused {self.op} on {x.device.type} ({type(cause).__name__}: "
                 f"{str(cause).strip().splitlines()[0][:200] if str(cause).strip() else '-'}); its ops run eager "
-                f"from now on, the same pixels {self.cost}. Install a C++ compiler (CPU) or Triton (GPU), or set "
+                f"from now on: {self.cost}. Install a C++ compiler (CPU) or Triton (GPU), or set "
                 "GPUFEED_COMPILE=0 to choose the eager ops without this warning",
                 stacklevel=2,
             )
             raise NotCompiled from e
 
 
+def _options() -> dict[str, Any]:
+    """Inductor's options for the fused functions: Triton without fused multiply-adds (``emulate_precision_casts``),
+    which would round ``a * b + c`` once where the eager ops round twice; Inductor's C++ compiles with
+    ``-ffp-contract=off`` already. Torch releases without the option have no such switch."""
+    import torch._inductor.config as inductor
+
+    return {"emulate_precision_casts": True} if hasattr(inductor, "emulate_precision_casts") else {}
+
+
 def fused(op: str, cost: str) -> Callable[[Callable[..., Any]], _Fused]:
     """Decorator: the function runs compiled or raises :class:`NotCompiled` (see NOTE [ Compiled ops ]). ``op``
-    names it for a person, ``cost`` says what its eager code costs (for the warning where no compiler runs)."""
+    names it for a person, ``cost`` says what its eager code gives and costs (for the warning where no compiler
+    runs)."""
     return lambda fn: _Fused(fn, op, cost)

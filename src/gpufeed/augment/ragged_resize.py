@@ -12,7 +12,8 @@ import torch
 from ..store.ragged import Ragged
 from .fixed_point import by_pass_order, fixed_taps, shift_clamp, vertical_first
 from .paths import host_path
-from .resample import resample_taps, resize_on_cpu
+from .resample import resize_on_cpu
+from .taps import resample_taps
 
 __all__ = ["batched_ragged", "ragged_resized_crop"]
 

@@ -8,18 +8,22 @@ exactly the weights of ``F.interpolate(..., mode="bilinear", antialias=True)``; 
 ``antialias=False``, those of plain bilinear. Two batched matmuls do the whole batch. The filter taps
 (:func:`resample_taps`) and the per-image CPU path (:func:`resize_on_cpu`) serve the ragged batches too
 (:mod:`.ragged_resize`).
+
+Dense matrices make every output pixel read the whole row: at 224 px, 34 GFLOP a batch of 256. Where the compiler
+runs (:mod:`.fusion`), a uint8 batch is resampled from its taps instead (:mod:`.taps`).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import numpy
 import torch
 
 from .fixed_point import fixed_resized_crop
+from .fusion import NotCompiled
 from .paths import host_path
+from .taps import fused_resized_crop, resample_taps
 
 __all__ = ["resample_taps", "resize_on_cpu", "resized_crop"]
 
@@ -60,6 +64,11 @@ def resized_crop(
             crops = [x[i, :, y0 : y0 + h, x0 : x0 + w] for i, (y0, x0, h, w) in enumerate(boxes)]
             return resize_on_cpu(crops, x.shape[1], x.dtype, size, antialias, mode, kernel)
         return fixed_resized_crop(x, top, left, height, width, size, antialias, mode, kernel)
+    if x.dtype == torch.uint8 and mode != "nearest":
+        try:
+            return fused_resized_crop(x, top, left, height, width, size, antialias, mode)
+        except NotCompiled:  # the matrices, as before the compiler
+            pass
     n, c, h, w = x.shape
     wy = _weights(top, height, h, size[0], antialias, mode)
     wx = _weights(left, width, w, size[1], antialias, mode)
@@ -115,47 +124,3 @@ def _pil_resize(crop: torch.Tensor, size: tuple[int, int], mode: str) -> torch.T
     image = PIL.Image.fromarray(pixels[..., 0] if crop.shape[0] == 1 else pixels)
     out = torch.from_numpy(numpy.array(image.resize((size[1], size[0]), resample)))
     return out.view(size[0], size[1], -1).permute(2, 0, 1)
-
-
-def _cubic(t: torch.Tensor, a: float) -> torch.Tensor:
-    """The cubic convolution kernel (Keys): ``a=-0.5`` in PyTorch's antialiased resize, ``-0.75`` in its plain one."""
-    t = t.abs()
-    near = ((a + 2) * t - (a + 3)) * t * t + 1
-    far = (((t - 5) * t + 8) * t - 4) * a
-    return torch.where(t < 1, near, torch.where(t < 2, far, torch.zeros_like(t)))
-
-
-def resample_taps(
-    start: torch.Tensor, length: torch.Tensor, out_len: int, antialias: bool, mode: str = "bilinear"
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(N, out_len, K)`` box-relative source indices and weights of each box ``[start, start + length)``: only
-    the taps the filter touches, not a dense matrix -- a 375x500 photo cropped to 224 needs about 5 per output
-    pixel. Bilinear, and antialiased bicubic (``a=-0.5``), as PyTorch's antialiased kernels: the filter
-    widened by the scale when shrinking, cut at the box and renormalised. Plain bicubic as PyTorch's: four
-    taps with ``a=-0.75``, indices clamped to the box."""
-    dev = start.device
-    scale = length.double().view(-1, 1) / out_len
-    i = torch.arange(out_len, dtype=torch.float64, device=dev).view(1, -1)
-    last = length.view(-1, 1, 1) - 1
-    if mode == "nearest":  # PyTorch's "nearest" (torchvision's tensor kernel): floorf(i * scale) in float32
-        scale32 = length.to(torch.float32).view(-1, 1) / out_len
-        k = torch.floor(i.to(torch.float32) * scale32).long().unsqueeze(-1)
-        return torch.minimum(k, last), torch.ones(k.shape, dtype=torch.float32, device=dev)
-    if mode == "bicubic" and not antialias:
-        src = (i + 0.5) * scale - 0.5
-        floor = torch.floor(src)
-        offsets = torch.arange(-1, 3, device=dev)
-        k = floor.long().unsqueeze(-1) + offsets.view(1, 1, -1)
-        w = _cubic((src - floor).unsqueeze(-1) - offsets.view(1, 1, -1).double(), -0.75)
-        return torch.minimum(k.clamp(min=0), last), w.to(torch.float32)
-    stretch = scale.clamp(min=1.0) if antialias else torch.ones_like(scale)
-    support = stretch * (2.0 if mode == "bicubic" else 1.0)
-    centre = (i + 0.5) * scale
-    taps = int(math.ceil(float(support.max()))) * 2 + 1
-    first = torch.floor(centre - support + 0.5).long()
-    k = first.unsqueeze(-1) + torch.arange(taps, device=dev).view(1, 1, -1)
-    d = (k + 0.5 - centre.unsqueeze(-1)) / stretch.unsqueeze(-1)
-    w = _cubic(d, -0.5) if mode == "bicubic" else (1 - d.abs()).clamp(min=0)
-    w = w * ((k >= 0) & (k <= last))
-    w = w / w.sum(-1, keepdim=True)
-    return torch.minimum(k.clamp(min=0), last), w.to(torch.float32)

@@ -15,15 +15,18 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from ..errors import ConfigError
 from ..store.ragged import Ragged
 from .fixed_point import KERNELS
+from .fusion import NotCompiled
 from .params import Draws, rand, randint, size_pair
 from .ragged_resize import ragged_resized_crop
 from .resample import resized_crop
+from .taps import fused_resized_crop
 from .transforms import BatchTransform, Params
 
 __all__ = ["RandomResizedCrop"]
@@ -47,6 +50,7 @@ class RandomResizedCrop(BatchTransform):
     kernel: str = "float"  # how uint8 is resampled: "float" (v1), "torch" (v2 on the CPU), "pil" (Pillow); KERNELS
     ragged_input = True  # images of different sizes: each box drawn from its own image's size
     one_size_output = True
+    fuses_tail = True  # the flips and Normalize after it run in its resampling's loops (.taps)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "size", size_pair(self.size, "size"))
@@ -108,6 +112,15 @@ class RandomResizedCrop(BatchTransform):
     def output_size(self, height: int, width: int) -> tuple[int, int]:
         return self.size  # type: ignore[return-value]
 
+    def apply_tail(
+        self, x: torch.Tensor, params: Params, flips: Sequence[tuple[str, torch.Tensor]], normalize: Any
+    ) -> torch.Tensor:
+        if not _tail_fuses(self, x, params):
+            raise NotCompiled
+        p = params
+        box = (p["top"], p["left"], p["height"], p["width"])
+        return fused_resized_crop(x, *box, self.size, self.antialias, self.interpolation, flips, normalize)  # type: ignore[arg-type]
+
     def apply(self, x: torch.Tensor | Ragged, params: Params) -> torch.Tensor:
         p = params
         box = (p["top"], p["left"], p["height"], p["width"])
@@ -131,6 +144,14 @@ class RandomResizedCrop(BatchTransform):
             out[idx.to(out.device)] = done
         assert out is not None
         return out
+
+
+def _tail_fuses(op: RandomResizedCrop, x: torch.Tensor | Ragged, params: Params) -> bool:
+    """Whether ``apply_tail`` runs here: a uint8 batch of one size, one interpolation that is not nearest, the float
+    kernel (the fixed-point ones round between their passes), a sample at least."""
+    one_mode = isinstance(op.interpolation, str) and op.interpolation != "nearest"
+    dense = isinstance(x, torch.Tensor) and x.dtype == torch.uint8
+    return one_mode and dense and op.kernel == "float" and len(params["top"]) > 0
 
 
 def _central_box(

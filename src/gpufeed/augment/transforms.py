@@ -25,6 +25,7 @@ from ..store.ragged import Ragged
 from . import chunks as C
 from . import functional as F
 from . import geometry as G
+from .fusion import NotCompiled
 from .keyed import KeyedDraws
 from .params import Draws
 from .paths import host_path
@@ -104,6 +105,14 @@ class BatchTransform:
 
     ragged_input = False  # True for an op that takes images of different sizes (a Ragged batch)
     one_size_output = False  # True for an op whose output has one size whatever its input's (RandomResizedCrop)
+    fuses_tail = False  # True for an op that can run the flips and Normalize after it in its own loops
+
+    def apply_tail(
+        self, x: torch.Tensor, params: Params, flips: Sequence[tuple[str, torch.Tensor]], normalize: Any
+    ) -> torch.Tensor:
+        """``apply``, then the flips (their axes and masks) and ``normalize`` (Normalize's mean, std and reciprocal,
+        or None), as one op (``fuses_tail``), or :class:`~gpufeed.augment.fusion.NotCompiled` before any work."""
+        raise NotImplementedError
 
     def __call__(self, x: torch.Tensor, generator: Draws | None = None) -> torch.Tensor:
         _check_input(x, self)
@@ -114,6 +123,8 @@ class BatchTransform:
 
 class GeometricTransform(BatchTransform):
     """A transform that only moves pixels (crop, flip): :class:`Compose` fuses a run of them into one gather."""
+
+    flips: str | None = None  # a flip's axis ("cols", "rows"): an op with ``fuses_tail`` can read it in its taps
 
     def draw(self, n: int, height: int, width: int, device: torch.device, generator: Draws) -> Params:
         """Draw parameters for ``n`` samples of size ``(height, width)``; needs no pixels."""
@@ -242,23 +253,36 @@ class Compose(BatchTransform):
         """The ops from ``first`` on a batch of one size, each drawing from its source (``sources[k]``: the one
         generator, or keyed, op ``k``'s own stream)."""
         n, _, h, w = x.shape
+        ops = self.transforms
         pending: G.IndexMap | None = None  # composed map of the geometric ops not yet applied
-        for t, source in zip(self.transforms[first:], sources[first:], strict=True):
+        drawn: dict[int, Params] = {}  # a tail's flips, drawn for a fused resize that then did not run
+        k = first
+        while k < len(ops):
+            t, source = ops[k], sources[k]
             if isinstance(t, GeometricTransform):
-                m = t.index_map(t.draw(n, h, w, x.device, source), h, w)  # type: ignore[arg-type]
+                params = drawn.pop(k) if k in drawn else t.draw(n, h, w, x.device, source)  # type: ignore[arg-type]
+                m = t.index_map(params, h, w)
                 h, w = t.output_size(h, w)
                 fused = pending.then(m) if pending is not None else m
                 if fused is None:  # two paddings with different fills cannot share one map
                     x, _ = _remap(x, pending)  # type: ignore[arg-type]
                     fused = m
                 pending = fused
+                k += 1
                 continue
             if pending is not None:
                 x, normalized = _remap(x, pending, t if isinstance(t, Normalize) else None)
                 pending = None
                 if normalized:
+                    k += 1
                     continue
-            x = t.apply(x, t.sample(x, source) if t.random else {})  # type: ignore[arg-type]
+            params = t.sample(x, source) if t.random else {}  # type: ignore[arg-type]
+            tail = _fused_tail(x, k, params, ops, sources, drawn) if t.fuses_tail else None
+            if tail is not None:
+                x, k = tail
+            else:
+                x = t.apply(x, params)
+                k += 1
             h, w = x.shape[-2:]  # a resize changes the size the next crop or flip draws for
         return _remap(x, pending)[0] if pending is not None else x
 
@@ -274,6 +298,38 @@ def _op_draws(generator: Draws | None, position: int, op: BatchTransform) -> Dra
     if isinstance(generator, KeyedDraws) and op.random:
         return generator.child(position)
     return generator
+
+
+def _fused_tail(
+    x: torch.Tensor,
+    k: int,
+    params: Params,
+    ops: list[BatchTransform],
+    sources: list[Draws | None],
+    drawn: dict[int, Params],
+) -> tuple[torch.Tensor, int] | None:
+    """Op ``k`` (``fuses_tail``: a resize) with the flips after it and a Normalize after those, as one op: the
+    result and the next op's place; None where it does not run so (no tail; no compiler), the flips' draws then
+    kept in ``drawn`` for the ops that run one by one. The flips draw as they would after the resize, in order."""
+    end = k + 1
+    while end < len(ops) and isinstance(ops[end], GeometricTransform) and ops[end].flips:  # type: ignore[attr-defined]
+        end += 1
+    last = ops[end] if end < len(ops) else None
+    then = last if isinstance(last, Normalize) else None
+    if (end == k + 1 and then is None) or (then is not None and then.dtype != torch.float32):
+        return None
+    out_h, out_w = ops[k].output_size(x.shape[2], x.shape[3])
+    for j in range(k + 1, end):
+        drawn[j] = ops[j].draw(x.shape[0], out_h, out_w, x.device, sources[j])  # type: ignore[attr-defined]
+    flips = [(ops[j].flips, drawn[j]["mask"]) for j in range(k + 1, end)]  # type: ignore[attr-defined]
+    normalize = (then.mean, then.std, then.reciprocal) if then is not None else None
+    try:
+        out = ops[k].apply_tail(x, params, flips, normalize)
+    except NotCompiled:
+        return None
+    for j in range(k + 1, end):
+        del drawn[j]
+    return out, end + (then is not None)
 
 
 def _remap(x: torch.Tensor, m: G.IndexMap, then: Normalize | None = None) -> tuple[torch.Tensor, bool]:

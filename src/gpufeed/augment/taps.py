@@ -1,0 +1,201 @@
+"""Resampling by the filter's taps: per output pixel only the source pixels the filter touches, compiled.
+
+:func:`resample_taps` gives each box's taps (source indices and weights, PyTorch's antialiased filters); the dense
+resize (:mod:`.resample`) places them in matrices, the ragged one (:mod:`.ragged_resize`) gathers them. Matrices
+make every output pixel read its whole row: at 224 px, 34 GFLOP a batch of 256. Where the compiler runs
+(:mod:`.fusion`), a uint8 batch of one size is resampled from its taps (:func:`fused_resized_crop`): a vertical pass
+over whole rows, then a horizontal one gathering columns, each a float32 sum over the taps in their order, compiled
+into two loops: 3.3-3.7x the matrices at 128 and 224 px on the 2-core CPU.
+
+The flips and the ``Normalize`` that follow a RandomResizedCrop in a ``Compose`` run in the same loops: a flipped
+sample reads its taps in reverse (the flip's pixels exactly), and the rounded levels are normalised before they
+are stored, as ``Normalize`` computes them from the uint8 image, so the batch is written once, as float.
+
+The matrices and the taps round float32 sums once, in other orders: they agree but for one level on a pixel in
+10**4 or fewer, each within torchvision's float kernel as the tests require; compiled and eager, the taps agree bit
+for bit (tests/augment/test_fusion.py).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+
+from .functional import constant
+from .fusion import NotCompiled, compiling, fused
+
+__all__ = ["fused_resized_crop", "normalizing", "resample_taps", "tables", "taps_bound", "taps_resample"]
+
+Flips = Sequence[tuple[str, torch.Tensor]]  # ("cols" or "rows", a mask per sample), in the order they apply
+Normalizing = tuple[Sequence[float], Sequence[float], bool]  # Normalize's mean, std and reciprocal
+
+
+def taps_resample(
+    x: torch.Tensor,
+    rows: torch.Tensor,
+    wy: torch.Tensor,
+    cols: torch.Tensor,
+    wx: torch.Tensor,
+    mean: torch.Tensor | None = None,
+    std: torch.Tensor | None = None,
+    reciprocal: bool = False,
+) -> torch.Tensor:
+    """uint8 ``(N, C, H, W)`` resampled by its taps: absolute source rows ``(N, out_h, Ky)`` with their weights,
+    then columns ``(N, out_w, Kx)``; float32 sums over the taps in their order, rounded and clamped once
+    (torchvision v1's uint8). With ``mean`` and ``std`` (``(1, C, 1, 1)`` float32), the levels normalised as
+    ``Normalize`` does a uint8 image: float32 out. Written for the compiler: eager it is 4x slower than the
+    matrices."""
+    n, c, _, w = x.shape
+    out_h, ky = rows.shape[1:]
+    out_w, kx = cols.shape[1:]
+    tmp = None
+    for a in range(ky):  # unrolled: Inductor vectorised a reduction over 3 taps along them, 20x slower
+        t = x.gather(2, rows[:, :, a].view(n, 1, out_h, 1).expand(n, c, out_h, w)) * wy[:, :, a].view(n, 1, out_h, 1)
+        tmp = t if tmp is None else tmp + t
+    assert tmp is not None
+    out = None
+    for b in range(kx):
+        t = tmp.gather(3, cols[:, :, b].view(n, 1, 1, out_w).expand(n, c, out_h, out_w))
+        t = t * wx[:, :, b].view(n, 1, 1, out_w)
+        out = t if out is None else out + t
+    assert out is not None
+    levels = out.round().clamp(0, 255)
+    if mean is None or std is None:
+        return levels.to(torch.uint8)
+    # Normalize's arithmetic on the uint8 image (functional.normalize): the levels are its integers already
+    scaled = levels * (1.0 / 255) if reciprocal else levels / 255
+    return (scaled - mean) / std
+
+
+_fused_taps = fused(
+    "RandomResizedCrop's resampling",
+    "3-4x slower (measured at 128 and 224 px, CPU), one level apart on a pixel in 10**4 or fewer",
+)(taps_resample)
+
+
+def taps_bound(in_len: int, out_len: int, antialias: bool, mode: str) -> int:
+    """The taps :func:`resample_taps` needs for any box of at most ``in_len``: fixed by the shapes, so that the
+    compiled resampling sees one tap count per loader (a count from each batch's largest box would recompile,
+    seconds, whenever it changed)."""
+    if mode == "bicubic" and not antialias:
+        return 4
+    support = (max(in_len / out_len, 1.0) if antialias else 1.0) * (2.0 if mode == "bicubic" else 1.0)
+    return int(math.ceil(support)) * 2 + 1
+
+
+def tables(
+    x: torch.Tensor,
+    top: torch.Tensor,
+    left: torch.Tensor,
+    height: torch.Tensor,
+    width: torch.Tensor,
+    size: tuple[int, int],
+    antialias: bool,
+    mode: str,
+    flips: Flips = (),
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`taps_resample`'s absolute rows, their weights, columns and theirs for each sample's box of ``x``
+    resized to ``size``, as many taps as the shapes allow (:func:`taps_bound`); a sample that ``flips`` mirror reads
+    its output rows or columns' taps in reverse."""
+    h, w = x.shape[2:]
+    ry, wy = resample_taps(top, height, size[0], antialias, mode, taps_bound(h, size[0], antialias, mode))
+    cx, wx = resample_taps(left, width, size[1], antialias, mode, taps_bound(w, size[1], antialias, mode))
+    rows, cols = ry + top.view(-1, 1, 1), cx + left.view(-1, 1, 1)
+    for axis, mask in flips:  # a flipped sample's output row or column i reads the taps of size - 1 - i
+        m = mask.view(-1, 1, 1)
+        if axis == "cols":
+            cols, wx = torch.where(m, cols.flip(1), cols), torch.where(m, wx.flip(1), wx)
+        else:
+            rows, wy = torch.where(m, rows.flip(1), rows), torch.where(m, wy.flip(1), wy)
+    return rows, wy, cols, wx
+
+
+def fused_resized_crop(
+    x: torch.Tensor,
+    top: torch.Tensor,
+    left: torch.Tensor,
+    height: torch.Tensor,
+    width: torch.Tensor,
+    size: tuple[int, int],
+    antialias: bool,
+    mode: str,
+    flips: Flips = (),
+    normalize: Normalizing | None = None,
+) -> torch.Tensor:
+    """Each uint8 sample's box resized to ``size`` (bilinear or bicubic) by :func:`taps_resample` compiled, then
+    ``flips``, then ``normalize`` (float32 out), in two loops; or :class:`NotCompiled`, before any work, where it
+    does not run compiled."""
+    n, c, h, w = x.shape
+    if not compiling(x.device) or min(n, c, h, w, *size) < 2:
+        raise NotCompiled
+    taps = tables(x, top, left, height, width, size, antialias, mode, flips)
+    for t in taps:  # the tap counts compiled as constants (the loops over them are unrolled)
+        torch._dynamo.mark_static(t, 2)
+    torch._dynamo.mark_static(x, 1)  # the channels, a constant of the loader's: one symbol fewer to guard
+    if normalize is None:
+        return _fused_taps(x, *taps)
+    mean, std, reciprocal = normalize
+    return _fused_taps(x, *taps, *normalizing(mean, std, c, size[1], x.device), reciprocal)
+
+
+def normalizing(
+    mean: Sequence[float], std: Sequence[float], channels: int, width: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Normalize's mean and std for :func:`taps_resample`: float32 ``(1, C, 1, width)``, rows of the output's width
+    (read as ``(1, C, 1, 1)``, they made Inductor tile its loop over channels and columns, 2.5x slower: 63 against
+    25 ms at 128 px, CPU)."""
+    like = torch.empty((0, channels), dtype=torch.float32, device=device)  # Normalize's constants, made once
+    return tuple(constant(v, like, name).expand(1, channels, 1, width).contiguous()  # type: ignore[return-value]
+                 for v, name in ((mean, "mean"), (std, "std")))  # fmt: skip
+
+
+def _cubic(t: torch.Tensor, a: float) -> torch.Tensor:
+    """The cubic convolution kernel (Keys): ``a=-0.5`` in PyTorch's antialiased resize, ``-0.75`` in its plain one."""
+    t = t.abs()
+    near = ((a + 2) * t - (a + 3)) * t * t + 1
+    far = (((t - 5) * t + 8) * t - 4) * a
+    return torch.where(t < 1, near, torch.where(t < 2, far, torch.zeros_like(t)))
+
+
+def resample_taps(
+    start: torch.Tensor,
+    length: torch.Tensor,
+    out_len: int,
+    antialias: bool,
+    mode: str = "bilinear",
+    taps: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(N, out_len, K)`` box-relative source indices and weights of each box ``[start, start + length)``: only
+    the taps the filter touches, not a dense matrix -- a 375x500 photo cropped to 224 needs about 5 per output
+    pixel. Bilinear, and antialiased bicubic (``a=-0.5``), as PyTorch's antialiased kernels: the filter
+    widened by the scale when shrinking, cut at the box and renormalised. Plain bicubic as PyTorch's: four
+    taps with ``a=-0.75``, indices clamped to the box."""
+    dev = start.device
+    scale = length.double().view(-1, 1) / out_len
+    i = torch.arange(out_len, dtype=torch.float64, device=dev).view(1, -1)
+    last = length.view(-1, 1, 1) - 1
+    if mode == "nearest":  # PyTorch's "nearest" (torchvision's tensor kernel): floorf(i * scale) in float32
+        scale32 = length.to(torch.float32).view(-1, 1) / out_len
+        k = torch.floor(i.to(torch.float32) * scale32).long().unsqueeze(-1)
+        return torch.minimum(k, last), torch.ones(k.shape, dtype=torch.float32, device=dev)
+    if mode == "bicubic" and not antialias:
+        src = (i + 0.5) * scale - 0.5
+        floor = torch.floor(src)
+        offsets = torch.arange(-1, 3, device=dev)
+        k = floor.long().unsqueeze(-1) + offsets.view(1, 1, -1)
+        w = _cubic((src - floor).unsqueeze(-1) - offsets.view(1, 1, -1).double(), -0.75)
+        return torch.minimum(k.clamp(min=0), last), w.to(torch.float32)
+    stretch = scale.clamp(min=1.0) if antialias else torch.ones_like(scale)
+    support = stretch * (2.0 if mode == "bicubic" else 1.0)
+    centre = (i + 0.5) * scale
+    if taps is None:
+        taps = int(math.ceil(float(support.max()))) * 2 + 1
+    first = torch.floor(centre - support + 0.5).long()
+    k = first.unsqueeze(-1) + torch.arange(taps, device=dev).view(1, 1, -1)
+    d = (k + 0.5 - centre.unsqueeze(-1)) / stretch.unsqueeze(-1)
+    w = _cubic(d, -0.5) if mode == "bicubic" else (1 - d.abs()).clamp(min=0)
+    w = w * ((k >= 0) & (k <= last))
+    w = w / w.sum(-1, keepdim=True)
+    return torch.minimum(k.clamp(min=0), last), w.to(torch.float32)

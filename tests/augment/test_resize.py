@@ -1,8 +1,10 @@
+import pytest
 import torch
 import torchvision.transforms as T
 import torchvision.transforms.functional as TF
 
-from gpufeed.augment import RandomResizedCrop
+from gpufeed.augment import Compose, Normalize, RandomHorizontalFlip, RandomResizedCrop, RandomVerticalFlip
+from gpufeed.store.ragged import Ragged
 
 from stats import DRAWS, ks_critical, ks_statistic
 from stats import gen as _gen
@@ -94,3 +96,29 @@ def test_an_empty_batch_passes_through_with_a_random_interpolation():
     x = torch.zeros(0, 3, 8, 8, dtype=torch.uint8)
     op = RandomResizedCrop(6, interpolation=("bilinear", "bicubic"))
     assert op(x, generator=torch.Generator().manual_seed(0)).shape == (0, 3, 6, 6)
+
+
+@pytest.mark.parametrize("reciprocal", [False, True])
+def test_pillow_boxes_with_their_flips_and_normalize_equal_the_ops_one_by_one(reciprocal):
+    # Compose runs them per image on the CPU's threads (augment/pillow_resize.py): a Ragged batch of photos, a batch
+    # of one size channels-first (its boxes copied for Pillow), gray images; the same draws as the ops one by one
+    g = torch.Generator().manual_seed(0)
+    photos = [torch.randint(0, 256, (3, *hw), dtype=torch.uint8, generator=g) for hw in [(40, 52), (33, 30), (61, 47)]]
+    batches = [
+        Ragged.stack(photos * 3),
+        torch.randint(0, 256, (7, 3, 45, 38), dtype=torch.uint8, generator=g),
+        Ragged.stack([p[:1] for p in photos] * 2),
+    ]
+    for x in batches:
+        channels = int(x.shapes[0, 0]) if isinstance(x, Ragged) else x.shape[1]
+        for mode in ("bilinear", "bicubic"):
+            crop = RandomResizedCrop((24, 28), interpolation=mode, kernel="pil")
+            flip, vflip = RandomHorizontalFlip(), RandomVerticalFlip()
+            norm = Normalize([0.4] * channels, [0.3] * channels, reciprocal=reciprocal)
+            for ops in ([crop, flip, vflip, norm], [crop, flip]):  # float out; uint8 out
+                ours = Compose(ops)(x, generator=torch.Generator().manual_seed(5))
+                s = torch.Generator().manual_seed(5)
+                one_by_one = x
+                for op in ops:
+                    one_by_one = op(one_by_one, generator=s)
+                assert ours.dtype == one_by_one.dtype and torch.equal(ours, one_by_one), (type(x).__name__, mode)

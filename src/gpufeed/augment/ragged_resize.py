@@ -12,7 +12,7 @@ import torch
 from ..store.ragged import Ragged
 from .fixed_point import by_pass_order, fixed_taps, shift_clamp, vertical_first
 from .paths import host_path
-from .resample import resize_on_cpu
+from .resample import boxes, resize_on_cpu
 from .taps import resample_taps
 
 __all__ = ["batched_ragged", "ragged_resized_crop"]
@@ -35,8 +35,7 @@ def ragged_resized_crop(
     per image would be launch-bound, so the batch is resampled together (:func:`batched_ragged`).
     """
     if host_path(x):
-        boxes = torch.stack([top, left, height, width], 1).tolist()
-        crops = [x.image(i)[:, y0 : y0 + h, x0 : x0 + w] for i, (y0, x0, h, w) in enumerate(boxes)]
+        crops = boxes(x, top, left, height, width)
         return resize_on_cpu(crops, int(x.shapes[0, 0]), x.dtype, size, antialias, mode, kernel)
     return batched_ragged(x, top, left, height, width, size, antialias, mode, kernel)
 

@@ -17,15 +17,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numpy
 import torch
 
+from ..store.ragged import Ragged
 from .fixed_point import fixed_resized_crop
 from .fusion import NotCompiled
 from .paths import host_path
+from .pillow_resize import pillow_resized
 from .taps import fused_resized_crop, resample_taps
 
-__all__ = ["resample_taps", "resize_on_cpu", "resized_crop"]
+__all__ = ["boxes", "resample_taps", "resize_on_cpu", "resized_crop"]
 
 
 def _weights(
@@ -60,8 +61,7 @@ def resized_crop(
         if host_path(x) and (kernel == "torch" or x.shape[1] in (1, 3)):
             # On the CPU the library's own kernel per image is exact by definition, and faster than the batched
             # integer gathers (v2's uint8 resize: 6x at 256 crops of 32x32, 10x at 64 of 375x500 to 224; measured).
-            boxes = torch.stack([top, left, height, width], 1).tolist()
-            crops = [x[i, :, y0 : y0 + h, x0 : x0 + w] for i, (y0, x0, h, w) in enumerate(boxes)]
+            crops = boxes(x, top, left, height, width)
             return resize_on_cpu(crops, x.shape[1], x.dtype, size, antialias, mode, kernel)
         return fixed_resized_crop(x, top, left, height, width, size, antialias, mode, kernel)
     if x.dtype == torch.uint8 and mode != "nearest":
@@ -78,6 +78,15 @@ def resized_crop(
     if x.dtype == torch.uint8:
         return out.round_().clamp_(0, 255).to(torch.uint8)
     return out.to(x.dtype)
+
+
+def boxes(
+    x: torch.Tensor | Ragged, top: torch.Tensor, left: torch.Tensor, height: torch.Tensor, width: torch.Tensor
+) -> list[torch.Tensor]:
+    """Each sample's box as a ``(C, h, w)`` view of ``x`` (a batch or a Ragged batch of images, on the CPU)."""
+    image = x.image if isinstance(x, Ragged) else x.__getitem__
+    spans = torch.stack([top, left, height, width], 1).tolist()
+    return [image(i)[:, y0 : y0 + h, x0 : x0 + w] for i, (y0, x0, h, w) in enumerate(spans)]
 
 
 def resize_on_cpu(
@@ -98,12 +107,11 @@ def resize_on_cpu(
     from torchvision.transforms.functional import resize as v1_resize
     from torchvision.transforms.v2.functional import resize as v2_resize
 
-    out = torch.empty((len(crops), channels, *size), dtype=dtype)
     uint8 = dtype == torch.uint8 and mode != "nearest"
+    if uint8 and kernel == "pil" and channels in (1, 3):
+        return pillow_resized(crops, size, mode)
+    out = torch.empty((len(crops), channels, *size), dtype=dtype)
     for i, crop in enumerate(crops):
-        if uint8 and kernel == "pil" and channels in (1, 3):
-            out[i] = _pil_resize(crop, size, mode)
-            continue
         batch = crop.unsqueeze(0)
         if uint8 and kernel == "float":  # v1: through float32, rounded once
             out[i] = v1_resize(batch, list(size), interpolation=InterpolationMode(mode), antialias=antialias)[0]
@@ -112,15 +120,3 @@ def resize_on_cpu(
             batch = batch.contiguous(memory_format=torch.channels_last)
         out[i] = v2_resize(batch, list(size), interpolation=InterpolationMode(mode), antialias=antialias)[0]
     return out
-
-
-def _pil_resize(crop: torch.Tensor, size: tuple[int, int], mode: str) -> torch.Tensor:
-    """One ``(C, h, w)`` uint8 crop (1 or 3 channels, on the CPU) resized by Pillow itself, as torchvision resizes a
-    PIL image (``fixed_point`` computes the same integers where Pillow cannot run: on a GPU)."""
-    import PIL.Image
-
-    resample = PIL.Image.Resampling.BICUBIC if mode == "bicubic" else PIL.Image.Resampling.BILINEAR
-    pixels = crop.permute(1, 2, 0).contiguous().numpy()
-    image = PIL.Image.fromarray(pixels[..., 0] if crop.shape[0] == 1 else pixels)
-    out = torch.from_numpy(numpy.array(image.resize((size[1], size[0]), resample)))
-    return out.view(size[0], size[1], -1).permute(2, 0, 1)

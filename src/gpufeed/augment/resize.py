@@ -24,8 +24,10 @@ from ..store.ragged import Ragged
 from .fixed_point import KERNELS
 from .fusion import NotCompiled
 from .params import Draws, rand, randint, size_pair
+from .paths import host_path
+from .pillow_resize import pillow_resized
 from .ragged_resize import ragged_resized_crop
-from .resample import resized_crop
+from .resample import boxes, resized_crop
 from .taps import fused_resized_crop
 from .transforms import BatchTransform, Params
 
@@ -50,7 +52,7 @@ class RandomResizedCrop(BatchTransform):
     kernel: str = "float"  # how uint8 is resampled: "float" (v1), "torch" (v2 on the CPU), "pil" (Pillow); KERNELS
     ragged_input = True  # images of different sizes: each box drawn from its own image's size
     one_size_output = True
-    fuses_tail = True  # the flips and Normalize after it run in its resampling's loops (.taps)
+    fuses_tail = True  # the flips and Normalize after it run with its resampling (apply_tail)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "size", size_pair(self.size, "size"))
@@ -113,13 +115,22 @@ class RandomResizedCrop(BatchTransform):
         return self.size  # type: ignore[return-value]
 
     def apply_tail(
-        self, x: torch.Tensor, params: Params, flips: Sequence[tuple[str, torch.Tensor]], normalize: Any
+        self, x: torch.Tensor | Ragged, params: Params, flips: Sequence[tuple[str, torch.Tensor]], normalize: Any
     ) -> torch.Tensor:
-        if not _tail_fuses(self, x, params):
-            raise NotCompiled
+        """The boxes resized, flipped and normalised in one go where that runs (else ``NotCompiled``, before any
+        work): on the CPU with the Pillow kernel, by Pillow, image by image on the usable cores; the float kernel
+        on a batch of one size, compiled (.taps)."""
         p = params
         box = (p["top"], p["left"], p["height"], p["width"])
-        return fused_resized_crop(x, *box, self.size, self.antialias, self.interpolation, flips, normalize)  # type: ignore[arg-type]
+        mode = self.interpolation
+        if len(box[0]) == 0 or x.dtype != torch.uint8 or not isinstance(mode, str) or mode == "nearest":
+            raise NotCompiled
+        channels = int(x.shapes[0, 0]) if isinstance(x, Ragged) else x.shape[1]
+        if self.kernel == "pil" and host_path(x) and channels in (1, 3):
+            return pillow_resized(boxes(x, *box), self.size, mode, flips, normalize)  # type: ignore[arg-type]
+        if self.kernel == "float" and isinstance(x, torch.Tensor):
+            return fused_resized_crop(x, *box, self.size, self.antialias, mode, flips, normalize)  # type: ignore[arg-type]
+        raise NotCompiled
 
     def apply(self, x: torch.Tensor | Ragged, params: Params) -> torch.Tensor:
         p = params
@@ -144,14 +155,6 @@ class RandomResizedCrop(BatchTransform):
             out[idx.to(out.device)] = done
         assert out is not None
         return out
-
-
-def _tail_fuses(op: RandomResizedCrop, x: torch.Tensor | Ragged, params: Params) -> bool:
-    """Whether ``apply_tail`` runs here: a uint8 batch of one size, one interpolation that is not nearest, the float
-    kernel (the fixed-point ones round between their passes), a sample at least."""
-    one_mode = isinstance(op.interpolation, str) and op.interpolation != "nearest"
-    dense = isinstance(x, torch.Tensor) and x.dtype == torch.uint8
-    return one_mode and dense and op.kernel == "float" and len(params["top"]) > 0
 
 
 def _central_box(

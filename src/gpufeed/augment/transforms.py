@@ -108,7 +108,7 @@ class BatchTransform:
     fuses_tail = False  # True for an op that can run the flips and Normalize after it in its own loops
 
     def apply_tail(
-        self, x: torch.Tensor, params: Params, flips: Sequence[tuple[str, torch.Tensor]], normalize: Any
+        self, x: torch.Tensor | Ragged, params: Params, flips: Sequence[tuple[str, torch.Tensor]], normalize: Any
     ) -> torch.Tensor:
         """``apply``, then the flips (their axes and masks) and ``normalize`` (Normalize's mean, std and reciprocal,
         or None), as one op (``fuses_tail``), or :class:`~gpufeed.augment.fusion.NotCompiled` before any work."""
@@ -237,25 +237,29 @@ class Compose(BatchTransform):
         if isinstance(generator, KeyedDraws):  # one draw of the caller's stream per call, as a generator advances:
             generator = generator.spawn()  # a second call (another view) draws anew; the ops' children come from it
         sources = [_op_draws(generator, k, t) for k, t in enumerate(self.transforms)]
+        drawn: dict[int, Params] = {}  # a tail's flips, drawn for a fused resize that then did not run
         if isinstance(x, Ragged):  # ops that take it, up to the one that makes the batch one size; then as usual
             for k, t in enumerate(self.transforms):
                 _check_input(x, t)
-                x = t.apply(x, t.sample(x, sources[k]) if t.random else {})
+                params = t.sample(x, sources[k]) if t.random else {}
+                tail = _fused_tail(x, k, params, self.transforms, sources, drawn) if t.fuses_tail else None
+                x, after = tail if tail is not None else (t.apply(x, params), k + 1)
                 if not isinstance(x, Ragged):
-                    if k + 1 == len(self.transforms):
+                    if after == len(self.transforms):
                         return x
-                    _check_input(x, self.transforms[k + 1])
-                    return self._dense(x, k + 1, sources)
+                    _check_input(x, self.transforms[after])
+                    return self._dense(x, after, sources, drawn)
             return x
-        return self._dense(x, 0, sources)
+        return self._dense(x, 0, sources, drawn)
 
-    def _dense(self, x: torch.Tensor, first: int, sources: list[Draws | None]) -> torch.Tensor:
+    def _dense(
+        self, x: torch.Tensor, first: int, sources: list[Draws | None], drawn: dict[int, Params]
+    ) -> torch.Tensor:
         """The ops from ``first`` on a batch of one size, each drawing from its source (``sources[k]``: the one
-        generator, or keyed, op ``k``'s own stream)."""
+        generator, or keyed, op ``k``'s own stream), or taking what was drawn for it (``drawn``)."""
         n, _, h, w = x.shape
         ops = self.transforms
         pending: G.IndexMap | None = None  # composed map of the geometric ops not yet applied
-        drawn: dict[int, Params] = {}  # a tail's flips, drawn for a fused resize that then did not run
         k = first
         while k < len(ops):
             t, source = ops[k], sources[k]
@@ -301,7 +305,7 @@ def _op_draws(generator: Draws | None, position: int, op: BatchTransform) -> Dra
 
 
 def _fused_tail(
-    x: torch.Tensor,
+    x: torch.Tensor | Ragged,
     k: int,
     params: Params,
     ops: list[BatchTransform],
@@ -310,7 +314,8 @@ def _fused_tail(
 ) -> tuple[torch.Tensor, int] | None:
     """Op ``k`` (``fuses_tail``: a resize) with the flips after it and a Normalize after those, as one op: the
     result and the next op's place; None where it does not run so (no tail; no compiler), the flips' draws then
-    kept in ``drawn`` for the ops that run one by one. The flips draw as they would after the resize, in order."""
+    kept in ``drawn`` for the ops that run one by one. The flips draw as they would after the resize, in order
+    (for its output size: an op that takes a Ragged batch makes one size whatever the input's)."""
     end = k + 1
     while end < len(ops) and isinstance(ops[end], GeometricTransform) and ops[end].flips:  # type: ignore[attr-defined]
         end += 1
@@ -318,9 +323,9 @@ def _fused_tail(
     then = last if isinstance(last, Normalize) else None
     if (end == k + 1 and then is None) or (then is not None and then.dtype != torch.float32):
         return None
-    out_h, out_w = ops[k].output_size(x.shape[2], x.shape[3])
+    out_h, out_w = ops[k].output_size(*((x.shape[2], x.shape[3]) if isinstance(x, torch.Tensor) else (0, 0)))
     for j in range(k + 1, end):
-        drawn[j] = ops[j].draw(x.shape[0], out_h, out_w, x.device, sources[j])  # type: ignore[attr-defined]
+        drawn[j] = ops[j].draw(len(x), out_h, out_w, x.device, sources[j])  # type: ignore[attr-defined]
     flips = [(ops[j].flips, drawn[j]["mask"]) for j in range(k + 1, end)]  # type: ignore[attr-defined]
     normalize = (then.mean, then.std, then.reciprocal) if then is not None else None
     try:

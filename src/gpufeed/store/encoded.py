@@ -22,10 +22,7 @@ difference is measured by ``benchmarks/gpu_check.py``.
 from __future__ import annotations
 
 import io
-import os
-import threading
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -33,6 +30,7 @@ import torch
 
 from ..device import usable_cores
 from ..errors import ConfigError, DataError
+from ..threads import spread
 from . import decoders
 from .base import Store, need
 from .ragged import Ragged, check_index, check_ragged, sizes
@@ -171,29 +169,6 @@ def _pack(files: Sequence[torch.Tensor], shapes: torch.Tensor, jpeg: torch.Tenso
     return Encoded(data, starts, lengths, shapes.clone(), jpeg.clone())
 
 
-_POOL: ThreadPoolExecutor | None = None
-_POOL_LOCK = threading.Lock()
-
-
-def _pool() -> ThreadPoolExecutor:
-    """The decoders' threads: one pool for the process, threads started as work needs them."""
-    global _POOL
-    with _POOL_LOCK:
-        if _POOL is None:
-            _POOL = ThreadPoolExecutor(64, thread_name_prefix="gpufeed-decode")
-        return _POOL
-
-
-def _forget_pool() -> None:
-    # A forked child inherits the pool but not its threads: work handed to it would wait forever.
-    global _POOL, _POOL_LOCK
-    _POOL, _POOL_LOCK = None, threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_pool)
-
-
 def decode_one(encoded: Encoded, i: int) -> torch.Tensor:
     """Image ``i`` of ``encoded`` decoded to RGB, as ``(H, W, C)`` (how both decoders lay pixels out)."""
     if encoded.rotated(i):  # PIL's pixels, then Pillow's turn (a decoder may turn some formats itself)
@@ -301,11 +276,7 @@ def decode(
                 image = resize(chw, [th, tw], antialias=True)[0].permute(1, 2, 0)
             out[offsets[i] : offsets[i] + c * th * tw].view(th, tw, c).copy_(image)
 
-    workers = min(usable_cores() if threads is None else threads, n)
-    if workers > 1:
-        list(_pool().map(part, range(workers), [workers] * workers))
-    else:
-        part(0, 1)
+    spread(part, n, threads)
     return Ragged(out, starts, target)
 
 

@@ -1,0 +1,87 @@
+"""RandomResizedCrop's boxes resized by Pillow itself on the CPU, as torchvision resizes a PIL image: exact by
+definition, on the usable cores (Pillow's resize lets go of the GIL), and, for a Compose, with the flips and the
+Normalize after it done to each image while it is in the cache (``fixed_point`` computes the same integers where
+Pillow cannot run: on a GPU).
+
+Each box is handed to Pillow as the rows it spans in the channels-last image, without a copy; the flips are views;
+``Normalize``'s arithmetic on the uint8 image (``x / 255``, or ``* (1 / 255)``, then ``- mean`` and ``/ std``, each a
+float32 operation rounded once) is numpy's here and torch's in ``functional.normalize``: the same bits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy
+import torch
+
+from ..threads import spread
+
+__all__ = ["pillow_resized"]
+
+Flips = Sequence[tuple[str, torch.Tensor]]  # ("cols" or "rows", a mask per sample), in the order they apply
+Normalizing = tuple[Sequence[float], Sequence[float], bool]  # Normalize's mean, std and reciprocal
+
+
+def pillow_resized(
+    crops: Sequence[torch.Tensor],
+    size: tuple[int, int],
+    mode: str,
+    flips: Flips = (),
+    normalize: Normalizing | None = None,
+) -> torch.Tensor:
+    """Each ``(C, h, w)`` uint8 crop (1 or 3 channels, on the CPU) resized to ``size`` by Pillow (``mode``: bilinear or
+    bicubic), stacked ``(N, C, *size)``; then, per sample, ``flips`` and ``normalize`` (float32 out). On the usable
+    cores: 1.9x one thread at 224 px on 2."""
+    c = crops[0].shape[0] if crops else 3
+    out = torch.empty((len(crops), c, *size), dtype=torch.float32 if normalize is not None else torch.uint8)
+    flipped = [(axis, mask.tolist()) for axis, mask in flips]
+    stats = None
+    if normalize is not None:
+        mean, std, reciprocal = normalize
+        like = (-1, 1, 1)  # per channel of a (C, H, W) image
+        stats = (numpy.float32(1 / 255) if reciprocal else None, numpy.asarray(mean, numpy.float32).reshape(like),
+                 numpy.asarray(std, numpy.float32).reshape(like))  # fmt: skip
+
+    def part(first: int, step: int) -> None:
+        for i in range(first, len(crops), step):
+            pixels = _resized(crops[i], size, mode)  # (H, W, C) uint8
+            for axis, mask in flipped:
+                if mask[i]:
+                    pixels = pixels[:, ::-1] if axis == "cols" else pixels[::-1]
+            if stats is None:
+                out[i] = torch.from_numpy(numpy.ascontiguousarray(pixels)).permute(2, 0, 1)
+                continue
+            # in place in the batch: numpy's float32 arithmetic per image, 0.12 ms at 224 px on one core (torch's
+            # on the whole batch: 0.2 ms an image on two)
+            scale, mean, std = stats
+            values = out[i].numpy()
+            numpy.copyto(values, pixels.transpose(2, 0, 1))
+            if scale is not None:
+                values *= scale
+            else:
+                values /= numpy.float32(255)
+            values -= mean
+            values /= std
+
+    spread(part, len(crops))
+    return out
+
+
+def _resized(crop: torch.Tensor, size: tuple[int, int], mode: str) -> numpy.ndarray:
+    """One crop resized by Pillow: ``(H, W, C)`` uint8."""
+    import PIL.Image
+
+    resample = PIL.Image.Resampling.BICUBIC if mode == "bicubic" else PIL.Image.Resampling.BILINEAR
+    c, h, w = crop.shape
+    hwc = crop.permute(1, 2, 0)
+    kind = "L" if c == 1 else "RGB"
+    stride = hwc.stride(0)
+    room = crop.untyped_storage().nbytes() - crop.storage_offset()  # Pillow wants whole rows of the stride
+    if hwc.stride(2) == 1 and hwc.stride(1) == c and h * stride <= room:  # rows of a channels-last image: read in place
+        rows = torch.as_strided(hwc, (h * stride,), (1,))
+        image = PIL.Image.frombuffer(kind, (w, h), rows.numpy(), "raw", kind, stride, 1)
+    else:
+        pixels = hwc.contiguous().numpy()
+        image = PIL.Image.fromarray(pixels[..., 0] if c == 1 else pixels)
+    return numpy.array(image.resize((size[1], size[0]), resample)).reshape(size[0], size[1], c)  # writable

@@ -1,6 +1,6 @@
-"""The fused ops (gpufeed.augment.fusion, .jitter, .taps): compiled, they give the eager ops' pixels bit for bit (the
-resize: its eager taps; within torchvision's float kernel, and one level of the eager matrices); a batch of one,
-GPUFEED_COMPILE=0, a dry run and a device without a compiler run the eager ops (the last with one warning)."""
+"""The fused ops (gpufeed.augment.fusion, .jitter, .taps, .moves): compiled, they give the eager ops' pixels bit for
+bit (the resize: its eager taps; within torchvision's float kernel, and one level of the eager matrices); a batch of
+one, GPUFEED_COMPILE=0, a dry run and a device without a compiler run the eager ops (the last with one warning)."""
 
 import warnings
 from pathlib import Path
@@ -20,6 +20,7 @@ from gpufeed.augment import (
     RandomVerticalFlip,
     fusion,
     jitter,
+    moves,
     taps,
 )
 from gpufeed.augment import functional as F
@@ -297,3 +298,28 @@ def test_the_device_path_runs_the_same_fused_resize(compiled):
     with device_path():
         on_device_path = recipe(x, generator=torch.Generator().manual_seed(6))
     assert torch.equal(on_device_path, recipe(x, generator=torch.Generator().manual_seed(6)))
+
+
+MOVES = [  # crops and flips with Normalize (reciprocal too), fills per channel, every padding mode, two fills
+    [RandomCrop(24, padding=4), RandomHorizontalFlip(), Normalize(MEAN, STD)],
+    [RandomCrop(20, padding=(2, 3, 4, 5), fill=(10, 20, 30)), RandomVerticalFlip(), RandomHorizontalFlip(),
+     Normalize(MEAN, STD, reciprocal=True)],
+    [RandomCrop(30, padding=3, padding_mode="reflect", pad_if_needed=True), RandomCrop(22, padding=2, fill=7),
+     RandomHorizontalFlip()],
+    [RandomCrop(28, padding=3, padding_mode="symmetric"), RandomHorizontalFlip(), RandomCrop(26, padding_mode="edge",
+     padding=1), Normalize(MEAN, STD)],
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("ops", MOVES, ids=lambda ops: "+".join(type(o).__name__ for o in ops))
+def test_the_fused_crops_flips_and_normalize_on_the_device_path_give_the_host_pixels(compiled, ops):
+    recipe = Compose(ops)
+    for n, side in ((9, 24), (4, 26)):  # two batch sizes, one compile
+        x = torch.randint(0, 256, (n, 3, side, side), dtype=torch.uint8, generator=torch.Generator().manual_seed(n))
+        with pytest.MonkeyPatch.context() as m:
+            m.setattr(moves, "_fused_moves", _counted(moves._fused_moves))
+            with device_path():  # one compiled gather, as on a GPU
+                ours = recipe(x, generator=torch.Generator().manual_seed(2))
+            assert moves._fused_moves.calls == 1
+        host = recipe(x, generator=torch.Generator().manual_seed(2))  # the host's cache-sized chunks, eager
+        assert ours.dtype == host.dtype and torch.equal(ours, host), (n, side)

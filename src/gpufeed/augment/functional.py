@@ -65,6 +65,8 @@ def constant(values: float | Sequence[float], x: torch.Tensor, name: str = "valu
         raise ConfigError(f"{name}={values!r} must be a number or have {channels} values (one per channel)")
     if x.dtype == torch.uint8 and not all(float(v).is_integer() and 0 <= v <= 255 for v in vals):
         raise ConfigError(f"{name}={values!r} must be integers in [0, 255] for uint8 images (pixel values)")
+    if torch.compiler.is_compiling():  # in a fused function (.moves): a constant of its graph, no cache to trace
+        return torch.tensor([float(v) for v in vals], dtype=x.dtype, device=x.device).view(1, -1, 1, 1)
     return _cached_constant(tuple(float(v) for v in vals), x.device, x.dtype)
 
 

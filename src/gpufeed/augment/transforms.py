@@ -27,6 +27,7 @@ from . import functional as F
 from . import geometry as G
 from .fusion import NotCompiled
 from .keyed import KeyedDraws
+from .moves import fused_moves
 from .params import Draws
 from .paths import host_path
 
@@ -259,24 +260,19 @@ class Compose(BatchTransform):
         generator, or keyed, op ``k``'s own stream), or taking what was drawn for it (``drawn``)."""
         n, _, h, w = x.shape
         ops = self.transforms
-        pending: G.IndexMap | None = None  # composed map of the geometric ops not yet applied
+        pending: list[tuple[GeometricTransform, Params, int, int]] = []  # the crops and flips not yet applied
         k = first
         while k < len(ops):
             t, source = ops[k], sources[k]
             if isinstance(t, GeometricTransform):
                 params = drawn.pop(k) if k in drawn else t.draw(n, h, w, x.device, source)  # type: ignore[arg-type]
-                m = t.index_map(params, h, w)
+                pending.append((t, params, h, w))
                 h, w = t.output_size(h, w)
-                fused = pending.then(m) if pending is not None else m
-                if fused is None:  # two paddings with different fills cannot share one map
-                    x, _ = _remap(x, pending)  # type: ignore[arg-type]
-                    fused = m
-                pending = fused
                 k += 1
                 continue
-            if pending is not None:
-                x, normalized = _remap(x, pending, t if isinstance(t, Normalize) else None)
-                pending = None
+            if pending:
+                x, normalized = _move(x, pending, t if isinstance(t, Normalize) else None)
+                pending = []
                 if normalized:
                     k += 1
                     continue
@@ -288,7 +284,7 @@ class Compose(BatchTransform):
                 x = t.apply(x, params)
                 k += 1
             h, w = x.shape[-2:]  # a resize changes the size the next crop or flip draws for
-        return _remap(x, pending)[0] if pending is not None else x
+        return _move(x, pending)[0] if pending else x
 
     def __repr__(self) -> str:
         body = "".join(f"\n    {t!r}," for t in self.transforms)
@@ -335,6 +331,30 @@ def _fused_tail(
     for j in range(k + 1, end):
         del drawn[j]
     return out, end + (then is not None)
+
+
+def _move(
+    x: torch.Tensor, pending: list[tuple[GeometricTransform, Params, int, int]], then: Normalize | None = None
+) -> tuple[torch.Tensor, bool]:
+    """``x`` through the ``pending`` crops and flips (their composed maps: one read of the batch, two where two
+    paddings' fills differ), and whether the ``Normalize`` that follows (``then``) was applied too: on the device's
+    path compiled into one gather where the compiler runs (:mod:`.moves`), else as :func:`_remap` does."""
+    if not host_path(x):
+        uint8_float = then is not None and x.dtype == torch.uint8 and then.dtype == torch.float32
+        normalize = (then.mean, then.std, then.reciprocal) if uint8_float else None  # type: ignore[union-attr]
+        try:
+            return fused_moves(x, pending, normalize), normalize is not None
+        except NotCompiled:
+            pass
+    m: G.IndexMap | None = None
+    for op, params, h, w in pending:
+        step = op.index_map(params, h, w)
+        both = m.then(step) if m is not None else step
+        if both is None:  # two paddings with different fills cannot share one map
+            x, _ = _remap(x, m)  # type: ignore[arg-type]
+            both = step
+        m = both
+    return _remap(x, m, then)  # type: ignore[arg-type]
 
 
 def _remap(x: torch.Tensor, m: G.IndexMap, then: Normalize | None = None) -> tuple[torch.Tensor, bool]:

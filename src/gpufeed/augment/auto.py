@@ -75,8 +75,8 @@ class TrivialAugmentWide(BatchTransform):
         op = randint(generator, 0, 14, (n,), dev)
         bins = randint(generator, 0, self.num_magnitude_bins, (n,), dev)
         table = magnitude_table(
-            "wide", self.num_magnitude_bins, x.shape[2], x.shape[3], OPS[:14], self.v2_thresholds
-        ).to(dev)
+            "wide", self.num_magnitude_bins, x.shape[2], x.shape[3], OPS[:14], self.v2_thresholds, dev
+        )
         return {"op": op, "magnitude": table[op, bins] * _signs(n, op, generator)}
 
     def apply(self, x: torch.Tensor, params: Params) -> torch.Tensor:
@@ -111,8 +111,8 @@ class RandAugment(BatchTransform):
         _check_uint8(x, "RandAugment")
         n, dev = x.shape[0], x.device
         table = magnitude_table(
-            "rand", self.num_magnitude_bins, x.shape[2], x.shape[3], OPS[:14], self.v2_thresholds
-        ).to(dev)
+            "rand", self.num_magnitude_bins, x.shape[2], x.shape[3], OPS[:14], self.v2_thresholds, dev
+        )
         rounds = []
         for _ in range(self.num_ops):
             op = randint(generator, 0, 14, (n,), dev)
@@ -162,7 +162,7 @@ class AutoAugment(BatchTransform):
         _check_uint8(x, "AutoAugment")
         n, dev = x.shape[0], x.device
         ops, probs, bins = (t.to(dev) for t in self._rows)
-        table = magnitude_table("auto", 10, x.shape[2], x.shape[3], OPS, self.v2_thresholds).to(dev)
+        table = magnitude_table("auto", 10, x.shape[2], x.shape[3], OPS, self.v2_thresholds, dev)
         which = randint(generator, 0, len(ops), (n,), dev)
         chance = rand(generator, (n, 2), dev, torch.float64)
         rounds = []
@@ -231,7 +231,7 @@ class AugMix(BatchTransform):
     def sample(self, x: torch.Tensor, generator: Draws) -> Params:
         _check_uint8(x, "AugMix")
         n, dev = x.shape[0], x.device
-        ops, table = (t.to(dev) for t in augmix_table(x.shape[2], x.shape[3], self.all_ops))
+        ops, table = augmix_table(x.shape[2], x.shape[3], self.all_ops, dev)
         m = dirichlet(torch.tensor([self.alpha, self.alpha], device=dev), n, generator)
         weights = dirichlet(torch.tensor([self.alpha] * self.mixture_width, device=dev), n, generator) * m[:, 1:2]
         chains = []

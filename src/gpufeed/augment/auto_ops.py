@@ -10,6 +10,7 @@ draw the ops are in :mod:`.auto`.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 
@@ -76,11 +77,22 @@ def _space(kind: str, bins: int, height: int, width: int) -> dict[str, torch.Ten
     return space
 
 
+@functools.lru_cache(maxsize=64)
 def magnitude_table(
-    kind: str, bins: int, height: int, width: int, ops: tuple[str, ...], v2_thresholds: bool = False
+    kind: str,
+    bins: int,
+    height: int,
+    width: int,
+    ops: tuple[str, ...],
+    v2_thresholds: bool = False,
+    device: torch.device | None = None,
 ) -> torch.Tensor:
-    """``(len(ops), bins)`` float64 magnitudes (0 for the ops without one). ``v2_thresholds``: solarize's as
-    torchvision v2 takes them, ``255 * linspace(1, 0)`` (v1: ``linspace(255, 0)``; a few differ in the last bit)."""
+    """``(len(ops), bins)`` float64 magnitudes (0 for the ops without one), on ``device`` (None: the CPU); made once
+    per shape and device (rebuilt every batch, its 25 small operations were a tenth of TrivialAugmentWide's kernel
+    launches on a GPU): read it, never write to it. ``v2_thresholds``: solarize's as torchvision v2 takes them,
+    ``255 * linspace(1, 0)`` (v1: ``linspace(255, 0)``; a few differ in the last bit)."""
+    if device is not None:
+        return magnitude_table(kind, bins, height, width, ops, v2_thresholds).to(device)
     space = _space(kind, bins, height, width)
     if v2_thresholds:
         space["Solarize"] = torch.tensor(
@@ -299,8 +311,15 @@ _AUGMIX_OPS = (
 _AUGMIX_ALL = ("Brightness", "Color", "Contrast", "Sharpness")
 
 
-def augmix_table(height: int, width: int, all_ops: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """AugMix's ops (as indices into :data:`OPS`) and their magnitudes over its 10 bins, as torchvision has them."""
+@functools.lru_cache(maxsize=64)
+def augmix_table(
+    height: int, width: int, all_ops: bool, device: torch.device | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """AugMix's ops (as indices into :data:`OPS`) and their magnitudes over its 10 bins, as torchvision has them, on
+    ``device`` (None: the CPU); made once (read them, never write to them)."""
+    if device is not None:
+        ops, table = augmix_table(height, width, all_ops)
+        return ops.to(device), table.to(device)
     lin = lambda hi: torch.linspace(0.0, hi, 10)  # noqa: E731
     space = {
         "ShearX": lin(0.3),

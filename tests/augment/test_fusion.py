@@ -1,6 +1,7 @@
-"""The fused ops (gpufeed.augment.fusion, .jitter, .taps, .moves): compiled, they give the eager ops' pixels bit for
-bit (the resize: its eager taps; within torchvision's float kernel, and one level of the eager matrices); a batch of
-one, GPUFEED_COMPILE=0, a dry run and a device without a compiler run the eager ops (the last with one warning)."""
+"""The fused ops (gpufeed.augment.fusion, .jitter, .taps, .moves, .auto_fused): compiled, they give the eager ops'
+pixels bit for bit (the resize: its eager taps; within torchvision's float kernel, and one level of the eager
+matrices); a batch of one, GPUFEED_COMPILE=0, a dry run and a device without a compiler run the eager ops (the last
+with one warning)."""
 
 import warnings
 from pathlib import Path
@@ -11,13 +12,18 @@ from torch._dynamo.utils import counters
 
 import gpufeed as gf
 from gpufeed.augment import (
+    AugMix,
+    AutoAugment,
     ColorJitter,
     Compose,
     Normalize,
+    RandAugment,
     RandomCrop,
     RandomHorizontalFlip,
     RandomResizedCrop,
     RandomVerticalFlip,
+    TrivialAugmentWide,
+    auto_fused,
     fusion,
     jitter,
     moves,
@@ -323,3 +329,21 @@ def test_the_fused_crops_flips_and_normalize_on_the_device_path_give_the_host_pi
             assert moves._fused_moves.calls == 1
         host = recipe(x, generator=torch.Generator().manual_seed(2))  # the host's cache-sized chunks, eager
         assert ours.dtype == host.dtype and torch.equal(ours, host), (n, side)
+
+
+AUTO = [TrivialAugmentWide(), RandAugment(), AutoAugment("cifar10"), AugMix(),
+        TrivialAugmentWide(fill=(10, 20, 30), interpolation="bilinear")]  # fmt: skip
+
+
+@pytest.mark.parametrize("op", AUTO, ids=lambda op: type(op).__name__)
+def test_the_fused_auto_augment_colour_ops_on_the_device_path_give_the_host_pixels(compiled, op):
+    for n, side in ((64, 32), (9, 20)):  # every op drawn; two sizes, one compile
+        x = torch.randint(0, 256, (n, 3, side, side), dtype=torch.uint8, generator=torch.Generator().manual_seed(n))
+        x[0], x[1, 0] = 7, 200  # flat images and channels: AutoContrast's and Equalize's degenerate cases
+        with pytest.MonkeyPatch.context() as m:
+            m.setattr(auto_fused, "_fused", _counted(auto_fused._fused))
+            with device_path():  # every colour op on every sample, one compiled function a round
+                ours = op(x, generator=torch.Generator().manual_seed(3))
+            assert auto_fused._fused.calls >= 1
+        host = op(x, generator=torch.Generator().manual_seed(3))  # sorted by op, each op eager on its slice
+        assert torch.equal(ours, host), (n, side)

@@ -19,7 +19,8 @@ from typing import Any
 import torch
 
 from ..errors import ConfigError
-from .auto_ops import OPS, SIGNED, apply_op, augmix_table, magnitude_table
+from .auto_fused import apply_op
+from .auto_ops import OPS, SIGNED, augmix_table, magnitude_table
 from .params import Draws, fill_tuple, rand, randint, randn, spawn
 from .transforms import BatchTransform, Params
 

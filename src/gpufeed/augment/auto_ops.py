@@ -30,7 +30,9 @@ __all__ = [
     "autocontrast",
     "equalize",
     "magnitude_table",
+    "matrices",
     "posterize",
+    "solarize",
 ]
 
 
@@ -102,7 +104,7 @@ def magnitude_table(
     return torch.stack(rows)
 
 
-def _matrices(op: torch.Tensor, mag: torch.Tensor, height: int, width: int) -> torch.Tensor:
+def matrices(op: torch.Tensor, mag: torch.Tensor, height: int, width: int) -> torch.Tensor:
     """The matrices torchvision's ``_apply_op`` builds for each sample's geometric op."""
     zeros, ones = torch.zeros_like(mag), torch.ones_like(mag)
     is_ = lambda name: op == OPS.index(name)  # noqa: E731
@@ -147,17 +149,21 @@ def posterize(x: torch.Tensor, bits: torch.Tensor) -> torch.Tensor:
     return x & mask.to(torch.uint8).view(-1, 1, 1, 1)
 
 
-def _solarize(x: torch.Tensor, threshold: torch.Tensor) -> torch.Tensor:
+def solarize(x: torch.Tensor, threshold: torch.Tensor) -> torch.Tensor:
+    """torchvision's tensor ``solarize``: levels at or above each sample's threshold inverted."""
     bound = 255 if x.dtype == torch.uint8 else 1.0
     return torch.where(x >= threshold.to(torch.float32).view(-1, 1, 1, 1), bound - x, x)
 
 
-def autocontrast(x: torch.Tensor) -> torch.Tensor:
-    """torchvision's tensor ``autocontrast``: each image's channels stretched to the full range."""
+def autocontrast(x: torch.Tensor, widen: bool = False) -> torch.Tensor:
+    """torchvision's tensor ``autocontrast``: each image's channels stretched to the full range. ``widen``: find
+    the lowest and highest levels of uint8 as int16, the same values (Inductor's C++ in torch 2.14 compiles a uint8
+    ``amin`` to 0: the compiled copy in .auto_fused widens first)."""
     bound = 255.0 if x.dtype == torch.uint8 else 1.0
     work = x.dtype if x.dtype.is_floating_point else torch.float32
-    low = x.amin(dim=(-2, -1), keepdim=True).to(work)
-    high = x.amax(dim=(-2, -1), keepdim=True).to(work)
+    levels = x.to(torch.int16) if widen and x.dtype == torch.uint8 else x
+    low = levels.amin(dim=(-2, -1), keepdim=True).to(work)
+    high = levels.amax(dim=(-2, -1), keepdim=True).to(work)
     scale = bound / (high - low)
     flat = ~torch.isfinite(scale)
     low, scale = low.masked_fill(flat, 0), scale.masked_fill(flat, 1)
@@ -210,7 +216,7 @@ def apply_op(
         res[part] = _pil_geometric(xs[part], op.index_select(0, order)[part], ms[part], fill, interpolation, v2)
     elif last > first:
         part = slice(first, last)
-        m = _matrices(op.index_select(0, order)[part], ms[part], x.shape[2], x.shape[3])
+        m = matrices(op.index_select(0, order)[part], ms[part], x.shape[2], x.shape[3])
         res[part] = affine_sample(xs[part], m, fill, interpolation)
     for name in OPS:
         if name in _GEOMETRIC or starts[name] == ends[name]:
@@ -287,7 +293,7 @@ def _colour(name: str, x: torch.Tensor, mag: torch.Tensor) -> torch.Tensor:
     if name == "Posterize":
         return posterize(x, mag)
     if name == "Solarize":
-        return _solarize(x, mag)
+        return solarize(x, mag)
     if name == "AutoContrast":
         return autocontrast(x)
     if name == "Equalize":

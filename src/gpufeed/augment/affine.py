@@ -7,6 +7,7 @@ torchvision's ``_get_inverse_affine_matrix`` per sample (v1's and v2's order of 
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -79,16 +80,23 @@ def affine_sample(x: torch.Tensor, matrices: torch.Tensor, fill: tuple[float, ..
     """Each image resampled through its inverse affine matrix (``"nearest"`` or ``"bilinear"``), as torchvision's
     tensor ``affine`` / ``rotate``: its sampling grid, its fill mask (a ones channel sampled alongside)."""
     n, c, h, w = x.shape
-    dev = x.device
     work = x.dtype if x.dtype.is_floating_point else torch.float32  # torchvision's grid dtype
     theta = matrices.view(n, 2, 3).to(work)
-    base = torch.empty(1, h, w, 3, dtype=work, device=dev)
-    base[..., 0].copy_(torch.linspace(-w * 0.5 + 0.5, w * 0.5 + 0.5 - 1, steps=w, device=dev))
-    base[..., 1].copy_(torch.linspace(-h * 0.5 + 0.5, h * 0.5 + 0.5 - 1, steps=h, device=dev).unsqueeze_(-1))
-    base[..., 2].fill_(1)
-    rescaled = theta.transpose(1, 2) / torch.tensor([0.5 * w, 0.5 * h], dtype=work, device=dev)
+    base, half = _base_grid(h, w, work, x.device)
+    rescaled = theta.transpose(1, 2) / half
     grid = base.view(1, h * w, 3).expand(n, h * w, 3).bmm(rescaled).view(n, h, w, 2)
     return sample_grid(x, grid, fill, mode)
+
+
+@functools.lru_cache(maxsize=32)
+def _base_grid(h: int, w: int, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """torchvision's base grid for ``(h, w)`` images and the half sizes its matrices are divided by, made once per
+    size (on a GPU, 8 kernel launches a batch otherwise); read them, never write to them."""
+    base = torch.empty(1, h, w, 3, dtype=dtype, device=device)
+    base[..., 0].copy_(torch.linspace(-w * 0.5 + 0.5, w * 0.5 + 0.5 - 1, steps=w, device=device))
+    base[..., 1].copy_(torch.linspace(-h * 0.5 + 0.5, h * 0.5 + 0.5 - 1, steps=h, device=device).unsqueeze_(-1))
+    base[..., 2].fill_(1)
+    return base, torch.tensor([0.5 * w, 0.5 * h], dtype=dtype, device=device)
 
 
 def sample_grid(x: torch.Tensor, grid: torch.Tensor, fill: tuple[float, ...] | None, mode: str) -> torch.Tensor:

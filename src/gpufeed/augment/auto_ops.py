@@ -17,7 +17,7 @@ import math
 import torch
 import torch.nn.functional as nnf
 
-from .affine import affine_sample, inverse_affine, inverse_affine_v1, inverse_affine_v2
+from .affine import affine_sample, inverse_affine_v1, inverse_affine_v2
 from .color import adjust_brightness, adjust_contrast, adjust_saturation, blend
 from .params import fill_tuple
 
@@ -105,23 +105,29 @@ def magnitude_table(
 
 
 def matrices(op: torch.Tensor, mag: torch.Tensor, height: int, width: int) -> torch.Tensor:
-    """The matrices torchvision's ``_apply_op`` builds for each sample's geometric op."""
-    zeros, ones = torch.zeros_like(mag), torch.ones_like(mag)
-    is_ = lambda name: op == OPS.index(name)  # noqa: E731
-    # ShearX/Y: shear = degrees(atan(m)) about [0, 0] (the top-left corner); Rotate: F.rotate's angle -m.
-    shear = torch.tensor([math.degrees(math.atan(v)) for v in mag.double().tolist()], dtype=torch.float64)
-    shear = shear.to(mag.device)
-    corner = is_("ShearX") | is_("ShearY")
-    return inverse_affine(
-        torch.where(is_("Rotate"), -mag, zeros),
-        torch.where(is_("TranslateX"), torch.trunc(mag), zeros),  # int(magnitude)
-        torch.where(is_("TranslateY"), torch.trunc(mag), zeros),
-        ones,
-        torch.where(is_("ShearX"), shear, zeros),
-        torch.where(is_("ShearY"), shear, zeros),
-        torch.where(corner, zeros - width * 0.5, zeros),
-        torch.where(corner, zeros - height * 0.5, zeros),
-    )
+    """The matrices torchvision's ``_apply_op`` builds for each sample's geometric op (the identity for the others),
+    ``(N, 6)`` float64 on ``op``'s device: computed on the host in Python's float arithmetic, as torchvision does
+    (:func:`~gpufeed.augment.affine.inverse_affine_v1`), from one read of the ops and magnitudes."""
+    rows = []
+    for index, m in zip(*torch.stack([op.double(), mag.double()]).tolist(), strict=True):
+        name = OPS[int(index)]
+        # ShearX/Y: shear = degrees(atan(m)) about [0, 0] (the top-left corner); Rotate: F.rotate's angle -m;
+        # Translate: int(m), its zero keeping m's sign as torch.trunc keeps it
+        shear = math.degrees(math.atan(m))
+        corner = name in ("ShearX", "ShearY")
+        rows.append(
+            inverse_affine_v1(
+                -m if name == "Rotate" else 0.0,
+                math.copysign(float(math.trunc(m)), m) if name == "TranslateX" else 0.0,
+                math.copysign(float(math.trunc(m)), m) if name == "TranslateY" else 0.0,
+                1.0,
+                shear if name == "ShearX" else 0.0,
+                shear if name == "ShearY" else 0.0,
+                0.0 - width * 0.5 if corner else 0.0,
+                0.0 - height * 0.5 if corner else 0.0,
+            )
+        )
+    return torch.tensor(rows, dtype=torch.float64, device=op.device).view(-1, 6)
 
 
 def adjust_sharpness(x: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:

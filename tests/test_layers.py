@@ -12,7 +12,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "gpufeed"
 LAYERS = [
     {"errors", "version"},
     {"device"},
-    {"validate", "sampling", "workers"},
+    {"validate", "sampling", "workers", "threads"},
     {"options"},
     {"cache"},
     {"store"},

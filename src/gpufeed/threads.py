@@ -37,8 +37,8 @@ if hasattr(os, "register_at_fork"):
 
 def spread(part: Callable[[int, int], None], items: int, threads: int | None = None) -> None:
     """``part(first, step)`` for each ``first`` below the number of workers (``threads``, default the usable cores,
-    at most ``items``): each worker takes every ``step``-th item from its first; one worker runs in this thread.
-    An exception in any part is raised here."""
+    at most ``items``): each worker takes every ``step``-th item from its first, on the pool's threads while this
+    one waits (one worker: in this thread). An exception in any part is raised here."""
     workers = min(usable_cores() if threads is None else threads, items)
     if workers > 1:
         list(pool().map(part, range(workers), [workers] * workers))

@@ -16,6 +16,7 @@ from gpufeed.augment import (
     AutoAugment,
     ColorJitter,
     Compose,
+    KeyedDraws,
     Normalize,
     RandAugment,
     RandomCrop,
@@ -347,3 +348,62 @@ def test_the_fused_auto_augment_colour_ops_on_the_device_path_give_the_host_pixe
             assert auto_fused._fused.calls >= 1
         host = op(x, generator=torch.Generator().manual_seed(3))  # sorted by op, each op eager on its slice
         assert torch.equal(ours, host), (n, side)
+
+
+def test_a_sample_is_resized_the_same_alone_in_a_batch_and_by_a_random_interpolation(compiled):
+    # a batch of one runs compiled as two (the eager matrices round otherwise); both interpolations share a function
+    x = torch.randint(0, 256, (6, 3, 30, 26), dtype=torch.uint8, generator=torch.Generator().manual_seed(9))
+    for crop in (RandomResizedCrop(20), RandomResizedCrop(20, interpolation=("bilinear", "bicubic"))):
+        params = crop.sample(x, torch.Generator().manual_seed(1))
+        whole = crop.apply(x, params)
+        for i in range(len(x)):
+            alone = crop.apply(x[i : i + 1], {k: v[i : i + 1] for k, v in params.items()})
+            assert torch.equal(alone, whole[i : i + 1]), (crop.interpolation, i)
+    recipe = Compose([RandomResizedCrop(20), RandomHorizontalFlip(), Normalize(MEAN, STD)])
+    keyed = lambda ids: KeyedDraws(7, 0, torch.tensor(ids))  # noqa: E731  draws keyed by sample id
+    whole = recipe(x, generator=keyed(list(range(len(x)))))
+    for i in range(len(x)):  # a sample is augmented the same in any batch, alone too
+        assert torch.equal(recipe(x[i : i + 1], generator=keyed([i])), whole[i : i + 1]), i
+    assert not hasattr(x, "_dynamo_static_indices")  # the compiled op marks an alias of the caller's batch
+
+
+def test_a_loader_with_random_interpolations_compiles_once_at_construction(compiled, monkeypatch):
+    recipe = Compose([RandomResizedCrop(24, interpolation=("bilinear", "bicubic")), RandomHorizontalFlip(),
+                      Normalize(MEAN, STD)])  # fmt: skip
+    images = torch.randint(0, 256, (40, 3, 40, 36), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
+    monkeypatch.setattr(taps, "_fused_taps", fusion.fused("RandomResizedCrop's resampling", "-")(taps.taps_resample))
+    loader = gf.DeviceLoader(images, torch.arange(40), 16, transform=recipe, device="cpu", seed=3)
+    assert "RandomResizedCrop's resampling for cpu" in loader.compile_note
+    graphs = counters["stats"]["unique_graphs"]
+    for epoch in range(2):
+        loader.set_epoch(epoch)
+        assert [len(x) for x, _ in loader] == [16, 16, 8]
+    assert counters["stats"]["unique_graphs"] == graphs
+
+
+def test_one_value_normalize_and_gray_images_on_the_device_path_give_the_host_pixels(compiled):
+    # MNIST's Normalize((0.1307,), (0.3081,)): its mean and std enter the compiled gather as tensors, not as scalar
+    # constants (a GPU compiler would multiply by the reciprocal of one)
+    recipe = Compose([RandomCrop(28, padding=2), RandomHorizontalFlip(), Normalize((0.1307,), (0.3081,))])
+    x = torch.randint(0, 256, (12, 1, 28, 28), dtype=torch.uint8, generator=torch.Generator().manual_seed(4))
+    with device_path():
+        ours = recipe(x, generator=torch.Generator().manual_seed(5))
+    assert torch.equal(ours, recipe(x, generator=torch.Generator().manual_seed(5)))
+
+
+def test_past_its_limit_of_versions_a_fused_op_says_so_and_runs_eager(compiled, monkeypatch):
+    # a function of its own (dynamo counts versions per code object: the suite's other tests compiled taps_resample)
+    fresh = fusion.fused("RandomResizedCrop's resampling", "-")(lambda *a: taps.taps_resample(*a))
+    monkeypatch.setattr(taps, "_fused_taps", fresh)
+    monkeypatch.setattr(fusion, "VERSIONS", 1)
+    x = torch.randint(0, 256, (4, 3, 20, 20), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    RandomResizedCrop(12)(x, generator=torch.Generator().manual_seed(0))  # the one version allowed
+    crop = RandomResizedCrop(12, interpolation="bicubic")  # more taps: another version
+    params = crop.sample(x, torch.Generator().manual_seed(1))
+    with pytest.warns(UserWarning, match=r"fused RandomResizedCrop's resampling was compiled for 1 kinds"):
+        ours = crop.apply(x, params)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once
+        assert torch.equal(crop.apply(x, params), ours)
+    with fusion.eager():
+        assert torch.equal(ours, crop.apply(x, params))  # the eager matrices

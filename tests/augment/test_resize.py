@@ -4,10 +4,13 @@ import torchvision.transforms as T
 import torchvision.transforms.functional as TF
 
 from gpufeed.augment import Compose, Normalize, RandomHorizontalFlip, RandomResizedCrop, RandomVerticalFlip
+from gpufeed.errors import ConfigError
 from gpufeed.store.ragged import Ragged
 
 from stats import DRAWS, ks_critical, ks_statistic
 from stats import gen as _gen
+
+MEAN, STD = (0.5, 0.4, 0.3), (0.2, 0.3, 0.25)
 
 
 def _pinned_reference(x, params, i, size, antialias):
@@ -122,3 +125,24 @@ def test_pillow_boxes_with_their_flips_and_normalize_equal_the_ops_one_by_one(re
                 for op in ops:
                     one_by_one = op(one_by_one, generator=s)
                 assert ours.dtype == one_by_one.dtype and torch.equal(ours, one_by_one), (type(x).__name__, mode)
+
+
+def test_pillow_reads_rows_it_cannot_take_in_place_from_a_copy_and_a_wrong_normalize_is_refused():
+    row = torch.randint(0, 256, (1, 3, 1, 64), dtype=torch.uint8).contiguous(memory_format=torch.channels_last)
+    x = row.expand(4, 3, 48, 64)  # every row the same: a stride of 0 between them
+    crop = RandomResizedCrop(32, kernel="pil")
+    ours = crop(x, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(ours, crop(x.contiguous(), generator=torch.Generator().manual_seed(0)))
+    gray = torch.randint(0, 256, (4, 1, 40, 40), dtype=torch.uint8)
+    with pytest.raises(ConfigError, match="mean="):  # as Normalize refuses it one op at a time
+        Compose([crop, Normalize(MEAN, STD)])(gray, generator=torch.Generator().manual_seed(0))
+
+
+@pytest.mark.parametrize("kernel", ["pil", "float"])
+def test_an_empty_batch_passes_a_resize_with_its_flips_and_a_float64_normalize(kernel):
+    from gpufeed.augment import RandomApply
+
+    aug = Compose([RandomResizedCrop(24, kernel=kernel), RandomHorizontalFlip(), RandomApply([RandomVerticalFlip()]),
+                   Normalize(MEAN, STD, dtype=torch.float64)])  # fmt: skip
+    out = aug(torch.zeros(0, 3, 40, 40, dtype=torch.uint8), generator=torch.Generator().manual_seed(0))
+    assert out.shape == (0, 3, 24, 24) and out.dtype == torch.float64

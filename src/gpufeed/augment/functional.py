@@ -53,6 +53,12 @@ def _cached_constant(values: tuple[float, ...], device: torch.device, dtype: tor
     return torch.tensor(values, dtype=dtype).view(1, -1, 1, 1).to(device)
 
 
+# What a resize runs after it in one go (RandomResizedCrop.apply_tail): the flips, each an axis ("cols", "rows") and a
+# mask per sample, in order; and Normalize's mean, std and reciprocal (float32 out).
+Flips = Sequence[tuple[str, torch.Tensor]]
+Normalizing = tuple[Sequence[float], Sequence[float], bool]
+
+
 def constant(values: float | Sequence[float], x: torch.Tensor, name: str = "value") -> torch.Tensor:
     """A per-channel constant shaped ``(1, C, 1, 1)`` on ``x``'s device and dtype, made once.
 
@@ -70,9 +76,12 @@ def constant(values: float | Sequence[float], x: torch.Tensor, name: str = "valu
     return _cached_constant(tuple(float(v) for v in vals), x.device, x.dtype)
 
 
-def float_constants(mean: Sequence[float], std: Sequence[float], channels: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Normalize's mean and std as float32 CPU constants for uint8 images of ``channels`` (made once)."""
-    like = torch.empty((0, channels), dtype=torch.float32)  # the constants' dtype, device and channels
+def float_constants(
+    mean: Sequence[float], std: Sequence[float], channels: int, device: torch.device | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Normalize's mean and std as float32 constants for uint8 images of ``channels`` on ``device`` (None: the CPU;
+    made once)."""
+    like = torch.empty((0, channels), dtype=torch.float32, device=device)  # the constants' dtype, device, channels
     return constant(mean, like, "mean"), constant(std, like, "std")
 
 

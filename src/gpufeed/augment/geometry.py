@@ -155,10 +155,10 @@ def remap(
         # One gather over the flattened image: cheaper than a row gather and then a column gather.
         flat = (m.rows.unsqueeze(2) * w + m.cols.unsqueeze(1)).view(n, 1, out_h * out_w)
         out = x.reshape(n, c, h * w).gather(2, flat.expand(n, c, out_h * out_w)).view(n, c, out_h, out_w)
-    elif m.rows is not None:
-        out = x.gather(2, m.rows.view(n, 1, -1, 1).expand(n, c, m.rows.shape[1], w))
+    elif m.rows is not None:  # the sizes named: a -1 cannot be inferred in an empty batch
+        out = x.gather(2, m.rows.view(n, 1, m.rows.shape[1], 1).expand(n, c, m.rows.shape[1], w))
     elif m.cols is not None:
-        out = x.gather(3, m.cols.view(n, 1, 1, -1).expand(n, c, h, m.cols.shape[1]))
+        out = x.gather(3, m.cols.view(n, 1, 1, m.cols.shape[1]).expand(n, c, h, m.cols.shape[1]))
     else:
         out = x
     return fill_padding(out, x, m, fill_tensor)

@@ -3,7 +3,8 @@ definition, on the usable cores (Pillow's resize lets go of the GIL), and, for a
 Normalize after it done to each image while it is in the cache (``fixed_point`` computes the same integers where
 Pillow cannot run: on a GPU).
 
-Each box is handed to Pillow as the rows it spans in the channels-last image, without a copy; the flips are views;
+Each box is handed to Pillow as the rows it spans in the channels-last image (no copy of the box first: Pillow copies
+the rows into its own image, as it would from any array); the flips are views;
 ``Normalize``'s arithmetic on the uint8 image (``x / 255``, or ``* (1 / 255)``, then ``- mean`` and ``/ std``, each a
 float32 operation rounded once) is numpy's here and torch's in ``functional.normalize``: the same bits.
 """
@@ -16,11 +17,9 @@ import numpy
 import torch
 
 from ..threads import spread
+from .functional import Flips, Normalizing, float_constants
 
 __all__ = ["pillow_resized"]
-
-Flips = Sequence[tuple[str, torch.Tensor]]  # ("cols" or "rows", a mask per sample), in the order they apply
-Normalizing = tuple[Sequence[float], Sequence[float], bool]  # Normalize's mean, std and reciprocal
 
 
 def pillow_resized(
@@ -39,9 +38,8 @@ def pillow_resized(
     stats = None
     if normalize is not None:
         mean, std, reciprocal = normalize
-        like = (-1, 1, 1)  # per channel of a (C, H, W) image
-        stats = (numpy.float32(1 / 255) if reciprocal else None, numpy.asarray(mean, numpy.float32).reshape(like),
-                 numpy.asarray(std, numpy.float32).reshape(like))  # fmt: skip
+        m, s = (t.view(-1, 1, 1).numpy() for t in float_constants(mean, std, c))  # checked as Normalize checks them
+        stats = (numpy.float32(1 / 255) if reciprocal else None, m, s)
 
     def part(first: int, step: int) -> None:
         for i in range(first, len(crops), step):
@@ -78,7 +76,8 @@ def _resized(crop: torch.Tensor, size: tuple[int, int], mode: str) -> numpy.ndar
     kind = "L" if c == 1 else "RGB"
     stride = hwc.stride(0)
     room = crop.untyped_storage().nbytes() - crop.storage_offset()  # Pillow wants whole rows of the stride
-    if hwc.stride(2) == 1 and hwc.stride(1) == c and h * stride <= room:  # rows of a channels-last image: read in place
+    rows_packed = hwc.stride(2) == 1 and hwc.stride(1) == c and stride >= w * c  # of a channels-last image
+    if rows_packed and h * stride <= room:  # Pillow reads them where they are (copying them into its own image)
         rows = torch.as_strided(hwc, (h * stride,), (1,))
         image = PIL.Image.frombuffer(kind, (w, h), rows.numpy(), "raw", kind, stride, 1)
     else:

@@ -49,8 +49,10 @@ def resized_crop(
     antialias: bool = True,
     mode: str = "bilinear",
     kernel: str = "float",
+    modes: Sequence[str] = (),
 ) -> torch.Tensor:
-    """Crop each sample's box and resize it to ``size`` with ``mode`` ("bilinear" or "bicubic") interpolation.
+    """Crop each sample's box and resize it to ``size`` with ``mode`` ("bilinear" or "bicubic") interpolation
+    (``modes``: the op's others, drawn for other samples; see ``taps.tables``).
 
     Equals ``F.resized_crop(img, top, left, height, width, size, antialias=antialias)`` sample by
     sample: to float rounding for float input. uint8 input goes by ``kernel``: "float" is torchvision
@@ -66,7 +68,7 @@ def resized_crop(
         return fixed_resized_crop(x, top, left, height, width, size, antialias, mode, kernel)
     if x.dtype == torch.uint8 and mode != "nearest":
         try:
-            return fused_resized_crop(x, top, left, height, width, size, antialias, mode)
+            return fused_resized_crop(x, top, left, height, width, size, antialias, mode, modes=modes)
         except NotCompiled:  # the matrices, as before the compiler
             pass
     n, c, h, w = x.shape

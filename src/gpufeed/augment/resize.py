@@ -149,7 +149,11 @@ class RandomResizedCrop(BatchTransform):
                 continue
             part = x.select(idx.cpu()) if isinstance(x, Ragged) else x.index_select(0, idx)
             t, left, h, w = (b.index_select(0, idx) for b in box)
-            done = crop(part, t, left, h, w, self.size, self.antialias, mode, self.kernel)  # type: ignore[arg-type]
+            if isinstance(part, Ragged):
+                done = ragged_resized_crop(part, t, left, h, w, self.size, self.antialias, mode, self.kernel)  # type: ignore[arg-type]
+            else:  # the interpolations compiled as one function (.taps.tables)
+                size: tuple[int, int] = self.size  # type: ignore[assignment]  # a pair since __post_init__
+                done = resized_crop(part, t, left, h, w, size, self.antialias, mode, self.kernel, self.interpolation)
             if out is None:
                 out = torch.empty((len(p["mode"]), *done.shape[1:]), dtype=done.dtype, device=done.device)
             out[idx.to(out.device)] = done

@@ -23,13 +23,10 @@ from collections.abc import Sequence
 
 import torch
 
-from .functional import constant
+from .functional import Flips, Normalizing, constant
 from .fusion import NotCompiled, compiling, fused
 
 __all__ = ["fused_resized_crop", "normalizing", "resample_taps", "tables", "taps_bound", "taps_resample"]
-
-Flips = Sequence[tuple[str, torch.Tensor]]  # ("cols" or "rows", a mask per sample), in the order they apply
-Normalizing = tuple[Sequence[float], Sequence[float], bool]  # Normalize's mean, std and reciprocal
 
 
 def taps_resample(
@@ -95,13 +92,16 @@ def tables(
     antialias: bool,
     mode: str,
     flips: Flips = (),
+    modes: Sequence[str] = (),
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """:func:`taps_resample`'s absolute rows, their weights, columns and theirs for each sample's box of ``x``
-    resized to ``size``, as many taps as the shapes allow (:func:`taps_bound`); a sample that ``flips`` mirror reads
-    its output rows or columns' taps in reverse."""
+    resized to ``size``, as many taps as the shapes allow (:func:`taps_bound`; the most of any of ``modes``, an op's
+    interpolations drawn per sample, so that all of them share one compiled function); a sample that ``flips``
+    mirror reads its output rows or columns' taps in reverse."""
     h, w = x.shape[2:]
-    ry, wy = resample_taps(top, height, size[0], antialias, mode, taps_bound(h, size[0], antialias, mode))
-    cx, wx = resample_taps(left, width, size[1], antialias, mode, taps_bound(w, size[1], antialias, mode))
+    bound = lambda have, out: max(taps_bound(have, out, antialias, m) for m in (mode, *modes))  # noqa: E731
+    ry, wy = resample_taps(top, height, size[0], antialias, mode, bound(h, size[0]))
+    cx, wx = resample_taps(left, width, size[1], antialias, mode, bound(w, size[1]))
     rows, cols = ry + top.view(-1, 1, 1), cx + left.view(-1, 1, 1)
     for axis, mask in flips:  # a flipped sample's output row or column i reads the taps of size - 1 - i
         m = mask.view(-1, 1, 1)
@@ -123,16 +123,25 @@ def fused_resized_crop(
     mode: str,
     flips: Flips = (),
     normalize: Normalizing | None = None,
+    modes: Sequence[str] = (),
 ) -> torch.Tensor:
     """Each uint8 sample's box resized to ``size`` (bilinear or bicubic) by :func:`taps_resample` compiled, then
     ``flips``, then ``normalize`` (float32 out), in two loops; or :class:`NotCompiled`, before any work, where it
-    does not run compiled."""
+    does not run compiled. A batch of one runs as a batch of two, the sample twice: compiled code specialises on a
+    size of 1 (a recompile, seconds, for a last batch), and the eager matrices round otherwise (a sample's pixels
+    would depend on its batch). ``modes``: see :func:`tables`."""
     n, c, h, w = x.shape
-    if not compiling(x.device) or min(n, c, h, w, *size) < 2:
+    if not compiling(x.device) or min(h, w, *size) < 2 or n == 0:
         raise NotCompiled
-    taps = tables(x, top, left, height, width, size, antialias, mode, flips)
+    if n == 1:
+        pair = lambda t: torch.cat([t, t])  # noqa: E731  (a copy: an expanded batch would be another specialisation)
+        two = [(axis, pair(mask)) for axis, mask in flips]
+        y0, x0, bh, bw = pair(top), pair(left), pair(height), pair(width)
+        return fused_resized_crop(pair(x), y0, x0, bh, bw, size, antialias, mode, two, normalize, modes)[:1]
+    taps = tables(x, top, left, height, width, size, antialias, mode, flips, modes)
     for t in taps:  # the tap counts compiled as constants (the loops over them are unrolled)
         torch._dynamo.mark_static(t, 2)
+    x = x.view(x.shape)  # the mark below on an alias, not on the caller's tensor
     torch._dynamo.mark_static(x, 1)  # the channels, a constant of the loader's: one symbol fewer to guard
     if normalize is None:
         return _fused_taps(x, *taps)

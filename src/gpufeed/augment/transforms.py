@@ -27,7 +27,7 @@ from . import functional as F
 from . import geometry as G
 from .fusion import NotCompiled
 from .keyed import KeyedDraws
-from .moves import fused_moves
+from .moves import compose, fused_moves
 from .params import Draws
 from .paths import host_path
 
@@ -346,15 +346,8 @@ def _move(
             return fused_moves(x, pending, normalize), normalize is not None
         except NotCompiled:
             pass
-    m: G.IndexMap | None = None
-    for op, params, h, w in pending:
-        step = op.index_map(params, h, w)
-        both = m.then(step) if m is not None else step
-        if both is None:  # two paddings with different fills cannot share one map
-            x, _ = _remap(x, m)  # type: ignore[arg-type]
-            both = step
-        m = both
-    return _remap(x, m, then)  # type: ignore[arg-type]
+    x, m = compose(x, pending, lambda y, part: _remap(y, part)[0])
+    return _remap(x, m, then)
 
 
 def _remap(x: torch.Tensor, m: G.IndexMap, then: Normalize | None = None) -> tuple[torch.Tensor, bool]:

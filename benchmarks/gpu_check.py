@@ -517,6 +517,7 @@ def launches(c: Check) -> dict:
     # first: its first call compiles ColorJitter's fused kernels for the device (the counts below reuse them)
     result["fused_vs_eager"] = _fused_vs_eager(c.device, 64 if c.small else 224, 8 if c.small else 64)
     result["resize_fused_vs_eager"] = _resize_fused_vs_eager(c.device, 64 if c.small else 224, 8 if c.small else 64)
+    result["device_vs_cpu"] = _device_vs_cpu(c.device, 16 if c.small else 256)
     for name, recipe in counts.recipes(size).items():
         with torch._inductor.config.patch(fx_graph_cache=False):  # a fused op counted as the kernels it generates
             dispatched = counts.count(recipe, x).total
@@ -626,6 +627,49 @@ def _resize_fused_vs_eager(device: str, size: int, batch: int) -> dict:
     return {"size": size, "batch": batch, "vs_eager_taps_same_device": diff(ours, by_taps),
             "vs_cpu_fused": diff(ours, cpu), "vs_eager_ops": diff(ours, eager_ops()), "first_call_s": round(first, 2),
             "fused_ms": timed(lambda: fused(xd, on, maskd)), "eager_ops_ms": timed(eager_ops)}  # fmt: skip
+
+
+def _device_vs_cpu(device: str, batch: int) -> dict:
+    """Each recipe on the device (its fused functions where a compiler runs: .moves, .taps, .jitter, .auto_fused)
+    against the same recipe on the CPU's host path, with draws keyed per sample (the same on both devices): values
+    differing and the largest difference. Expected: 0 but for RandomResizedCrop, whose CPU path also runs its taps
+    compiled where a compiler runs (else its matrices: a level apart on a value in 10**4 or fewer)."""
+    from gpufeed.augment import (
+        ColorJitter,
+        Compose,
+        KeyedDraws,
+        Normalize,
+        RandAugment,
+        RandomCrop,
+        RandomHorizontalFlip,
+        RandomResizedCrop,
+        TrivialAugmentWide,
+    )
+
+    mean, std = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
+    crop = [RandomCrop(32, padding=4), RandomHorizontalFlip()]
+    recipes = {
+        "gray crop+flip+Normalize((0.1307,), (0.3081,))": (1, Compose([*crop, Normalize((0.1307,), (0.3081,))])),
+        "crop+flip+normalise": (3, Compose([*crop, Normalize(mean, std)])),
+        "ColorJitter+crop+flip+normalise": (3, Compose([ColorJitter(0.4, 0.4, 0.4, 0.1), *crop, Normalize(mean, std)])),
+        "crop+flip+TrivialAugmentWide+normalise": (3, Compose([*crop, TrivialAugmentWide(), Normalize(mean, std)])),
+        "crop+flip+RandAugment(2,9)+normalise": (3, Compose([*crop, RandAugment(2, 9), Normalize(mean, std)])),
+        "RandomResizedCrop+flip+normalise": (3, Compose([RandomResizedCrop(32), RandomHorizontalFlip(),
+                                                         Normalize(mean, std)])),
+    }  # fmt: skip
+    ids = torch.arange(batch)
+    out = {}
+    for name, (channels, recipe) in recipes.items():
+        g = torch.Generator().manual_seed(len(name))
+        x = torch.randint(0, 256, (batch, channels, 32, 32), dtype=torch.uint8, generator=g)
+        try:
+            ours = recipe(x.to(device), generator=KeyedDraws(7, 0, ids.to(device))).cpu()
+            theirs = recipe(x, generator=KeyedDraws(7, 0, ids))
+            d = (ours.double() - theirs.double()).abs()
+            out[name] = {"differing": int((d > 0).sum()), "values": d.numel(), "max_abs": float(d.max())}
+        except Exception as e:  # recorded, and the next recipe runs
+            out[name] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+    return out
 
 
 def _cuda_launches(recipe: Callable, x: torch.Tensor) -> dict:

@@ -91,6 +91,8 @@ def test_the_cpu_rehearsal_of_the_data_parts_runs_and_records_each(tmp_path, mon
     assert "skipped" in fused or fused["vs_eager_same_device"]["differing"] == fused["vs_cpu_eager"]["differing"] == 0
     resized = summary["launches"]["resize_fused_vs_eager"]
     assert "skipped" in resized or resized["vs_eager_taps_same_device"]["differing"] == 0
+    across = summary["launches"]["device_vs_cpu"]  # on the CPU both sides run the host's path: nothing differs
+    assert len(across) == 6 and all(r.get("differing") == 0 for r in across.values()), across
 
 
 @pytest.mark.slow

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+import numpy
 import torch
 
 from ..device import usable_cores
@@ -274,7 +275,8 @@ def decode(
             if (th, tw) != (h, w):  # channels-last in, as the uint8 kernel runs fastest
                 chw = image.permute(2, 0, 1).unsqueeze(0)
                 image = resize(chw, [th, tw], antialias=True)[0].permute(1, 2, 0)
-            out[offsets[i] : offsets[i] + c * th * tw].view(th, tw, c).copy_(image)
+            # numpy's copy on the pool's threads (see gpufeed.augment.pillow_resize: torch's would start OpenMP teams)
+            numpy.copyto(out[offsets[i] : offsets[i] + c * th * tw].view(th, tw, c).numpy(), image.numpy())
 
     spread(part, n, threads)
     return Ragged(out, starts, target)

@@ -186,28 +186,6 @@ def test_a_loader_compiles_at_construction_and_serves_the_eager_batches(compiled
     assert len(ours) == 3 and all(torch.equal(a, b) for a, b in zip(ours, theirs, strict=True))
 
 
-def test_benchmarks_launches_counts_a_fused_op_as_the_kernels_it_compiled_to(compiled, monkeypatch):
-    # here, not in tests/test_launches.py: this file's tests share one process's compiler start (about 10 s, cold)
-    import torch._inductor.config
-
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "benchmarks"))
-    from launches import count
-
-    jitter._kernels.cache_clear()  # compiled afresh here: the kernels are counted as they are generated
-    x = torch.randint(0, 256, (64, 3, 16, 16), dtype=torch.uint8)
-    recipe = Compose([ColorJitter(0.4, 0.4), RandomCrop(16, padding=2)])  # two adjustments: a quick compile
-    with torch._inductor.config.patch(fx_graph_cache=False):  # a graph from the cache generates no kernels
-        fused = count(recipe, x)
-    monkeypatch.setenv("GPUFEED_COMPILE", "0")
-    eager = count(recipe, x)
-    jitter._kernels.cache_clear()
-    # the mean gray's and the jitter's loops in place of the eager adjustments' whole-batch ops
-    assert (
-        fused.ops["fused:mean_gray"] > 0 and fused.ops["fused:jitter"] > 0 and eager.ops["where"] > fused.ops["where"]
-    )
-    assert fused.host_reads == 0 and fused.total < eager.total / 2
-
-
 # RandomResizedCrop's taps: shrinking antialiased (5 and 7 taps) and growing with plain bicubic (4). Each tap count
 # is a compile of its own (seconds, cold): the other tests below take their shapes so as to reuse these (5 and 7
 # taps: a height up to twice the output's, a width over twice and up to three times)
@@ -406,3 +384,26 @@ def test_past_its_limit_of_versions_a_fused_op_says_so_and_runs_eager(compiled, 
         assert torch.equal(crop.apply(x, params), ours)
     with fusion.eager():
         assert torch.equal(ours, crop.apply(x, params))  # the eager matrices
+
+
+def test_benchmarks_launches_counts_a_fused_op_as_the_kernels_it_compiled_to(compiled, monkeypatch):
+    # here, not in tests/test_launches.py: this file's tests share one process's compiler start (about 10 s, cold);
+    # last in the file: counting resets dynamo, and the tests after it in the process would compile again
+    import torch._inductor.config
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    from launches import count
+
+    jitter._kernels.cache_clear()  # compiled afresh here: the kernels are counted as they are generated
+    x = torch.randint(0, 256, (64, 3, 16, 16), dtype=torch.uint8)
+    recipe = Compose([ColorJitter(0.4, 0.4), RandomCrop(16, padding=2)])  # two adjustments: a quick compile
+    with torch._inductor.config.patch(fx_graph_cache=False):  # a graph from the cache generates no kernels
+        fused = count(recipe, x)
+    monkeypatch.setenv("GPUFEED_COMPILE", "0")
+    eager = count(recipe, x)
+    jitter._kernels.cache_clear()
+    # the mean gray's and the jitter's loops in place of the eager adjustments' whole-batch ops
+    assert (
+        fused.ops["fused:mean_gray"] > 0 and fused.ops["fused:jitter"] > 0 and eager.ops["where"] > fused.ops["where"]
+    )
+    assert fused.host_reads == 0 and fused.total < eager.total / 2

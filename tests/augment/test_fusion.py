@@ -279,10 +279,16 @@ def test_a_loader_compiles_the_resize_at_construction_and_never_again(compiled, 
 
 def test_the_device_path_runs_the_same_fused_resize(compiled):
     x = torch.randint(0, 256, (6, 3, 33, 28), dtype=torch.uint8, generator=torch.Generator().manual_seed(3))
-    recipe = Compose([RandomResizedCrop((17, 12)), RandomHorizontalFlip(), Normalize(MEAN, STD)])
-    with device_path():
-        on_device_path = recipe(x, generator=torch.Generator().manual_seed(6))
-    assert torch.equal(on_device_path, recipe(x, generator=torch.Generator().manual_seed(6)))
+    crop = RandomResizedCrop((17, 12))
+    recipe = Compose([crop, RandomHorizontalFlip(), Normalize(MEAN, STD)])
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(taps, "_fused_taps", _counted(taps._fused_taps))
+        with device_path():
+            on_device_path = recipe(x, generator=torch.Generator().manual_seed(6))
+        assert taps._fused_taps.calls == 1  # the three ops as one compiled call on the GPU's path too
+    g = torch.Generator().manual_seed(6)  # the same draws: the box, then the flip
+    params, flipped = crop.sample(x, g), torch.rand(len(x), generator=g) < 0.5
+    assert torch.equal(on_device_path, _by_eager_taps(x, crop, params, [("cols", flipped)], (MEAN, STD)))
 
 
 MOVES = [  # one recipe, one compile: every padding mode, both flips, a fill per channel then another fill (two

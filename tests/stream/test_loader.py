@@ -357,3 +357,39 @@ def test_a_streaming_dataset_or_a_subset_of_one_passed_as_data_names_the_stream_
         del dataset
     with pytest.raises(ConfigError, match="download_retry=0"):
         _loader(photos, download_retry=0)
+
+
+def test_a_served_batch_that_views_the_decoded_images_is_not_overwritten_by_the_next(photos):
+    # The reader decodes each batch into a buffer handed back for a later batch once the transform's output is
+    # served; an output that is a view of that buffer keeps it (hostmem.Recycled): earlier batches stay as served.
+    class FirstPixels(A.BatchTransform):
+        ragged_input = one_size_output = True
+        random = False
+
+        def apply(self, x, params):
+            return x.data[: len(x) * 12].view(len(x), 3, 2, 2)  # a view of the decoded images' buffer
+
+    loader = _loader(photos, transform=FirstPixels(), dtype=None)
+    kept, copies = [], []
+    for x, _ in loader:
+        kept.append(x)
+        copies.append(x.clone())
+    assert len(kept) == len(loader) and all(torch.equal(a, b) for a, b in zip(kept, copies, strict=True))
+
+
+def test_each_images_header_is_read_once_and_later_epochs_take_its_size_from_then(photos, monkeypatch):
+    import gpufeed.loading.stream as stream
+
+    read = []
+
+    def counted(source, name):
+        read.append(name)
+        return header_shape(source, name)
+
+    header_shape = stream.header_shape
+    monkeypatch.setattr(stream, "header_shape", counted)
+    loader = _loader(photos, shuffle=True)
+    first = _by_id(_served(loader, epoch=1))
+    assert len(read) == len(set(read)) == 88  # the two probed at construction are among the epoch's
+    again = _by_id(_served(loader, epoch=1))
+    assert len(read) == 88 and all(torch.equal(x, again[i]) for i, x in first.items())

@@ -38,7 +38,7 @@ from ..augment.functional import convert_dtype
 from ..augment.keyed import KeyedDraws
 from ..augment.mix import as_mix
 from ..augment.transforms import BatchTransform, takes_ragged
-from ..device import resolve_device, usable_cores
+from ..device import resolve_device
 from ..errors import ConfigError, DataError, StateError
 from ..mds.engine import release
 from ..mds.plan import EpochPlan, Layout, StreamSettings, check_layout, plan_epoch, plan_share, stream_length
@@ -52,6 +52,7 @@ from ..validate import as_flag, as_int, as_views, check_transform
 from .ahead import Ahead
 from .config import EpochConfig
 from .epochs import EpochLoader
+from .hostmem import Recycled
 from .identity import describe, differences
 from .plan import Plan
 from .stream_samples import SampleOps
@@ -61,19 +62,29 @@ __all__ = ["StreamLoader", "encoded_batch", "process_layout"]
 _JPEG = b"\xff\xd8\xff"
 
 
-def encoded_batch(samples: Samples, ids: np.ndarray) -> Encoded:
+def encoded_batch(samples: Samples, ids: np.ndarray, known: np.ndarray | None = None) -> Encoded:
     """The samples' image bytes as an :class:`Encoded` store, each image's decoded size from its header; errors
-    name the sample id."""
+    name the sample id. ``known``: ``(height, width)`` by sample id, 0 where not yet read; the headers read here
+    are written to it (a sample's bytes are the same every epoch: its shard's sha1 is checked)."""
     lengths = torch.tensor([len(b) for b in samples.images], dtype=torch.int64)
     starts = torch.cumsum(lengths, 0) - lengths
-    joined = bytearray(b"".join(samples.images))  # writable, so torch.frombuffer shares it without a warning
+    joined = bytearray().join(samples.images)  # one copy, writable: torch.frombuffer shares it without a warning
     data = torch.frombuffer(joined, dtype=torch.uint8) if joined else torch.empty(0, dtype=torch.uint8)
-    shapes = torch.tensor(
-        [header_shape(io.BytesIO(b), f"sample {int(i)}") for i, b in zip(ids, samples.images, strict=True)],
-        dtype=torch.int64,
-    ).view(-1, 3)
+    seen = known[ids].tolist() if known is not None else [(0, 0)] * len(ids)
+    rows = []
+    for i, b, (h, w) in zip(ids, samples.images, seen, strict=True):
+        if not h:  # PIL's header: 40 us an image
+            _, h, w = header_shape(io.BytesIO(b), f"sample {int(i)}")
+            if known is not None:
+                known[i] = h, w
+        rows.append((3, h, w))
+    shapes = torch.tensor(rows, dtype=torch.int64).view(-1, 3)
     jpeg = torch.tensor([b[:3] == _JPEG for b in samples.images], dtype=torch.bool)
     return Encoded(data, starts, lengths, shapes, jpeg, index=torch.from_numpy(np.asarray(ids, dtype=np.int64)))
+
+
+def _decoded_bytes(encoded: Encoded) -> int:
+    return int(encoded.shapes.prod(1).sum())
 
 
 def process_layout() -> Layout:
@@ -154,6 +165,7 @@ class StreamLoader(EpochLoader):
                 "with RandomResizedCrop (it draws each image's box from that image's size and makes the batch one size)"
             )
         self.shards, self.per_sample = shards, per_sample
+        self._shapes: np.ndarray | None = None  # (height, width) by sample id, 0 until its header is read
         self.transform: Callable[..., torch.Tensor] | None = transform  # it takes ragged batches too
         self.drop_last = as_flag(drop_last, "drop_last")
         # images the per-sample part leaves of different sizes are a ragged batch only for a transform that makes
@@ -176,6 +188,7 @@ class StreamLoader(EpochLoader):
         if self.mix is not None and not self.labelled:
             raise ConfigError("mix= mixes images with their labels, but this dataset has no label column (label_key)")
         self.ahead = as_int(ahead, "ahead", 1)
+        self._buffers = Recycled(self.ahead + 2)  # the batches in flight: those queued, the one made, the one used
         self.prefetch_shards = as_int(prefetch_shards, "prefetch_shards", 1)
         self.explicit_order = explicit_order
         self.initial_physical_nodes = self.layout.num_nodes  # the run's first node count (a state may say another)
@@ -246,7 +259,13 @@ class StreamLoader(EpochLoader):
         reader = Ahead(make, plan.num_batches, self.ahead, name="gpufeed-stream-read")
         try:
             for item in reader:
-                yield self._finish(item, epoch)
+                batch = self._finish(item, epoch)
+                x = item[1]
+                if self.per_sample is None and x.data.device.type == "cpu":  # the decoded images' buffer, for a next
+                    images = batch[0] if isinstance(batch[0], list) else [batch[0]]
+                    self._buffers.give(x.data, [*images, batch[1]])
+                del item, x
+                yield batch
         finally:
             reader.close()
             fetch.close()
@@ -255,6 +274,8 @@ class StreamLoader(EpochLoader):
         """(ids, ragged images, labels, event) of one batch on the device; ``event``: a CUDA event the consumer
         waits on (the decode ran on the reader's stream), else None."""
         samples = self.shards.read(ids)
+        if self._shapes is None:  # the images' sizes by sample id, read from their headers once
+            self._shapes = np.zeros((self.shards.index.num_samples, 2), dtype=np.int32)
         if self.num_classes is not None and self.labelled:
             bad = np.flatnonzero((samples.labels < 0) | (samples.labels >= self.num_classes))
             if bad.size:
@@ -269,11 +290,12 @@ class StreamLoader(EpochLoader):
             if self.device.type != "cuda":
                 return ids_t.to(self.device), x.to(self.device), labels.to(self.device), None
         else:
-            encoded = encoded_batch(samples, ids)
+            encoded = encoded_batch(samples, ids, self._shapes)
             if self.device.type != "cuda":
-                # one core left to the consumer, whose transform runs meanwhile (2 cores: 477 img/s against 425
-                # with both decoding, benchmarks/stream_throughput.py)
-                x = decode(encoded, self.device, threads=max(1, usable_cores() - 1))
+                # on every core, as the consumer's transform (Pillow's boxes) is: the two share them. With one
+                # core left to the consumer, RandomResizedCrop(224)'s stream ran 540-600 img/s on 2 cores, on every
+                # core 640-650 (benchmarks/stream_throughput.py)
+                x = decode(encoded, self.device, out=self._buffers.take(_decoded_bytes(encoded)))
                 return ids_t.to(self.device), x, labels.to(self.device), None
         with torch.cuda.device(self.device), torch.cuda.stream(self._side_stream()):
             if self.per_sample is not None:  # a dense batch, or a ragged one (an op after makes it one size)
@@ -337,8 +359,10 @@ class StreamLoader(EpochLoader):
         return tuple(self.epoch_plan(epoch, start).real_counts())
 
     def close(self) -> None:
-        """Stop reading the dataset (its shards); idempotent. ``with gf.stream(...) as loader:`` closes at the end."""
+        """Stop reading the dataset (its shards) and free the decoded batches' buffers kept for the next epoch;
+        idempotent. ``with gf.stream(...) as loader:`` closes at the end."""
         self.shards.close()
+        self._buffers.clear()
 
     def __enter__(self) -> StreamLoader:
         return self

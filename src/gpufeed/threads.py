@@ -35,12 +35,37 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_pool)
 
 
-def spread(part: Callable[[int, int], None], items: int, threads: int | None = None) -> None:
-    """``part(first, step)`` for each ``first`` below the number of workers (``threads``, default the usable cores,
-    at most ``items``): each worker takes every ``step``-th item from its first, on the pool's threads while this
-    one waits (one worker: in this thread). An exception in any part is raised here."""
+def spread(each: Callable[[int], None], items: int, threads: int | None = None) -> None:
+    """``each(i)`` for every ``i`` below ``items``, on ``threads`` workers (default the usable cores, at most
+    ``items``): this thread and the pool's, each taking the next item as it finishes one (images of different
+    sizes take different times: items dealt in turn left one worker idle at the end of each batch). An exception
+    stops the workers taking more and the first is raised here, once every worker has stopped."""
     workers = min(usable_cores() if threads is None else threads, items)
-    if workers > 1:
-        list(pool().map(part, range(workers), [workers] * workers))
-    else:
-        part(0, 1)
+    if workers <= 1:
+        for i in range(items):
+            each(i)
+        return
+    order, lock = iter(range(items)), threading.Lock()
+    failed: list[BaseException] = []
+
+    def work() -> None:
+        while not failed:
+            with lock:
+                i = next(order, None)
+            if i is None:
+                return
+            try:
+                each(i)
+            except BaseException as e:
+                failed.append(e)
+                raise
+
+    others = [pool().submit(work) for _ in range(workers - 1)]
+    try:
+        work()
+    except BaseException:
+        pass  # raised below, after the others stopped
+    for f in others:
+        f.exception()  # waits; the error is in failed
+    if failed:
+        raise failed[0]

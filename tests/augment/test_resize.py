@@ -146,3 +146,42 @@ def test_an_empty_batch_passes_a_resize_with_its_flips_and_a_float64_normalize(k
                    Normalize(MEAN, STD, dtype=torch.float64)])  # fmt: skip
     out = aug(torch.zeros(0, 3, 40, 40, dtype=torch.uint8), generator=torch.Generator().manual_seed(0))
     assert out.shape == (0, 3, 24, 24) and out.dtype == torch.float64
+
+
+def test_pillow_boxes_on_the_pools_threads_equal_torchvisions_pil_resize_and_pillows_pixels_are_read_in_place():
+    # from 112 x 112 output pixels the boxes go to the pool's threads (pillow_resize._THREADED_PIXELS), and each
+    # resized image is read where Pillow keeps it (the Arrow export): the pixels of torchvision's PIL path
+    import numpy
+    import PIL.Image
+    from torchvision.transforms import InterpolationMode
+
+    from gpufeed.augment.pillow_resize import _pixels
+
+    g = torch.Generator().manual_seed(3)
+    photos = [torch.randint(0, 256, (3, *hw), dtype=torch.uint8, generator=g) for hw in [(150, 190), (201, 133)]]
+    x = Ragged.stack(photos * 4)
+    for mode in ("bilinear", "bicubic"):
+        op = RandomResizedCrop((120, 116), interpolation=mode, kernel="pil")
+        params = op.sample(x, _gen(4))
+        out = op.apply(x, params)
+        for i in range(len(x)):
+            box = [int(params[k][i]) for k in ("top", "left", "height", "width")]
+            image = TF.to_pil_image(x.image(i))
+            ref = TF.pil_to_tensor(TF.resized_crop(image, *box, [120, 116], InterpolationMode(mode), antialias=True))
+            assert torch.equal(out[i], ref), (mode, i)
+
+    rgb = PIL.Image.fromarray(numpy.random.default_rng(0).integers(0, 256, (30, 40, 3), dtype=numpy.uint8))
+    for image in (rgb, rgb.convert("L")):
+        expected = numpy.array(image).reshape(30, 40, -1)
+        view = _pixels(image)
+        del image  # the view holds the export, which holds Pillow's pixels
+        assert numpy.array_equal(view[..., : expected.shape[2]], expected) and not view.flags.writeable
+
+    class Older:  # a Pillow without the export: numpy's copy
+        def __init__(self, image):
+            self.im, self.height, self.width = object(), image.height, image.width
+            self.__array_interface__ = image.__array_interface__
+
+    assert numpy.array_equal(_pixels(Older(rgb)), numpy.array(rgb))
+    several_blocks = PIL.Image.new("RGB", (2100, 2100), (1, 2, 3))  # over Pillow's 16 MiB block: no export
+    assert _pixels(several_blocks).shape == (2100, 2100, 3)

@@ -262,23 +262,22 @@ def decode(
         raise ValueError(f"out: {out.numel()} {out.dtype} elements for {int(sizes.sum())} uint8 pixels")
     shapes, targets, offsets = encoded.shapes.tolist(), target.tolist(), starts.tolist()
 
-    def part(first: int, step: int) -> None:
-        from torchvision.transforms.v2.functional import resize
+    from torchvision.transforms.v2.functional import resize
 
-        for i in range(first, n, step):
-            image = decode_one(encoded, i)
-            c, h, w = shapes[i]
-            if tuple(image.shape) != (h, w, c):
-                got = tuple(image.shape)
-                raise DataError(f"{encoded.name(i)} decoded to {got} (H, W, C), but its header said {(h, w, c)}")
-            _, th, tw = targets[i]
-            if (th, tw) != (h, w):  # channels-last in, as the uint8 kernel runs fastest
-                chw = image.permute(2, 0, 1).unsqueeze(0)
-                image = resize(chw, [th, tw], antialias=True)[0].permute(1, 2, 0)
-            # numpy's copy on the pool's threads (see gpufeed.augment.pillow_resize: torch's would start OpenMP teams)
-            numpy.copyto(out[offsets[i] : offsets[i] + c * th * tw].view(th, tw, c).numpy(), image.numpy())
+    def each(i: int) -> None:
+        image = decode_one(encoded, i)
+        c, h, w = shapes[i]
+        if tuple(image.shape) != (h, w, c):
+            got = tuple(image.shape)
+            raise DataError(f"{encoded.name(i)} decoded to {got} (H, W, C), but its header said {(h, w, c)}")
+        _, th, tw = targets[i]
+        if (th, tw) != (h, w):  # channels-last in, as the uint8 kernel runs fastest
+            chw = image.permute(2, 0, 1).unsqueeze(0)
+            image = resize(chw, [th, tw], antialias=True)[0].permute(1, 2, 0)
+        # numpy's copy on the pool's threads (see gpufeed.augment.pillow_resize: torch's would start OpenMP teams)
+        numpy.copyto(out[offsets[i] : offsets[i] + c * th * tw].view(th, tw, c).numpy(), image.numpy())
 
-    spread(part, n, threads)
+    spread(each, n, threads)
     return Ragged(out, starts, target)
 
 

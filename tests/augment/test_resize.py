@@ -148,15 +148,26 @@ def test_an_empty_batch_passes_a_resize_with_its_flips_and_a_float64_normalize(k
     assert out.shape == (0, 3, 24, 24) and out.dtype == torch.float64
 
 
-def test_pillow_boxes_on_the_pools_threads_equal_torchvisions_pil_resize_and_pillows_pixels_are_read_in_place():
-    # from 112 x 112 output pixels the boxes go to the pool's threads (pillow_resize._THREADED_PIXELS), and each
-    # resized image is read where Pillow keeps it (the Arrow export): the pixels of torchvision's PIL path
+def test_pillow_boxes_on_the_pools_threads_equal_torchvisions_pil_resize_and_pillows_pixels_are_read_in_place(
+    monkeypatch,
+):
+    # images with enough work (box and output pixels: pillow_resize._THREADED_PIXELS) go to the pool's threads, and
+    # each resized image is read where Pillow keeps it (the Arrow export): the pixels of torchvision's PIL path
     import numpy
     import PIL.Image
     from torchvision.transforms import InterpolationMode
 
+    import gpufeed.augment.pillow_resize as pillow_resize
     from gpufeed.augment.pillow_resize import _pixels
 
+    workers = []
+    spread = pillow_resize.spread
+    monkeypatch.setattr(
+        pillow_resize, "spread", lambda each, n, threads: workers.append(threads) or spread(each, n, threads)
+    )
+    small = torch.zeros(4, 3, 32, 32, dtype=torch.uint8)
+    RandomResizedCrop(32, kernel="pil")(small, generator=_gen(0))
+    assert workers == [1]  # 32 px boxes to 32 px: on this thread
     g = torch.Generator().manual_seed(3)
     photos = [torch.randint(0, 256, (3, *hw), dtype=torch.uint8, generator=g) for hw in [(150, 190), (201, 133)]]
     x = Ragged.stack(photos * 4)
@@ -169,6 +180,7 @@ def test_pillow_boxes_on_the_pools_threads_equal_torchvisions_pil_resize_and_pil
             image = TF.to_pil_image(x.image(i))
             ref = TF.pil_to_tensor(TF.resized_crop(image, *box, [120, 116], InterpolationMode(mode), antialias=True))
             assert torch.equal(out[i], ref), (mode, i)
+    assert workers[1:] == [None, None]  # photos' boxes to 120 px: on the pool
 
     rgb = PIL.Image.fromarray(numpy.random.default_rng(0).integers(0, 256, (30, 40, 3), dtype=numpy.uint8))
     for image in (rgb, rgb.convert("L")):

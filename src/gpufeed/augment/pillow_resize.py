@@ -23,7 +23,8 @@ from .functional import Flips, Normalizing, float_constants
 
 __all__ = ["pillow_resized"]
 
-_THREADED_PIXELS = 112 * 112  # output pixels an image from which the boxes are resized on the pool's threads
+# an image's box and output pixels together from which the boxes are resized on the pool's threads
+_THREADED_PIXELS = 24_000
 
 
 def pillow_resized(
@@ -68,9 +69,12 @@ def pillow_resized(
     # numpy's copies and arithmetic on the pool's threads, not torch's: a torch operation large enough to run in
     # parallel gives each calling thread OpenMP threads of its own, which then compete with the loader's (torch's
     # per-image resizes ran 1.9x slower in the process afterwards)
-    # on the pool only for large outputs: below about 128 x 128 the threads' Python steps, under one GIL, cost more
-    # than the second core gives (256 boxes to 96 px: 31 ms on 2 threads, 28 on one; to 128 px: 31 against 43)
-    spread(each, len(crops), None if size[0] * size[1] >= _THREADED_PIXELS else 1)
+    # on the pool only for images with enough work: below, handing the GIL between the threads at each of an
+    # image's Pillow and numpy calls costs more than the second core gives. 256 images on 2 cores, one thread
+    # against the pool: 160 px images to 64 px (about 18,000 pixels of box and output) 43 ms against 53; 128 px
+    # to 128, 25,000: 84 against 74; photos around 300 x 400 to 32 px, 66,000: 72 against 54; 32 px to 32: 12 against 25
+    work = sum(crop.shape[1] * crop.shape[2] for crop in crops) / max(len(crops), 1) + size[0] * size[1]
+    spread(each, len(crops), None if work >= _THREADED_PIXELS else 1)
     return out
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 
 from .device import usable_cores
 
@@ -38,34 +38,35 @@ if hasattr(os, "register_at_fork"):
 def spread(each: Callable[[int], None], items: int, threads: int | None = None) -> None:
     """``each(i)`` for every ``i`` below ``items``, on ``threads`` workers (default the usable cores, at most
     ``items``): this thread and the pool's, each taking the next item as it finishes one (images of different
-    sizes take different times: items dealt in turn left one worker idle at the end of each batch). An exception
-    stops the workers taking more and the first is raised here, once every worker has stopped."""
+    sizes take different times: items dealt in turn left one worker idle at the end of each batch). An error stops
+    the workers taking more and is raised here once every worker has stopped: this thread's own first (an item's,
+    or a signal's: Ctrl-C), else a pool worker's."""
     workers = min(usable_cores() if threads is None else threads, items)
     if workers <= 1:
         for i in range(items):
             each(i)
         return
     order, lock = iter(range(items)), threading.Lock()
-    failed: list[BaseException] = []
+    stop: list[bool] = []  # not empty: take no more items
 
     def work() -> None:
-        while not failed:
+        while not stop:
             with lock:
                 i = next(order, None)
             if i is None:
                 return
             try:
                 each(i)
-            except BaseException as e:
-                failed.append(e)
+            except BaseException:
+                stop.append(True)
                 raise
 
     others = [pool().submit(work) for _ in range(workers - 1)]
     try:
         work()
     except BaseException:
-        pass  # raised below, after the others stopped
+        stop.append(True)
+        wait(others)  # the items they hold finish; their errors give way to this one
+        raise
     for f in others:
-        f.exception()  # waits; the error is in failed
-    if failed:
-        raise failed[0]
+        f.result()

@@ -29,6 +29,12 @@ def pytest_configure(config: pytest.Config) -> None:
     # seconds per process and op set, cold. tests/augment/test_fusion.py turns it on, and checks the compiled
     # pixels against the eager ones bit for bit (those are checked against torchvision's everywhere else).
     os.environ.setdefault("GPUFEED_COMPILE", "0")
+    # A suite started in the background by a non-interactive shell (`make test &`, nohup) has SIGINT ignored, and
+    # every process a test starts inherits that: the tests that interrupt a script (Ctrl-C, --time) saw it run on.
+    import signal
+
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     # No time limit per hypothesis example: its default 200 ms fails a test whose example met a busy machine (a
     # stall of the other worker's subprocesses), not one that is wrong. A hang is still bounded by the suite.
     from hypothesis import settings
@@ -137,3 +143,4 @@ def home_with_synthetic_cifar10(source: Path, home: Path) -> Path:
     """``home`` as a gpufeed cache directory that already holds the default synthetic CIFAR-10."""
     copy_synthetic_cifar10(source, home / "data" / source.name)
     return home
+

@@ -143,4 +143,3 @@ def home_with_synthetic_cifar10(source: Path, home: Path) -> Path:
     """``home`` as a gpufeed cache directory that already holds the default synthetic CIFAR-10."""
     copy_synthetic_cifar10(source, home / "data" / source.name)
     return home
-

@@ -98,3 +98,11 @@ def test_a_buffer_whose_memory_was_handed_on_is_not_taken_again_and_at_most_keep
     kept = {buffers.take(1).untyped_storage().data_ptr(), buffers.take(1).untyped_storage().data_ptr()}
     assert kept == {b.untyped_storage().data_ptr() for b in made[1:]}  # the two largest; the third is new
     assert buffers.take(1).untyped_storage().data_ptr() not in kept
+
+
+def test_a_buffer_seen_through_numpy_by_what_was_served_is_not_taken_again():
+    buffers = hostmem.Recycled(keep=2)
+    data = buffers.take(1000)
+    other_storage = torch.from_numpy(data.numpy()[12:24])  # the same bytes through another storage object
+    buffers.give(data, [torch.zeros(2), other_storage])
+    assert buffers.take(1000).untyped_storage().data_ptr() != data.untyped_storage().data_ptr()

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 
 from .device import usable_cores
 
@@ -61,12 +61,14 @@ def spread(each: Callable[[int], None], items: int, threads: int | None = None) 
                 stop.append(True)
                 raise
 
-    others = [pool().submit(work) for _ in range(workers - 1)]
+    others: list[Future[None]] = []
     try:
+        for _ in range(workers - 1):
+            others.append(pool().submit(work))
         work()
-    except BaseException:
+        for f in others:
+            f.result()
+    except BaseException:  # an item's error (this thread's first), a worker's, or a signal's (Ctrl-C)
         stop.append(True)
         wait(others)  # the items they hold finish; their errors give way to this one
         raise
-    for f in others:
-        f.result()

@@ -189,6 +189,28 @@ def test_pillow_boxes_on_the_pools_threads_equal_torchvisions_pil_resize_and_pil
         del image  # the view holds the export, which holds Pillow's pixels
         assert numpy.array_equal(view[..., : expected.shape[2]], expected) and not view.flags.writeable
 
+    import PIL
+
+    import gpufeed.augment.pillow_resize as pillow_resize
+
+    core = PIL.Image.core
+    if hasattr(core, "set_alignment"):  # rows padded to 16 bytes (PILLOW_ALIGNMENT): numpy's copy of the pixels
+        core.set_alignment(16)
+        try:
+            padded = PIL.Image.fromarray(numpy.array(rgb)[:, :37])
+            copied = _pixels(padded)
+            assert numpy.array_equal(copied, numpy.array(padded)) and copied.flags.writeable
+        finally:
+            core.set_alignment(1)
+    monkeypatch.setattr(PIL, "__version__", "11.2.1")  # its export never released an RGB image: the copy
+    pillow_resize._exports_safely.cache_clear()
+    try:
+        assert not pillow_resize._exports_safely() and _pixels(rgb).flags.writeable
+    finally:
+        monkeypatch.undo()
+        pillow_resize._exports_safely.cache_clear()
+    assert pillow_resize._exports_safely() == (tuple(map(int, PIL.__version__.split(".")[:2])) >= (11, 3))
+
     class Older:  # a Pillow without the export: numpy's copy
         def __init__(self, image):
             self.im, self.height, self.width = object(), image.height, image.width

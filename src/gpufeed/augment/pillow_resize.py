@@ -12,6 +12,7 @@ float32 operation rounded once) is numpy's here and torch's in ``functional.norm
 from __future__ import annotations
 
 import ctypes
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -100,10 +101,13 @@ def _resized(crop: torch.Tensor, size: tuple[int, int], mode: str) -> numpy.ndar
 
 def _pixels(image: Any) -> numpy.ndarray:
     """A Pillow image's pixels where Pillow keeps them, ``(H, W, 4)`` for RGB (the fourth byte unused) or
-    ``(H, W, 1)``, read-only, through the Arrow C data interface (Pillow 11.2 on); ``numpy.array(image)``'s copy
-    where Pillow cannot export it (an earlier Pillow; an image stored in several blocks). The copy holds the GIL
-    (33 us a 224 px image, 0.7x on two threads); the view takes 2.6 us."""
-    export = getattr(image.im, "__arrow_c_array__", None)
+    ``(H, W, 1)``, read-only, through the Arrow C data interface; ``numpy.array(image)``'s copy where Pillow cannot
+    export them as whole rows (before 11.3; an image stored in several blocks; rows padded by ``PILLOW_ALIGNMENT``).
+    The copy holds the GIL (33 us a 224 px image, 0.7x on two threads); the view takes 2.6 us."""
+    import PIL.Image
+
+    aligned = getattr(PIL.Image.core, "get_alignment", lambda: 1)() == 1  # padded rows: 12.0 still exported them
+    export = getattr(image.im, "__arrow_c_array__", None) if aligned and _exports_safely() else None
     try:
         capsule = export() if export is not None else None
     except ValueError:  # "rows are not contiguous in memory": several blocks
@@ -117,6 +121,17 @@ def _pixels(image: Any) -> numpy.ndarray:
     else:  # L: one byte a pixel
         bands, start = 1, array.buffers[1] + array.offset
     return numpy.asarray(_Exported(capsule, start, (image.height, image.width, bands)))
+
+
+@functools.cache
+def _exports_safely() -> bool:
+    """Pillow 11.2's export never released an RGB image (python-pillow/Pillow#8950, fixed in 11.3): a copy there."""
+    import PIL
+
+    try:
+        return tuple(int(part) for part in PIL.__version__.split(".")[:2]) >= (11, 3)
+    except ValueError:  # a version this cannot read: the copy
+        return False
 
 
 class _ArrowArray(ctypes.Structure):

@@ -82,10 +82,15 @@ class Recycled:
 
     def give(self, data: torch.Tensor, made: Iterable[object]) -> None:
         """Hand back the buffer ``data`` views, unless a tensor in ``made`` (what was made from it, handed on to
-        the caller) shares its memory; the smallest buffers go first past ``keep``."""
+        the caller) lies in its memory (a view, or a tensor over the same bytes through numpy or DLPack); the
+        smallest buffers go first past ``keep``. Whoever made ``made`` must keep no other reference to ``data``."""
         storage = data.untyped_storage()
-        if any(isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() == storage.data_ptr() for t in made):
-            return
+        first, end = storage.data_ptr(), storage.data_ptr() + storage.nbytes()
+        for t in made:
+            if isinstance(t, torch.Tensor) and t.device.type == "cpu":
+                theirs = t.untyped_storage()
+                if theirs.data_ptr() < end and first < theirs.data_ptr() + theirs.nbytes():
+                    return
         whole = torch.empty(0, dtype=torch.uint8).set_(storage)
         with self._lock:
             self._free.append(whole)

@@ -11,7 +11,9 @@ index alone), planned from the position the epoch starts at. Then, per batch of 
    a GPU on a side stream) into a ragged batch on the device;
 2. in the consumer: the transform, with draws keyed by (seed, epoch, sample id)
    (:class:`~gpufeed.augment.keyed.KeyedDraws`), so a sample's crop is the same whichever rank, batch or position
-   serves it; then the dtype and layout.
+   serves it; then the dtype and layout. On the CPU the decoded batch's buffer is then handed back for a later
+   batch (:class:`~gpufeed.loading.hostmem.Recycled`), unless what was served lies in it: a transform keeps no
+   reference to its input.
 
 NOTE [ Positions in global batches ]
 The epoch/position bookkeeping is :class:`~gpufeed.loading.epochs.EpochLoader`'s, with one change of unit: a
@@ -65,7 +67,8 @@ _JPEG = b"\xff\xd8\xff"
 def encoded_batch(samples: Samples, ids: np.ndarray, known: np.ndarray | None = None) -> Encoded:
     """The samples' image bytes as an :class:`Encoded` store, each image's decoded size from its header; errors
     name the sample id. ``known``: ``(height, width)`` by sample id, 0 where not yet read; the headers read here
-    are written to it (a sample's bytes are the same every epoch: its shard's sha1 is checked)."""
+    are written to it (a sample's bytes are the same every epoch; were they not, the decode checks the size it
+    gets against this one and names the sample)."""
     lengths = torch.tensor([len(b) for b in samples.images], dtype=torch.int64)
     starts = torch.cumsum(lengths, 0) - lengths
     joined = bytearray().join(samples.images)  # one copy, writable: torch.frombuffer shares it without a warning

@@ -393,3 +393,8 @@ def test_each_images_header_is_read_once_and_later_epochs_take_its_size_from_the
     assert len(read) == len(set(read)) == 88  # the two probed at construction are among the epoch's
     again = _by_id(_served(loader, epoch=1))
     assert len(read) == 88 and all(torch.equal(x, again[i]) for i, x in first.items())
+    monkeypatch.setattr(stream, "_KNOWN_SIZES", N - 1)  # a dataset too large to keep its sizes: read each time
+    read.clear()
+    large = _loader(photos, shuffle=True)
+    assert all(torch.equal(x, first[i]) for i, x in _by_id(_served(large, epoch=1)).items())
+    assert len(read) == 2 + 88 and large._shapes is None

@@ -62,6 +62,7 @@ from .stream_samples import SampleOps
 __all__ = ["StreamLoader", "encoded_batch", "process_layout"]
 
 _JPEG = b"\xff\xd8\xff"
+_KNOWN_SIZES = 1 << 23  # samples up to which their sizes are kept (64 MiB); past it, each header is read each time
 
 
 def encoded_batch(samples: Samples, ids: np.ndarray, known: np.ndarray | None = None) -> Encoded:
@@ -277,7 +278,7 @@ class StreamLoader(EpochLoader):
         """(ids, ragged images, labels, event) of one batch on the device; ``event``: a CUDA event the consumer
         waits on (the decode ran on the reader's stream), else None."""
         samples = self.shards.read(ids)
-        if self._shapes is None:  # the images' sizes by sample id, read from their headers once
+        if self._shapes is None and self.shards.index.num_samples <= _KNOWN_SIZES:  # sizes by sample id, read once
             self._shapes = np.zeros((self.shards.index.num_samples, 2), dtype=np.int32)
         if self.num_classes is not None and self.labelled:
             bad = np.flatnonzero((samples.labels < 0) | (samples.labels >= self.num_classes))

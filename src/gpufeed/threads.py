@@ -47,10 +47,10 @@ def spread(each: Callable[[int], None], items: int, threads: int | None = None) 
             each(i)
         return
     order, lock = iter(range(items)), threading.Lock()
-    stop: list[bool] = []  # not empty: take no more items
+    stop = threading.Event()  # set: take no more items
 
     def work() -> None:
-        while not stop:
+        while not stop.is_set():
             with lock:
                 i = next(order, None)
             if i is None:
@@ -58,7 +58,7 @@ def spread(each: Callable[[int], None], items: int, threads: int | None = None) 
             try:
                 each(i)
             except BaseException:
-                stop.append(True)
+                stop.set()
                 raise
 
     others: list[Future[None]] = []
@@ -69,6 +69,6 @@ def spread(each: Callable[[int], None], items: int, threads: int | None = None) 
         for f in others:
             f.result()
     except BaseException:  # an item's error (this thread's first), a worker's, or a signal's (Ctrl-C)
-        stop.append(True)
+        stop.set()
         wait(others)  # the items they hold finish; their errors give way to this one
         raise

@@ -87,10 +87,6 @@ def encoded_batch(samples: Samples, ids: np.ndarray, known: np.ndarray | None = 
     return Encoded(data, starts, lengths, shapes, jpeg, index=torch.from_numpy(np.asarray(ids, dtype=np.int64)))
 
 
-def _decoded_bytes(encoded: Encoded) -> int:
-    return int(encoded.shapes.prod(1).sum())
-
-
 def process_layout() -> Layout:
     """This process's place: the process group's rank and size when it exists (ranks per node from torchrun's
     ``LOCAL_WORLD_SIZE``), else torchrun's variables, else one rank."""
@@ -299,7 +295,7 @@ class StreamLoader(EpochLoader):
                 # on every core, as the consumer's transform (Pillow's boxes) is: the two share them. With one
                 # core left to the consumer, RandomResizedCrop(224)'s stream ran 540-600 img/s on 2 cores, on every
                 # core 640-650 (benchmarks/stream_throughput.py)
-                x = decode(encoded, self.device, out=self._buffers.take(_decoded_bytes(encoded)))
+                x = decode(encoded, self.device, out=self._buffers.take(encoded.pixel_bytes))
                 return ids_t.to(self.device), x, labels.to(self.device), None
         with torch.cuda.device(self.device), torch.cuda.stream(self._side_stream()):
             if self.per_sample is not None:  # a dense batch, or a ragged one (an op after makes it one size)

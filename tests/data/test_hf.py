@@ -6,6 +6,7 @@ the Hub."""
 from __future__ import annotations
 
 import io
+import re
 import warnings
 from pathlib import Path
 
@@ -351,3 +352,67 @@ def test_fallback_runs_the_recipe_per_sample() -> None:
         loader = _accelerate(ds, batch_size=4, transform=opaque, shuffle=False, fallback="prefetch", num_workers=0)
     for (x, y), (wx, wy) in zip(loader, _reference(ds, EVAL, 4), strict=True):
         assert torch.equal(x, wx) and torch.equal(y, wy)
+
+
+def _with_nulls(nulls: list[int], n: int = 9) -> tuple[datasets.Dataset, list[bytes]]:
+    """``n`` rows of distinct JPEGs and PNGs (labels 0..n-1), the rows ``nulls`` holding no image (None)."""
+    files = [
+        _encode(Image.fromarray(_photo(26 + i, 30 + i % 4)), "PNG" if i % 3 == 2 else "JPEG", quality=90)
+        for i in range(n)
+    ]
+    rows = [None if i in nulls else {"bytes": b, "path": None} for i, b in enumerate(files)]
+    features = datasets.Features({"image": datasets.Image(), "label": datasets.Value("int64")})
+    return datasets.Dataset.from_dict({"image": rows, "label": list(range(n))}, features=features), files
+
+
+@pytest.mark.parametrize(
+    ("nulls", "layout"),
+    [
+        ([3], "saved"),  # the issue's case: the valid row before the null was reported corrupt
+        ([0], "saved"),
+        ([8], "saved"),
+        ([2, 3, 4], "saved"),  # a run of nulls
+        ([0, 1, 7, 8], "two-files"),  # several Arrow files: their bytes packed into one buffer
+        ([1, 5], "chunks"),  # one in-memory table of several chunks
+        ([4, 6], "parquet"),
+    ],
+)
+def test_null_image_rows_are_named_or_skipped_and_every_other_row_keeps_its_bytes(
+    tmp_path: Path, nulls: list[int], layout: str
+) -> None:
+    ds, files = _with_nulls(nulls)
+    if layout == "saved":
+        ds.save_to_disk(str(tmp_path / "ds"))
+        ds = datasets.load_from_disk(str(tmp_path / "ds"))
+    elif layout == "two-files":
+        ds.save_to_disk(str(tmp_path / "ds"), num_shards=2)
+        ds = datasets.load_from_disk(str(tmp_path / "ds"))
+        assert len(ds.cache_files) == 2
+    elif layout == "chunks":
+        halves = [datasets.Dataset(ds.data.table.slice(a, b - a), info=ds.info) for a, b in ((0, 4), (4, 9))]
+        ds = datasets.concatenate_datasets(halves)
+        assert ds.data.table.column("image").num_chunks == 2
+    else:
+        ds.to_parquet(str(tmp_path / "rows.parquet"), batch_size=4)
+        ds = datasets.load_dataset("parquet", data_files=str(tmp_path / "rows.parquet"), split="train",
+                                   cache_dir=str(tmp_path / "hf"))  # fmt: skip
+    kept = [i for i in range(9) if i not in nulls]
+    raw = ds.cast_column("image", datasets.Image(decode=False))["image"]
+    assert [r is None for r in raw] == [i in nulls for i in range(9)]  # datasets' own rows: the nulls and no other
+    for store in ("jpeg", "pixels"):
+        with pytest.raises(DataError) as refused:
+            _accelerate(ds, batch_size=2, transform=TRAIN, store=store)
+        named = [int(r) for r in re.findall(r"\brow (\d+): no image", str(refused.value))]
+        assert named == nulls, store
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            loader = _accelerate(ds, batch_size=1, transform=TRAIN, store=store, on_error="skip", shuffle=False)
+        assert any(f"left out {len(nulls)} of 9" in str(w.message) for w in caught), store
+        assert torch.cat([y for _, y in loader]).tolist() == kept, store  # labels stay with their images
+        held = loader.store
+        if store == "jpeg":
+            assert [bytes(held.file(i).numpy()) for i in range(len(held))] == [files[i] for i in kept]
+            assert [bytes(held.file(i).numpy()) for i in range(len(held))] == [raw[i]["bytes"] for i in kept]
+        else:
+            for j, i in enumerate(kept):
+                np.testing.assert_array_equal(_hwc(held.image(j)), _upright(ds, i), err_msg=f"row {i}")

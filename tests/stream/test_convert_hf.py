@@ -236,6 +236,24 @@ def test_a_corrupt_row_stops_the_conversion_unless_skip_bad(tmp_path):
     assert [s["key"] for s in _parse(tmp_path / "dst")] == ["0", "1", "3", "4"]
 
 
+def test_null_image_rows_are_named_or_left_out_and_every_other_row_keeps_its_bytes_and_label(tmp_path):
+    nulls = [0, 3, 4, 6]  # the first row, a run, the last row
+    images = _images(7)
+    rows = [None if i in nulls else {"bytes": b, "path": None} for i, b in enumerate(images)]
+    ds = datasets.Dataset.from_dict({"image": rows, "label": [i % 3 for i in range(7)]}, features=FEATURES)
+    ds.save_to_disk(str(tmp_path / "data" / "saved"))
+    ds.to_parquet(str(tmp_path / "data" / "rows.parquet"), batch_size=3)  # the nulls in row groups of their own
+    for src in (tmp_path / "data" / "saved", tmp_path / "data" / "rows.parquet"):
+        dst = tmp_path / f"mds-{src.stem}"
+        with pytest.raises(DataError, match=rf"row {nulls[0]}: no image"):
+            convert(src, dst, samples_per_part=2, progress=False)
+        result = convert(src, dst, samples_per_part=2, skip_bad=True, progress=False)
+        assert [s["key"] for s in result.skipped] == [str(i) for i in nulls]
+        kept = [i for i in range(7) if i not in nulls]
+        got = _parse(dst)
+        assert [(s["key"], s["image"], s["label"]) for s in got] == [(str(i), images[i], i % 3) for i in kept]
+
+
 def test_a_missing_column_is_named_with_the_columns_there_are(tmp_path):
     _dataset(_images(2)).save_to_disk(str(tmp_path / "saved"))
     with pytest.raises(ConfigError, match=r"image_key='img' is not a column.*image \(Image\), label \(ClassLabel\)"):

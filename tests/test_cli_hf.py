@@ -147,6 +147,34 @@ def test_a_saved_dataset_without_a_classlabel_takes_its_columns_from_the_options
     assert "image_key='image' is not a column" in err and "photo (Image)" in err
 
 
+def test_class_names_as_strings_number_validation_by_training_and_a_float_column_is_refused(tmp_path):
+    from gpufeed.cli.hf_data import hf_splits
+
+    def named(n: int, names: list[str], seed: int) -> datasets.Dataset:
+        return _dataset(n, seed).cast_column("label", datasets.Value("int64")).map(
+            lambda r: {"label": names[r["label"]]}, features=datasets.Features(
+                {"image": datasets.Image(), "label": datasets.Value("string")}))  # fmt: skip
+
+    # validation lacks "ant": numbered by training's names, not by its own (which would make bee 0)
+    datasets.DatasetDict(
+        train=named(6, ["bee", "ant", "cow"], 0), validation=named(4, ["bee", "cow", "bee"], 1)
+    ).save_to_disk(str(tmp_path / "dd"))
+    train, val, _ = hf_splits(str(tmp_path / "dd"), None, 32, None, "auto")
+    assert train.classes == val.classes == ["ant", "bee", "cow"]
+    assert train.targets == [1, 0, 2, 1, 0, 2] and val.targets == [1, 2, 1, 1]
+    datasets.DatasetDict(
+        train=named(3, ["bee", "ant", "cow"], 0), validation=named(3, ["bee", "elk", "cow"], 1)
+    ).save_to_disk(str(tmp_path / "other"))
+    with pytest.raises(DataError, match=r"row 1 has label 'elk' in 'label', a class the training split lacks"):
+        hf_splits(str(tmp_path / "other"), None, 32, None, "auto")
+    scores = _dataset(4).cast_column("label", datasets.Value("float32")).rename_column("label", "target")
+    scores.save_to_disk(str(tmp_path / "scores"))
+    with pytest.raises(ConfigError, match=r"'target' holds Value\('float32'\) values.*--label-key"):
+        hf_splits(str(tmp_path / "scores"), None, 32, None, "auto")
+    with pytest.raises(ConfigError, match=r"label_key='target' is float values; gpufeed reads one class"):
+        hf_splits(str(tmp_path / "scores"), None, 32, None, "target")
+
+
 def test_options_that_do_not_fit_a_hugging_face_dataset_are_refused_by_name(saved, home, tmp_path):
     from gpufeed.cli.train import run
 

@@ -188,13 +188,17 @@ def test_parquet_without_huggingface_metadata_reads_a_binary_or_struct_column_na
 
     images = _images(4)
     struct = pa.array([{"bytes": b, "path": f"x/{i}.jpg"} for i, b in enumerate(images)])
-    table = pa.table({"jpg": pa.array(images, pa.binary()), "pic": struct, "cls": [7, 3, 0, 3], "txt": list("abcd")})
+    table = pa.table({"jpg": pa.array(images, pa.binary()), "pic": struct, "cls": [7, 3, 0, 3], "txt": list("dbcb"),
+                      "score": [0.5, 1.0, 2.0, 0.0]})  # fmt: skip
     (tmp_path / "raw").mkdir()
     pq.write_table(table, tmp_path / "raw" / "data.parquet")
     with pytest.raises(ConfigError, match=r"no Image column; its columns: jpg \(Value\), pic \(dict\).*--image-key"):
         convert(tmp_path / "raw", tmp_path / "x", progress=False)
-    with pytest.raises(ConfigError, match=r"label_key='txt' is a Value\('string'\) column"):
-        convert(tmp_path / "raw", tmp_path / "x", image_key="jpg", label_key="txt", progress=False)
+    with pytest.raises(ConfigError, match=r"label_key='score' is float values; gpufeed reads one class per image"):
+        convert(tmp_path / "raw", tmp_path / "x", image_key="jpg", label_key="score", progress=False)
+    named = convert(tmp_path / "raw", tmp_path / "txt", image_key="jpg", label_key="txt", progress=False)
+    assert named.classes == ("b", "c", "d") and _manifest(tmp_path / "txt")["classes"] == ["b", "c", "d"]
+    assert _parse(tmp_path / "txt") == _expected(images, [2, 0, 1, 0])  # class names numbered in sorted order
 
     for key in ("jpg", "pic"):
         result = convert(tmp_path / "raw", tmp_path / key, image_key=key, label_key="cls", progress=False)
@@ -305,3 +309,16 @@ def test_the_cli_converts_a_split_with_the_columns_named(tmp_path, capsys):
     assert main(["convert", str(tmp_path / "dd"), str(tmp_path / "x"), "--image-key", "img", "--quiet"]) == 2
     err = capsys.readouterr().err
     assert "ConfigError" in err and "image_key='img' is not a column" in err and "--image-key" in err
+
+
+def test_the_readme_names_the_python_convert_that_exists_with_its_arguments():
+    import inspect
+    import re
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    assert "gpufeed.convert(" not in readme  # there is no such function: gpufeed's public names are DESIGN.md's
+    said = re.search(r"`from gpufeed\.mds\.convert import convert`, `convert\(src, dst, ([^`]*)\)`", readme)
+    assert said is not None
+    named = re.findall(r"(\w+)=", said.group(1))
+    assert named == ["split", "image_key", "label_key"]
+    assert set(named) <= set(inspect.signature(convert).parameters)

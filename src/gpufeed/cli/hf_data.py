@@ -70,9 +70,9 @@ def hf_splits(
         split = next((s for s in EVAL_SPLITS if s in other.splits), None) if other.splits else None
         if other.splits and split is None:
             raise ConfigError(f"--val-data {val_data}: {other.what}, none of them {'/'.join(EVAL_SPLITS)}")
-        test, named = _images(other, split, image_key, label_key, "--val-data"), other.what
+        test, named = _images(other, split, image_key, label_key, "--val-data", train.classes), other.what
     elif val_split is not None:
-        test, named = _images(where, val_split, image_key, label_key, "--data"), f"its {val_split} split"
+        test, named = _images(where, val_split, image_key, label_key, "--data", train.classes), f"its {val_split} split"
     if test is not None:
         test.transform = folder_eval(image_size)
         _same_classes(train, test, named or "")
@@ -84,21 +84,27 @@ def hf_splits(
     return train, test, shown + (f", validation {named}" if named else " (no --val-data: accuracy not measured)")
 
 
-def _images(where: Any, split: str | None, image_key: str | None, label_key: str | None, option: str) -> Any:
-    """The split as ArrowImages, its columns found (a message naming the options), labels required."""
+def _images(
+    where: Any, split: str | None, image_key: str | None, label_key: str | None, option: str, names: Any = None
+) -> Any:
+    """The split as ArrowImages, its columns found (a message naming the options), labels required: class ids
+    (a ClassLabel, integers) or class names (strings, numbered by ``names``, training's, when given)."""
     from ..mds.hf import columns, open_dataset
     from ..read.hf import arrow_images
+    from ..read.hf_columns import label_kind
 
     ds = open_dataset(where, split, image_key)
     what = f"{option} {where.shown}" + (f" ({split} split)" if split else "")
-    image, label, classes = columns(ds.features, image_key, label_key, what)
+    image, label, classes = columns(ds.features, image_key, label_key, what, explicit_floats=False)
     if label is None:
         raise ConfigError(
-            f"{what}: no label column (a ClassLabel, or an integer column named label, labels or target): training "
-            f"and scoring need one; name it with --label-key (its columns: {', '.join(ds.column_names)})"
+            f"{what}: no label column (a ClassLabel, or a column of class ids or names called label, labels or "
+            f"target): training and scoring need one; name it with --label-key (its columns: "
+            f"{', '.join(ds.column_names)})"
         )
-    images = arrow_images(ds, image, label)
-    if classes is None:  # integer labels: the classes are their indices
+    strings = label_kind(ds.features[label]) == "string"
+    images = arrow_images(ds, image, label, classes=names if strings else None)
+    if images.classes is None:  # integer labels: the classes are their indices
         images.classes = [str(k) for k in range(max(images.targets, default=-1) + 1)]
     return images
 

@@ -169,10 +169,13 @@ def _features(features: Any, schema: Any, image_key: str | None) -> Any:
     return features
 
 
-def columns(features: Any, image_key: str | None, label_key: str | None, what: str) -> tuple[str, str | None, Any]:
-    """:func:`gpufeed.read.hf.find_columns`, its message naming the dataset and the command line's options."""
+def columns(
+    features: Any, image_key: str | None, label_key: str | None, what: str, explicit_floats: bool = False
+) -> tuple[str, str | None, Any]:
+    """:func:`gpufeed.read.hf.find_columns`, its message naming the dataset and the command line's options; a float
+    column is refused unless ``explicit_floats`` (MDS shards and the CLI's classifier keep class indices)."""
     try:
-        return find_columns(features, image_key, label_key)
+        return find_columns(features, image_key, label_key, explicit_floats)
     except ConfigError as e:
         raise ConfigError(f"{what}: {e} (on the command line: --image-key NAME, --label-key NAME or none)") from None
 
@@ -246,13 +249,15 @@ def source(where: OnDisk, split: str | None, image_key: str | None, label_key: s
             raise ConfigError(f"split={split!r}: {where.what} are one dataset, not a DatasetDict: drop the split")
         features = parquet_features(where.files, image_key)
         image, label, classes = columns(features, image_key, label_key, where.what)
+        numbering = _numbering(features, label, lambda: _parquet_values(where.files, str(label)))
+        classes = list(numbering) if numbering is not None else classes
         counts = _parquet_rows(where.files)
         firsts = [sum(counts[:u]) for u in range(len(counts))]
         width = _key_width(sum(counts))
         listing = [[f.name, f.stat().st_size] for f in where.files]
 
         def read_file(unit: int, start: int) -> Iterator[Item]:
-            return file_rows(where.files[unit], image, label, firsts[unit], start, width)
+            return file_rows(where.files[unit], image, label, firsts[unit], start, width, numbering)
 
         units = tuple(str(f) for f in where.files)
         fingerprint = _digest([listing, image, label])
@@ -263,14 +268,37 @@ def source(where: OnDisk, split: str | None, image_key: str | None, label_key: s
     features = _features(ds.features, ds.data.table.schema, image_key)
     what = where.shown + (f" ({chosen} split)" if chosen else "")
     image, label, classes = columns(features, image_key, label_key, what)
+    numbering = _numbering(features, label, lambda: ds.data.table.column(label))
+    classes = list(numbering) if numbering is not None else classes
     width = _key_width(len(ds))
 
     def read_saved(unit: int, start: int) -> Iterator[Item]:
-        return saved_rows(ds, image, label, start, width, what)
+        return saved_rows(ds, image, label, start, width, what, numbering)
 
     fingerprint = _digest([_saved_fingerprint(folder), chosen, image, label])
     return Source(where.shown, where.root, "hf", (str(folder),), _tuple(classes), len(ds), fingerprint, chosen,
                   reader=read_saved)  # fmt: skip
+
+
+def _numbering(features: Any, label: str | None, values: Any) -> dict[str, int] | None:
+    """A string label column's class indices: its names sorted (as :func:`gpufeed.read.hf_columns.read_labels`
+    numbers them, over all of ``values()``, an Arrow array of the column); None for any other column."""
+    from ..read.hf_columns import label_kind
+
+    if label is None or label_kind(features[label]) != "string":
+        return None
+    import pyarrow.compute as pc
+
+    names = sorted(str(v) for v in pc.unique(values()).to_pylist() if v is not None)
+    return {name: i for i, name in enumerate(names)}
+
+
+def _parquet_values(files: tuple[Path, ...], column: str) -> Any:
+    """One column of every file, as one Arrow array (labels: small beside the images, which are not read)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    return pa.chunked_array([c for f in files for c in pq.read_table(f, columns=[column]).column(column).chunks])
 
 
 def _tuple(classes: list[str] | None) -> tuple[str, ...] | None:
@@ -303,12 +331,20 @@ def _key_width(count: int) -> int:
 
 
 def rows(
-    table: Any, image_key: str, label_key: str | None, first: int, width: int, what: str, at: int
+    table: Any,
+    image_key: str,
+    label_key: str | None,
+    first: int,
+    width: int,
+    what: str,
+    at: int,
+    numbering: dict[str, int] | None = None,
 ) -> Iterator[Item]:
     """The rows of ``table`` (an Arrow table or record batch holding the two columns) as items: key the row's
     index in the dataset (``first`` is the first row's) zero-padded to ``width``, the image's bytes as stored (an
     image given only by a path is read from it by :func:`~gpufeed.mds.sources.prepare`, as a folder's file), the
-    label (-1: none); errors name ``what`` and the row's index there (``at`` the first's)."""
+    label (-1: none; a class name numbered by ``numbering``); errors name ``what`` and the row's index there (``at``
+    the first's)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -322,6 +358,8 @@ def rows(
     else:
         data, paths = images.to_pylist(), [None] * len(images)
     labels = table.column(label_key).to_pylist() if label_key is not None else [-1] * len(images)
+    if numbering is not None:
+        labels = [None if v is None else numbering[str(v)] for v in labels]
     for j, (raw, path, label) in enumerate(zip(data, paths, labels, strict=True)):
         key, where = f"{first + j:0{width}d}", f"{what} row {at + j}"
         label = -1 if label is None else int(label)  # a ClassLabel's missing value is -1 too: no label
@@ -335,7 +373,15 @@ def rows(
             yield Item(key, label, None, where, f"{where}: no image (its {image_key!r} holds neither bytes nor a path)")
 
 
-def saved_rows(ds: Any, image_key: str, label_key: str | None, start: int, width: int, what: str) -> Iterator[Item]:
+def saved_rows(
+    ds: Any,
+    image_key: str,
+    label_key: str | None,
+    start: int,
+    width: int,
+    what: str,
+    numbering: dict[str, int] | None = None,
+) -> Iterator[Item]:
     """A loaded dataset's rows from ``start`` on, read from its Arrow table through its indices mapping (a
     ``select`` or ``shuffle`` view not flattened), a slice at a time: ``ds[i]`` would decode each image."""
     table = ds.data.table.select([image_key] + ([label_key] if label_key is not None else []))
@@ -344,10 +390,18 @@ def saved_rows(ds: Any, image_key: str, label_key: str | None, start: int, width
     for at in range(start, len(ds), _SLICE):
         n = min(_SLICE, len(ds) - at)
         part = table.slice(at, n) if mapping is None else table.take(mapping.slice(at, n))
-        yield from rows(part, image_key, label_key, at, width, what, at)
+        yield from rows(part, image_key, label_key, at, width, what, at, numbering)
 
 
-def file_rows(path: Path, image_key: str, label_key: str | None, first: int, start: int, width: int) -> Iterator[Item]:
+def file_rows(
+    path: Path,
+    image_key: str,
+    label_key: str | None,
+    first: int,
+    start: int,
+    width: int,
+    numbering: dict[str, int] | None = None,
+) -> Iterator[Item]:
     """A Parquet file's rows from ``start`` on (``first``: its first row's index in the dataset); the row groups
     before ``start`` are not read."""
     import pyarrow.parquet as pq
@@ -370,5 +424,5 @@ def file_rows(path: Path, image_key: str, label_key: str | None, first: int, sta
                 dropped = min(skip, batch.num_rows)
                 batch, at, skip = batch.slice(dropped), at + dropped, skip - dropped
             if batch.num_rows:
-                yield from rows(batch, image_key, label_key, first + at, width, str(path), at)
+                yield from rows(batch, image_key, label_key, first + at, width, str(path), at, numbering)
                 at += batch.num_rows

@@ -26,14 +26,12 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Dataset
 
-from ..errors import ConfigError, DataError
+from ..errors import ConfigError
 from .files import ImageFiles
+from .hf_columns import AUTO, find_columns, read_labels
 from .hf_files import ArrowFiles
 
 __all__ = ["AUTO", "ArrowImages", "arrow_images", "find_columns", "hf_kind", "transform_of"]
-
-AUTO: Any = "auto"  # label_key: the ClassLabel column, else an integer column named label/labels/target
-_LABEL_NAMES = ("label", "labels", "target", "targets", "fine_label", "coarse_label")
 
 
 def hf_kind(obj: Any) -> str | None:
@@ -58,33 +56,60 @@ def _columns_read(ds: Any) -> list[str]:
     return list(fmt.get("columns") or ds.column_names)
 
 
+_NOT_A_STREAM = (
+    "gpufeed convert reads files on disk, not a stream: download them first (huggingface-cli download REPO "
+    "--repo-type dataset --local-dir DIR, or ds.save_to_disk(DIR) of a loaded split), then gpufeed convert DIR DST "
+    "and gf.stream(local=DST, ...)"
+)
+
+
 def _refuse_kind(ds: Any, kind: str) -> None:
-    if kind in ("DatasetDict", "IterableDatasetDict"):
+    if kind == "DatasetDict":
         splits = list(ds.keys())
-        first = splits[0] if splits else "train"
+        first = "train" if "train" in splits else (splits[0] if splits else "train")
         raise ConfigError(
-            f"a {kind} of the splits {splits}: gpufeed loads one split at a time; pass it, e.g. "
+            f"a DatasetDict of the splits {splits}: gpufeed loads one split at a time; pass it, e.g. "
             f"gf.accelerate(ds[{first!r}], transform=...)"
+        )
+    if kind == "IterableDatasetDict":
+        splits = list(ds.keys())
+        first = "train" if "train" in splits else (splits[0] if splits else "train")
+        raise ConfigError(
+            f"an IterableDatasetDict of the splits {splits} (load_dataset(..., streaming=True)): a stream has no "
+            "random access, which gpufeed's epochs need, and neither has each of its splits. Load one split "
+            f"without streaming=True: ds = load_dataset(<the same arguments, without streaming=True>, "
+            f"split={first!r}) (its Arrow files are then on disk), and gf.accelerate(ds, transform=...). For data "
+            f"beyond one node: {_NOT_A_STREAM}"
         )
     if kind == "IterableDataset":
         raise ConfigError(
             "an IterableDataset (load_dataset(..., streaming=True)) has no random access, which gpufeed's epochs "
-            "need: load it without streaming=True (the Arrow files are then on disk), or for data beyond one "
-            "node convert it to MDS shards (gpufeed convert) and use gf.stream"
+            "need: load it without streaming=True, ds = load_dataset(<the same arguments, without streaming=True>, "
+            f"split=...) (its Arrow files are then on disk), and gf.accelerate(ds, transform=...). For data beyond "
+            f"one node: {_NOT_A_STREAM}"
         )
 
 
-def arrow_images(ds: Any, image_key: str | None = None, label_key: str | None = AUTO, transform: Any = None) -> Any:
+def arrow_images(
+    ds: Any,
+    image_key: str | None = None,
+    label_key: str | None = AUTO,
+    transform: Any = None,
+    classes: list[str] | None = None,
+) -> Any:
     """``ds`` (a ``datasets.Dataset``) as :class:`ArrowImages`, its columns found from its features.
 
-    ``image_key``: the ``Image`` column (found when there is one); ``label_key``: a ``ClassLabel`` or integer
-    column (``"auto"``: the ``ClassLabel``, else an integer column named ``label``/``labels``/``target``; None:
-    no labels). ``transform``: the recipe given to ``accelerate`` (it replaces a ``set_transform`` function); a
-    dataset whose own transform is such a function is refused with the change to make."""
+    ``image_key``: the ``Image`` column (found when there is one; ``Image(decode=False)`` too); ``label_key``: a
+    ``ClassLabel``, integer, string (class names, numbered in sorted order) or float (targets) column (``"auto"``:
+    the ``ClassLabel``, else the column named ``label``/``labels``/``target``/... of ids or names; None: no
+        labels; :mod:`gpufeed.read.hf_columns` says what each becomes). ``transform``: the recipe given to
+    ``accelerate`` (it replaces a ``set_transform`` function); a dataset whose own transform is such a function is
+    refused with the change to make. ``classes``: the names a string label column is numbered by (another split's,
+    so that both number alike; a name it lacks is refused), default its own, sorted."""
     kind = hf_kind(ds)
     if kind != "Dataset":
         _refuse_kind(ds, kind or type(ds).__name__)
-    image_key, label_key, classes = find_columns(ds.features, image_key, label_key)
+    image_key, label_key, found = find_columns(ds.features, image_key, label_key)
     mode = ds.features[image_key].mode
     if mode not in (None, "RGB"):
         raise ConfigError(
@@ -102,60 +127,7 @@ def arrow_images(ds: Any, image_key: str | None = None, label_key: str | None = 
             f"DataLoader(ds.with_transform(fn), ...); gpufeed decodes {image_key!r} to RGB and labels from "
             f"{label_key!r} as your function would"
         )
-    return ArrowImages(ds, image_key, label_key, classes)
-
-
-def find_columns(
-    features: Any, image_key: str | None = None, label_key: str | None = AUTO
-) -> tuple[str, str | None, list[str] | None]:
-    """``(image_key, label_key, classes)`` of a dataset's ``features`` (a ``datasets.Features``), by the rules
-    :func:`arrow_images` states: the one ``Image`` column unless ``image_key`` names one; ``label_key`` ``"auto"``
-    the ``ClassLabel``, else an integer column named ``label``/``labels``/``target``/..., else none; ``classes``
-    the ``ClassLabel``'s names (None for an integer column or none). ``gpufeed convert`` reads a Hugging Face
-    dataset on disk by the same rules, so both name the same columns.
-
-    Raises:
-        ConfigError: no (or several) Image columns and no ``image_key``; a key that is not a column, or a column
-            of the wrong kind; several label columns. The message lists the columns and the option to pass.
-    """
-    from datasets import ClassLabel, Image, Value
-
-    images = [k for k, f in features.items() if isinstance(f, Image)]
-    described = ", ".join(f"{k} ({type(f).__name__})" for k, f in features.items())
-    if image_key is None:
-        if len(images) != 1:
-            which = f"{len(images)} Image columns ({images})" if images else "no Image column"
-            raise ConfigError(
-                f"the dataset has {which}; its columns: {described}. Pass image_key= (a column of encoded images: "
-                "cast one with ds.cast_column(name, datasets.Image()))"
-            )
-        image_key = images[0]
-    elif image_key not in features:
-        raise ConfigError(f"image_key={image_key!r} is not a column of the dataset; its columns: {described}")
-    elif not isinstance(features[image_key], Image):
-        raise ConfigError(
-            f"image_key={image_key!r} is a {features[image_key]!r} column, not an Image: cast it with "
-            f"ds.cast_column({image_key!r}, datasets.Image()) if it holds encoded images or their paths"
-        )
-    integer = lambda f: isinstance(f, Value) and (f.dtype.startswith(("int", "uint")) or f.dtype == "bool")  # noqa: E731
-    if label_key is AUTO:
-        named = [k for k, f in features.items() if isinstance(f, ClassLabel)]
-        if not named:
-            named = [k for k in _LABEL_NAMES if k in features and integer(features[k])]
-        if len(named) > 1:
-            raise ConfigError(f"the dataset has several label columns ({named}); pass label_key= (None: no labels)")
-        label_key = named[0] if named else None
-    elif label_key is not None:
-        if label_key not in features:
-            raise ConfigError(f"label_key={label_key!r} is not a column of the dataset; its columns: {described}")
-        if not (isinstance(features[label_key], ClassLabel) or integer(features[label_key])):
-            raise ConfigError(
-                f"label_key={label_key!r} is a {features[label_key]!r} column; gpufeed reads class indices (a "
-                "ClassLabel or an integer column): pass another label_key, or None for images alone"
-            )
-    labels = features[label_key] if label_key is not None else None
-    classes = list(labels.names) if isinstance(labels, ClassLabel) else None
-    return image_key, label_key, classes
+    return ArrowImages(ds, image_key, label_key, classes if found is None else found)
 
 
 class ArrowImages(Dataset):
@@ -163,11 +135,12 @@ class ArrowImages(Dataset):
     the image (torchvision's convention), with the source protocol of an image folder (:meth:`image_files`)."""
 
     def __init__(self, ds: Any, image_key: str, label_key: str | None, classes: list[str] | None) -> None:
+        """``classes``: a ClassLabel's names, or the names a string label column is numbered by (another split's;
+        None: its own, sorted: :func:`gpufeed.read.hf_columns.read_labels`)."""
         self.hf, self.image_key, self.label_key = ds, image_key, label_key
-        self.classes = classes
         self.labelled = label_key is not None  # else batches are the images alone
         self.transform: Any = None
-        self._feature = ds.features[image_key]
+        self._feature = _decoding(ds.features[image_key])
         self._files: ArrowFiles | None = None
         table = ds.data.table  # the Arrow table (memory-mapped or in memory); rows through the indices mapping
         indices = getattr(ds, "_indices", None)
@@ -177,14 +150,10 @@ class ArrowImages(Dataset):
             else np.arange(table.num_rows, dtype=np.int64)
         )
         self._column = table.column(image_key)
-        labels = table.column(label_key).to_numpy(zero_copy_only=False)[self.rows] if label_key is not None else None
-        if labels is not None and (labels < 0).any():
-            row = int(self.rows[int(np.flatnonzero(labels < 0)[0])])
-            raise DataError(
-                f"{self.what} row {row} has label {int(labels[labels < 0][0])} in {label_key!r} (a ClassLabel's "
-                "missing value is -1): drop unlabelled rows (ds.filter(lambda r: r[...] >= 0)) or pass label_key=None"
-            )
-        self.targets = labels.astype(np.int64).tolist() if labels is not None else [0] * len(self.rows)
+        labels = read_labels(ds, label_key, self.rows, classes, self.what, image_key)
+        self.classes, self.label_values = labels.classes, labels.values
+        self.notes: tuple[str, ...] = (labels.note,)  # the plan's line on the labels (request adds it)
+        self.targets = labels.values.tolist()
 
     def __getstate__(self) -> dict[str, Any]:
         # a DataLoader worker under spawn gets the dataset pickled: the Arrow column would be copied with it
@@ -224,7 +193,8 @@ class ArrowImages(Dataset):
             "files": files,
             "len": len(self),
             "columns": [self.image_key, self.label_key],
-            "classes": self.classes,
+            "classes": self.classes,  # a string column's numbering too: another numbering, another entry
+            "labels": str(self.label_values.dtype),
             # the decoding a row gets (EXIF orientation appeared in datasets 3): part of what the pixels are
             "datasets": datasets.__version__,
         }
@@ -237,3 +207,13 @@ class ArrowImages(Dataset):
 
     def __repr__(self) -> str:
         return f"ArrowImages({self.what}, {len(self):,} rows, image={self.image_key!r}, label={self.label_key!r})"
+
+
+def _decoding(feature: Any) -> Any:
+    """The column's ``Image`` feature, decoding: an ``Image(decode=False)`` column holds the same bytes, read as
+    ``Image()`` would decode them (gpufeed reads the bytes itself; only the per-sample path decodes)."""
+    if getattr(feature, "decode", True):
+        return feature
+    import datasets
+
+    return datasets.Image(mode=feature.mode)

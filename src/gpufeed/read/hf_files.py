@@ -237,7 +237,7 @@ class ArrowFiles(ImageFiles):
         lengths = torch.from_numpy(self._lengths.copy())
         encoded = Encoded(self._data, torch.from_numpy(self._starts.copy()), lengths, shapes, jpeg, paths=self.names,
                           orient=orient if bool((orient > 1).any()) else None, mapped=not self.copied)  # fmt: skip
-        labels = torch.tensor(self.source.targets, dtype=torch.int64)
+        labels = torch.from_numpy(self.source.label_values.copy())  # int64 classes, or float32 targets
         return encoded, labels, bad
 
     def describe(self, encoded: Encoded, then: str = "") -> str:

@@ -311,6 +311,46 @@ def test_the_cli_converts_a_split_with_the_columns_named(tmp_path, capsys):
     assert "ConfigError" in err and "image_key='img' is not a column" in err and "--image-key" in err
 
 
+def test_a_hub_repository_converts_the_split_load_dataset_gives_and_its_config_by_name(tmp_path, capsys):
+    from gpufeed.cli.main import main
+
+    images = _images(14)
+    repo = tmp_path / "repo"
+    card = "---\nconfigs:\n"
+    for c, (a, b) in (("small", (0, 6)), ("large", (6, 14))):  # each config: train shards and a test shard
+        card += f"- config_name: {c}\n  data_files:\n  - split: train\n    path: {c}/train-*\n  - split: test\n"
+        card += f"    path: {c}/test-*\n"
+        (repo / c).mkdir(parents=True)
+        ds = _dataset(images[a:b], [i % 3 for i in range(a, b)])
+        ds.select(range(2)).to_parquet(str(repo / c / "train-00000-of-00002.parquet"))
+        ds.select(range(2, b - a - 2)).to_parquet(str(repo / c / "train-00001-of-00002.parquet"))
+        ds.select(range(b - a - 2, b - a)).to_parquet(str(repo / c / "test-00000-of-00001.parquet"))
+    (repo / "README.md").write_text(card + "---\n# two configs\n")
+    before = snapshot(repo)
+    with pytest.raises(ConfigError, match=r"configs \['small', 'large'\], none marked default: pick one with --config"):
+        convert(repo, tmp_path / "x", progress=False)
+    for split in ("train", "test"):
+        want = datasets.load_dataset(str(repo), "large", split=split, cache_dir=str(tmp_path / "hf"))
+        result = convert(repo, tmp_path / split, config="large", split=None if split == "train" else split,
+                         progress=False)  # fmt: skip
+        assert (result.kind, result.split, result.classes, result.samples) == (
+            "parquet",
+            split,
+            tuple(NAMES),
+            len(want),
+        )
+        raw = want.cast_column("image", datasets.Image(decode=False))
+        assert [(s["image"], s["label"]) for s in _parse(tmp_path / split)] == [
+            (r["image"]["bytes"], r["label"]) for r in raw
+        ]
+    assert main(["convert", str(repo / "small"), str(tmp_path / "small"), "--quiet"]) == 0  # a config's folder
+    assert f"converted {repo / 'small'} (Parquet files, split train, 3 classes)" in capsys.readouterr().out
+    assert _manifest(tmp_path / "small")["samples"] == 4
+    assert main(["convert", str(repo), str(tmp_path / "cli"), "--config", "small", "--split", "test", "--quiet"]) == 0
+    assert [s["image"] for s in _parse(tmp_path / "cli")] == images[4:6]
+    assert snapshot(repo) == before
+
+
 def test_the_readme_names_the_python_convert_that_exists_with_its_arguments():
     import inspect
     import re

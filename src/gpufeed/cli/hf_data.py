@@ -1,11 +1,13 @@
-"""``--data`` of a Hugging Face dataset on disk: a ``save_to_disk`` folder (a Dataset, or a DatasetDict's splits) or
-Parquet files, served as an image folder is: the folder recipes at ``--image-size``, the same models and stores.
+"""``--data`` of a Hugging Face dataset on disk: a ``save_to_disk`` folder (a Dataset, or a DatasetDict's splits), a
+Hub repository's folder (its ``README.md`` card and files, or its ``data/`` folder: split as ``load_dataset`` splits
+it, :mod:`gpufeed.mds.hub`; ``--config``) or Parquet files, served as an image folder is: the folder recipes at
+``--image-size``, the same models and stores.
 
-A DatasetDict's ``train`` split is trained on and its evaluation split (the first of ``validation``, ``valid``,
-``val``, ``test``) scored; a single dataset is the training split, ``--val-data`` names the evaluation one (a
-saved dataset or Parquet files too). The columns are found as ``gf.accelerate`` finds them
-(:func:`gpufeed.read.hf.find_columns`; ``--image-key``, ``--label-key``). Nothing is written beside the data
-(NOTE [ Nothing written beside the data ] in :mod:`gpufeed.mds.hf`).
+A DatasetDict's or a repository's ``train`` split is trained on and its evaluation split (the first of
+``validation``, ``valid``, ``val``, ``dev``, ``test``) scored; a single dataset is the training split,
+``--val-data`` names the evaluation one (a saved dataset or Parquet files too). The columns are found as
+``gf.accelerate`` finds them (:func:`gpufeed.read.hf.find_columns`; ``--image-key``, ``--label-key``). Nothing is
+written beside the data (NOTE [ Nothing written beside the data ] in :mod:`gpufeed.mds.hf`).
 """
 
 from __future__ import annotations
@@ -17,19 +19,25 @@ from ..errors import ConfigError, DataError
 __all__ = ["hf_splits", "hf_subset", "is_hf"]
 
 
-def is_hf(data: str | None) -> bool:
-    """Whether ``--data`` names a Hugging Face dataset on disk (a save_to_disk folder, Parquet files)."""
+def is_hf(data: str | None, config: str | None = None) -> bool:
+    """Whether ``--data`` names a Hugging Face dataset on disk (a save_to_disk folder, a Hub repository's folder,
+    Parquet files); ``config`` the repository card's config (``--config``)."""
     from ..data.images import KEYWORDS
     from ..data.mds import is_stream
     from ..mds.hf import locate
 
     if data is None or data in KEYWORDS or is_stream(data):
         return False
-    return locate(data) is not None
+    return locate(data, config) is not None
 
 
 def hf_splits(
-    data: str, val_data: str | None, image_size: int, image_key: str | None, label_key: str | None
+    data: str,
+    val_data: str | None,
+    image_size: int,
+    image_key: str | None,
+    label_key: str | None,
+    config: str | None = None,
 ) -> tuple[Any, Any | None, str]:
     """``(train, evaluation or None, description)``: :class:`~gpufeed.read.hf.ArrowImages` with the folder
     recipes at ``image_size`` (``.transform``), the evaluation set's classes those of training.
@@ -41,15 +49,18 @@ def hf_splits(
     from ..data.images import folder_eval, folder_train
     from ..mds.hf import EVAL_SPLITS, locate
 
-    where = locate(data)
+    where = locate(data, config)
     assert where is not None  # is_hf(data) chose this path
     val_split = None
     if where.splits:
         if "train" not in where.splits:
-            raise ConfigError(
-                f"--data {data}: {where.what}, none named train: save the split to train on as its own dataset "
-                f"(ds[{where.splits[0]!r}].save_to_disk(DIR)) and give --data DIR"
+            fix = (
+                "give the files to train on as --data (a quoted glob of them)"
+                if where.layout is not None
+                else f"save the split to train on as its own dataset (ds[{where.splits[0]!r}].save_to_disk(DIR)) and "
+                "give --data DIR"
             )
+            raise ConfigError(f"--data {data}: {where.what}, none named train: {fix}")
         val_split = next((s for s in EVAL_SPLITS if s in where.splits), None)
     train = _images(where, "train" if where.splits else None, image_key, label_key, "--data")
     train.transform = folder_train(image_size)
@@ -68,6 +79,8 @@ def hf_splits(
         if other.root == where.root and other.files == where.files:
             raise ConfigError(f"--val-data {val_data} is the training data: accuracy on it says nothing; give another")
         split = next((s for s in EVAL_SPLITS if s in other.splits), None) if other.splits else None
+        if other.layout is not None and other.splits == ("train",):  # a folder of files named for no split
+            split = "train"
         if other.splits and split is None:
             raise ConfigError(f"--val-data {val_data}: {other.what}, none of them {'/'.join(EVAL_SPLITS)}")
         test, named = _images(other, split, image_key, label_key, "--val-data", train.classes), other.what
@@ -76,9 +89,11 @@ def hf_splits(
     if test is not None:
         test.transform = folder_eval(image_size)
         _same_classes(train, test, named or "")
-    shown = f"{'Parquet files' if where.kind == 'parquet' else 'Hugging Face dataset'} {where.shown}"
+    plain = where.kind == "parquet" and where.layout is None
+    shown = f"{'Parquet files' if plain else 'Hugging Face dataset'} {where.shown}"
     if where.splits:
-        shown += " (train split"
+        by = f"{where.kind.capitalize()} files split by {where.layout.how}: " if where.layout is not None else ""
+        shown += f" ({by}train split"
         return train, test, shown + (f"; validation: {named})" if named else "; no validation split: accuracy "
                                      "not measured)")  # fmt: skip
     return train, test, shown + (f", validation {named}" if named else " (no --val-data: accuracy not measured)")

@@ -429,3 +429,26 @@ def test_the_cli_converts_and_says_what_it_wrote(tmp_path, capsys):
     err = capsys.readouterr().err
     assert f"gpufeed convert: ConfigError: src='{tmp_path / 'missing'}': no such folder or tar" in err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_dst_under_a_symlink_loop_or_a_file_is_a_message_and_exit_2_without_a_traceback(tmp_path, capsys):
+    # the outside trial: `gpufeed convert SRC LOOP/out` printed pathlib's RuntimeError traceback
+    from gpufeed.cli.main import main
+
+    src = Path(image_folder(tmp_path / "src", [(8, 8), (8, 8)]).root)
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    (tmp_path / "file").write_text("notes\n")
+    before = snapshot(tmp_path)
+    cases = [
+        (tmp_path / "loop" / "out", f"ConfigError: dst='{tmp_path / 'loop' / 'out'}' cannot be resolved"),
+        (tmp_path / "a", f"ConfigError: dst='{tmp_path / 'a'}' cannot be resolved"),
+        (tmp_path / "file" / "out", f"CacheWriteError: {tmp_path / 'file' / 'out'}: cannot be created"),
+    ]
+    for dst, said in cases:
+        assert main(["convert", str(src), str(dst), "--quiet"]) == 2
+        err = capsys.readouterr().err
+        assert f"gpufeed convert: {said}" in err and "Traceback" not in err, err
+        assert "give a folder" in err or "choose a writable DST" in err
+    assert snapshot(tmp_path) == before

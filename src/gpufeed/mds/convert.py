@@ -99,7 +99,13 @@ def convert(
     """
     settings = _settings(shard_size, compression, samples_per_part)
     source = open_source(src, split, image_key, label_key)
-    target = Path(dst).expanduser().resolve()
+    try:
+        target = Path(dst).expanduser().resolve()
+    except (OSError, RuntimeError) as e:  # a symlink loop: RuntimeError before Python 3.13, OSError (ELOOP) since
+        raise ConfigError(
+            f"dst={str(dst)!r} cannot be resolved ({e}): a symbolic link in it loops or points nowhere it can go; give "
+            "a folder (new or empty) for the MDS shards, outside the loop"
+        ) from None
     if target.is_relative_to(source.root):
         raise ConfigError(
             f"dst={str(dst)!r} is inside src={str(src)!r}; gpufeed never writes into a dataset: give a DST outside it"

@@ -20,8 +20,9 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError, DataError
+from ..inside import check_name, inside
 
-__all__ = ["IMAGE_ENCODINGS", "LABEL_ENCODINGS", "Index"]
+__all__ = ["FILE_KEYS", "IMAGE_ENCODINGS", "LABEL_ENCODINGS", "RESERVED", "Index"]
 
 # encodings whose bytes are a whole image file, as the file was (``bytes``: whatever was written; ``jpeg``/``png``:
 # the engine's PIL encoders write a file's bytes). Not ``pil``/``ndarray`` (pixels), nor ``jpeg_array`` or
@@ -43,6 +44,14 @@ LABEL_ENCODINGS = {
 
 
 _SHARD_KEYS = ("samples", "raw_data", "column_names", "column_encodings", "column_sizes")
+# the entries of a shard that name a file (relative to the index's folder, and to the remote's prefix)
+FILE_KEYS = ("raw_data", "zip_data", "raw_meta", "zip_meta")
+# files of a dataset's folder (or a remote's local) that are not shards: a shard named so would overwrite one
+RESERVED = frozenset({"index.json", "gpufeed.json", "gpufeed-remote.json", ".gpufeed-claim"})
+_FIX = (
+    "the index is damaged or crafted (shard names are relative to the folder of index.json, and gpufeed reads and "
+    "downloads only below it): write the dataset again with gpufeed convert or streaming.MDSWriter"
+)
 
 
 @dataclass(frozen=True)
@@ -146,9 +155,13 @@ class Index:
                     f"{source}: shard {k} lacks {missing or ['raw_data.basename/bytes']}; the index is damaged or not "
                     "MDS: write it again with streaming.MDSWriter or gpufeed convert"
                 )
-        for s in shards:
+        for k, s in enumerate(shards):
             if s.get("format") != "mds":
                 raise DataError(f"{source}: shard {s.get('raw_data')} has format {s.get('format')!r}, not 'mds'")
+            for key, name in _files(s):
+                why = check_name(name) or ("is a file of the dataset, not a shard" if name in RESERVED else None)
+                if why is not None:
+                    raise DataError(f"{source} (shard {k}, {key}.basename) lists {name!r}, which {why}; {_FIX}")
         self.source = source
         self.shards: list[dict[str, Any]] = shards
         self.samples_per_shard = np.array([s["samples"] for s in shards], dtype=np.int64)
@@ -184,6 +197,18 @@ class Index:
             raise DataError(f"{path} is not JSON ({e}); it is not an MDS index") from None
         return cls(obj, str(path), image_key, label_key)
 
+    def paths(self, root: str | os.PathLike[str]) -> list[str]:
+        """Each shard's file below ``root`` (the dataset's folder, or a remote's local cache), every file a shard
+        names checked to stay inside ``root`` once symlinks are resolved (:func:`gpufeed.inside.inside`): a
+        DataError naming the shard otherwise."""
+        out = []
+        for k, s in enumerate(self.shards):
+            for key, name in _files(s):
+                path = inside(root, name, listed_in=f"{self.source} (shard {k}, {key}.basename)", fix=_FIX)
+                if key == "raw_data":
+                    out.append(str(path))
+        return out
+
     @property
     def num_shards(self) -> int:
         return len(self.shards)
@@ -195,3 +220,8 @@ class Index:
             raise IndexError(f"sample ids must be in [0, {self.num_samples}); got {ids.min()}..{ids.max()}")
         shard = np.searchsorted(self.ends, ids, side="right")
         return shard, ids - self.starts[shard]
+
+
+def _files(shard: dict[str, Any]) -> list[tuple[str, Any]]:
+    """``(entry, basename)`` of each file a shard's index entry names."""
+    return [(key, shard[key].get("basename")) for key in FILE_KEYS if isinstance(shard.get(key), dict)]

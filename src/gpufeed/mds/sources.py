@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..errors import ConfigError, DataError
+from ..inside import inside
 from . import wds
 from .items import Item, Source
 
@@ -186,7 +187,12 @@ def _food101(root: Path, split: str, text: str) -> Source:
         raise DataError(f"{meta}: cannot be read as Food101's split list ({e}); download the dataset again") from None
     classes = sorted(listed)
     index = {c: i for i, c in enumerate(classes)}
-    files = tuple((str(root / "images" / f"{rel}.jpg"), index[c]) for c, rels in listed.items() for rel in rels)
+    fix = "download the dataset again (its meta lists images as <class>/<id>, below images/)"
+    files = tuple(
+        (str(inside(root / "images", f"{rel}.jpg", listed_in=meta, links=False, fix=fix)), index[c])
+        for c, rels in listed.items()
+        for rel in rels
+    )
     if not files:
         raise DataError(f"{meta} lists no image; nothing to convert")
     listing = [[Path(p).relative_to(root).as_posix(), t] for p, t in files]

@@ -28,58 +28,82 @@ from ..errors import ConfigError, DataError, StorageError
 from .downloads import is_missing, storage_cause
 from .index import Index
 
-__all__ = ["REMOTE_MARK", "FileFetch", "check_mark", "fetch_index", "read_meta", "storage_error"]
+__all__ = ["REMOTE_MARK", "FileFetch", "check_mark", "downloader", "fetch_index", "read_meta", "storage_error"]
 
 REMOTE_MARK = "gpufeed-remote.json"  # in a remote's local: which remote it caches
 
 
 class FileFetch:
-    """One file of the remote downloaded on a thread of its own into ``tmp`` (NOTE [ A remote's index: ... ]).
+    """Files of the remote downloaded one after the other on a thread of their own, each into its temporary name
+    (NOTE [ A remote's index: ... ]); the caller waits for each at most until a deadline.
 
     Example::
 
-        fetch = FileFetch("s3://bucket/data/index.json", "/scratch/cache/.index.json.123.tmp", timeout=60)
-        path = fetch.wait(time.monotonic() + 60)  # the file, the client's error, or TimeoutError
+        fetch = FileFetch(downloader, [("s3://bucket/data/index.json", "/scratch/cache/.index.json.123.tmp")], 60)
+        path = fetch.wait(0, time.monotonic() + 60)  # the file, the client's error, or TimeoutError
     """
 
-    def __init__(self, url: str, tmp: str, timeout: float) -> None:
-        self.url, self.tmp, self.timeout = url, tmp, timeout
-        self.error: BaseException | None = None
-        self._done = threading.Event()
+    def __init__(self, downloader: Any, files: list[tuple[str, str]], timeout: float) -> None:
+        self.files, self.timeout = files, timeout
+        self.errors: list[BaseException | None] = [None] * len(files)
+        self._done = [threading.Event() for _ in files]
         self._lock = threading.Lock()
         self._abandoned = False
-        threading.Thread(target=self._run, name="gpufeed-stream-index", daemon=True).start()
+        args = (downloader,)
+        threading.Thread(target=self._run, args=args, name="gpufeed-stream-index", daemon=True).start()
 
-    def _run(self) -> None:
-        from streaming.base.storage.download import CloudDownloader
-
+    def _run(self, downloader: Any) -> None:
+        for i, (url, tmp) in enumerate(self.files):
+            if self._abandoned:
+                break
+            try:
+                downloader.download(url, tmp, self.timeout)
+            except BaseException as e:  # kept for wait()
+                self.errors[i] = e
+            with self._lock:
+                self._done[i].set()
+                if self._abandoned:  # no one waits for it any more: leave nothing behind
+                    _unlink(tmp)
         try:
-            CloudDownloader.direct_download(self.url, self.tmp, self.timeout)
-        except BaseException as e:  # kept for wait()
-            self.error = e
-        with self._lock:
-            self._done.set()
-            if self._abandoned:  # no one waits for it any more: leave nothing behind
-                _unlink(self.tmp)
+            downloader.clean_up()
+        except Exception:  # its client's own tidying: nothing of gpufeed's depends on it
+            pass
 
-    def wait(self, deadline: float) -> str:
-        """``tmp`` once downloaded; the client's error, or a TimeoutError at ``deadline`` (``time.monotonic()``)."""
-        self._done.wait(max(0.0, deadline - time.monotonic()))
+    def wait(self, i: int, deadline: float) -> str:
+        """File ``i`` once downloaded; the client's error, or a TimeoutError at ``deadline`` (``time.monotonic()``)."""
+        self._done[i].wait(max(0.0, deadline - time.monotonic()))
         with self._lock:
-            if not self._done.is_set():
+            if not self._done[i].is_set():
                 self._abandoned = True
                 raise TimeoutError(f"no answer within download_timeout={self.timeout:g} s")
-        if self.error is not None:
-            _unlink(self.tmp)
-            raise self.error
-        return self.tmp
+        error, tmp = self.errors[i], self.files[i][1]
+        if error is not None:
+            _unlink(tmp)
+            raise error
+        return tmp
 
     def abandon(self) -> None:
-        """Not needed after all: its file is removed (now, or when the download ends)."""
+        """Not needed any more: the files not taken are removed (now, or when their download ends)."""
         with self._lock:
             self._abandoned = True
-            if self._done.is_set():
-                _unlink(self.tmp)
+            for done, (_, tmp) in zip(self._done, self.files, strict=True):
+                if done.is_set():
+                    _unlink(tmp)
+
+
+def downloader(remote: str, timeout: float) -> Any:
+    """The engine's downloader of ``remote``'s scheme, its client made now (``botocore`` loads its models: up to a
+    second the first time, on a loaded machine), before any wait for the network starts."""
+    from streaming.base.storage.download import CloudDownloader
+
+    made = CloudDownloader.get(remote)
+    create = getattr(made, "_create_s3_client", None)  # S3's client is made lazily, at the first download
+    if callable(create):
+        try:
+            create(timeout=timeout)
+        except Exception:  # no credentials yet, an older engine: the download makes it as it always did
+            pass
+    return made
 
 
 def _unlink(path: str) -> None:
@@ -144,16 +168,17 @@ def fetch_index(
         DataError: the index is not one, or names a file outside ``local``.
         ConfigError: the index differs from the one ``local`` caches.
     """
-    deadline = time.monotonic() + timeout
     base, tag = remote.rstrip("/"), f"{os.getpid()}.{threading.get_ident()}"
     cached, meta_path = Path(local, "index.json"), Path(local, "gpufeed.json")
-    index_fetch = FileFetch(f"{base}/index.json", os.path.join(local, f".index.json.{tag}.tmp"), timeout)
-    meta_fetch = None
+    files = [(f"{base}/index.json", os.path.join(local, f".index.json.{tag}.tmp"))]
     if not meta_path.exists():
-        meta_fetch = FileFetch(f"{base}/gpufeed.json", os.path.join(local, f".gpufeed.json.{tag}.tmp"), timeout)
+        files.append((f"{base}/gpufeed.json", os.path.join(local, f".gpufeed.json.{tag}.tmp")))
+    client = downloader(remote, timeout)
+    deadline = time.monotonic() + timeout  # one wait for both files
+    fetch = FileFetch(client, files, timeout)
     try:
         try:
-            fresh: str | None = index_fetch.wait(deadline)
+            fresh: str | None = fetch.wait(0, deadline)
         except Exception as e:
             if not cached.exists():
                 raise storage_error(remote, local, timeout, "index.json", e) from e
@@ -171,9 +196,9 @@ def fetch_index(
                 os.replace(fresh, cached)  # checked: the engine may read it now
         index = Index.load(cached, image_key, label_key)
         index.paths(local)  # a cached copy too: written by an earlier gpufeed, or by hand
-        if meta_fetch is not None:
+        if len(files) > 1:
             try:
-                got = meta_fetch.wait(deadline)
+                got = fetch.wait(1, deadline)
             except Exception as e:
                 if is_missing(e):  # a user's own MDS (on S3 the client says 404, not FileNotFoundError)
                     return index, {}
@@ -181,9 +206,7 @@ def fetch_index(
             os.replace(got, meta_path)
         return index, read_meta(local)
     finally:
-        index_fetch.abandon()
-        if meta_fetch is not None:
-            meta_fetch.abandon()
+        fetch.abandon()
 
 
 def read_meta(local: str) -> dict[str, Any]:

@@ -210,6 +210,13 @@ class Shards:
                 raise
             except Exception as e:  # the engine could not set local up (botocore's, google's, ... errors)
                 raise self._storage_error("index.json", e) from e
+            for stream in getattr(self._ds, "streams", ()):  # clients made now, not inside a shard's first wait
+                made = getattr(getattr(stream, "_downloader", None), "_create_s3_client", None)
+                if callable(made):
+                    try:
+                        made(timeout=timeout)
+                    except Exception:  # made at the first download instead, as the engine does
+                        pass
         if cache_limit is not None:
             self._set_cache_limit(engine.bytes_to_int(cache_limit))
         if shared is None:

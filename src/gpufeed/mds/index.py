@@ -21,6 +21,7 @@ import numpy as np
 
 from ..errors import ConfigError, DataError
 from ..inside import check_name, inside
+from .digests import SAMPLE_COLUMN
 
 __all__ = ["FILE_KEYS", "IMAGE_ENCODINGS", "LABEL_ENCODINGS", "RESERVED", "Index"]
 
@@ -65,6 +66,7 @@ class _Columns:
     label_format: str
     digest: int | None = None
     key: int | None = None
+    sample: int | None = None  # ``sample_sha1`` (image and label: NOTE [ What a sample's digests cover ])
 
     @classmethod
     def of(cls, shard: dict[str, Any], image_key: str, label_key: str | None) -> _Columns:
@@ -95,7 +97,9 @@ class _Columns:
         def text_column(name: str) -> int | None:
             return names.index(name) if name in names and encodings[names.index(name)] == "str" else None
 
-        return cls(sizes, names.index(image_key), label, label_format, text_column("sha1"), text_column("key"))
+        # the sample digest covers the converter's label column: checked only when that is the one read
+        sample = text_column(SAMPLE_COLUMN) if label_key == "label" else None
+        return cls(sizes, names.index(image_key), label, label_format, text_column("sha1"), text_column("key"), sample)
 
     def _spans(self, record: bytes) -> list[tuple[int, int]]:
         """``(start, end)`` of each column's bytes in ``record``; a ValueError if they overrun it."""
@@ -110,9 +114,9 @@ class _Columns:
             raise ValueError(f"the record holds {len(record)} bytes, its columns {at}")
         return spans
 
-    def parse(self, record: bytes) -> tuple[bytes, int, bytes | None]:
-        """The image bytes, the label (-1 without a label column) and the stored sha1 (hex, ASCII; None without a
-        ``sha1`` column) of one sample record."""
+    def parse(self, record: bytes) -> tuple[bytes, int, bytes | None, bytes | None]:
+        """The image bytes, the label (-1 without a label column), the stored sha1 of the image and the stored
+        sample digest (hex, ASCII; None without a ``sha1`` / ``sample_sha1`` column) of one sample record."""
         spans = self._spans(record)
         begin, end = spans[self.image]
         image, label = record[begin:end], -1
@@ -120,11 +124,14 @@ class _Columns:
             begin, end = spans[self.label]
             raw = record[begin:end]
             label = int(raw.decode()) if not self.label_format else struct.unpack(self.label_format, raw)[0]
-        digest = None
+        digest = sample = None
         if self.digest is not None:
             begin, end = spans[self.digest]
             digest = record[begin:end]
-        return image, label, digest
+        if self.sample is not None:
+            begin, end = spans[self.sample]
+            sample = record[begin:end]
+        return image, label, digest, sample
 
     def key_of(self, record: bytes) -> str | None:
         """The sample's ``key`` column (its name in the source: a file's path), None without one."""
@@ -183,6 +190,8 @@ class Index:
             self.columns.append(layouts[key])
         # every shard has the sha1 column gpufeed convert writes: each sample can be checked against its bytes
         self.has_digests = all(c.digest is not None for c in self.columns)
+        # ... and the sample digest, which covers the label too (NOTE [ What a sample's digests cover ])
+        self.has_sample_digests = all(c.sample is not None for c in self.columns)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str], image_key: str = "image", label_key: str | None = "label") -> Index:

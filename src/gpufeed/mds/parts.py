@@ -27,6 +27,7 @@ from typing import Any
 from ..cache.writer import fsync_dir
 from ..errors import CacheWriteError, ConfigError, DataError
 from ..inside import inside
+from .digests import FORMAT as DIGESTS_FORMAT
 from .index import FILE_KEYS
 
 __all__ = [
@@ -43,7 +44,7 @@ __all__ = [
     "write_error",
 ]
 
-FORMAT = "gpufeed.mds/1"
+FORMAT = DIGESTS_FORMAT  # 2: each sample's digest covers its label (NOTE [ What a sample's digests cover ])
 MANIFEST = "gpufeed.json"  # written last: the conversion finished
 STARTED = "gpufeed.convert.json"  # written first: what DST is the conversion of, and how
 INDEX = "index.json"

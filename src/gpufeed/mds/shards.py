@@ -8,12 +8,14 @@ engine object at all. Either way gpufeed reads the samples itself, with ``pread`
 A shard's download, bounded by ``download_timeout`` and typed, is :mod:`.downloads`'.
 
 NOTE [ Checking each sample against its sha1 ]
-``gpufeed convert`` writes each image's sha1 (hex) beside it. A sample is checked as it is read (on the reader's
-thread; ``hashlib`` releases the GIL for buffers over 2 KiB), so a shard damaged on the remote, in transit or on the
-local disk is a DataError naming the sample, its key and shard before any of its bytes is served -- even bytes that
-still decode. Cost: benchmarks/RESULTS.md (issue 30). Only datasets written by ``gpufeed convert`` (its
-``gpufeed.json``) with a ``sha1`` column in every shard are checked: a column of that name in a user's own MDS may
-mean something else, and such data is served as it is.
+``gpufeed convert`` writes each image's sha1 (hex) beside it, and a digest of the image and its label (NOTE [ What a
+sample's digests cover ] in ``digests.py``). A sample is checked as it is read (on the reader's thread; ``hashlib``
+releases the GIL for buffers over 2 KiB; the label costs one more 8-byte update of the same hash), so a shard
+damaged on the remote, in transit or on the local disk is a DataError naming the sample, its key and shard before
+any of its bytes is served -- even bytes that still decode, or a label that is another class. Cost:
+benchmarks/RESULTS.md (issue 30). Only datasets written by ``gpufeed convert`` (its ``gpufeed.json``) with a
+``sha1`` column in every shard are checked: a column of that name in a user's own MDS may mean something else, and
+such data is served as it is (``gf.stream`` says so once, and in ``loader.plan``).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from ..cache.location import default_cache_dir
 from ..errors import ConfigError, DataError, GpufeedError, StorageError
 from ..validate import as_int
 from . import engine, shm
+from .digests import coverage, label_bytes
 from .downloads import Downloads, storage_cause
 from .index import Index
 from .local import check_local, make_local
@@ -160,8 +163,13 @@ class Shards:
                 raise
         classes = self.meta.get("classes")
         self.classes: list[str] | None = list(classes) if isinstance(classes, list) else None
+        # NOTE [ What a sample's digests cover ] in digests.py: what this dataset lets the reader check
+        labelled = self.index.columns[0].label is not None
+        where = self.remote or self.local
+        self.coverage = coverage(self.meta, self.index.has_digests, self.index.has_sample_digests, labelled, where)
         # NOTE [ Checking each sample against its sha1 ]: True for gpufeed's conversions; set False to skip it
-        self.verify = self.index.has_digests and str(self.meta.get("format", "")).startswith("gpufeed.mds/")
+        self.verify = self.coverage.images
+        self.verify_labels = self.coverage.labels
 
     def _open_remote(
         self,
@@ -365,22 +373,29 @@ class Shards:
                     record = os.pread(fd, end - begin, begin) if end >= begin else b""
                     if len(record) != end - begin:
                         raise ValueError(f"bytes {begin}..{end} are not in the file")
-                    image, label, digest = columns.parse(record)
+                    image, label, digest, stored = columns.parse(record)
                 except (ValueError, struct.error, UnicodeDecodeError) as e:
                     sample = int(self.index.starts[shard]) + position
                     raise DataError(
                         f"sample {sample} (shard {self.index.basenames[shard]}, position {position}) is corrupt: {e}"
                     ) from None
                 if self.verify and digest is not None:  # NOTE [ Checking each sample against its sha1 ]
-                    actual = hashlib.sha1(image).hexdigest()
+                    h = hashlib.sha1(image)
+                    actual = h.hexdigest()
                     if actual.encode() != digest:
                         raise self._mismatch(shard, position, record, digest, actual)
+                    if self.verify_labels and stored is not None:  # NOTE [ What a sample's digests cover ]
+                        h.update(label_bytes(label))
+                        if h.hexdigest().encode() != stored:
+                            raise self._mismatch(shard, position, record, stored, h.hexdigest(), label)
                 out.append((image, label))
             return out
         finally:
             os.close(fd)
 
-    def _mismatch(self, shard: int, position: int, record: bytes, digest: bytes, actual: str) -> DataError:
+    def _mismatch(
+        self, shard: int, position: int, record: bytes, digest: bytes, actual: str, label: int | None = None
+    ) -> DataError:
         sample = int(self.index.starts[shard]) + position
         name = self.index.basenames[shard]
         key = self.index.columns[shard].key_of(record)
@@ -391,11 +406,16 @@ class Shards:
             if self.remote is not None
             else "copy the shard again from where the dataset came from, or convert the dataset again"
         )
+        what = (
+            "its image bytes do not match the sha1 gpufeed convert stored with them"
+            if label is None
+            else f"its label {label} does not match the digest gpufeed convert stored over its image and label (the "
+            "image matches its own sha1: the label's bytes are damaged, and it would be learned as another class)"
+        )
         return DataError(
-            f"sample {sample} (key {key!r}, shard {name}, position {position}): its image bytes do not match the sha1 "
-            f"gpufeed convert stored with them (stored {digest.decode(errors='replace')[:12]}..., read "
-            f"{actual[:12]}...): the shard file {os.path.join(self.local, name)} is corrupt, and the sample is not "
-            f"served. {fix[0].upper()}{fix[1:]}"
+            f"sample {sample} (key {key!r}, shard {name}, position {position}): {what} (stored "
+            f"{digest.decode(errors='replace')[:12]}..., read {actual[:12]}...): the shard file "
+            f"{self._paths[shard]} is corrupt, and the sample is not served. {fix[0].upper()}{fix[1:]}"
         )
 
     def read(self, ids: np.ndarray | Sequence[int]) -> Samples:

@@ -23,6 +23,7 @@ from pathlib import Path
 from ..errors import ConfigError, DataError
 from ..inside import inside
 from . import wds
+from .digests import sample_digests
 from .items import Item, Source
 
 __all__ = ["Item", "Ready", "Source", "image_type", "open_source", "prepare", "ready"]
@@ -40,13 +41,15 @@ _MAGIC = (
 
 @dataclass(frozen=True)
 class Ready:
-    """An item read and checked: ``why`` it cannot be converted (``None``: it can), its bytes' ``sha1`` (hex)
-    and image ``kind`` (``jpeg``, ``png``, ...)."""
+    """An item read and checked: ``why`` it cannot be converted (``None``: it can), its bytes' ``sha1`` and the
+    ``sample_sha1`` of its bytes and label (hex: NOTE [ What a sample's digests cover ] in :mod:`.digests`), and
+    image ``kind`` (``jpeg``, ``png``, ...)."""
 
     item: Item
     why: str | None
     sha1: str = ""
     kind: str = ""
+    sample_sha1: str = ""
 
 
 def ready(items: Iterator[Item], threads: int) -> Iterator[Ready]:
@@ -83,7 +86,8 @@ def prepare(item: Item) -> Ready:
         header_shape(io.BytesIO(item.data), item.where)
     except DataError as e:
         return Ready(item, str(e))
-    return Ready(item, None, hashlib.sha1(item.data).hexdigest(), image_type(item.data))
+    image, sample = sample_digests(item.data, item.label)
+    return Ready(item, None, image, image_type(item.data), sample)
 
 
 def image_type(data: bytes) -> str:

@@ -11,6 +11,7 @@ the engine's do, except that the shuffle block is fitted to the cache when a lim
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -317,8 +318,21 @@ def stream(
         raise
     if per_sample is not None:
         notes = (f"per sample, as torchvision runs them, on the reader's threads: {per_sample!r}", *notes)
-    loader.plan = _plan(loader, shards, notes)
+    loader.plan = _plan(loader, shards, (*notes, shards.coverage.note))
+    _warn_once(shards)
     return loader
+
+
+_WARNED: set[tuple[str, str]] = set()  # (dataset, index fingerprint): a loader rebuilt each epoch warns once
+
+
+def _warn_once(shards: Shards) -> None:
+    """What the dataset's digests do not cover, said once per dataset in a process (NOTE [ What a sample's digests
+    cover ] in :mod:`gpufeed.mds.digests`)."""
+    key = (shards.remote or shards.local, shards.index.fingerprint)
+    if shards.coverage.warning is not None and key not in _WARNED:
+        _WARNED.add(key)
+        warnings.warn(shards.coverage.warning, stacklevel=3)
 
 
 def _plan(loader: StreamLoader, shards: Shards, notes: tuple[str, ...]) -> Plan:

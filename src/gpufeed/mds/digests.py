@@ -40,8 +40,8 @@ def sample_digests(image: bytes, label: int) -> tuple[str, str]:
         >>> image, sample = sample_digests(b"pixels", 3)
         >>> image == hashlib.sha1(b"pixels").hexdigest(), sample == hashlib.sha1(b"pixels" + label_bytes(3)).hexdigest()
         (True, True)
-        >>> label_bytes(3), label_bytes(-1)
-        (b'\x03\x00\x00\x00\x00\x00\x00\x00', b'\xff\xff\xff\xff\xff\xff\xff\xff')
+        >>> label_bytes(3).hex(), label_bytes(-1).hex()
+        ('0300000000000000', 'ffffffffffffffff')
     """
     h = hashlib.sha1(image)
     first = h.hexdigest()

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError, DataError
-from ..inside import check_name, inside
+from ..inside import Root, check_name
 from .digests import SAMPLE_COLUMN
 
 __all__ = ["FILE_KEYS", "IMAGE_ENCODINGS", "LABEL_ENCODINGS", "RESERVED", "Index"]
@@ -210,12 +210,12 @@ class Index:
         """Each shard's file below ``root`` (the dataset's folder, or a remote's local cache), every file a shard
         names checked to stay inside ``root`` once symlinks are resolved (:func:`gpufeed.inside.inside`): a
         DataError naming the shard otherwise."""
-        out = []
+        out, below = [], Root(root)
         for k, s in enumerate(self.shards):
             for key, name in _files(s):
-                path = inside(root, name, listed_in=f"{self.source} (shard {k}, {key}.basename)", fix=_FIX)
+                path = below.join(name, listed_in=f"{self.source} (shard {k}, {key}.basename)", fix=_FIX)
                 if key == "raw_data":
-                    out.append(str(path))
+                    out.append(path)
         return out
 
     @property

@@ -194,8 +194,7 @@ def fetch_index(
             Index(_parse(data, f"{base}/index.json"), f"{base}/index.json", image_key, label_key).paths(local)
             if not cached.exists():
                 os.replace(fresh, cached)  # checked: the engine may read it now
-        index = Index.load(cached, image_key, label_key)
-        index.paths(local)  # a cached copy too: written by an earlier gpufeed, or by hand
+        index = Index.load(cached, image_key, label_key)  # its names checked by the caller (Index.paths)
         if len(files) > 1:
             try:
                 got = fetch.wait(1, deadline)

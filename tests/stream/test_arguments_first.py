@@ -122,5 +122,7 @@ def test_a_frozen_remote_fails_in_one_download_timeout_not_one_per_attempt(stub,
     text = str(failed.value)
     assert text.startswith("index.json of the MDS dataset s3://bucket could not be fetched from s3://bucket/index.json")
     assert "the remote did not answer in time" in text and "download_timeout=1 s" in text and "gf.stream again" in text
-    assert asked in ([], ["index.json"])  # one attempt at most when the error came: no retry was waited for
+    # at most the first attempt (and a retry just starting) when the error came: no retry was waited for (the
+    # engine's constructor had asked 6 times before its error); gpufeed.json, fetched after the index, never
+    assert asked.count("index.json") <= 2 and "gpufeed.json" not in asked, asked
     assert waited < 5, waited  # one timeout, with room for a loaded machine (unbounded: 12 s and more)

@@ -186,3 +186,24 @@ def test_the_check_refuses_every_way_out_and_keeps_names_inside():
     with pytest.raises(CacheError, match=r"m.json lists '../x', which climbs out with '..': .* inside /data/set; fix"):
         inside(root, "../x", listed_in="m.json", error=CacheError, fix="fix")
     assert np.array_equal(np.array([check_name("shard.00000.mds")]), np.array([None]))
+
+
+def test_a_folder_entrys_recorded_names_that_climb_out_of_the_folder_are_refused_not_read(tmp_path):
+    # `gpufeed cache verify --data` re-reads each file an entry records, relative to the folder: a crafted name
+    # would have it hash any file of the machine
+    import torch
+
+    from gpufeed.cache.content import compare_folder
+    from gpufeed.cache.writer import write_cache
+
+    folder = tmp_path / "photos"
+    (folder / "cat").mkdir(parents=True)
+    (folder / "cat" / "0.jpg").write_bytes(b"\xff\xd8\xff one")
+    (tmp_path / "secret.txt").write_text("not the folder's\n")
+    for name in ("../secret.txt", "/etc/hostname"):
+        names = torch.frombuffer(bytearray(f"cat/0.jpg\0{name}".encode()), dtype=torch.uint8)
+        arrays = {"labels": torch.zeros(2, dtype=torch.int64), "names": names, "digests": torch.zeros(2, 16).byte()}
+        entry = tmp_path / f"entry-{len(name)}"
+        write_cache(entry, "k", arrays, {"source": {"root": str(folder)}})
+        with pytest.raises(CacheError, match=rf"names.bin lists '{name}', which (climbs out|is an absolute path)"):
+            compare_folder(entry)

@@ -220,7 +220,7 @@ def test_a_card_path_that_leaves_the_repository_is_refused_naming_the_card_and_e
     assert locate(repo).splits == ("train", "test")  # type: ignore[union-attr]
 
 
-def test_a_file_that_links_out_of_the_repository_is_refused_and_a_hub_cache_snapshot_is_read(tmp_path: Path) -> None:
+def test_a_card_file_linking_out_of_the_repository_is_refused_and_a_hub_cache_snapshot_is_read(tmp_path: Path) -> None:
     repo = tmp_path / "repo"
     _write(tmp_path / "elsewhere" / "secret.parquet", 0, 3)
     _card(repo, SHARDED)
@@ -228,6 +228,8 @@ def test_a_file_that_links_out_of_the_repository_is_refused_and_a_hub_cache_snap
     os.symlink(tmp_path / "elsewhere" / "secret.parquet", repo / "data" / "train-00001-of-00001.parquet")
     with pytest.raises(ConfigError, match=r"README.md's config 'default', split 'train': .* resolves to .*secret"):
         locate(repo)
+    (repo / "README.md").unlink()  # the user's own folder of files: a link there is the user's (load_dataset reads it)
+    assert _same_as_load_dataset(repo, tmp_path) == {"train": 7, "test": 2}
     # huggingface_hub's cache: snapshots/REV/ holds links into blobs/, beside it in the repository's folder
     cache = tmp_path / "hub" / "datasets--someone--pets"
     snapshot = cache / "snapshots" / "0123abc"

@@ -59,7 +59,13 @@ def _dataset(images: list[bytes], labels: list[int] | None = None) -> datasets.D
 def _expected(images: list[bytes], labels: list[int]) -> list[dict]:
     width = len(str(len(images) - 1))
     return [
-        {"image": b, "label": y, "key": f"{i:0{width}d}", "sha1": hashlib.sha1(b).hexdigest()}
+        {
+            "image": b,
+            "label": y,
+            "key": f"{i:0{width}d}",
+            "sha1": hashlib.sha1(b).hexdigest(),
+            "sample_sha1": hashlib.sha1(b + y.to_bytes(8, "little", signed=True)).hexdigest(),
+        }
         for i, (b, y) in enumerate(zip(images, labels, strict=True))
     ]
 
@@ -82,7 +88,7 @@ def test_a_saved_dataset_converts_byte_identical_in_row_order_with_its_class_nam
 
     assert _parse(tmp_path / "dst") == _expected(images, labels)
     assert _manifest(tmp_path / "dst") == {
-        "format": "gpufeed.mds/1",
+        "format": "gpufeed.mds/2",
         "classes": NAMES,
         "num_classes": len(NAMES),
         "source": str(tmp_path / "saved"),

@@ -17,9 +17,10 @@ of the format the most files have (Parquet on a tie) are kept, as ``load_dataset
 
 NOTE [ The card's paths stay inside the repository ]: every pattern a card names is a path inside the repository
 (absolute paths, ``~``, URLs and ``..`` that leaves it are refused naming the card, the config and the entry), and
-every file matched resolves inside it once symlinks are followed. A Hugging Face cache snapshot's files are
-symlinks into the cache's ``blobs/`` folder beside ``snapshots/``: that cache folder is the repository's root
-there.
+every file a card's pattern matches resolves inside it once symlinks are followed (files found by their names alone
+are the user's own folder, whose links are the user's, as an image folder's are). A Hugging Face cache snapshot's
+files are symlinks into the cache's ``blobs/`` folder beside ``snapshots/``: that cache folder is the repository's
+root there.
 """
 
 from __future__ import annotations
@@ -248,7 +249,10 @@ def _resolve(root: Path, base: Path, patterns: dict[str, list[str]], config: str
     for split, files in resolved.items():
         for f in files:
             path = Path(f)
-            if not path.resolve().is_relative_to(home):
+            # a card's paths are data from the repository's author: a link there must not lead out of it; files
+            # found by their names are the user's own folder, where a link to another disk is the user's choice
+            # (as in an image folder: gpufeed.inside's links=False)
+            if card is not None and not path.resolve().is_relative_to(home):
                 entry = f"{card}'s config {config!r}, split {split!r}" if card is not None else str(root)
                 raise ConfigError(
                     f"{entry}: {path} resolves to {path.resolve()}, outside the repository {home}: gpufeed reads only "

@@ -148,7 +148,7 @@ def test_a_saved_dataset_without_a_classlabel_takes_its_columns_from_the_options
 
 
 def test_class_names_as_strings_number_validation_by_training_and_a_float_column_is_refused(tmp_path):
-    from gpufeed.cli.hf_data import hf_splits
+    from gpufeed.cli.hf_data import hf_splits, hf_subset
 
     def named(n: int, names: list[str], seed: int) -> datasets.Dataset:
         return _dataset(n, seed).cast_column("label", datasets.Value("int64")).map(
@@ -162,6 +162,7 @@ def test_class_names_as_strings_number_validation_by_training_and_a_float_column
     train, val, _ = hf_splits(str(tmp_path / "dd"), None, 32, None, "auto")
     assert train.classes == val.classes == ["ant", "bee", "cow"]
     assert train.targets == [1, 0, 2, 1, 0, 2] and val.targets == [1, 2, 1, 1]
+    assert hf_subset(val, 2).targets == [1, 1]  # rows 0 and 2: a subset keeps the numbering
     datasets.DatasetDict(
         train=named(3, ["bee", "ant", "cow"], 0), validation=named(3, ["bee", "elk", "cow"], 1)
     ).save_to_disk(str(tmp_path / "other"))

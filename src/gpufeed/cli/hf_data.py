@@ -158,6 +158,8 @@ def hf_subset(images: Any, n: int | None) -> Any:
     if n < 1:
         raise ConfigError(f"a subset of {n=} samples is empty; use a size >= 1")
     keep = [i * len(images) // n for i in range(n)]
-    part = arrow_images(images.hf.select(keep, keep_in_memory=True), images.image_key, images.label_key)
+    # class names as strings keep the numbering they had (a validation split's is training's)
+    part = arrow_images(images.hf.select(keep, keep_in_memory=True), images.image_key, images.label_key,
+                        classes=images.classes)  # fmt: skip
     part.transform, part.classes = images.transform, images.classes
     return part

@@ -451,6 +451,12 @@ def test_string_labels_are_numbered_by_sorted_names_as_class_encode_column_and_t
     assert got.tolist() == ds.class_encode_column("label")["label"]  # datasets' own numbering
     assert "cat=0, dog=1, emu=2, owl=3 (4 classes)" in str(loader.plan)
     assert "cache hit" in str(_accelerate(ds, batch_size=6, transform=TRAIN, cache=tmp_path).plan)  # stable
+    from gpufeed.read.hf import arrow_images
+
+    own = arrow_images(ds).source_identity()
+    other = arrow_images(ds, classes=["ant", "cat", "dog", "emu", "owl"])  # numbered by another split's names
+    assert own["classes"] == ["cat", "dog", "emu", "owl"] and other.targets == [4, 1, 2, 1, 4, 3]
+    assert other.source_identity() != own  # another numbering: another cache entry
     halves = ds.train_test_split(test_size=0.5, seed=0)  # each half numbers as the whole table: the halves agree
     for half in halves.values():
         want = [sorted(set(names)).index(v) for v in half["label"]]

@@ -69,6 +69,7 @@ def convert(
     skip_bad: bool = False,
     image_key: str | None = None,
     label_key: str | None = "auto",
+    config: str | None = None,
 ) -> ConvertResult:
     """Convert ``src`` to MDS shards in ``dst``, copying each image file's bytes untouched.
 
@@ -80,7 +81,9 @@ def convert(
     ``Image``; of Parquet written by other tools, a ``struct<bytes, path>`` or binary column named here) and label
     column (``label_key``: ``"auto"``, the ``ClassLabel`` or an integer ``label`` column; None: no labels) are found
     as ``gf.accelerate`` finds them, the ``ClassLabel``'s names kept as the classes, an image given by path read
-    from its file. A sample that is not an image (its header unreadable) is a DataError naming it, or with
+    from its file. A Hub repository's folder (its ``README.md`` card and Parquet or Arrow files, or its ``data/``
+    folder) is split as ``load_dataset`` splits it (``split`` default ``"train"``; ``config`` the card's config,
+    default its default one). A sample that is not an image (its header unreadable) is a DataError naming it, or with
     ``skip_bad`` is left out and listed in ``gpufeed.json``. Called again with the same arguments after an
     interruption (Ctrl-C, kill -9, a bad file), it resumes; on a finished DST it returns at once
     (``finished=True``).
@@ -99,7 +102,7 @@ def convert(
         CacheWriteError: ``dst`` could not be written (full disk, no permission); finished parts are kept.
     """
     settings = _settings(shard_size, compression, samples_per_part)
-    source = open_source(src, split, image_key, label_key)
+    source = open_source(src, split, image_key, label_key, config)
     try:
         target = Path(dst).expanduser().resolve()
     except (OSError, RuntimeError) as e:  # a symlink loop: RuntimeError before Python 3.13, OSError (ELOOP) since

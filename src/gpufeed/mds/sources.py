@@ -98,7 +98,11 @@ def image_type(data: bytes) -> str:
 
 
 def open_source(
-    src: str | Path, split: str | None = None, image_key: str | None = None, label_key: str | None = "auto"
+    src: str | Path,
+    split: str | None = None,
+    image_key: str | None = None,
+    label_key: str | None = "auto",
+    config: str | None = None,
 ) -> Source:
     """The source ``src`` names: a Hugging Face dataset (a ``save_to_disk`` folder, ``split`` of a DatasetDict's
     default ``"train"``; a ``.parquet`` file, a folder of them, a glob pattern), WebDataset tars (a tar, a folder
@@ -113,7 +117,7 @@ def open_source(
     from . import hf
 
     text = str(src)
-    on_disk = hf.locate(src)
+    on_disk = hf.locate(src, config)  # config: a Hub repository card's (refused for anything else)
     if on_disk is not None:
         return hf.source(on_disk, split, image_key, label_key)
     if image_key is not None or label_key != "auto":

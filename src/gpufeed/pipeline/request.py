@@ -86,9 +86,10 @@ def request(
         if given is None and isinstance(views, (list, tuple)):
             given = views[0]
         dataset = arrow_images(dataset, image_key, label_key, given)
+        notes = dataset.notes  # how its labels are read (class names numbered, float targets, none)
         if own is not None:
             name = getattr(own, "__qualname__", type(own).__name__)
-            notes = (
+            notes += (
                 f"the dataset's own transform ({name}, from set_transform/with_transform) is replaced by the "
                 "recipe given",
             )
@@ -112,6 +113,11 @@ def request(
     mixer = as_mix(mix, num_classes)  # a bad mix= is refused before the data is read
     if mixer is not None and not getattr(dataset, "labelled", True):
         raise ConfigError("mix= mixes images with their labels, but label_key=None reads images alone")
+    if mixer is not None and getattr(getattr(dataset, "label_values", None), "dtype", None) == "float32":
+        raise ConfigError(
+            f"mix= mixes one-hot class labels, but label_key={dataset.label_key!r} serves float targets: drop mix=, or "
+            "cast the column to class ids (int64 or a ClassLabel)"
+        )
     if isinstance(views, (list, tuple)):
         if len(views) < 2:
             raise ConfigError(f"views: {len(views)} pipeline(s); give an int, or one pipeline per view (two or more)")

@@ -280,7 +280,9 @@ def _machine(rec: ProcessRecord, win: _Window) -> dict[str, float] | None:
 
     total = os.cpu_count() or rec.cores
     percent, load = statistics.fmean(p for p, _ in samples), statistics.fmean(x for _, x in samples)
-    own = (rec_cpu["main_percent"] + rec_cpu["workers_percent"]) / total if (rec_cpu := _cpu(rec, win)) else 0.0
+    # the script's processes in % of one core (psutil's convention), the machine's in % of all its cores: both as
+    # a share of all the cores before one is taken from the other
+    own = (rec_cpu["main_percent"] + rec_cpu["workers_percent"]) / 100 / total if (rec_cpu := _cpu(rec, win)) else 0.0
     others = max(0.0, percent / 100 - own)
     busy = percent / 100 >= BUSY_MACHINE or load >= total
     return {"percent": percent, "load": load, "cores": float(total), "others": others, "busy": float(busy)}

@@ -132,7 +132,7 @@ def test_the_imagenet_example_gets_its_change_with_sampler_none_verified_against
     assert [line.split()[:2] for line in table] == [["1", "original"], ["2", "changed"], ["3", "changed"],
                                                      ["4", "original"]]  # fmt: skip
     worth = next(line for line in run.stdout.splitlines() if line.startswith("worth doing: "))
-    assert "verified on this script: " in worth
+    assert "verified on this script: " in worth and " over 2 pairs; " in worth
     kept = sorted(p.name for p in (out / "records-verify").iterdir())  # each run's raw records are kept
     assert kept == ["run-1-original", "run-2-changed", "run-3-changed", "run-4-original"]
     text = _applies(project, out, tmp_path, "imagenet_example.py")
@@ -359,3 +359,47 @@ def test_a_verification_option_out_of_range_or_without_verify_is_refused_before_
     assert not any(tmp_path.iterdir())  # refused before anything ran or was written
     assert main(["diagnose", *options[-2:]]) == 2  # a configuration of gpufeed train has no verification
     assert f"{options[-2]} goes with a command to diagnose" in capsys.readouterr().err
+
+
+def _run_figures(number, side, step, others=0.0):
+    return {"run": number, "side": side, "status": 0, "seconds": 4.0, "exit": "stopped", "step_s": step,
+            "rest_s": step / 2, "wait_fraction": 0.5, "img_s": 32 / step, "first_batch_s": 2.0, "batches": 100,
+            "loader": "DataLoader at train.py:9", "one_time_s": None, "one_time": {},
+            "machine": {"percent": 90.0, "load": 2 + 2 * others, "cores": 2.0, "others": others}}  # fmt: skip
+
+
+def test_the_verification_names_the_busy_runs_and_the_wide_spread_they_made():
+    from gpufeed.watch.verify import summarise
+    from gpufeed.watch.verify_text import verify_text
+
+    steps = [(1, "original", 0.030, 0.0), (2, "changed", 0.024, 0.6), (3, "changed", 0.018, 0.45),
+             (4, "original", 0.031, 0.05)]  # fmt: skip
+    v = summarise([_run_figures(*s) for s in steps], None, {"new_step_s": 0.019, "speedup": 1.6, "rest_s": 0.01})
+    v.update(command=["train.py"], planned=4, budget_s=600.0, stopped=None, interrupted=None)
+    assert v["busy"] == [2, 3] and v["spread"]["changed"]["relative"] == pytest.approx(0.006 / 0.021)
+    assert v["spread"]["gain"] == pytest.approx({"median": 0.0305 / 0.021, "low": 0.030 / 0.024,
+                                                 "high": 0.031 / 0.018, "pairs": 2})  # fmt: skip
+    # the busy runs widened the range until it holds the original's time too: the runs cannot tell
+    assert v["agreement"]["verdict"] == "inconclusive" and v["agreement"]["tolerance"] == pytest.approx(0.006 / 0.021)
+    text = "\n".join(verify_text(v))
+    assert "the machine was busy: other processes used up to 1.2 of 2 cores during runs 2 and 3 (load up to 3.2); " \
+           "the spread is wide (29%)" in text  # fmt: skip
+    assert "inconclusive: 19.00 ms a step predicted lies within the changed runs' 18.00 ms to 24.00 ms" in text
+
+
+def test_a_verification_stopped_by_a_failed_run_or_a_ctrl_c_lists_the_runs_it_made():
+    from gpufeed.watch.verify import summarise
+    from gpufeed.watch.verify_text import verify_text
+
+    done = [_run_figures(1, "original", 0.03), _run_figures(2, "changed", 0.02)]
+    failed = {"run": 3, "side": "changed", "status": 1, "seconds": 2.0, "error": "the changed script wrote no record"}
+    v = summarise([*done, failed], None, None)
+    assert v["error"] == "run 3 (changed): the changed script wrote no record" and len(v["runs"]) == 3
+    lines = verify_text(v)
+    assert lines[0] == "verified: not completed: run 3 (changed): the changed script wrote no record"
+    assert [line.split()[:2] for line in lines[2:4]] == [["1", "original"], ["2", "changed"]]
+    stopped = summarise(done, None, None)  # a Ctrl-C during run 3: the first pair is reported, its spread unknown
+    stopped.update(command=["train.py"], planned=6, budget_s=600.0, stopped=None, interrupted="run 3 of 6 (x)")
+    text = "\n".join(verify_text(stopped))
+    assert "interrupted (Ctrl-C) during run 3 of 6 (x): 2 of 6 runs measured" in text
+    assert "2 run(s) were made: the spread is unknown" in text and stopped["spread"]["gain"]["pairs"] == 1

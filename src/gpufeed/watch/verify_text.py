@@ -38,7 +38,8 @@ def verify_text(v: dict[str, Any]) -> list[str]:
           one pair was run (--verify-runs 2): the spread is unknown; two pairs or more (--verify-runs 4) measure it
     """
     if "error" in v:
-        return [f"verified: not run: {v['error']}", *_runs(v.get("runs") or [])]
+        done = "not completed" if v.get("runs") else "not run"  # runs made before the one that failed are listed
+        return [f"verified: {done}: {v['error']}", *_runs(v.get("runs") or [])]
     b, a, p = v["before"], v["after"], v.get("predicted") or {}
     runs = v.get("runs") or []
     if a["step_s"] is None or b["step_s"] is None:

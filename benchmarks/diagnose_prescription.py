@@ -92,6 +92,11 @@ def run_case(work: Path, data: Path, workers: int, step_s: float, args: argparse
         "wait_fraction": b["wait_fraction"],
         "predicted_speedup": p["speedup"],
         "verified_speedup": verified,
+        # the interleaved runs' gain range over the pairs, the agreement judged on the time per step, the busy runs
+        "verified_low": ((v.get("spread") or {}).get("gain") or {}).get("low"),
+        "verified_high": ((v.get("spread") or {}).get("gain") or {}).get("high"),
+        "agreement": (v.get("agreement") or {}).get("verdict"),
+        "busy_runs": v.get("busy"),
         "gain_error": verified / p["speedup"] - 1,
         "bound": p["bound"],
         "rest_before_ms": b["rest_s"] * 1e3,

@@ -95,7 +95,7 @@ LIMITS = {
     "ddp_overhead": 120,
     "accelerate_tiers": 120,
     "tune": 100,
-    "diagnose_script": 180,  # the script twice: as it is, then changed (--verify)
+    "diagnose_script": 180,  # the script as it is, then A B B A with the change (--verify; the second pair if it fits)
     "launches": 90,
 }
 GPU_ONLY = ("sync_free", "cuda_tests", "tier_fallback")
@@ -490,7 +490,11 @@ def diagnose_script(c: Check) -> dict:
     script.write_text(_DIAGNOSED_SCRIPT)
     out = c.out / "diagnose"
     n, workers, steps = ("768", "0", "4") if c.small else ("20000", "4", "60")
-    cmd = [sys.executable, "-m", "gpufeed", "diagnose", "--verify", "--steps", steps, "--out", str(out), "--"]
+    # on the device A B B A (2 runs a side: a spread), the second pair only when it fits in the check's limit; one
+    # pair in the rehearsal (the path, not figures)
+    runs = "2" if c.small else "4"
+    cmd = [sys.executable, "-m", "gpufeed", "diagnose", "--verify", "--verify-runs", runs, "--verify-seconds", "100"]
+    cmd += ["--steps", steps, "--out", str(out), "--"]
     env = {**os.environ, "GPUFEED_WATCH_SIDE_SECONDS": "2" if c.small else "20"}  # the rehearsal: the path, not figures
     r = _run([*cmd, sys.executable, str(script), n, workers], timeout=LIMITS["diagnose_script"] - 5, cwd=ROOT, env=env)
     (c.out / "diagnose_stdout.txt").write_text(r.stdout + r.stderr)

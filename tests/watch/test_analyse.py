@@ -28,9 +28,10 @@ def _uniform(n, wait, step, first_wait=2.0, **kw):
     return _loader([first_wait] + [wait] * (n - 1), [step] * n, **kw)
 
 
-def _process(loaders, *, rank=0, world=1, device="cpu", exit="stopped", cpu=(), gpu=(), side=None, cores=2):
+def _process(loaders, *, rank=0, world=1, device="cpu", exit="stopped", cpu=(), gpu=(), side=None, cores=2,
+             machine=()):  # fmt: skip
     return ProcessRecord(rank, world, 1000 + rank, ["train.py", "--epochs", "1"], device, 0.0, 60.0, exit, loaders,
-                         list(cpu), cores, list(gpu), side)  # fmt: skip
+                         list(cpu), cores, list(gpu), side, machine=list(machine))  # fmt: skip
 
 
 ACCELERATED = {
@@ -244,3 +245,26 @@ def test_records_read_back_from_json_give_the_same_report(tmp_path):
     rec = _process([_uniform(30, 0.03, 0.01)], cpu=[(3.5, 100.0, 50.0)], gpu=[(3.5, 40.0, 10.0)], device="cuda:0")
     again = ProcessRecord.from_json(rec.to_json())
     assert str(report([again])) == str(report([rec]))
+
+
+@pytest.mark.parametrize(
+    ("cores", "machine_percent", "main", "workers", "others"),
+    [
+        (2, 100.0, 100.0, 0.0, 0.5),  # saturated: the script one core, other processes the other
+        (4, 75.0, 100.0, 100.0, 0.25),  # the script 2 of 4 cores, others 1
+        (8, 100.0, 150.0, 250.0, 0.5),  # the script 4 of 8 (main 1.5, workers 2.5), others 4
+        (2, 40.0, 100.0, 0.0, 0.0),  # the script's own share is over the machine's sample: none left for others
+    ],
+)
+def test_other_processes_share_of_the_cores_takes_the_scripts_percent_of_one_core_as_a_share_of_all(
+    monkeypatch, cores, machine_percent, main, workers, others
+):
+    monkeypatch.setattr("os.cpu_count", lambda: cores)
+    ld = _uniform(30, wait=0.001, step=0.05)  # the measured steps run from t = 3.05 to 4.478
+    cpu = [(3.1 + 0.2 * i, main, workers) for i in range(7)]
+    machine = [(3.1 + 0.2 * i, machine_percent, cores + 1.0) for i in range(7)]
+    r = report([_process([ld], cpu=cpu, cores=cores, machine=machine)])
+    assert r.machine["others"] == pytest.approx(others, abs=1e-12) and r.machine["cores"] == cores
+    if machine_percent == 100.0:  # busy (every core in use): the finding names the others' share
+        [busy] = [f for f in r.diagnosis.findings if f.kind == "machine-busy"]
+        assert f"other processes than the script {others:.0%} of the cores" in busy.message

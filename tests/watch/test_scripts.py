@@ -262,6 +262,7 @@ def test_ctrl_c_reaches_the_script_and_the_report_is_still_made(tmp_path):
     stdout, stderr = proc.communicate(timeout=TIMEOUT)
     assert proc.returncode == 128 + signal.SIGINT, stderr[-3000:]  # the script's own status: killed by SIGINT
     assert "interrupted; waiting for the script" in stderr
+    assert "gpufeed diagnose: interrupted during the script's run; nothing was changed in your files" in stderr
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["exit"] == "interrupted" and _main(report)["batches"] >= 4
     assert "verdict: compute-bound" in stdout

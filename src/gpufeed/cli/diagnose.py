@@ -10,8 +10,10 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import sys
 from pathlib import Path
 
+from ..watch.spread import VERIFY_RUNS, VERIFY_S
 from .common import output_dir
 from .train import add_run_arguments, config_from
 
@@ -20,13 +22,15 @@ HELP = (
     "steps and print the verdict and the fix"
 )
 
-USAGE = """%(prog)s [--steps N] [--time S] [--out DIR] [--no-side | --side-seconds S] [--verify] -- CMD ...
+USAGE = """%(prog)s [--steps N] [--time S] [--out DIR] [--no-side | --side-seconds S]
+                  [--verify [--verify-runs N] [--verify-seconds S]] -- CMD ...
        %(prog)s [options of gpufeed train] [--steps N] [--out DIR]"""
 
 EPILOG = """examples:
   gpufeed diagnose -- python train.py --lr 0.1        your script, unchanged: stops after --steps batches
-  gpufeed diagnose --verify -- python train.py        then runs it again with the fix applied to a copy, and
-                                                      compares the two runs with the prediction
+  gpufeed diagnose --verify -- python train.py        then runs it and a copy with the fix applied, interleaved
+                                                      (A B B A A B), and compares both sides' times per step
+                                                      (median and range) with the prediction
   gpufeed diagnose --time 120 -- torchrun --nproc-per-node 4 train.py
   gpufeed diagnose -- python -m mypackage.train
   gpufeed diagnose --loader torch --num-workers 4     a configuration of gpufeed train
@@ -41,7 +45,10 @@ the line to change (the whole diff in OUT/fix.diff: patch -p1 < OUT/fix.diff). Y
 
 WATCH_STEPS = 100  # the command form's default --steps: enough past the workers' start for a stable fraction
 CONFIG_STEPS = 50
-_WATCH_OPTIONS = ("--steps", "--time", "--out", "--no-side", "--side-seconds", "--verify", "--debug", "--help", "-h")
+_WATCH_OPTIONS = (
+    "--steps", "--time", "--out", "--no-side", "--side-seconds", "--verify", "--verify-runs", "--verify-seconds",
+    "--debug", "--help", "-h",
+)  # fmt: skip
 _NUMBER = re.compile(r"-?\d+(\.\d*)?([eE][-+]?\d+)?|-?\.\d+")  # an option's value, negative or not
 
 
@@ -94,8 +101,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--verify",
         action="store_true",
-        help="with a command: then run it again, for the same steps, with the suggested change applied to a copy "
-        "of the script (never to your file), and report before, after and the prediction side by side",
+        help="with a command: then run it and a copy of the script with the suggested change applied (never your "
+        "file), interleaved (A B B A A B), each for the same steps, and report each run, both sides' median and "
+        "range of the time per step, the gain with its range and whether the prediction agrees",
+    )
+    p.add_argument(
+        "--verify-runs",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"with --verify: the runs, original and changed interleaved (default {VERIFY_RUNS}: A B B A A B; an "
+        "even number, or 1: the changed copy once against the diagnosis run, no spread)",
+    )
+    p.add_argument(
+        "--verify-seconds",
+        type=float,
+        default=None,
+        metavar="S",
+        help=f"with --verify: the verification's budget (default {VERIFY_S:g} s): after the first pair, a pair "
+        "runs only when it fits in what is left (estimated from the latest run of each side)",
     )
     add_run_arguments(p)
 
@@ -111,6 +135,8 @@ def run(args: argparse.Namespace) -> int:
         ("--no-side", args.no_side),
         ("--side-seconds", args.side_seconds is not None),
         ("--verify", args.verify),
+        ("--verify-runs", args.verify_runs is not None),
+        ("--verify-seconds", args.verify_seconds is not None),
     ):
         if given:
             raise ConfigError(f"{option} goes with a command to diagnose: gpufeed diagnose {option} ... -- CMD ...")
@@ -160,15 +186,35 @@ def _watch(args: argparse.Namespace, command: list[str]) -> int:
         raise ConfigError(f"--side-seconds {args.side_seconds:g} is out of range: the budget must be > 0 seconds")
     if args.no_side and args.side_seconds is not None:
         raise ConfigError("--no-side and --side-seconds contradict each other: give one")
+    for option, given in (("--verify-runs", args.verify_runs), ("--verify-seconds", args.verify_seconds)):
+        if given is not None and not args.verify:
+            raise ConfigError(f"{option} {given:g} goes with --verify: gpufeed diagnose --verify {option} ... -- CMD")
+    runs = VERIFY_RUNS if args.verify_runs is None else args.verify_runs
+    if runs < 1 or (runs > 1 and runs % 2):
+        raise ConfigError(
+            f"--verify-runs {runs} is out of range: give an even number of runs (pairs of the original and the "
+            "changed script, A B B A ...), or 1 (the changed copy once, against the diagnosis run)"
+        )
+    budget = VERIFY_S if args.verify_seconds is None else args.verify_seconds
+    if not 0 < budget < float("inf"):
+        raise ConfigError(f"--verify-seconds {budget:g} is out of range: the verification's budget must be > 0 s")
     missing = _missing_script(command)
     if missing is not None:
         raise ConfigError(
             f"the script {missing!r} does not exist (looked for from {os.getcwd()}): the command never started; "
             "check the path"
         )
-    _, status = watch(
-        command, steps, args.time, args.out, side=not args.no_side, verify=args.verify, side_seconds=args.side_seconds
-    )
+    try:
+        _, status = watch(
+            command, steps, args.time, args.out, side=not args.no_side, verify=args.verify,
+            side_seconds=args.side_seconds, verify_runs=runs, verify_seconds=budget,
+        )  # fmt: skip
+    except KeyboardInterrupt:  # between the runs: reading the records, writing the report
+        print(
+            "gpufeed diagnose: interrupted while the report was being made; nothing was changed in your files",
+            file=sys.stderr,
+        )
+        return 130
     return status
 
 

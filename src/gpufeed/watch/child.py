@@ -64,7 +64,8 @@ def script_records(records: list[ProcessRecord]) -> list[ProcessRecord]:
 
 
 def run_child(cmd: list[str], env: dict[str, str], seconds: float | None, cwd: str | None = None) -> int:
-    """Run the command to its end (or to ``seconds``) and return its exit status.
+    """Run the command to its end (or to ``seconds``) and return its exit status; a Ctrl-C (``KeyboardInterrupt``)
+    is raised again once the command has ended.
 
     NOTE [Ctrl-C]: the command runs in our process group, so a Ctrl-C at the terminal reaches it (and torchrun's
     workers, and the loader's workers) as it would without gpufeed; we then wait for it to end, its hook flushing
@@ -102,6 +103,7 @@ def run_child(cmd: list[str], env: dict[str, str], seconds: float | None, cwd: s
             except KeyboardInterrupt:
                 _signal_tree(proc, signal.SIGKILL)
                 proc.wait()
+            raise  # the caller reports what was measured and ends with 130: nothing after this run starts
     return 0 if stopped else exit_status(proc.returncode)
 
 

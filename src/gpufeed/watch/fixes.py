@@ -11,8 +11,9 @@ from __future__ import annotations
 from typing import Any
 
 from ..findings import Finding
-from .predict import bound
+from .predict import bound, tuned_better
 from .summary import ReportData
+from .worth import worth  # moved to .worth (NOTE [ one verdict ]); kept importable from here
 
 __all__ = ["fixes", "worth"]
 
@@ -57,7 +58,10 @@ def fixes(r: ReportData, cores: int) -> list[Finding]:
                 "slow the training step itself (not measured: see the note on CPU contention)",
                 "take the per-sample work off the CPU (gf.accelerate(dataset, ...)), or give the loader fewer "
                 "workers: gpufeed.tune_dataloader(dataset, batch_size, step_s=...)",
-                "unknown: the step was not timed with the loader idle",
+                f"up to {free:.2f}x with gf.accelerate, predicted from the CPU shares (an upper figure: the step "
+                "was not timed with the loader idle)"
+                if (free := (r.prediction or {}).get("free_speedup"))
+                else "unknown: the step was not timed with the loader idle",
             )
         )
     if main.num_workers > cores:
@@ -71,60 +75,6 @@ def fixes(r: ReportData, cores: int) -> list[Finding]:
             )
         )
     return out
-
-
-def worth(r: ReportData) -> str:
-    """The one thing worth doing, with its predicted worth to the loop: the last line of every report.
-
-    Example:
-        >>> from gpufeed.watch.analyse import WatchReport
-        >>> print(worth(WatchReport("compute-bound", 0.13, "finished", ["python", "t.py"], 1, "cpu")))
-        the data side is worth at most 1.15x to this loop (it waits 13% of the time): the step itself is the cost
-    """
-    text = _worth(r)
-    v = r.verify or {}
-    if "error" not in v and v.get("after", {}).get("step_s") and v.get("before", {}).get("step_s"):
-        b, a = v["before"]["step_s"], v["after"]["step_s"]
-        text += f"; verified on this script: {b / a:.2f}x ({a * 1e3:.1f} ms a step against {b * 1e3:.1f} ms)"
-    return text
-
-
-def _worth(r: ReportData) -> str:
-    fraction = r.data_wait_fraction or 0.0
-    ceiling = f"at most {bound(fraction):.2f}x to this loop (it waits {fraction:.0%} of the time)"
-    p = r.prediction
-    if r.verdict != "data-bound":
-        text = f"the data side is worth {ceiling}: the step itself is the cost"
-        if p is not None and p["speedup"] >= 1.05:
-            text += f"; {_name(p)} would still give about {p['speedup']:.2f}x (predicted)"
-        return text
-    if p is None:
-        if r.change is not None and r.verify:
-            return f"the code change to gf.accelerate above: a faster loader is worth {ceiling}"
-        return f"a faster loader is worth {ceiling}; no fix was measured (see above)"
-    if p["speedup"] < 1.05:
-        predicted = f"{_name(p)} predicts {p['speedup']:.2f}x"
-        return f"no fix measured here is worth doing: {predicted}; the data side is {ceiling}"
-    one_time = ""
-    if p.get("one_time_s"):
-        one_time = f", after {p['one_time_s']:.1f} s once{_payback(p)}"
-    return (
-        f"{_name(p)}: predicted {p['speedup']:.2f}x the loop's speed ({p['new_step_s'] * 1e3:.1f} ms a step against "
-        f"{p['step_s'] * 1e3:.1f} ms now){one_time}; the data side is {ceiling}"
-    )
-
-
-def _name(p: dict[str, Any]) -> str:
-    return "the code change to gf.accelerate" if p["fix"] == "accelerate" else "the tuned DataLoader settings"
-
-
-def _payback(p: dict[str, Any]) -> str:
-    steps, epochs = p.get("payback_steps"), p.get("payback_epochs")
-    if steps is None:
-        return " (never repaid: the step is no faster)"
-    if epochs is not None and p.get("steps_per_epoch"):
-        return f" (repaid after {steps:,.0f} steps, {epochs:.2g} epochs)"
-    return f" (repaid after {steps:,.0f} steps)"
 
 
 def _data_bound(r: ReportData) -> Finding:
@@ -154,7 +104,7 @@ def _data_bound(r: ReportData) -> Finding:
         )
     refused, tuned = side.get("refused", {}), side.get("tuned") or {}
     script = (side.get("script_loader") or {}).get("img_s")
-    if p is not None and p["fix"] == "tuned":
+    if tuned_better(side):  # the one test of "the tuned settings are the fix" (NOTE [ one verdict ])
         kwargs = ", ".join(f"{k}={v!r}" for k, v in tuned.get("kwargs", {}).items())
         return Finding(
             "tuned-dataloader",
@@ -167,8 +117,13 @@ def _data_bound(r: ReportData) -> Finding:
     return Finding(
         "data-bound",
         f"{waiting}; gf.accelerate cannot run this pipeline batched ({refused.get('error')}: {refused.get('reason')})",
-        "make the transform cheaper, or one gf.accelerate can batch (gpufeed.augment's ops): no DataLoader setting "
-        f"measured better than the script's own ({_rate(tuned.get('img_s'))} tuned against {_rate(script)})",
+        "make the transform cheaper, or one gf.accelerate can batch (gpufeed.augment's ops): "
+        + (
+            f"no DataLoader setting measured better than the script's own ({_rate(tuned.get('img_s'))} tuned "
+            f"against {_rate(script)})"
+            if tuned.get("img_s") and script
+            else "no DataLoader settings were measured against the script's own"
+        ),
         f"{ceiling}; nothing measured reaches it",
     )
 
@@ -179,13 +134,25 @@ def _workers(r: ReportData, cores: int) -> Finding:
     tuned, script = side.get("tuned") or {}, (side.get("script_loader") or {}).get("img_s")
     kwargs = tuned.get("kwargs") or {}
     message = f"the loop is data-bound with num_workers={main.num_workers} while {cores} cores are usable"
+    counts = [int(k) for k in tuned.get("by_workers") or {}]  # the worker counts tune_dataloader measured
     if tuned.get("img_s") and script:
         better = tuned["img_s"] > script * 1.05 and kwargs.get("num_workers", 0) > main.num_workers
         gain = (
             f"the loader alone: {_rate(tuned['img_s'])} with num_workers={kwargs.get('num_workers')} against "
             f"{_rate(script)} with {main.num_workers}, measured on {_where(side)}"
         )
+        if not better and not any(n > main.num_workers for n in counts):  # only as many workers, or fewer, measured
+            return Finding(
+                "too-few-workers",
+                message,
+                "more workers, chosen by measurement: gpufeed.tune_dataloader(dataset, batch_size, "
+                "time_budget_s=60).kwargs",
+                "not measured: the side measurement measured "
+                + (f"num_workers={_counts(counts)} only" if counts else "no other worker count")
+                + " within its budget; the workers would share the cores with the step",
+            )
         if not better:
+            gain = f"num_workers={_counts(counts)} measured; {gain}"
             return Finding(
                 "too-few-workers",
                 message,
@@ -201,6 +168,11 @@ def _workers(r: ReportData, cores: int) -> Finding:
         "more workers, chosen by measurement: gpufeed.tune_dataloader(dataset, batch_size).kwargs",
         "not measured (no side measurement of worker counts); the workers share the cores with the step",
     )
+
+
+def _counts(counts: list[int]) -> str:
+    """``[0, 2, 4]`` as "0, 2 and 4"."""
+    return ", ".join(map(str, counts[:-1])) + (" and " if len(counts) > 1 else "") + str(counts[-1])
 
 
 def _predicted(p: dict[str, Any] | None, ceiling: str, where: str) -> str:

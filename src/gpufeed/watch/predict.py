@@ -35,7 +35,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Prediction", "bound", "predict", "read_in"]
+__all__ = ["Prediction", "bound", "predict", "read_in", "tuned_better"]
 
 
 @dataclass
@@ -60,6 +60,10 @@ class Prediction:
     storage: str | None = None
     device: str = "cpu"
     contended: float = 0.0  # the script's workers' CPU use while the steps ran, in cores (set by the report)
+    # where the workers competed with the step for the cores (gpufeed.watch.contention): the step with the fix and
+    # the workers' cores given back to the rest of the step, an upper figure (set by the report)
+    free_step_s: float | None = None
+    free_speedup: float | None = None
     scale: float = 1.0  # dataset samples / samples measured: the extrapolation
 
     @property
@@ -106,8 +110,8 @@ def predict(wait_s: float, rest_s: float, side: dict[str, Any] | None, world_siz
             files_bytes=_scaled(fast.get("files_bytes"), scale), cache_root=fast.get("cache_root"),
             storage=fast.get("storage"), device=side.get("device", "cpu"), scale=scale,
         )  # fmt: skip
-    tuned, own = side.get("tuned") or {}, (side.get("script_loader") or {}).get("img_s")
-    if tuned.get("img_s") and own and tuned["img_s"] > own * BETTER:
+    tuned = side.get("tuned") or {}
+    if tuned_better(side):
         load = batch / tuned["img_s"]
         new_wait = max(0.0, load - rest_s) if tuned.get("kwargs", {}).get("num_workers") else load
         new_step = rest_s + new_wait
@@ -116,6 +120,18 @@ def predict(wait_s: float, rest_s: float, side: dict[str, Any] | None, world_siz
             steps_per_epoch=per_epoch, one_time_s=0.0, payback_steps=0.0, scale=scale,
         )  # fmt: skip
     return None
+
+
+def tuned_better(side: dict[str, Any] | None) -> bool:
+    """Whether the side measurement found DataLoader settings better than the script's own (by :data:`BETTER`):
+    the one test of "the tuned settings are the fix", which every part of the report reads.
+
+    Example:
+        >>> tuned_better({"tuned": {"img_s": 1520.0}, "script_loader": {"img_s": 1500.0}})
+        False
+    """
+    tuned, own = (side or {}).get("tuned") or {}, ((side or {}).get("script_loader") or {}).get("img_s")
+    return bool(tuned.get("img_s") and own and tuned["img_s"] > own * BETTER)
 
 
 def read_in(fast: dict[str, Any], n: int, scale: float = 1.0) -> float:

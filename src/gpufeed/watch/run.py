@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from .child import GRACE_S, SIDE_S, child_env, exit_status, run_child, script_records
 from .record import read_records
+from .spread import VERIFY_RUNS, VERIFY_S
 
 if TYPE_CHECKING:
     from .analyse import WatchReport
@@ -36,6 +37,8 @@ def watch(
     side: bool = True,
     verify: bool = False,
     side_seconds: float | None = None,
+    verify_runs: int = VERIFY_RUNS,
+    verify_seconds: float | None = VERIFY_S,
 ) -> tuple[WatchReport | None, int]:
     """Run ``cmd`` with the hook, stop it after ``steps`` batches of a loader (0: no limit) or ``seconds``, then
     print the report, save it to ``out`` (with the raw records under ``out/records`` and the code change as
@@ -43,15 +46,23 @@ def watch(
     process wrote a record.
 
     ``side``: after the measured steps, the script's process measures what ``gf.accelerate`` does with its dataset
-    (see :mod:`gpufeed.watch.side`) within ``side_seconds``. ``verify``: then the command runs again with the
-    change applied to a copy of the script (:mod:`gpufeed.watch.verify`), and the report compares the two runs.
+    (see :mod:`gpufeed.watch.side`) within ``side_seconds``. ``verify``: then the original command and a copy of
+    the script with the change applied run interleaved, ``verify_runs`` runs while they fit in ``verify_seconds``
+    (:mod:`gpufeed.watch.verify`), and the report compares the two sides with the prediction.
+
+    A Ctrl-C (NOTE [Ctrl-C] in :mod:`.child`) ends the run under way, skips what was still to run, prints and saves
+    what was measured, says what it interrupted, and returns status 130.
     """
     watch_dir = Path(tempfile.mkdtemp(prefix="gpufeed-watch-"))
     env = child_env(watch_dir, steps, side)
     if side_seconds is not None:
         env["GPUFEED_WATCH_SIDE_SECONDS"] = str(side_seconds)
+    interrupted: str | None = None
     try:
-        status = run_child(cmd, env, seconds)
+        try:
+            status = run_child(cmd, env, seconds)
+        except KeyboardInterrupt:
+            status, interrupted = 130, "the script's run"
         records = script_records(read_records(watch_dir))
         if records:
             kept = out / "records"
@@ -61,6 +72,8 @@ def watch(
     finally:
         shutil.rmtree(watch_dir, ignore_errors=True)
     if not records:
+        if interrupted is not None:
+            return None, _interrupted(interrupted)
         print(
             f"gpufeed diagnose: nothing was measured: no Python process of {cmd[0]!r} ran gpufeed's hook (is "
             "gpufeed installed in the Python that runs the script? did the script start at all?)",
@@ -72,17 +85,33 @@ def watch(
 
     result = report(records)
     result.status = status
+    if interrupted is not None and side and result.exit == "stopped" and result.side is None:
+        interrupted = "the side measurement (the script's steps were measured)"  # the hook's stop came first
     prepared = prepare(result, out)
-    if verify:
+    if verify and interrupted is None:
         if prepared is None:
             why = result.no_change_reason or "no code change was suggested"
             result.verify = {"error": f"nothing to apply: {why}"}
         else:
             from .verify import verify as run_verify
 
-            side_s = float(env["GPUFEED_WATCH_SIDE_SECONDS"])
-            result.verify = run_verify(cmd, result, prepared[0], steps, seconds, side_s, out)
+            result.verify = run_verify(cmd, result, prepared[0], steps, seconds, verify_runs, verify_seconds, out)
+            if result.verify.get("interrupted"):
+                interrupted = f"the verification, {result.verify['interrupted']}"
     print(result, flush=True)
     result.save(out)
     print(f"wrote {out}", flush=True)
+    if interrupted is not None:
+        return result, _interrupted(interrupted)
     return result, status
+
+
+def _interrupted(what: str) -> int:
+    """Say what a Ctrl-C interrupted, that the user's files are as they were; the status a shell gives it."""
+    print(
+        f"gpufeed diagnose: interrupted during {what}; nothing was changed in your files (the changed copy, if "
+        "any, was in a scratch folder, removed)",
+        file=sys.stderr,
+        flush=True,
+    )
+    return 130

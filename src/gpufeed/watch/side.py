@@ -325,7 +325,11 @@ def _tuned(subset: Any, batch_size: int, device: torch.device, budget_s: float) 
         if (t.num_workers, t.pin_memory, t.prefetch_factor) == (cfg.num_workers, cfg.pin_memory, cfg.prefetch_factor)
     ]
     kwargs = {k: v for k, v in cfg.kwargs.items() if k != "batch_size"}
-    return {"kwargs": kwargs, "img_s": max(best) if best else None, "speedup": cfg.speedup, "budget_s": budget_s}
+    # the best rate of each worker count measured: "more workers measured no better" needs more than one
+    by_workers = {t.num_workers: max(x.images_per_s for x in cfg.table if x.num_workers == t.num_workers)
+                  for t in cfg.table}  # fmt: skip
+    return {"kwargs": kwargs, "img_s": max(best) if best else None, "speedup": cfg.speedup, "budget_s": budget_s,
+            "by_workers": {str(k): by_workers[k] for k in sorted(by_workers)}}  # fmt: skip
 
 
 def _rate(loader: Iterable[Any], device: torch.device, deadline: float) -> tuple[float, str]:

@@ -13,6 +13,7 @@ from ..report import diagnosis_text, format_table, timeline_plot
 from .advice import source_lines
 from .summary import NO_LOADER, TOO_FEW, LoaderSummary, ReportData
 from .verify_text import verify_text
+from .worth import offers_change, suggest_verify, worth
 
 __all__ = ["report_text", "save_plot"]
 
@@ -87,10 +88,8 @@ def report_text(r: ReportData) -> str:
     if r.verify is not None:
         lines += ["", *verify_text(r.verify)]
     if r.diagnosis is not None:
-        from .fixes import worth
-
         lines += ["", f"worth doing: {worth(r)}"]
-        if r.change is not None and r.verify is None and r.verdict == "data-bound":
+        if suggest_verify(r):
             lines.append(f"  check it on this script: gpufeed diagnose --verify -- {' '.join(r.command)}")
     return "\n".join(lines)
 
@@ -166,7 +165,7 @@ def _fix(r: ReportData) -> list[str]:
             lines += _side_figures(side)
     if r.prediction is not None:
         lines += ["", *_prediction(r.prediction)]
-    if data_bound:
+    if data_bound or offers_change(r):
         if r.code_change is not None:
             caveat = (
                 "" if side and "accelerate" in side else " (not measured: accelerate may still refuse the pipeline)"
@@ -193,7 +192,13 @@ def _prediction(p: dict[str, Any]) -> list[str]:
         f"  with it:  {p['new_step_s'] * 1e3:.2f} ms a step ({p['new_wait_s'] * 1e3:.2f} ms making the batch): "
         f"{p['speedup']:.2f}x; at most {p['bound']:.2f}x if the data cost nothing (the rest of the step unchanged)",
     ]
-    if p["fix"] == "accelerate" and p.get("contended", 0) >= 0.25:
+    if p["fix"] == "accelerate" and p.get("free_speedup") is not None:
+        lines.append(
+            f"            up to {p['free_speedup']:.2f}x ({p['free_step_s'] * 1e3:.2f} ms a step) with the cores the "
+            f"script's workers used ({p['contended']:.1f} while the steps ran) given to the rest of the step "
+            "(predicted from the CPU shares: an upper figure)"
+        )
+    elif p["fix"] == "accelerate" and p.get("contended", 0) >= 0.25:
         lines.append(
             f"            (the script's workers used {p['contended']:.1f} cores while the steps ran: without them the "
             "rest of the step may shrink too, which is not predicted; the gain can exceed both figures)"

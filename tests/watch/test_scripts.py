@@ -356,3 +356,33 @@ def test_a_command_that_runs_no_python_keeps_its_status_and_says_nothing_was_mea
     assert "nothing was measured" in capsys.readouterr().err and not (tmp_path / "report.json").exists()
     assert main(["diagnose", "--out", str(tmp_path), "--", str(tmp_path / "no-such-program")]) == 127
     assert "cannot run" in capsys.readouterr().err
+
+
+def _predicted(run: subprocess.CompletedProcess, report: dict) -> dict:
+    """The report predicts the loop with gf.accelerate, its one-time cost and what it stores (text and JSON)."""
+    p = report["prediction"]
+    assert p is not None and p["fix"] == "accelerate", (report["side"], run.stdout[-3000:])
+    assert p["new_step_s"] > 0 and p["speedup"] > 0 and p["one_time_s"] > 0 and p["memory_bytes"] > 0
+    assert re.search(r"\n  with it: +\d+\.\d+ ms a step .*: \d+\.\d+x", run.stdout)
+    assert re.search(r"\n  once: +\d+\.\d s before the first batch", run.stdout)
+    assert re.search(r"\n  stores: +\d+\.\d+ [KMG]iB in memory", run.stdout)
+    return p
+
+
+def test_an_accelerate_prepared_image_loader_is_measured_predicted_and_its_change_verified(tmp_path, folder):
+    # Accelerate's prepare() gives a loader with batch_size=None and a batch sampler: it is measured at the batch
+    # sampler's size (8) and order, and the change at the script's own DataLoader(...) runs through prepare()
+    pytest.importorskip("accelerate")
+    cmd = _python("accelerate_prepare.py", str(folder))
+    run, report = _diagnose(tmp_path, cmd, ("--steps", "0", "--verify", "--side-seconds", "6"))
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert report["side"]["batch_size"] == 8 and "accelerate" in report["side"], report["side"]
+    _predicted(run, report)
+    assert report["code_change"] == (
+        "- DataLoader(train_dataset, shuffle=True, batch_size=batch_size, num_workers=args.workers)\n"
+        "+ gf.accelerate(train_dataset, batch_size=batch_size, shuffle=True)"
+    )
+    v = report["verify"]
+    assert "error" not in v and v["status"] == 0 and v["after_exit"] == "finished", v
+    assert v["before"]["batches"] == v["after"]["batches"] == 16  # 64 images in batches of 8, 2 epochs
+    assert v["after"]["loader"].startswith("DeviceLoader at accelerate_prepare.py:")

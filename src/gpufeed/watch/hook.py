@@ -306,8 +306,8 @@ def _built(state: State, loader: Any, frame: FrameType | None, iterated: bool = 
 
 
 _SETTINGS = (
-    "dataset", "batch_size", "num_workers", "sampler", "pin_memory", "drop_last", "collate_fn", "timeout",
-    "prefetch_factor", "persistent_workers", "worker_init_fn", "multiprocessing_context",
+    "dataset", "batch_size", "batch_sampler", "num_workers", "sampler", "pin_memory", "drop_last", "collate_fn",
+    "timeout", "prefetch_factor", "persistent_workers", "worker_init_fn", "multiprocessing_context",
 )  # fmt: skip
 
 

@@ -4,10 +4,12 @@ results (losses, batches seen) as when run without gpufeed."""
 
 from __future__ import annotations
 
+import ast
 import functools
 import json
 import os
 import re
+import shutil
 import signal
 import struct
 import subprocess
@@ -43,10 +45,12 @@ def _plain(*cmd: str) -> tuple[str, ...]:
     return tuple(_results(run.stdout))
 
 
-def _diagnose(out: Path, cmd: list[str], options: tuple[str, ...] = QUICK) -> tuple[subprocess.CompletedProcess, dict]:
-    """``gpufeed diagnose OPTIONS --out OUT -- CMD``, and the report it saved (empty if none)."""
+def _diagnose(
+    out: Path, cmd: list[str], options: tuple[str, ...] = QUICK, cwd: Path | None = None
+) -> tuple[subprocess.CompletedProcess, dict]:
+    """``gpufeed diagnose OPTIONS --out OUT -- CMD`` (from ``cwd``), and the report it saved (empty if none)."""
     argv = [sys.executable, "-m", "gpufeed", "diagnose", *options, "--out", str(out), "--", *cmd]
-    run = subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT, env=ENV)
+    run = subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT, env=ENV, cwd=cwd)
     saved = out / "report.json"
     return run, json.loads(saved.read_text()) if saved.exists() else {}
 
@@ -137,21 +141,43 @@ def _write_mnist(root: Path, n: int) -> None:
         (raw / f"{split}-labels-idx1-ubyte").write_bytes(struct.pack(">II", 2049, n) + labels.tobytes())
 
 
-def test_the_mnist_example_loop_is_data_bound_with_its_dataset_and_transform_found(tmp_path):
+def test_the_mnist_examples_kwargs_loader_is_changed_by_its_names_verified_and_the_printed_patch_applies(tmp_path):
+    # PyTorch's MNIST example builds DataLoader(dataset1,**train_kwargs): the change names the dict's keys as the run
+    # had them. Run from a folder that does not hold the script: the printed patch command applies from any other.
     _write_mnist(tmp_path / "data", 512)
-    cmd = _python("mnist_loop.py", str(tmp_path / "data"))
-    run, report = _diagnose(tmp_path / "out", cmd)
+    project, elsewhere, third = tmp_path / "project", tmp_path / "elsewhere", tmp_path / "third"
+    for folder in (project, elsewhere, third):
+        folder.mkdir()
+    shutil.copy(SCRIPTS / "mnist_loop.py", project / "mnist_loop.py")
+    cmd = [sys.executable, str(project / "mnist_loop.py"), str(tmp_path / "data")]
+    run, report = _diagnose(tmp_path / "out", cmd, ("--steps", "0", "--no-side", "--verify"), cwd=elsewhere)
     assert run.returncode == 0, run.stderr[-3000:]
-    assert _unchanged(run, cmd)[-1] == "batches seen 16"
+    results = _results(run.stdout)  # the script's lines, then the changed copy's (--verify)
+    assert results[: results.index("batches seen 16") + 1] == list(_plain(*cmd))
     assert report["verdict"] == "data-bound"
     main = _main(report)
+    # on a CPU the example's train_kwargs hold the batch size alone: no shuffle, as torch's SequentialSampler says
     assert (main["dataset"], main["batch_size"], main["num_workers"], main["sampler"]) == (
         "MNIST",
         64,
         0,
-        "RandomSampler",
+        "SequentialSampler",
     )
     assert "ToTensor()" in main["transform"] and "Normalize(mean=(0.1307,), std=(0.3081,))" in main["transform"]
+    assert report["code_change"] == (
+        "- torch.utils.data.DataLoader(dataset1,**train_kwargs)\n"
+        "+ gf.accelerate(dataset1, batch_size=train_kwargs['batch_size'], shuffle=train_kwargs.get('shuffle', False))"
+    )
+    v = report["verify"]
+    assert "error" not in v and v["status"] == 0 and v["after_exit"] == "finished", v
+    assert v["before"]["batches"] == v["after"]["batches"] == 16
+    [apply] = re.findall(r"\(apply with: (cd .+ && patch -p1 < .+)\)\n", run.stdout)
+    assert apply == report["change"]["apply"]
+    done = subprocess.run(apply, shell=True, cwd=third, capture_output=True, text=True)  # noqa: S602 - as printed
+    assert done.returncode == 0, done.stdout + done.stderr
+    text = (project / "mnist_loop.py").read_text()
+    assert "import gpufeed as gf" in text.splitlines() and "gf.accelerate(dataset1, batch_size=train_kwargs[" in text
+    ast.parse(text)
 
 
 def test_a_known_wait_fraction_is_measured_within_ten_points(tmp_path):

@@ -31,6 +31,7 @@ import textwrap
 from dataclasses import dataclass, field
 
 from .record import LoaderRecord
+from .unpacked import run_value, spread
 
 __all__ = ["Change", "code_change", "file_change", "no_change_reason", "rewrite", "source_lines"]
 
@@ -125,7 +126,7 @@ def rewrite(loader: LoaderRecord) -> tuple[Change | None, str | None]:
             f"its own, not DataLoader's; replace {callee}(...) with gf.accelerate(dataset, batch_size=..., "
             "shuffle=...) if what it adds (a collate, a sampler) is nothing the training needs"
         )
-    args, why = _arguments(source, call, _POSITIONAL)
+    args, why = _arguments(source, call, _POSITIONAL, loader.unpacked, _DEFAULTS)
     if args is None:
         return None, why
     notes: list[str] = []
@@ -275,10 +276,11 @@ def _timm(source: str, call: ast.Call, loader: LoaderRecord) -> tuple[Change | N
     """timm's ``create_loader(dataset, input_size, batch_size, is_training=..., <recipe>...)``: the recipe goes to
     ``timm.data.create_transform`` with the same arguments (without timm's prefetcher: ToTensor and Normalize are
     in the recipe, which gf.accelerate runs batched on the device, as the prefetcher did)."""
-    args, why = _arguments(source, call, _TIMM_POSITIONAL)
+    args, why = _arguments(source, call, _TIMM_POSITIONAL, loader.unpacked)
     if args is None:
         return None, why
-    if "Mixup" in (loader.collate_fn or "") or args.get("num_aug_splits", "0") not in ("0", "None"):
+    splits = run_value(loader.unpacked, "num_aug_splits") or args.get("num_aug_splits", "0")  # a dict's: its value
+    if "Mixup" in (loader.collate_fn or "") or splits not in ("0", "1", "None"):
         return None, (
             "timm's create_loader mixes batches (a Mixup collate_fn) or splits them for AugMix here: gf.accelerate "
             "mixes with mix=gpufeed.augment.MixUp(...)/CutMix(...) and does not split; change create_loader(...) to "
@@ -296,7 +298,7 @@ def _timm(source: str, call: ast.Call, loader: LoaderRecord) -> tuple[Change | N
         f"drop_last={training}",
         f"transform=timm.data.create_transform({', '.join(recipe)})",
     ]
-    prefetcher = args.get("use_prefetcher", "True") != "False"  # create_loader's default is True
+    prefetcher = (run_value(loader.unpacked, "use_prefetcher") or args.get("use_prefetcher", "True")) != "False"
     how = "and normalised on the device in its PrefetchLoader" if prefetcher else "(its ToTensor and Normalize too)"
     notes = [
         f"timm's create_loader set the dataset's transform {how}; gf.accelerate takes the same recipe from "
@@ -321,10 +323,17 @@ def _library_reason(source: str, call: ast.Call, built_by: str) -> str:
     )
 
 
-def _arguments(source: str, call: ast.Call, positional: tuple[str, ...]) -> tuple[dict[str, str] | None, str | None]:
-    """The call's arguments by name, each as written; or None and why they cannot be known from the text."""
+def _arguments(
+    source: str,
+    call: ast.Call,
+    positional: tuple[str, ...],
+    unpacked: list[dict[str, object]] | None = None,
+    defaults: dict[str, str] | None = None,
+) -> tuple[dict[str, str] | None, str | None]:
+    """The call's arguments by name, each as written (what ``*args``/``**kwargs`` held in the run, by the script's
+    names for them: :func:`gpufeed.watch.unpacked.spread`); or None and why they cannot be known."""
     if any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords):
-        return None, "the call passes *args or **kwargs, whose contents are not in the source"
+        return spread(source, call, positional, unpacked, defaults, _text)
     if len(call.args) > len(positional):
         return None, f"the call passes {len(call.args)} positional arguments; gpufeed maps the first {len(positional)}"
     args = {name: _text(source, node) for name, node in zip(positional, call.args, strict=False)}

@@ -180,6 +180,7 @@ def _summary(found: list[tuple[ProcessRecord, Any]], main: bool) -> LoaderSummar
         init_of=ld.init_of, shuffle=ld.shuffle, batch_sampler=ld.batch_sampler, collate_fn=ld.collate_fn,
         built_by=ld.built_by, file=ld.file,
         first_batch_s=min((o.requested[0] + o.waits[0] for _, o in found if o.waits), default=None), hf=ld.hf,
+        unpacked=ld.unpacked,
     )  # fmt: skip
 
 
@@ -232,6 +233,7 @@ def _as_record(s: LoaderSummary) -> LoaderRecord:
         s.id, s.cls, s.built_at, s.source, s.dataset, s.transform, s.batch_size, s.num_workers, s.pin_memory,
         s.persistent_workers, s.prefetch_factor, s.sampler, s.drop_last, init_of=s.init_of, shuffle=s.shuffle,
         batch_sampler=s.batch_sampler, collate_fn=s.collate_fn, built_by=s.built_by, file=s.file, hf=s.hf,
+        unpacked=s.unpacked,
     )  # fmt: skip
 
 

@@ -20,6 +20,7 @@ from types import FrameType
 from typing import Any
 
 from .record import LoaderRecord
+from .unpacked import unpacked_at
 
 __all__ = [
     "Built",
@@ -147,9 +148,13 @@ def _call_source(
     return ast.get_source_segment(text, exact[0]), exact[0].lineno
 
 
-def loader_record(loader: Any, id: int, built: Built) -> LoaderRecord:
-    """A new loader's record: its configuration as found on it (no batches yet). A gpufeed loader (the fixed
-    script of ``gpufeed diagnose --verify``) has no DataLoader settings: its own are recorded."""
+def loader_record(
+    loader: Any, id: int, built: Built, received: tuple[tuple[Any, ...], dict[str, Any]] | None = None
+) -> LoaderRecord:
+    """A new loader's record: its configuration as found on it (no batches yet), and what the call's ``*args`` /
+    ``**kwargs`` held (read in the script's frame; ``received``: the arguments its ``__init__`` got, which are the
+    call's own when the script called DataLoader's ``__init__`` itself). A gpufeed loader (the fixed script of
+    ``gpufeed diagnose --verify``) has no DataLoader settings: its own are recorded."""
     config = getattr(loader, "config", None)
     if not hasattr(loader, "num_workers") and config is not None:  # gpufeed's EpochLoader
         plan = getattr(loader, "plan", None)
@@ -161,6 +166,8 @@ def loader_record(loader: Any, id: int, built: Built) -> LoaderRecord:
         )  # fmt: skip
     batch_size = batch_size_of(loader)
     order = order_sampler(loader)
+    init_of = _init_of(type(loader))
+    direct = built.by is None and init_of in _DATALOADER_INITS  # the call's arguments are what __init__ received
     return LoaderRecord(
         id=id,
         cls=type(loader).__name__,
@@ -175,13 +182,20 @@ def loader_record(loader: Any, id: int, built: Built) -> LoaderRecord:
         prefetch_factor=loader.prefetch_factor,
         sampler=type(order).__name__,
         drop_last=drop_last_of(loader),
-        init_of=_init_of(type(loader)),
+        init_of=init_of,
         shuffle=_shuffles(order),
         batch_sampler=None if _auto_batched(loader) else type(loader.batch_sampler).__name__,
         collate_fn=_collate_name(loader.collate_fn),
         built_by=built.by,
         file=built.file,
+        unpacked=unpacked_at(built.frame, built.source, received if direct else None),
     )
+
+
+_DATALOADER_INITS = (
+    "torch.utils.data.dataloader.DataLoader",
+    "torchdata.stateful_dataloader.stateful_dataloader.StatefulDataLoader",
+)
 
 
 def _shuffles(sampler: Any) -> bool | None:

@@ -211,7 +211,7 @@ def _init_patch(state: State, init: Any) -> Any:
         if state.paused or os.getpid() != state.pid:
             return
         try:
-            _built(state, self, sys._getframe(1))
+            _built(state, self, sys._getframe(1), received=(args, kwargs))
         except Exception as e:  # noqa: BLE001 - the hook's bookkeeping never breaks the script
             state.note("a DataLoader's configuration", e)
 
@@ -268,7 +268,9 @@ def _cuda_up(state: State) -> bool:
     return state.cuda
 
 
-def _built(state: State, loader: Any, frame: FrameType | None, iterated: bool = False) -> Watched | None:
+def _built(
+    state: State, loader: Any, frame: FrameType | None, iterated: bool = False, received: Any = None
+) -> Watched | None:
     """A new loader: its record, from its attributes and the frame of the script that built it (or, ``iterated``,
     that first iterated it: the source of that line is not the loader's call). None for a DataLoader that
     gpufeed's own code built (the fallback's workers, inside a gpufeed loader that is measured itself)."""
@@ -292,7 +294,7 @@ def _built(state: State, loader: Any, frame: FrameType | None, iterated: bool = 
                 f"a {type(loader).__name__} was built without DataLoader.__init__: its line is where it was first "
                 "iterated"
             )
-    record = loader_record(loader, len(state.watched), built)
+    record = loader_record(loader, len(state.watched), built, received)
     if not gpufeed_loader:
         record.hf = hf_found(loader.dataset, loader.collate_fn, built.frame)
         if record.hf is not None and record.hf["function"] is not None and record.transform is None:

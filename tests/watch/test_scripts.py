@@ -46,11 +46,12 @@ def _plain(*cmd: str) -> tuple[str, ...]:
 
 
 def _diagnose(
-    out: Path, cmd: list[str], options: tuple[str, ...] = QUICK, cwd: Path | None = None
+    out: Path, cmd: list[str], options: tuple[str, ...] = QUICK, cwd: Path | None = None, env: dict | None = None
 ) -> tuple[subprocess.CompletedProcess, dict]:
-    """``gpufeed diagnose OPTIONS --out OUT -- CMD`` (from ``cwd``), and the report it saved (empty if none)."""
+    """``gpufeed diagnose OPTIONS --out OUT -- CMD`` (from ``cwd``, ``env`` added), and the report it saved (empty
+    if none)."""
     argv = [sys.executable, "-m", "gpufeed", "diagnose", *options, "--out", str(out), "--", *cmd]
-    run = subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT, env=ENV, cwd=cwd)
+    run = subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT, env={**ENV, **(env or {})}, cwd=cwd)
     saved = out / "report.json"
     return run, json.loads(saved.read_text()) if saved.exists() else {}
 
@@ -412,3 +413,44 @@ def test_an_accelerate_prepared_image_loader_is_measured_predicted_and_its_chang
     assert "error" not in v and v["status"] == 0 and v["after_exit"] == "finished", v
     assert v["before"]["batches"] == v["after"]["batches"] == 16  # 64 images in batches of 8, 2 epochs
     assert v["after"]["loader"].startswith("DeviceLoader at accelerate_prepare.py:")
+
+
+def test_timms_train_py_with_its_two_loader_dicts_is_changed_by_their_names_and_verified(tmp_path, folder):
+    # timm's train.py: create_loader(dataset_train, input_size=..., **common_loader_kwargs, **train_loader_kwargs)
+    pytest.importorskip("timm")
+    project = tmp_path / "project"
+    project.mkdir()
+    shutil.copy(SCRIPTS / "timm_train.py", project / "timm_train.py")
+    cmd = [sys.executable, "timm_train.py", str(folder), "--no-prefetcher"]
+    env = {"GPUFEED_COMPILE": "0"}  # ColorJitter's fused kernel compiles for a minute on a loaded 2-core machine
+    run, report = _diagnose(tmp_path / "out", cmd, ("--steps", "0", "--no-side", "--verify"), cwd=project, env=env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    main = _main(report)
+    assert main["built_at"] == f"timm_train.py:{_line_of('timm_train.py', 'loader_train = create_loader(')}"
+    assert (main["dataset"], main["batch_size"], main["built_by"]) == (
+        "ImageDataset",
+        16,
+        "timm.data.loader.create_loader",
+    )
+    assert report["code_change"].splitlines()[-1] == (
+        "+ gf.accelerate(dataset_train, batch_size=train_loader_kwargs['batch_size'], "
+        "shuffle=train_loader_kwargs['is_training'], drop_last=train_loader_kwargs['is_training'], "
+        'transform=timm.data.create_transform(data_config["input_size"], '
+        "is_training=train_loader_kwargs['is_training'], "
+        "no_aug=train_loader_kwargs['no_aug'], train_crop_mode=None, scale=train_loader_kwargs['scale'], "
+        "ratio=train_loader_kwargs['ratio'], hflip=train_loader_kwargs['hflip'], vflip=train_loader_kwargs['vflip'], "
+        "color_jitter=train_loader_kwargs['color_jitter'], color_jitter_prob=None, grayscale_prob=None, "
+        "gaussian_blur_prob=None, auto_augment=None, interpolation=train_loader_kwargs['interpolation'], "
+        "mean=common_loader_kwargs['mean'], std=common_loader_kwargs['std'], re_prob=train_loader_kwargs['re_prob'], "
+        "re_mode=train_loader_kwargs['re_mode'], re_count=train_loader_kwargs['re_count']))"
+    )
+    assert any("(its ToTensor and Normalize too)" in n for n in report["change"]["notes"])  # use_prefetcher=False
+    v = report["verify"]
+    assert "error" not in v and v["status"] == 0 and v["after_exit"] == "finished", v
+    assert v["before"]["batches"] == v["after"]["batches"] == 8  # drop_last as is_training: 64 / 16, 2 epochs
+    assert v["after"]["loader"].startswith("DeviceLoader at timm_train.py:")
+    done = subprocess.run(report["change"]["apply"], shell=True, cwd=tmp_path, capture_output=True, text=True)  # noqa: S602
+    assert done.returncode == 0, done.stdout + done.stderr
+    text = (project / "timm_train.py").read_text()
+    assert "import timm.data" in text.splitlines() and "import gpufeed as gf" in text.splitlines()
+    ast.parse(text)

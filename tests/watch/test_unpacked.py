@@ -161,3 +161,43 @@ def test_the_change_keeps_the_scripts_names_and_drops_what_gf_accelerate_does_it
 def test_without_the_runs_record_the_reason_says_what_is_missing():
     rec = _record("DataLoader(ds, **kw)", None)
     assert code_change(rec) is None and "was not recorded" in no_change_reason(rec)
+
+
+_TIMM_CALL = (
+    "create_loader(\n    dataset_train,\n    input_size=data_config['input_size'],\n"
+    "    input_size_choices=args.train_img_sizes,\n    collate_fn=collate_fn,\n    **common_loader_kwargs,\n"
+    "    **train_loader_kwargs,\n)"
+)
+
+
+def _timm_record(**kw: Any) -> LoaderRecord:
+    common_loader_kwargs = dict(mean=(0.5,), std=(0.5,), use_prefetcher=True, device="cpu")  # noqa: F841
+    train_loader_kwargs = dict(batch_size=16, is_training=True, scale=[0.08, 1.0], num_aug_splits=0)  # noqa: F841
+    facts = {"shuffle": True, "batch_sampler": None, "collate_fn": None, "sampler": "RandomSampler", **kw}
+    return LoaderRecord(0, "DataLoader", "train.py:9", _TIMM_CALL, "ImageDataset", None, 16, 0, False, False, None,
+                        facts.pop("sampler"), True, built_by="timm.data.loader.create_loader",
+                        unpacked=_here(_TIMM_CALL), **facts)  # fmt: skip
+
+
+def test_timms_train_py_loader_gets_its_recipe_from_both_dicts_by_their_names():
+    change = code_change(_timm_record())
+    assert change is not None and change.splitlines()[-1] == (
+        "+ gf.accelerate(dataset_train, batch_size=train_loader_kwargs['batch_size'], "
+        "shuffle=train_loader_kwargs['is_training'], drop_last=train_loader_kwargs['is_training'], "
+        "transform=timm.data.create_transform(data_config['input_size'], "
+        "is_training=train_loader_kwargs['is_training'], "
+        "scale=train_loader_kwargs['scale'], mean=common_loader_kwargs['mean'], std=common_loader_kwargs['std']))"
+    )
+
+
+@pytest.mark.parametrize(
+    ("facts", "said"),
+    [
+        ({"batch_sampler": "ScheduledBatchSampler"}, "made the batches with a ScheduledBatchSampler here"),
+        ({"shuffle": None, "sampler": "RepeatAugSampler"}, "ordered the samples with a RepeatAugSampler here"),
+        ({"collate_fn": "timm.data.mixup.FastCollateMixup"}, "mixes batches (a Mixup collate_fn)"),
+    ],
+)
+def test_what_timms_loader_did_in_the_run_that_gf_accelerate_does_not_is_the_reason(facts, said):
+    rec = _timm_record(**facts)
+    assert code_change(rec) is None and said in no_change_reason(rec)

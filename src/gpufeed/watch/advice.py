@@ -288,6 +288,16 @@ def _timm(source: str, call: ast.Call, loader: LoaderRecord) -> tuple[Change | N
         )
     if "dataset" not in args or "batch_size" not in args:
         return None, "the create_loader(...) call names no dataset or batch size"
+    if loader.batch_sampler not in (None, "?"):  # the run's facts, whatever the text (input_size_choices=args.x)
+        return None, (
+            f"timm's create_loader made the batches with a {loader.batch_sampler} here (input_size_choices / "
+            "batch_size_choices: batches of scheduled sizes); gf.accelerate makes batches of one size"
+        )
+    if loader.shuffle is None and loader.sampler not in ("", "?"):
+        return None, (
+            f"timm's create_loader ordered the samples with a {loader.sampler} here (num_aug_repeats); "
+            "gf.accelerate draws its own order (shuffle=, seed=, each rank's share)"
+        )
     training = args.get("is_training", "False")
     recipe = [args["input_size"]] if "input_size" in args else []
     recipe += [f"{name}={args[name]}" for name in _TIMM_RECIPE[1:] if name in args]

@@ -422,7 +422,8 @@ def _register_side_at_end(state: State) -> None:
     if not state.side:
         return
     try:
-        importlib.import_module("concurrent.futures.thread")
+        for name in ("concurrent.futures.thread", "concurrent.futures.process"):  # process: torch.compile's pool
+            importlib.import_module(name)  # imported at shutdown, each would register its own hook: refused then
         threading._register_atexit(_side_at_end)  # type: ignore[attr-defined]
     except (AttributeError, RuntimeError, ImportError) as e:  # another Python: atexit's turn will try it
         state.note("the side measurement at the end", e)

@@ -454,3 +454,26 @@ def test_timms_train_py_with_its_two_loader_dicts_is_changed_by_their_names_and_
     text = (project / "timm_train.py").read_text()
     assert "import timm.data" in text.splitlines() and "import gpufeed as gf" in text.splitlines()
     ast.parse(text)
+
+
+def test_torchvisions_classification_reference_with_its_preset_objects_is_accelerated_and_verified(tmp_path, folder):
+    # references/classification: ImageFolder(traindir, presets.ClassificationPresetTrain(...)), an object holding
+    # self.transforms = T.Compose([...]) (v2, the tensor backend here) whose __call__ applies it
+    data = tmp_path / "data"
+    data.mkdir()
+    for split in ("train", "val"):
+        (data / split).symlink_to(folder, target_is_directory=True)
+    script = SCRIPTS / "classification" / "train.py"
+    cmd = [sys.executable, str(script), "--data-path", str(data), "--use-v2", "--backend", "tensor"]
+    run, report = _diagnose(tmp_path / "out", cmd, ("--steps", "0", "--verify", "--side-seconds", "6"))
+    assert run.returncode == 0, run.stderr[-3000:]
+    main = _main(report)
+    assert main["transform"].startswith("ClassificationPresetTrain holding transforms=Compose( PILToTensor()")
+    assert "refused" not in report["side"] and "RandomResizedCrop" in report["side"]["accelerate"]["plan"]
+    _predicted(run, report)
+    added = report["code_change"].splitlines()[-1]
+    assert added == "+ gf.accelerate(dataset, batch_size=args.batch_size, shuffle=True)"
+    v = report["verify"]
+    assert "error" not in v and v["status"] == 0 and v["after_exit"] == "finished", v
+    assert v["before"]["batches"] == v["after"]["batches"] == 8  # 64 images in batches of 16, 2 epochs
+    assert v["after"]["loader"].startswith("DeviceLoader at train.py:")

@@ -52,11 +52,27 @@ def transform_text(dataset: Any) -> str | None:
     for _ in range(4):
         transform = getattr(dataset, "transform", None)
         if transform is not None:
-            return re.sub(r"\s*\n\s*", " ", repr(transform))[:2000]
+            return re.sub(r"\s*\n\s*", " ", _repr(transform))[:2000]
         dataset = getattr(dataset, "dataset", None)  # through Subset and wrappers
         if dataset is None:
             return None
     return None
+
+
+def _repr(transform: Any) -> str:
+    """The transform's repr; an object of the script's own without one (torchvision's classification presets) as
+    the transforms it holds: ``ClassificationPresetTrain holding transforms=Compose(...)``."""
+    text = repr(transform)
+    if not re.fullmatch(r"<[\w.]+ object at 0x[0-9a-fA-F]+>", text):
+        return text
+    held = [
+        (k, v)
+        for k, v in getattr(transform, "__dict__", {}).items()
+        if type(v).__module__.startswith(("torchvision.transforms", "timm.data"))
+    ]
+    if not held:
+        return text
+    return f"{type(transform).__qualname__} holding " + ", ".join(f"{k}={v!r}" for k, v in held)
 
 
 @dataclass

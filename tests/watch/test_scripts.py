@@ -477,3 +477,61 @@ def test_torchvisions_classification_reference_with_its_preset_objects_is_accele
     assert "error" not in v and v["status"] == 0 and v["after_exit"] == "finished", v
     assert v["before"]["batches"] == v["after"]["batches"] == 8  # 64 images in batches of 16, 2 epochs
     assert v["after"]["loader"].startswith("DeviceLoader at train.py:")
+
+
+@pytest.fixture(scope="module")
+def hf_images(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A ``save_to_disk`` dataset of 96 images (JPEG and PNG, 40 x 48) with a two-class ``ClassLabel``."""
+    datasets = pytest.importorskip("datasets")
+    import io
+
+    from PIL import Image
+
+    rng = np.random.default_rng(3)
+    images = []
+    for i in range(96):
+        out = io.BytesIO()
+        Image.fromarray(rng.integers(0, 255, (40, 48, 3), dtype=np.uint8)).save(out, "JPEG" if i % 2 else "PNG")
+        images.append({"bytes": out.getvalue(), "path": None})
+    features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=["cat", "dog"])})
+    root = tmp_path_factory.mktemp("hf-images") / "data"
+    datasets.Dataset.from_dict({"image": images, "label": [i % 2 for i in range(96)]}, features=features).save_to_disk(
+        str(root)
+    )
+    return root
+
+
+def test_a_hugging_face_trainer_is_measured_predicted_and_given_gf_accelerates_batches_verified(tmp_path, hf_images):
+    # Trainer.get_train_dataloader builds the loader inside trainer.train() and Accelerate prepares it (batch_size
+    # None, a batch sampler): measured at 8, and the change is a line before trainer.train()
+    pytest.importorskip("transformers")
+    project = tmp_path / "project"
+    project.mkdir()
+    shutil.copy(SCRIPTS / "hf_trainer.py", project / "hf_trainer.py")
+    cmd = [sys.executable, "hf_trainer.py", str(hf_images), "--output-dir", str(tmp_path / "trainer-out")]
+    run, report = _diagnose(tmp_path / "out", cmd, ("--steps", "0", "--verify", "--side-seconds", "6"), cwd=project)
+    assert run.returncode == 0, run.stderr[-3000:]
+    results = _results(run.stdout)
+    plain = _plain(sys.executable, str(project / "hf_trainer.py"), *cmd[2:])
+    assert results[: results.index("batches seen 16") + 1] == list(plain)  # max_steps=16, as without gpufeed
+    main = _main(report)
+    assert (main["batch_size"], main["built_by"]) == (8, "transformers.trainer.Trainer.train")
+    assert report["side"]["batch_size"] == 8 and "accelerate" in report["side"], report["side"]
+    _predicted(run, report)
+    line = _line_of("hf_trainer.py", "trainer.train()")
+    assert report["change"]["built_at"] == f"hf_trainer.py:{line}"
+    assert report["code_change"] == (
+        "+ trainer.get_train_dataloader = lambda: gf.accelerate(trainer.train_dataset, "
+        "batch_size=trainer.args.train_batch_size, shuffle=True, drop_last=trainer.args.dataloader_drop_last, "
+        "seed=trainer.args.seed, transform=_train_transforms, batch_keys=('pixel_values', 'labels'))\n"
+        "  trainer.train()"
+    )
+    v = report["verify"]
+    assert "error" not in v and v["status"] == 0 and v["after_exit"] == "finished", v
+    # 16 steps: Accelerate's shard reads one batch ahead (to know the epoch's end), gpufeed's loader does not
+    assert (v["before"]["batches"], v["after"]["batches"]) == (17, 16)
+    assert v["after"]["loader"].startswith("DeviceLoader at hf_trainer.py:")
+    done = subprocess.run(report["change"]["apply"], shell=True, cwd=tmp_path, capture_output=True, text=True)  # noqa: S602
+    assert done.returncode == 0, done.stdout + done.stderr
+    text = (project / "hf_trainer.py").read_text().splitlines()
+    assert text[line - 1 + 1].strip().startswith("trainer.get_train_dataloader = lambda: gf.accelerate(")  # +1: import

@@ -73,16 +73,22 @@ _IMPORT = "import gpufeed as gf"
 @dataclass
 class Change:
     """A rewrite of the call at ``line`` of ``file``: ``old`` (its source) becomes ``new``; ``imports`` go at the
-    top of the file; ``notes`` say what else the change means (a sampler made unnecessary, where to build it)."""
+    top of the file; ``notes`` say what else the change means (a sampler made unnecessary, where to build it);
+    ``before``: a statement put on its own line before the one that holds the call (a Trainer's loader, changed
+    where ``trainer.train()`` asks for it: :mod:`gpufeed.watch.trainer`)."""
 
     old: str
     new: str
     imports: list[str] = field(default_factory=lambda: [_IMPORT])
     notes: list[str] = field(default_factory=list)
+    before: str | None = None
 
     @property
     def preview(self) -> str:
-        """One ``-`` line per line of the original call, one ``+`` line for the new call."""
+        """One ``-`` line per line of the original call, one ``+`` line for the new call (an added statement: its
+        ``+`` line, then the call as it stays)."""
+        if self.before is not None and self.old == self.new:
+            return "\n".join([f"+ {self.before}", *(f"  {line}" for line in source_lines(self.old))])
         return "\n".join([*(f"- {line}" for line in source_lines(self.old)), f"+ {self.new}"])
 
 
@@ -118,6 +124,12 @@ def rewrite(loader: LoaderRecord) -> tuple[Change | None, str | None]:
     callee = call.func.id if isinstance(call.func, ast.Name) else getattr(call.func, "attr", None)
     if callee == "create_loader" or (loader.built_by or "").startswith("timm."):
         return _timm(source, call, loader)
+    if callee not in ("DataLoader", cls) and (loader.built_by or "").startswith("transformers."):
+        from .trainer import trainer_change  # it builds on this module's Hugging Face rules
+
+        change, why = trainer_change(source, call, loader)
+        if change is not None or why is not None:
+            return change, why
     if callee not in ("DataLoader", cls):
         return None, _library_reason(source, call, loader.built_by or "")
     if init_of not in _INITS:
@@ -383,6 +395,10 @@ def file_change(text: str, line: int, change: Change, name: str = "train.py") ->
     # the call's lines become one, then blank lines: line numbers after it stay those of the original
     blanks = ["\n"] * (end_line - node.lineno)
     new_lines = [*lines[: node.lineno - 1], head + change.new + tail, *blanks, *lines[end_line:]]
+    if change.before is not None:  # on its own line before the statement that holds the call, at its indentation
+        at = _statement_line(tree, node)
+        indent = lines[at][: len(lines[at]) - len(lines[at].lstrip())]
+        new_lines.insert(at, f"{indent}{change.before}\n")
     present = {ast.unparse(n) for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))}
     wanted = [f"{imp}\n" for imp in change.imports if imp not in present]
     at = _import_line(tree)
@@ -390,6 +406,13 @@ def file_change(text: str, line: int, change: Change, name: str = "train.py") ->
     new = "".join(new_lines)
     diff = difflib.unified_diff(lines, new.splitlines(keepends=True), f"a/{name}", f"b/{name}")
     return new, "".join(diff)
+
+
+def _statement_line(tree: ast.Module, node: ast.AST) -> int:
+    """The 0-based first line of the innermost statement that holds ``node``."""
+    line = getattr(node, "lineno", 1)
+    holding = [n for n in ast.walk(tree) if isinstance(n, ast.stmt) and n.lineno <= line <= (n.end_lineno or n.lineno)]
+    return max((n.lineno for n in holding), default=line) - 1
 
 
 def _import_line(tree: ast.Module) -> int:

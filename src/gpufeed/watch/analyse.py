@@ -215,7 +215,7 @@ def _change(out: WatchReport) -> None:
     line = int(target.built_at.rsplit(":", 1)[1]) if target.built_at and ":" in target.built_at else None
     out.change = {
         "file": target.file, "built_at": target.built_at, "line": line, "old": change.old, "new": change.new,
-        "imports": change.imports, "notes": notes + change.notes,
+        "imports": change.imports, "notes": notes + change.notes, "before": change.before,
     }  # fmt: skip
 
 
@@ -225,7 +225,7 @@ _REBUILDERS = ("accelerate.", "lightning.", "pytorch_lightning.")
 def change_of(report: WatchReport) -> Change | None:
     """The report's change as an :class:`~gpufeed.watch.advice.Change` (None without one)."""
     c = report.change
-    return None if c is None else Change(c["old"], c["new"], list(c["imports"]), list(c["notes"]))
+    return None if c is None else Change(c["old"], c["new"], list(c["imports"]), list(c["notes"]), c.get("before"))
 
 
 def _as_record(s: LoaderSummary) -> LoaderRecord:

@@ -15,6 +15,7 @@ import linecache
 import os
 import re
 import sysconfig
+import types
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
@@ -29,6 +30,7 @@ __all__ = [
     "dataset_name",
     "drop_last_of",
     "loader_record",
+    "loader_settings",
     "order_sampler",
     "transform_text",
     "where_built",
@@ -322,3 +324,17 @@ def _init_of(cls: type) -> str:
         if "__init__" in vars(klass):
             return f"{klass.__module__}.{klass.__qualname__}"
     return f"{cls.__module__}.{cls.__qualname__}"
+
+
+_SETTINGS = (
+    "dataset", "batch_size", "batch_sampler", "num_workers", "sampler", "pin_memory", "drop_last", "collate_fn",
+    "timeout", "prefetch_factor", "persistent_workers", "worker_init_fn", "multiprocessing_context",
+)  # fmt: skip
+
+
+def loader_settings(loader: Any) -> Any:
+    """A DataLoader's dataset and settings as the side measurement reads them when the loader itself is gone (None
+    for gpufeed's loaders)."""
+    if not hasattr(loader, "num_workers"):
+        return None
+    return types.SimpleNamespace(**{name: getattr(loader, name, None) for name in _SETTINGS})

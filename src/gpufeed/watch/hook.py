@@ -35,13 +35,12 @@ import os
 import sys
 import threading
 import time
-import types
 import weakref
 from types import FrameType
 from typing import Any
 
 from .clock import nvml_index
-from .found import batch_samples, loader_record, where_built
+from .found import batch_samples, loader_record, loader_settings, where_built
 from .hf import batch_layout, hf_found
 from .patching import PatchOnImport
 from .record import FIRST_BATCH
@@ -301,23 +300,10 @@ def _built(
             applies = record.hf["recipe_text"] or "a recipe not found (see the change)"
             record.transform = f"{record.hf['function']} (set by set_transform/with_transform), applying {applies}"
     built.frame = None  # the script's frame is not kept alive by the hook
-    watched = Watched(record, weakref.ref(loader), settings=_settings(loader))
+    watched = Watched(record, weakref.ref(loader), settings=loader_settings(loader))
     state.watched.append(watched)
     object.__setattr__(loader, "_gpufeed_watched", watched)  # DataLoader.__setattr__ guards some attributes
     return watched
-
-
-_SETTINGS = (
-    "dataset", "batch_size", "batch_sampler", "num_workers", "sampler", "pin_memory", "drop_last", "collate_fn",
-    "timeout", "prefetch_factor", "persistent_workers", "worker_init_fn", "multiprocessing_context",
-)  # fmt: skip
-
-
-def _settings(loader: Any) -> Any:
-    """A DataLoader's dataset and settings as the side measurement reads them (None for gpufeed's loaders)."""
-    if not hasattr(loader, "num_workers"):
-        return None
-    return types.SimpleNamespace(**{name: getattr(loader, name, None) for name in _SETTINGS})
 
 
 def _made_by_gpufeed(frame: FrameType | None) -> bool:

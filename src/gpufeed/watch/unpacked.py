@@ -14,7 +14,8 @@ script called it directly with one such ``**``.
 :func:`spread` then gives the call's arguments by name, each as text that keeps the script's names:
 ``train_kwargs['batch_size']``, ``loader_args[1]``; a value that the run did not pass and whose default
 ``gf.accelerate`` does not share reads as ``train_kwargs.get('shuffle', False)``, so that the changed line does on
-another machine what the script's does (the MNIST example's ``cuda_kwargs`` add ``shuffle=True`` on a GPU only).
+another machine what the script's does (the MNIST example's ``cuda_kwargs`` add ``shuffle=True`` on a GPU only);
+a key whose value was ``None`` in the run reads as ``None`` (``sampler=None``: the callee's own choice).
 
 NOTE [ standard library only ]: the hook loads this module under its private package (``watch/site``).
 

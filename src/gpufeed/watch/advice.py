@@ -31,6 +31,7 @@ import textwrap
 from dataclasses import dataclass, field
 
 from .record import LoaderRecord
+from .trainer import trainer_line, trainer_of
 from .unpacked import run_value, spread
 
 __all__ = ["Change", "code_change", "file_change", "no_change_reason", "rewrite", "source_lines"]
@@ -125,11 +126,11 @@ def rewrite(loader: LoaderRecord) -> tuple[Change | None, str | None]:
     if callee == "create_loader" or (loader.built_by or "").startswith("timm."):
         return _timm(source, call, loader)
     if callee not in ("DataLoader", cls) and (loader.built_by or "").startswith("transformers."):
-        from .trainer import trainer_change  # it builds on this module's Hugging Face rules
-
-        change, why = trainer_change(source, call, loader)
-        if change is not None or why is not None:
-            return change, why
+        trainer, why = trainer_of(call, loader)  # a Trainer over a datasets.Dataset: a line before its train()
+        if trainer is not None:
+            return _trainer(source, loader, trainer)
+        if why is not None:
+            return None, why
     if callee not in ("DataLoader", cls):
         return None, _library_reason(source, call, loader.built_by or "")
     if init_of not in _INITS:
@@ -157,6 +158,19 @@ def rewrite(loader: LoaderRecord) -> tuple[Change | None, str | None]:
         if value is not None:
             kept.append(f"{name}={value}")
     return Change(source, f"gf.accelerate({', '.join(kept + extra)})", notes=notes), None
+
+
+def _trainer(source: str, loader: LoaderRecord, trainer: str) -> tuple[Change | None, str | None]:
+    """A Trainer's loader over a ``datasets.Dataset``: a line before ``trainer.train()`` gives its
+    ``get_train_dataloader`` gf.accelerate's batches (:mod:`gpufeed.watch.trainer`), with the dataset's recipe and
+    dict keys found as for a DataLoader over it; the call itself stays."""
+    notes: list[str] = []
+    extra: list[str] = []
+    blocking = _hugging_face({"dataset": f"{trainer}.train_dataset"}, loader, notes, extra)
+    if blocking:
+        return None, "; ".join(blocking)
+    before, note = trainer_line(trainer, extra)
+    return Change(source, source, notes=[*notes, note], before=before), None
 
 
 def _hugging_face(args: dict[str, str], loader: LoaderRecord, notes: list[str], extra: list[str]) -> list[str]:

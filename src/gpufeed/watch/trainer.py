@@ -15,65 +15,61 @@ What stops it is said as for a ``DataLoader`` over the same dataset: a collate f
 the fields, no single image column, a recipe not found; and a sampler of the Trainer's own other than its random
 one (``group_by_length``'s ``LengthGroupedSampler``).
 
+:mod:`gpufeed.watch.advice` applies its Hugging Face rules to ``<trainer>.train_dataset`` (the recipe, the
+columns, ``batch_keys=``) and puts the line together with :func:`trainer_line`.
+
 Example:
     >>> import ast
     >>> from gpufeed.watch.record import LoaderRecord
-    >>> hf = {"function": "train_transforms", "recipe": "_train_transforms", "image": "image", "label": "label",
-    ...       "collate": None, "batch": {"kind": "dict", "keys": ["pixel_values", "labels"],
-    ...       "images": "pixel_values", "labels": "labels"}}
     >>> rec = LoaderRecord(0, "DataLoader", "run.py:80", "trainer.train()", "Dataset", None, 8, 0, False, False,
     ...                    None, "RandomSampler", False, shuffle=True, built_by="transformers.trainer.Trainer.train",
-    ...                    hf=hf)
-    >>> change, why = trainer_change("trainer.train()", ast.parse("trainer.train()", mode="eval").body, rec)
-    >>> print(change.before)  # doctest: +NORMALIZE_WHITESPACE
+    ...                    hf={})
+    >>> trainer_of(ast.parse("trainer.train()", mode="eval").body, rec)
+    ('trainer', None)
+    >>> print(trainer_line("trainer", ["transform=tf"])[0])  # doctest: +NORMALIZE_WHITESPACE
     trainer.get_train_dataloader = lambda: gf.accelerate(trainer.train_dataset,
     batch_size=trainer.args.train_batch_size, shuffle=True, drop_last=trainer.args.dataloader_drop_last,
-    seed=trainer.args.seed, transform=_train_transforms, batch_keys=('pixel_values', 'labels'))
+    seed=trainer.args.seed, transform=tf)
 """
 
 from __future__ import annotations
 
 import ast
 
-from .advice import Change, _hugging_face, _text
 from .record import LoaderRecord
 
-__all__ = ["trainer_change"]
+__all__ = ["trainer_line", "trainer_of"]
 
 
-def trainer_change(source: str, call: ast.Call, loader: LoaderRecord) -> tuple[Change | None, str | None]:
-    """``(change, None)`` for ``<trainer>.train(...)`` that built ``loader`` over a Hugging Face dataset; ``(None,
-    why)`` when its batches cannot come from gf.accelerate as they are; ``(None, None)`` for any other call or
-    dataset (advice's general reason for a Trainer then applies)."""
+def trainer_of(call: ast.Call, loader: LoaderRecord) -> tuple[str | None, str | None]:
+    """``(the Trainer's expression, None)`` for ``<trainer>.train(...)`` that built ``loader`` over a Hugging Face
+    dataset in a random order; ``(None, why)`` when the Trainer ordered its samples itself; ``(None, None)`` for any
+    other call or dataset (advice's general reason for a Trainer then applies)."""
     func = call.func
-    if not isinstance(func, ast.Attribute) or func.attr != "train":
-        return None, None
-    trainer = _text(source, func.value)
-    if loader.hf is None:  # a torch dataset, whose dicts the data_collator makes: advice's reason for a Trainer
-        return None, None
+    if not isinstance(func, ast.Attribute) or func.attr != "train" or loader.hf is None:
+        return None, None  # a torch dataset, whose dicts the data_collator makes: advice's reason for a Trainer
     if loader.shuffle is not True:
         return None, (
             f"the Trainer ordered the samples with a {loader.sampler} here (group_by_length, or a sampler of its "
             "own): gf.accelerate draws a random order (shuffle=True, seed=)"
         )
-    args = {"dataset": f"{trainer}.train_dataset"}
-    notes: list[str] = []
-    extra: list[str] = []
-    blocking = _hugging_face(args, loader, notes, extra)
-    if blocking:
-        return None, "; ".join(blocking)
+    return ast.unparse(func.value), None
+
+
+def trainer_line(trainer: str, extra: list[str]) -> tuple[str, str]:
+    """``(the statement put before <trainer>.train(), its note)``; ``extra``: gf.accelerate's arguments for the
+    dataset (``transform=``, ``batch_keys=``...)."""
     settings = [
-        args["dataset"],
+        f"{trainer}.train_dataset",
         f"batch_size={trainer}.args.train_batch_size",
         "shuffle=True",
         f"drop_last={trainer}.args.dataloader_drop_last",
         f"seed={trainer}.args.seed",
         *extra,
     ]
-    notes.append(
+    note = (
         f"{trainer}.train() asks get_train_dataloader() for its training batches (the Trainer's place to change "
         "them): the line before it gives it gf.accelerate's; under torch.distributed gf.accelerate gives each rank "
         "its share itself"
     )
-    before = f"{trainer}.get_train_dataloader = lambda: gf.accelerate({', '.join(settings)})"
-    return Change(source, source, notes=notes, before=before), None
+    return f"{trainer}.get_train_dataloader = lambda: gf.accelerate({', '.join(settings)})", note

@@ -96,30 +96,26 @@ def _worth(r: ReportData) -> str:
     if r.verdict != "data-bound":
         text = f"the data side is worth {ceiling}: the step itself is the cost"
         if p is not None and p["speedup"] >= 1.05:
-            text += f"; {_name(p, r)} would still give about {p['speedup']:.2f}x (predicted)"
+            text += f"; {_name(p)} would still give about {p['speedup']:.2f}x (predicted)"
         return text
     if p is None:
         if r.change is not None and r.verify:
             return f"the code change to gf.accelerate above: a faster loader is worth {ceiling}"
         return f"a faster loader is worth {ceiling}; no fix was measured (see above)"
     if p["speedup"] < 1.05:
-        predicted = f"{_name(p, r)} predicts {p['speedup']:.2f}x"
+        predicted = f"{_name(p)} predicts {p['speedup']:.2f}x"
         return f"no fix measured here is worth doing: {predicted}; the data side is {ceiling}"
     one_time = ""
     if p.get("one_time_s"):
         one_time = f", after {p['one_time_s']:.1f} s once{_payback(p)}"
     return (
-        f"{_name(p, r)}: predicted {p['speedup']:.2f}x the loop's speed ({p['new_step_s'] * 1e3:.1f} ms a step against "
+        f"{_name(p)}: predicted {p['speedup']:.2f}x the loop's speed ({p['new_step_s'] * 1e3:.1f} ms a step against "
         f"{p['step_s'] * 1e3:.1f} ms now){one_time}; the data side is {ceiling}"
     )
 
 
-def _name(p: dict[str, Any], r: ReportData) -> str:
-    if p["fix"] != "accelerate":
-        return "the tuned DataLoader settings"
-    if r.code_change is None:  # measured, but the script's call is not rewritten (the reason is above)
-        return "gf.accelerate (no code change suggested: see above)"
-    return "the code change to gf.accelerate"
+def _name(p: dict[str, Any]) -> str:
+    return "the code change to gf.accelerate" if p["fix"] == "accelerate" else "the tuned DataLoader settings"
 
 
 def _payback(p: dict[str, Any]) -> str:

@@ -31,7 +31,7 @@ from .verify_text import verify_text
 if TYPE_CHECKING:
     from .analyse import WatchReport
 
-__all__ = ["apply_command", "diff_name", "prepare", "script_of", "verify", "verify_text"]
+__all__ = ["diff_name", "prepare", "script_of", "verify", "verify_text"]
 
 
 def script_of(cmd: list[str]) -> Path | None:
@@ -56,7 +56,7 @@ def diff_name(file: str) -> tuple[Path, str]:
     return path.parent, path.name
 
 
-def apply_command(root: Path, diff: Path) -> str:
+def _apply_command(root: Path, diff: Path) -> str:
     """The shell command that applies ``diff`` to the user's files from any directory: ``cd ROOT && patch -p1 <
     DIFF``, both absolute and quoted for the shell."""
     return f"cd {shlex.quote(str(root))} && patch -p1 < {shlex.quote(str(diff.resolve()))}"
@@ -80,7 +80,7 @@ def prepare(report: WatchReport, out: Path) -> tuple[str, str] | None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "fix.diff").write_text(diff)
     c["diff"] = str(out / "fix.diff")
-    c["apply"] = apply_command(root, out / "fix.diff")
+    c["apply"] = _apply_command(root, out / "fix.diff")
     return new, diff
 
 

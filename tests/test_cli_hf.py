@@ -147,6 +147,95 @@ def test_a_saved_dataset_without_a_classlabel_takes_its_columns_from_the_options
     assert "image_key='image' is not a column" in err and "photo (Image)" in err
 
 
+def test_class_names_as_strings_number_validation_by_training_and_a_float_column_is_refused(tmp_path):
+    from gpufeed.cli.hf_data import hf_splits, hf_subset
+
+    def named(n: int, names: list[str], seed: int) -> datasets.Dataset:
+        return _dataset(n, seed).cast_column("label", datasets.Value("int64")).map(
+            lambda r: {"label": names[r["label"]]}, features=datasets.Features(
+                {"image": datasets.Image(), "label": datasets.Value("string")}))  # fmt: skip
+
+    # validation lacks "ant": numbered by training's names, not by its own (which would make bee 0)
+    datasets.DatasetDict(
+        train=named(6, ["bee", "ant", "cow"], 0), validation=named(4, ["bee", "cow", "bee"], 1)
+    ).save_to_disk(str(tmp_path / "dd"))
+    train, val, _ = hf_splits(str(tmp_path / "dd"), None, 32, None, "auto")
+    assert train.classes == val.classes == ["ant", "bee", "cow"]
+    assert train.targets == [1, 0, 2, 1, 0, 2] and val.targets == [1, 2, 1, 1]
+    assert hf_subset(val, 2).targets == [1, 1]  # rows 0 and 2: a subset keeps the numbering
+    datasets.DatasetDict(
+        train=named(3, ["bee", "ant", "cow"], 0), validation=named(3, ["bee", "elk", "cow"], 1)
+    ).save_to_disk(str(tmp_path / "other"))
+    with pytest.raises(DataError, match=r"row 1 has label 'elk' in 'label', a class the training split lacks"):
+        hf_splits(str(tmp_path / "other"), None, 32, None, "auto")
+    scores = _dataset(4).cast_column("label", datasets.Value("float32")).rename_column("label", "target")
+    scores.save_to_disk(str(tmp_path / "scores"))
+    with pytest.raises(ConfigError, match=r"'target' holds Value\('float32'\) values.*--label-key"):
+        hf_splits(str(tmp_path / "scores"), None, 32, None, "auto")
+    with pytest.raises(ConfigError, match=r"label_key='target' is float values; gpufeed reads one class"):
+        hf_splits(str(tmp_path / "scores"), None, 32, None, "target")
+
+
+def _hub_repo(root: Path, train: int, test: int, configs: tuple[str, ...] = ("default",)) -> None:
+    """A Hub repository as ``push_to_hub`` leaves it (a card whose configs name ``CONFIG/train-*`` and
+    ``CONFIG/test-*`` shards; ``data/`` for the default config), downloaded into ``root``."""
+    card = "---\nconfigs:\n"
+    for c in configs:
+        folder = "data" if c == "default" else c
+        card += f"- config_name: {c}\n  data_files:\n  - split: train\n    path: {folder}/train-*\n"
+        card += f"  - split: test\n    path: {folder}/test-*\n"
+        (root / folder).mkdir(parents=True)
+        whole = _dataset(train + test)
+        whole.select(range(train // 2)).to_parquet(str(root / folder / "train-00000-of-00002.parquet"))
+        whole.select(range(train // 2, train)).to_parquet(str(root / folder / "train-00001-of-00002.parquet"))
+        whole.select(range(train, train + test)).to_parquet(str(root / folder / "test-00000-of-00001.parquet"))
+    (root / "README.md").write_text(card + "---\n")
+
+
+def test_a_hub_repository_or_its_data_folder_trains_on_train_and_scores_test_as_load_dataset_splits(
+    home, tmp_path, capsys
+):
+    from gpufeed.cli.hf_data import hf_splits
+
+    repo = tmp_path / "pets"
+    _hub_repo(repo, 64, 16)
+    before = snapshot(repo)
+    want = datasets.load_dataset(str(repo), cache_dir=str(tmp_path / "hf"))
+    assert {k: len(v) for k, v in want.items()} == {"train": 64, "test": 16}
+    for data in (repo, repo / "data"):
+        train, val, line = hf_splits(str(data), None, 32, None, "auto")
+        assert (len(train), len(val)) == (64, 16), line
+        assert train.targets == want["train"]["label"] and val.targets == want["test"]["label"]
+    assert _train(str(repo / "data"), tmp_path / "o") == 0
+    out = capsys.readouterr().out
+    assert out.startswith(
+        f"data: Hugging Face dataset {repo / 'data'} (Parquet files split by the file names: train split; "
+        "validation: its test split): 64 training images in 3 classes, 16 validation"
+    )
+    assert json.loads((tmp_path / "o" / "train.json").read_text())["epochs"][0]["test_images"] == 16
+    assert snapshot(repo) == before
+
+
+def test_a_repository_of_several_configs_takes_config_or_refuses_naming_them(home, tmp_path, capsys):
+    repo = tmp_path / "two"
+    _hub_repo(repo, 8, 4, ("small", "large"))
+    assert main(["train", "--data", str(repo), "--device", "cpu", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "has the configs ['small', 'large'], none marked default: pick one with --config NAME" in err
+    args = build_parser().parse_args(["bench", "--data", str(repo), "--config", "large", "--image-size", "32"])
+    from gpufeed.cli.common import load_train_test
+
+    train, test = load_train_test(args, None, None)
+    assert (len(train), len(test)) == (8, 4)
+    assert "README.md's config 'large': train split; validation: its test split" in capsys.readouterr().out
+    folder = tmp_path / "pics" / "cat"
+    folder.mkdir(parents=True)
+    (folder / "a.jpg").write_bytes(_images(1)[0])
+    args = build_parser().parse_args(["bench", "--data", str(tmp_path / "pics"), "--config", "large"])
+    with pytest.raises(ConfigError, match="config='large' picks a config of a Hub repository's README.md card"):
+        load_train_test(args, None, None)
+
+
 def test_options_that_do_not_fit_a_hugging_face_dataset_are_refused_by_name(saved, home, tmp_path):
     from gpufeed.cli.train import run
 

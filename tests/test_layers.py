@@ -12,7 +12,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "gpufeed"
 LAYERS = [
     {"errors", "version"},
     {"device"},
-    {"validate", "sampling", "workers", "threads"},
+    {"validate", "sampling", "workers", "threads", "inside"},
     {"options"},
     {"cache"},
     {"store"},

@@ -6,6 +6,7 @@ the Hub."""
 from __future__ import annotations
 
 import io
+import re
 import warnings
 from pathlib import Path
 
@@ -237,12 +238,27 @@ def test_a_set_transform_function_is_refused_with_the_change_or_replaced() -> No
     assert torch.equal(next(iter(loader))[0], _reference(ds, EVAL, 4)[0][0])
 
 
-def test_splits_and_streams_are_refused_naming_what_to_pass() -> None:
-    dd = datasets.DatasetDict({"train": _mixed(4), "test": _mixed(4)})
-    with pytest.raises(ConfigError, match=r"splits \['train', 'test'\].*ds\['train'\]"):
+def test_splits_and_streams_are_refused_naming_what_to_pass_and_what_is_named_is_accepted(tmp_path: Path) -> None:
+    dd = datasets.DatasetDict({"test": _mixed(4), "train": _mixed(4)})
+    with pytest.raises(ConfigError, match=r"splits \['test', 'train'\].*gf.accelerate\(ds\['train'\]"):
         _accelerate(dd, batch_size=2, transform=TRAIN)
-    with pytest.raises(ConfigError, match="streaming=True"):
+    assert len(_accelerate(dd["train"], batch_size=2, transform=TRAIN)) == 2  # what it names, as it names it
+    with pytest.raises(ConfigError, match="streaming=True.*gpufeed convert reads files on disk, not a stream"):
         _accelerate(_mixed(4).to_iterable_dataset(), batch_size=2, transform=TRAIN)
+    _mixed(6).to_parquet(str(tmp_path / "train.parquet"))
+    arguments = {"path": "parquet", "data_files": {"train": str(tmp_path / "train.parquet")}}
+    streamed = datasets.load_dataset(**arguments, streaming=True)  # an IterableDatasetDict
+    with pytest.raises(ConfigError) as refused:
+        _accelerate(streamed, batch_size=2, transform=TRAIN)
+    message = str(refused.value)
+    assert "an IterableDatasetDict of the splits ['train']" in message and "neither has each of its splits" in message
+    assert "gpufeed convert reads files on disk, not a stream: download them first" in message
+    with pytest.raises(ConfigError, match="streaming=True"):  # its split, passed on its own: refused too, as said
+        _accelerate(streamed["train"], batch_size=2, transform=TRAIN)
+    said = "load_dataset(<the same arguments, without streaming=True>, split='train')"
+    assert said in message
+    ds = datasets.load_dataset(**arguments, split="train", cache_dir=str(tmp_path / "hf"))  # run as said
+    assert next(iter(_accelerate(ds, batch_size=6, transform=TRAIN, shuffle=False)))[1].tolist() == [0, 1, 2] * 2
 
 
 def test_images_given_by_path_are_read_from_their_files(tmp_path: Path) -> None:
@@ -351,3 +367,152 @@ def test_fallback_runs_the_recipe_per_sample() -> None:
         loader = _accelerate(ds, batch_size=4, transform=opaque, shuffle=False, fallback="prefetch", num_workers=0)
     for (x, y), (wx, wy) in zip(loader, _reference(ds, EVAL, 4), strict=True):
         assert torch.equal(x, wx) and torch.equal(y, wy)
+
+
+def _with_nulls(nulls: list[int], n: int = 9) -> tuple[datasets.Dataset, list[bytes]]:
+    """``n`` rows of distinct JPEGs and PNGs (labels 0..n-1), the rows ``nulls`` holding no image (None)."""
+    files = [
+        _encode(Image.fromarray(_photo(26 + i, 30 + i % 4)), "PNG" if i % 3 == 2 else "JPEG", quality=90)
+        for i in range(n)
+    ]
+    rows = [None if i in nulls else {"bytes": b, "path": None} for i, b in enumerate(files)]
+    features = datasets.Features({"image": datasets.Image(), "label": datasets.Value("int64")})
+    return datasets.Dataset.from_dict({"image": rows, "label": list(range(n))}, features=features), files
+
+
+@pytest.mark.parametrize(
+    ("nulls", "layout"),
+    [
+        ([3], "saved"),  # the issue's case: the valid row before the null was reported corrupt
+        ([0], "saved"),
+        ([8], "saved"),
+        ([2, 3, 4], "saved"),  # a run of nulls
+        ([0, 1, 7, 8], "two-files"),  # several Arrow files: their bytes packed into one buffer
+        ([1, 5], "chunks"),  # one in-memory table of several chunks
+        ([4, 6], "parquet"),
+    ],
+)
+def test_null_image_rows_are_named_or_skipped_and_every_other_row_keeps_its_bytes(
+    tmp_path: Path, nulls: list[int], layout: str
+) -> None:
+    ds, files = _with_nulls(nulls)
+    if layout == "saved":
+        ds.save_to_disk(str(tmp_path / "ds"))
+        ds = datasets.load_from_disk(str(tmp_path / "ds"))
+    elif layout == "two-files":
+        ds.save_to_disk(str(tmp_path / "ds"), num_shards=2)
+        ds = datasets.load_from_disk(str(tmp_path / "ds"))
+        assert len(ds.cache_files) == 2
+    elif layout == "chunks":
+        halves = [datasets.Dataset(ds.data.table.slice(a, b - a), info=ds.info) for a, b in ((0, 4), (4, 9))]
+        ds = datasets.concatenate_datasets(halves)
+        assert ds.data.table.column("image").num_chunks == 2
+    else:
+        ds.to_parquet(str(tmp_path / "rows.parquet"), batch_size=4)
+        ds = datasets.load_dataset("parquet", data_files=str(tmp_path / "rows.parquet"), split="train",
+                                   cache_dir=str(tmp_path / "hf"))  # fmt: skip
+    kept = [i for i in range(9) if i not in nulls]
+    raw = ds.cast_column("image", datasets.Image(decode=False))["image"]
+    assert [r is None for r in raw] == [i in nulls for i in range(9)]  # datasets' own rows: the nulls and no other
+    for store in ("jpeg", "pixels"):
+        with pytest.raises(DataError) as refused:
+            _accelerate(ds, batch_size=2, transform=TRAIN, store=store)
+        named = [int(r) for r in re.findall(r"\brow (\d+): no image", str(refused.value))]
+        assert named == nulls, store
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            loader = _accelerate(ds, batch_size=1, transform=TRAIN, store=store, on_error="skip", shuffle=False)
+        assert any(f"left out {len(nulls)} of 9" in str(w.message) for w in caught), store
+        assert torch.cat([y for _, y in loader]).tolist() == kept, store  # labels stay with their images
+        held = loader.store
+        if store == "jpeg":
+            assert [bytes(held.file(i).numpy()) for i in range(len(held))] == [files[i] for i in kept]
+            assert [bytes(held.file(i).numpy()) for i in range(len(held))] == [raw[i]["bytes"] for i in kept]
+        else:
+            for j, i in enumerate(kept):
+                np.testing.assert_array_equal(_hwc(held.image(j)), _upright(ds, i), err_msg=f"row {i}")
+
+
+def _columns(**columns: tuple[list, object]) -> datasets.Dataset:
+    """Six JPEG rows and the given ``name=(values, feature)`` columns."""
+    rows: dict = {"image": [{"bytes": KINDS["jpeg"], "path": None}] * 6}
+    features: dict = {"image": datasets.Image()}
+    for name, (values, feature) in columns.items():
+        rows[name], features[name] = values, feature
+    return datasets.Dataset.from_dict(rows, features=datasets.Features(features))
+
+
+def test_string_labels_are_numbered_by_sorted_names_as_class_encode_column_and_the_plan_says_so(tmp_path: Path) -> None:
+    names = ["owl", "cat", "dog", "cat", "owl", "emu"]
+    ds = _columns(label=(names, datasets.Value("string")))
+    loader = _accelerate(ds, batch_size=6, transform=TRAIN, shuffle=False, cache=tmp_path)
+    got = next(iter(loader))[1]
+    assert got.tolist() == [3, 0, 1, 0, 3, 2]
+    assert got.tolist() == ds.class_encode_column("label")["label"]  # datasets' own numbering
+    assert "cat=0, dog=1, emu=2, owl=3 (4 classes)" in str(loader.plan)
+    assert "cache hit" in str(_accelerate(ds, batch_size=6, transform=TRAIN, cache=tmp_path).plan)  # stable
+    from gpufeed.read.hf import arrow_images
+
+    own = arrow_images(ds).source_identity()
+    other = arrow_images(ds, classes=["ant", "cat", "dog", "emu", "owl"])  # numbered by another split's names
+    assert own["classes"] == ["cat", "dog", "emu", "owl"] and other.targets == [4, 1, 2, 1, 4, 3]
+    assert other.source_identity() != own  # another numbering: another cache entry
+    halves = ds.train_test_split(test_size=0.5, seed=0)  # each half numbers as the whole table: the halves agree
+    for half in halves.values():
+        want = [sorted(set(names)).index(v) for v in half["label"]]
+        assert next(iter(_accelerate(half, batch_size=3, transform=TRAIN, shuffle=False)))[1].tolist() == want
+    other = _columns(species=(["b", "a", "b", "c", "a", "a"], datasets.Value("large_string")))
+    named = _accelerate(other, batch_size=6, transform=TRAIN, shuffle=False, label_key="species")
+    assert next(iter(named))[1].tolist() == [1, 0, 1, 2, 0, 0]
+    missing = _columns(label=(["a", "b", None, "a", "b", "a"], datasets.Value("string")))
+    with pytest.raises(DataError, match=r"row 2 has no label \(None in 'label'\).*label_key=None"):
+        _accelerate(missing, batch_size=3, transform=TRAIN)
+    two = _columns(label=(names, datasets.Value("string")), target=([0] * 6, datasets.Value("int64")))
+    with pytest.raises(ConfigError, match=r"several label columns \(label \(Value\('string'\)\), target \(Value"):
+        _accelerate(two, batch_size=3, transform=TRAIN)
+    assert next(iter(_accelerate(two, batch_size=6, transform=TRAIN, shuffle=False, label_key="target")))[1].sum() == 0
+
+
+def test_a_float_label_column_is_refused_unless_named_then_served_as_float32_targets() -> None:
+    values = [0.5, 1.25, -2.0, 3.0, 4.5, 1e-3]
+    ds = _columns(target=(values, datasets.Value("float64")))
+    with pytest.raises(ConfigError) as refused:
+        _accelerate(ds, batch_size=3, transform=TRAIN)
+    for part in ("'target' holds Value('float64')", "cast_column('target', datasets.Value('int64'))",
+                 "label_key='target'", "label_key=None"):  # fmt: skip
+        assert part in str(refused.value)
+    loader = _accelerate(ds, batch_size=6, transform=TRAIN, shuffle=False, label_key="target")
+    got = next(iter(loader))[1]
+    assert got.dtype == torch.float32 and torch.equal(got, torch.tensor(values, dtype=torch.float32))
+    assert torch.equal(got, ds.with_format("torch")[:6]["target"])  # what the user's own loader would have given
+    assert "'target' holds Value('float64') values: served as float32 targets" in str(loader.plan)
+    with pytest.raises(ConfigError, match="mix= mixes one-hot class labels.*label_key='target' serves float targets"):
+        _accelerate(ds, batch_size=3, transform=TRAIN, label_key="target", mix=v2.MixUp(num_classes=3))
+    nan = _columns(target=([0.5, float("nan"), 1.0, 2.0, 3.0, 4.0], datasets.Value("float32")))
+    with pytest.raises(DataError, match=r"row 1 has no label \(NaN in 'target'\)"):
+        _accelerate(nan, batch_size=3, transform=TRAIN, label_key="target")
+
+
+def test_without_a_label_column_batches_are_images_alone_and_the_plan_says_so() -> None:
+    ds = _columns(caption=(list("abcdef"), datasets.Value("string")))
+    loader = _accelerate(ds, batch_size=3, transform=TRAIN, shuffle=False)
+    assert all(isinstance(b, torch.Tensor) and b.shape == (3, 3, 24, 24) for b in loader)
+    assert "labels: none" in str(loader.plan) and "the columns not read: caption (Value('string'))" in str(loader.plan)
+    lists = _columns(labels=([[0, 1]] * 6, datasets.Sequence(datasets.Value("int64"))))  # multi-label: not one class
+    with pytest.raises(ConfigError, match=r"label column 'labels' is .*not one class per image.*label_key=None"):
+        _accelerate(lists, batch_size=3, transform=TRAIN)
+
+
+def test_an_image_column_without_decoding_serves_the_same_batches() -> None:
+    ds = _mixed(12)
+    raw = ds.cast_column("image", datasets.Image(decode=False))
+    for recipe in (EVAL, TRAIN):
+        a = list(_accelerate(raw, batch_size=4, transform=recipe, seed=2))
+        b = list(_accelerate(ds, batch_size=4, transform=recipe, seed=2))
+        assert len(a) == len(b) == 3
+        for (x, y), (bx, by) in zip(a, b, strict=True):
+            assert torch.equal(x, bx) and torch.equal(y, by)
+    from gpufeed.read.hf import arrow_images
+
+    image, label = arrow_images(raw)[5]  # sample by sample (the per-sample fallback's path): decoded as Image() does
+    assert np.array_equal(np.asarray(image), _upright(ds, 5)) and label == 2

@@ -113,23 +113,37 @@ def photo(i: int) -> bytes:
 
 
 def write_photos(
-    out: Path, n: int, *, size_limit: int = 8192, bad: tuple[int, ...] = (), digests: bool = False
+    out: Path,
+    n: int,
+    *,
+    size_limit: int = 8192,
+    bad: tuple[int, ...] = (),
+    digests: bool = False,
+    labels_covered: bool = True,
 ) -> Path:
     """``n`` real images as MDS (columns image: bytes, label: int = the sample's id, so a batch's labels are its
     ids); the samples in ``bad`` hold bytes that are no image. ``digests``: as ``gpufeed convert`` writes them, with
-    columns ``key`` (``p00012.jpg``) and ``sha1`` and its ``gpufeed.json``."""
+    columns ``key`` (``p00012.jpg``), ``sha1`` and ``sample_sha1`` and its ``gpufeed.json``; without
+    ``labels_covered``, as an earlier gpufeed convert wrote them (``sha1`` alone, format ``gpufeed.mds/1``)."""
     from streaming import MDSWriter
 
+    from gpufeed.mds.digests import sample_digests
     from gpufeed.mds.parts import FORMAT
 
-    columns = {"image": "bytes", "label": "int"} | ({"key": "str", "sha1": "str"} if digests else {})
+    columns = {"image": "bytes", "label": "int"}
+    columns |= {"key": "str", "sha1": "str", "sample_sha1": "str"} if digests else {}
+    if not labels_covered:  # as gpufeed convert wrote before labels were covered (gpufeed.mds/1)
+        del columns["sample_sha1"]
     with MDSWriter(out=str(out), columns=columns, size_limit=size_limit, progress_bar=False) as w:
         for i in range(n):
             image = b"\xff\xd8\xff not a JPEG" if i in bad else photo(i)
-            extra = {"key": f"p{i:05d}.jpg", "sha1": hashlib.sha1(image).hexdigest()} if digests else {}
+            sha1, sample_sha1 = sample_digests(image, i)
+            extra = {"key": f"p{i:05d}.jpg", "sha1": sha1, "sample_sha1": sample_sha1} if digests else {}
+            extra = {k: v for k, v in extra.items() if k in columns}
             w.write({"image": image, "label": i, **extra})
     if digests:
-        meta = {"format": FORMAT, "classes": None, "num_classes": n, "source": "test", "kind": "folder", "samples": n}
+        fmt = FORMAT if labels_covered else "gpufeed.mds/1"
+        meta = {"format": fmt, "classes": None, "num_classes": n, "source": "test", "kind": "folder", "samples": n}
         (out / "gpufeed.json").write_text(json.dumps(meta))
     return out
 

@@ -104,14 +104,22 @@ def _stream(dst: Path) -> list[dict]:
     from streaming import StreamingDataset
 
     ds = StreamingDataset(local=str(dst), remote=None, batch_size=4, num_canonical_nodes=1)
-    return [{k: s[k] for k in ("image", "label", "key", "sha1")} for s in ds]
+    return [{k: s[k] for k in ("image", "label", "key", "sha1", "sample_sha1")} for s in ds]
 
 
 def _check_samples(dst: Path, expected: list[tuple[str, int, bytes]]) -> None:
-    """Both readers give exactly ``expected`` (key, label, bytes), in order, each with its bytes' sha1."""
-    want = [{"image": b, "label": y, "key": k, "sha1": hashlib.sha1(b).hexdigest()} for k, y, b in expected]
+    """Both readers give exactly ``expected`` (key, label, bytes), in order, each with its bytes' sha1 and the sha1
+    of its bytes then its label (int64, little-endian: the digest that covers the label)."""
+    want = [
+        {"image": b, "label": y, "key": k, "sha1": hashlib.sha1(b).hexdigest(), "sample_sha1": _covering(b, y)}
+        for k, y, b in expected
+    ]
     assert _parse(dst) == want
     assert _stream(dst) == want
+
+
+def _covering(image: bytes, label: int) -> str:
+    return hashlib.sha1(image + label.to_bytes(8, "little", signed=True)).hexdigest()
 
 
 def _mtimes(root: Path) -> dict[str, int]:
@@ -142,7 +150,7 @@ def test_an_image_folder_converts_byte_identical_in_imagefolder_order_and_src_is
     ]
     _check_samples(tmp_path / "dst", expected)
     assert _manifest(tmp_path / "dst") == {
-        "format": "gpufeed.mds/1",
+        "format": "gpufeed.mds/2",
         "classes": ["class0", "class1", "zeta"],
         "num_classes": 3,
         "source": str(src),
@@ -429,3 +437,26 @@ def test_the_cli_converts_and_says_what_it_wrote(tmp_path, capsys):
     err = capsys.readouterr().err
     assert f"gpufeed convert: ConfigError: src='{tmp_path / 'missing'}': no such folder or tar" in err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_dst_under_a_symlink_loop_or_a_file_is_a_message_and_exit_2_without_a_traceback(tmp_path, capsys):
+    # the outside trial: `gpufeed convert SRC LOOP/out` printed pathlib's RuntimeError traceback
+    from gpufeed.cli.main import main
+
+    src = Path(image_folder(tmp_path / "src", [(8, 8), (8, 8)]).root)
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    (tmp_path / "file").write_text("notes\n")
+    before = snapshot(tmp_path)
+    cases = [
+        (tmp_path / "loop" / "out", f"ConfigError: dst='{tmp_path / 'loop' / 'out'}' cannot be resolved"),
+        (tmp_path / "a", f"ConfigError: dst='{tmp_path / 'a'}' cannot be resolved"),
+        (tmp_path / "file" / "out", f"CacheWriteError: {tmp_path / 'file' / 'out'}: cannot be created"),
+    ]
+    for dst, said in cases:
+        assert main(["convert", str(src), str(dst), "--quiet"]) == 2
+        err = capsys.readouterr().err
+        assert f"gpufeed convert: {said}" in err and "Traceback" not in err, err
+        assert "give a folder" in err or "choose a writable DST" in err
+    assert snapshot(tmp_path) == before

@@ -59,7 +59,13 @@ def _dataset(images: list[bytes], labels: list[int] | None = None) -> datasets.D
 def _expected(images: list[bytes], labels: list[int]) -> list[dict]:
     width = len(str(len(images) - 1))
     return [
-        {"image": b, "label": y, "key": f"{i:0{width}d}", "sha1": hashlib.sha1(b).hexdigest()}
+        {
+            "image": b,
+            "label": y,
+            "key": f"{i:0{width}d}",
+            "sha1": hashlib.sha1(b).hexdigest(),
+            "sample_sha1": hashlib.sha1(b + y.to_bytes(8, "little", signed=True)).hexdigest(),
+        }
         for i, (b, y) in enumerate(zip(images, labels, strict=True))
     ]
 
@@ -82,7 +88,7 @@ def test_a_saved_dataset_converts_byte_identical_in_row_order_with_its_class_nam
 
     assert _parse(tmp_path / "dst") == _expected(images, labels)
     assert _manifest(tmp_path / "dst") == {
-        "format": "gpufeed.mds/1",
+        "format": "gpufeed.mds/2",
         "classes": NAMES,
         "num_classes": len(NAMES),
         "source": str(tmp_path / "saved"),
@@ -188,13 +194,17 @@ def test_parquet_without_huggingface_metadata_reads_a_binary_or_struct_column_na
 
     images = _images(4)
     struct = pa.array([{"bytes": b, "path": f"x/{i}.jpg"} for i, b in enumerate(images)])
-    table = pa.table({"jpg": pa.array(images, pa.binary()), "pic": struct, "cls": [7, 3, 0, 3], "txt": list("abcd")})
+    table = pa.table({"jpg": pa.array(images, pa.binary()), "pic": struct, "cls": [7, 3, 0, 3], "txt": list("dbcb"),
+                      "score": [0.5, 1.0, 2.0, 0.0]})  # fmt: skip
     (tmp_path / "raw").mkdir()
     pq.write_table(table, tmp_path / "raw" / "data.parquet")
     with pytest.raises(ConfigError, match=r"no Image column; its columns: jpg \(Value\), pic \(dict\).*--image-key"):
         convert(tmp_path / "raw", tmp_path / "x", progress=False)
-    with pytest.raises(ConfigError, match=r"label_key='txt' is a Value\('string'\) column"):
-        convert(tmp_path / "raw", tmp_path / "x", image_key="jpg", label_key="txt", progress=False)
+    with pytest.raises(ConfigError, match=r"label_key='score' is float values; gpufeed reads one class per image"):
+        convert(tmp_path / "raw", tmp_path / "x", image_key="jpg", label_key="score", progress=False)
+    named = convert(tmp_path / "raw", tmp_path / "txt", image_key="jpg", label_key="txt", progress=False)
+    assert named.classes == ("b", "c", "d") and _manifest(tmp_path / "txt")["classes"] == ["b", "c", "d"]
+    assert _parse(tmp_path / "txt") == _expected(images, [2, 0, 1, 0])  # class names numbered in sorted order
 
     for key in ("jpg", "pic"):
         result = convert(tmp_path / "raw", tmp_path / key, image_key=key, label_key="cls", progress=False)
@@ -234,6 +244,24 @@ def test_a_corrupt_row_stops_the_conversion_unless_skip_bad(tmp_path):
     result = convert(tmp_path / "saved", tmp_path / "dst", samples_per_part=2, skip_bad=True, progress=False)
     assert (result.samples, result.reused_parts, [s["key"] for s in result.skipped]) == (4, 1, ["2"])
     assert [s["key"] for s in _parse(tmp_path / "dst")] == ["0", "1", "3", "4"]
+
+
+def test_null_image_rows_are_named_or_left_out_and_every_other_row_keeps_its_bytes_and_label(tmp_path):
+    nulls = [0, 3, 4, 6]  # the first row, a run, the last row
+    images = _images(7)
+    rows = [None if i in nulls else {"bytes": b, "path": None} for i, b in enumerate(images)]
+    ds = datasets.Dataset.from_dict({"image": rows, "label": [i % 3 for i in range(7)]}, features=FEATURES)
+    ds.save_to_disk(str(tmp_path / "data" / "saved"))
+    ds.to_parquet(str(tmp_path / "data" / "rows.parquet"), batch_size=3)  # the nulls in row groups of their own
+    for src in (tmp_path / "data" / "saved", tmp_path / "data" / "rows.parquet"):
+        dst = tmp_path / f"mds-{src.stem}"
+        with pytest.raises(DataError, match=rf"row {nulls[0]}: no image"):
+            convert(src, dst, samples_per_part=2, progress=False)
+        result = convert(src, dst, samples_per_part=2, skip_bad=True, progress=False)
+        assert [s["key"] for s in result.skipped] == [str(i) for i in nulls]
+        kept = [i for i in range(7) if i not in nulls]
+        got = _parse(dst)
+        assert [(s["key"], s["image"], s["label"]) for s in got] == [(str(i), images[i], i % 3) for i in kept]
 
 
 def test_a_missing_column_is_named_with_the_columns_there_are(tmp_path):
@@ -287,3 +315,56 @@ def test_the_cli_converts_a_split_with_the_columns_named(tmp_path, capsys):
     assert main(["convert", str(tmp_path / "dd"), str(tmp_path / "x"), "--image-key", "img", "--quiet"]) == 2
     err = capsys.readouterr().err
     assert "ConfigError" in err and "image_key='img' is not a column" in err and "--image-key" in err
+
+
+def test_a_hub_repository_converts_the_split_load_dataset_gives_and_its_config_by_name(tmp_path, capsys):
+    from gpufeed.cli.main import main
+
+    images = _images(14)
+    repo = tmp_path / "repo"
+    card = "---\nconfigs:\n"
+    for c, (a, b) in (("small", (0, 6)), ("large", (6, 14))):  # each config: train shards and a test shard
+        card += f"- config_name: {c}\n  data_files:\n  - split: train\n    path: {c}/train-*\n  - split: test\n"
+        card += f"    path: {c}/test-*\n"
+        (repo / c).mkdir(parents=True)
+        ds = _dataset(images[a:b], [i % 3 for i in range(a, b)])
+        ds.select(range(2)).to_parquet(str(repo / c / "train-00000-of-00002.parquet"))
+        ds.select(range(2, b - a - 2)).to_parquet(str(repo / c / "train-00001-of-00002.parquet"))
+        ds.select(range(b - a - 2, b - a)).to_parquet(str(repo / c / "test-00000-of-00001.parquet"))
+    (repo / "README.md").write_text(card + "---\n# two configs\n")
+    before = snapshot(repo)
+    with pytest.raises(ConfigError, match=r"configs \['small', 'large'\], none marked default: pick one with --config"):
+        convert(repo, tmp_path / "x", progress=False)
+    for split in ("train", "test"):
+        want = datasets.load_dataset(str(repo), "large", split=split, cache_dir=str(tmp_path / "hf"))
+        result = convert(repo, tmp_path / split, config="large", split=None if split == "train" else split,
+                         progress=False)  # fmt: skip
+        assert (result.kind, result.split, result.classes, result.samples) == (
+            "parquet",
+            split,
+            tuple(NAMES),
+            len(want),
+        )
+        raw = want.cast_column("image", datasets.Image(decode=False))
+        assert [(s["image"], s["label"]) for s in _parse(tmp_path / split)] == [
+            (r["image"]["bytes"], r["label"]) for r in raw
+        ]
+    assert main(["convert", str(repo / "small"), str(tmp_path / "small"), "--quiet"]) == 0  # a config's folder
+    assert f"converted {repo / 'small'} (Parquet files, split train, 3 classes)" in capsys.readouterr().out
+    assert _manifest(tmp_path / "small")["samples"] == 4
+    assert main(["convert", str(repo), str(tmp_path / "cli"), "--config", "small", "--split", "test", "--quiet"]) == 0
+    assert [s["image"] for s in _parse(tmp_path / "cli")] == images[4:6]
+    assert snapshot(repo) == before
+
+
+def test_the_readme_names_the_python_convert_that_exists_with_its_arguments():
+    import inspect
+    import re
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    assert "gpufeed.convert(" not in readme  # there is no such function: gpufeed's public names are DESIGN.md's
+    said = re.search(r"`from gpufeed\.mds\.convert import convert`, `convert\(src, dst, ([^`]*)\)`", readme)
+    assert said is not None
+    named = re.findall(r"(\w+)=", said.group(1))
+    assert named == ["split", "image_key", "label_key"]
+    assert set(named) <= set(inspect.signature(convert).parameters)

@@ -15,12 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from gpufeed.cache.location import default_cache_dir
 from gpufeed.errors import ConfigError
 from gpufeed.mds import shm
 from gpufeed.mds.shards import Shards
 
-from .mds import MDS_SCRIPT, child_env, payload, write_mds
+from .mds import MDS_SCRIPT, child_env, payload, recipe, write_mds
 
 pytest.importorskip("streaming", reason="gpufeed.stream needs MosaicML Streaming: pip install 'gpufeed[streaming]'")
 pytestmark = pytest.mark.skipif(not shm.SHM_DIR.is_dir(), reason="no /dev/shm on this system")
@@ -101,7 +100,7 @@ def test_the_first_holder_of_a_directory_is_told_so_and_the_others_share_it(tmp_
     a = shm.hold(local)
     b = shm.hold(local)
     assert (a.first, b.first) == (True, False)
-    assert a.path == b.path and a.path.parent == default_cache_dir() / "stream-locks"
+    assert a.path == b.path == local / ".gpufeed-claim"  # in the directory it protects
     record = json.loads(a.path.read_text())
     assert (record["local"], record["pid"], record["job"]) == (str(local), os.getpid(), shm.job())
     a.release()
@@ -171,3 +170,62 @@ def test_readers_of_one_remote_in_a_process_share_the_engine_object_and_leak_not
         with Shards(local, str(data)) as shards:
             shards.read([3])
     assert len(os.listdir("/proc/self/fd")) == fds
+
+
+def test_a_job_with_another_cache_dir_or_home_on_the_same_local_is_refused_by_the_claim_in_local(
+    data, tmp_path, monkeypatch
+):
+    # the outside trial: a second user (another HOME) or another GPUFEED_CACHE_DIR on the same local held a lock of
+    # its own (the lock lived under the cache directory) and was served 72/72 while the first job held local
+    from gpufeed.mds import shards as shards_module
+
+    local = tmp_path / "cache"
+    monkeypatch.setenv("GPUFEED_CACHE_DIR", str(tmp_path / "first-cache"))
+    first = Shards(local, str(data))
+    assert (local / ".gpufeed-claim").is_file()
+    _as_rank_of(monkeypatch, "29700")  # another job (a torchrun rank of another rendezvous) ...
+    monkeypatch.setenv("GPUFEED_CACHE_DIR", str(tmp_path / "second-cache"))  # ... with its own cache directory
+    monkeypatch.setenv("HOME", str(tmp_path / "another-user"))
+    monkeypatch.setattr(shards_module, "_OPEN", {})  # as in another process: no engine object of this one's
+    for where in (local, tmp_path / "link"):  # the directory itself, and a symlink to it: one claim
+        if where != local:
+            where.symlink_to(local)
+        with pytest.raises(ConfigError) as refused:
+            Shards(where, str(data))
+        text = str(refused.value)
+        assert f"in use by another job: pid {os.getpid()} on {socket.gethostname()}" in text
+        assert "give this job another local=" in text and str(local / ".gpufeed-claim") in text
+    first.close()
+
+
+def test_a_claim_left_by_a_dead_process_is_taken_over_and_local_only_data_takes_none(data, tmp_path, monkeypatch):
+    local = tmp_path / "cache"
+    local.mkdir()
+    dead = {"local": str(local), "job": "pid=999999@elsewhere", "pid": 999999, "host": "elsewhere", "since": 0}
+    (local / ".gpufeed-claim").write_text(json.dumps(dead))  # its holder died: no flock on it
+    with shm.hold(local) as lock:
+        assert lock.first and json.loads(lock.path.read_text())["pid"] == os.getpid()
+    # local-only data is only read: no claim, nothing written into the dataset (a read-only mount works), and any
+    # number of jobs read it at once
+    from fakes import snapshot
+
+    before = snapshot(data)
+    _as_rank_of(monkeypatch, "29800")
+    with Shards(data) as one:
+        _as_rank_of(monkeypatch, "29801")
+        with Shards(data) as two:
+            assert one.read([7]).images == two.read([7]).images == [payload(7)]
+    assert snapshot(data) == before
+
+
+def test_a_read_only_local_for_a_remote_is_refused_before_anything_is_fetched(data, tmp_path, monkeypatch):
+    import gpufeed as gf
+    from gpufeed.mds import local as local_module
+
+    local = tmp_path / "mounted"
+    local.mkdir()
+    real = os.access
+    monkeypatch.setattr(local_module.os, "access", lambda p, mode: real(p, mode) and not mode & os.W_OK)
+    with pytest.raises(ConfigError, match=r"local='.*mounted' is read-only, and remote='.*' is downloaded into it"):
+        gf.stream(str(data), local, transform=recipe(), batch_size=4)
+    assert list(local.iterdir()) == []

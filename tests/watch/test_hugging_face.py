@@ -168,6 +168,11 @@ def test_the_hooks_own_checks_agree_with_gpufeed_read_hf() -> None:
         assert hf.is_hf_dataset(obj) == (read_hf.hf_kind(obj) == "Dataset")
         assert hf._transform_of(obj) is read_hf.transform_of(obj)
     assert hf._transform_of(shaped) is preprocess
+    from gpufeed.read.hf_columns import LABEL_NAMES
+
+    assert hf._LABEL_NAMES == LABEL_NAMES
+    names = ds.cast_column("label", datasets.Value("int64")).map(lambda r: {"label": "abc"[r["label"] % 3]})
+    assert hf._columns(names, set())[:2] == ("image", "label") == (read_hf.arrow_images(names).image_key, "label")
 
 
 def test_what_is_found_of_a_dataset_with_a_set_transform_function() -> None:

@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import CacheError
+from ..inside import inside
 from .format import Manifest
-from .reader import read_array
+from .reader import read_array, remedy
 
 __all__ = ["Comparison", "compare_folder", "entry_folder", "file_digest"]
 
@@ -71,6 +72,9 @@ def compare_folder(entry: Path, threads: int = 4) -> Comparison:
     if len(files) != len(digests):
         raise CacheError(f"{entry}: {len(files)} file names but {len(digests)} hashes; delete it and build it again")
     out = Comparison(entry, folder, len(files))
+
+    for name in files:  # recorded relative to the folder: each must stay in it (the folder's own links may not)
+        inside(folder, name, listed_in=f"{entry}/names.bin", error=CacheError, links=False, fix=remedy(entry))
 
     def check(i: int) -> str | None:
         path = folder / files[i]

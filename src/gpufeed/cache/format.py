@@ -107,7 +107,7 @@ class ArraySpec:
             raise ValueError(
                 f"{self.file} has {what} {self.dtype!r}, which gpufeed never writes (it writes {', '.join(DTYPES)})"
             )
-        if "/" in self.file or "\\" in self.file or self.file in ("", ".", ".."):
+        if "/" in self.file or "\\" in self.file or "\0" in self.file or self.file in ("", ".", ".."):
             raise ValueError(f"array file {self.file!r} is not a plain file name inside the cache directory")
         if any(not isinstance(d, int) or isinstance(d, bool) or d < 0 for d in self.shape):
             raise ValueError(f"{self.file}: shape {self.shape} must be non-negative integers")

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from ..errors import CacheError
+from ..inside import inside
 from .format import BLOCK_BYTES, Manifest, block_hashes
 
 __all__ = ["Entry", "open_entry", "read_array", "remedy", "verify_entry"]
@@ -52,7 +53,8 @@ def _map(path: Path, name: str, manifest: Manifest, verify: bool) -> np.ndarray:
     spec = manifest.arrays.get(name)
     if spec is None:
         raise CacheError(f"{path / 'manifest.json'} lists no '{name}' array; {remedy(path)}")
-    file = path / spec.file
+    # the manifest names the file: it must be the entry's own, not a symlink out of it (NOTE in gpufeed.inside)
+    file = inside(path, spec.file, listed_in=path / "manifest.json", error=CacheError, fix=remedy(path))
     if not file.is_file():
         raise CacheError(f"{file} is missing; {remedy(path)}")
     size = file.stat().st_size

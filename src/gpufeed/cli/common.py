@@ -69,8 +69,9 @@ def add_data_arguments(p: argparse.ArgumentParser, sizes: bool = True) -> None:
         metavar="{synthetic,cifar10,synthetic-folder,DIR,PARQUET,URL}",
         help="embedded synthetic CIFAR-10 (default), torchvision's real one, the embedded synthetic JPEG folder, "
         "your image folder (DIR/<class>/*.jpg, or DIR/train and DIR/val; only read), a Hugging Face dataset (a DIR "
-        "written by save_to_disk, a DatasetDict's train and validation/test splits; or .parquet files: a file, a "
-        "DIR of them, a quoted glob; only read), or an MDS dataset (made by gpufeed convert) read by gpufeed.stream: "
+        "written by save_to_disk, a DatasetDict's train and validation/test splits; a Hub repository's DIR, or its "
+        "data/ DIR, split as load_dataset splits it; or .parquet files: a file, a quoted glob; only read), or an "
+        "MDS dataset (made by gpufeed convert) read by gpufeed.stream: "
         "a remote URL (s3://bucket/prefix, gs://, azure://, oci://, hf://, ...) or a DIR holding its index.json "
         "(local; with --local CACHE, read as a remote fetched into CACHE)",
     )
@@ -93,7 +94,16 @@ def add_data_arguments(p: argparse.ArgumentParser, sizes: bool = True) -> None:
         "Face --data (one dataset, not a DatasetDict), another one; with an MDS --data, another MDS dataset (a "
         "remote one is cached under gpufeed's cache directory), every sample scored",
     )
-    h = p.add_argument_group("Hugging Face datasets (--data a save_to_disk DIR, or Parquet files)")
+    h = p.add_argument_group(
+        "Hugging Face datasets (--data a save_to_disk DIR, a Hub repository's DIR, or Parquet files)"
+    )
+    h.add_argument(
+        "--config",
+        default=None,
+        metavar="NAME",
+        help="of a Hub repository (its README.md card's configs): the config to read (default: the one marked "
+        "default, or the only one)",
+    )
     h.add_argument(
         "--image-key",
         default=None,
@@ -147,13 +157,14 @@ def _check_folder_options(args: argparse.Namespace) -> None:
     from ..errors import ConfigError
     from .hf_data import is_hf
 
-    if not is_hf(args.data) and (getattr(args, "image_key", None), getattr(args, "label_key", "auto")) != (
+    config = getattr(args, "config", None)
+    if not is_hf(args.data, config) and (getattr(args, "image_key", None), getattr(args, "label_key", "auto")) != (
         None,
         "auto",
     ):
         raise ConfigError(
-            f"--image-key and --label-key name the columns of a Hugging Face dataset (--data a save_to_disk folder or "
-            f"Parquet files); --data {args.data} is not one: drop them"
+            f"--image-key and --label-key name the columns of a Hugging Face dataset (--data a save_to_disk folder, "
+            f"a Hub repository's folder or Parquet files); --data {args.data} is not one: drop them"
         )
     stream = is_stream(args.data)
     if not stream:
@@ -276,7 +287,9 @@ def load_train_test(args: argparse.Namespace, train_size: int | None, test_size:
         if lead():
             print(f"data: {what}: {len(train):,} training images in {len(train.classes)} classes{val}{used}, "
                   f"{size}x{size} crops", flush=True)  # fmt: skip
-        if is_hf(args.data):  # the spread subset made here: the training loop's is an image folder's
+        if is_hf(
+            args.data, getattr(args, "config", None)
+        ):  # the spread subset made here: the training loop's is an image folder's
             train, test = hf_subset(train, train_size), hf_subset(test, test_size) if test is not None else None
         return train, test
     train = load_data(args, True, train_transform(), announce=False)
@@ -292,9 +305,10 @@ def _splits(args: argparse.Namespace, size: int) -> tuple[Any, Any | None, str]:
     from ..data.images import folder_splits
     from .hf_data import hf_splits, is_hf
 
-    if is_hf(args.data):
+    config = getattr(args, "config", None)
+    if is_hf(args.data, config):
         image_key, label_key = getattr(args, "image_key", None), getattr(args, "label_key", "auto")
-        return hf_splits(args.data, args.val_data, size, image_key, label_key)
+        return hf_splits(args.data, args.val_data, size, image_key, label_key, config)
     return folder_splits(args.data, args.val_data, size, args.data_seed)
 
 

@@ -31,7 +31,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="SRC",
         help="an image folder (SRC/<class>/<files>), a Food101 folder (images/ and meta/), WebDataset tars (a "
         "tar, a folder of tars, or a quoted glob: 'DIR/train-*.tar'), or a Hugging Face dataset: a save_to_disk "
-        "folder, a .parquet file, a folder of them, or a quoted glob; only read",
+        "folder, a Hub repository's folder or any folder of Parquet/Arrow files (split as load_dataset splits it), "
+        "a .parquet file, or a quoted glob; only read",
     )
     p.add_argument("dst", metavar="DST", help="a new or empty folder, or the DST of an interrupted run (it resumes)")
     p.add_argument(
@@ -58,7 +59,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         metavar="NAME",
         help="the split to convert: of a Food101 folder train (default) or test; of a Hugging Face DatasetDict "
-        "(save_to_disk) one of its splits (default train)",
+        "(save_to_disk) or Hub repository one of its splits (default train)",
+    )
+    p.add_argument(
+        "--config",
+        default=None,
+        metavar="NAME",
+        help="of a Hub repository's folder (its README.md card's configs): the config to convert (default: the one "
+        "marked default, or the only one)",
     )
     p.add_argument(
         "--image-key",
@@ -98,6 +106,7 @@ def run(args: argparse.Namespace) -> int:
             skip_bad=args.skip_bad,
             image_key=args.image_key,
             label_key=args.label_key,
+            config=args.config,
         )
     except KeyboardInterrupt:
         print("the finished parts are kept: run the same command again to resume", file=sys.stderr)
@@ -108,6 +117,7 @@ def run(args: argparse.Namespace) -> int:
         "wds": "WebDataset tars",
         "hf": "Hugging Face dataset",
         "parquet": "Parquet files",
+        "arrow": "Arrow files",
     }
     what = kinds.get(result.kind, result.kind)
     if result.split:

@@ -1,11 +1,13 @@
-"""``--data`` of a Hugging Face dataset on disk: a ``save_to_disk`` folder (a Dataset, or a DatasetDict's splits) or
-Parquet files, served as an image folder is: the folder recipes at ``--image-size``, the same models and stores.
+"""``--data`` of a Hugging Face dataset on disk: a ``save_to_disk`` folder (a Dataset, or a DatasetDict's splits), a
+Hub repository's folder (its ``README.md`` card and files, or its ``data/`` folder: split as ``load_dataset`` splits
+it, :mod:`gpufeed.mds.hub`; ``--config``) or Parquet files, served as an image folder is: the folder recipes at
+``--image-size``, the same models and stores.
 
-A DatasetDict's ``train`` split is trained on and its evaluation split (the first of ``validation``, ``valid``,
-``val``, ``test``) scored; a single dataset is the training split, ``--val-data`` names the evaluation one (a
-saved dataset or Parquet files too). The columns are found as ``gf.accelerate`` finds them
-(:func:`gpufeed.read.hf.find_columns`; ``--image-key``, ``--label-key``). Nothing is written beside the data
-(NOTE [ Nothing written beside the data ] in :mod:`gpufeed.mds.hf`).
+A DatasetDict's or a repository's ``train`` split is trained on and its evaluation split (the first of
+``validation``, ``valid``, ``val``, ``dev``, ``test``) scored; a single dataset is the training split,
+``--val-data`` names the evaluation one (a saved dataset or Parquet files too). The columns are found as
+``gf.accelerate`` finds them (:func:`gpufeed.read.hf.find_columns`; ``--image-key``, ``--label-key``). Nothing is
+written beside the data (NOTE [ Nothing written beside the data ] in :mod:`gpufeed.mds.hf`).
 """
 
 from __future__ import annotations
@@ -17,19 +19,25 @@ from ..errors import ConfigError, DataError
 __all__ = ["hf_splits", "hf_subset", "is_hf"]
 
 
-def is_hf(data: str | None) -> bool:
-    """Whether ``--data`` names a Hugging Face dataset on disk (a save_to_disk folder, Parquet files)."""
+def is_hf(data: str | None, config: str | None = None) -> bool:
+    """Whether ``--data`` names a Hugging Face dataset on disk (a save_to_disk folder, a Hub repository's folder,
+    Parquet files); ``config`` the repository card's config (``--config``)."""
     from ..data.images import KEYWORDS
     from ..data.mds import is_stream
     from ..mds.hf import locate
 
     if data is None or data in KEYWORDS or is_stream(data):
         return False
-    return locate(data) is not None
+    return locate(data, config) is not None
 
 
 def hf_splits(
-    data: str, val_data: str | None, image_size: int, image_key: str | None, label_key: str | None
+    data: str,
+    val_data: str | None,
+    image_size: int,
+    image_key: str | None,
+    label_key: str | None,
+    config: str | None = None,
 ) -> tuple[Any, Any | None, str]:
     """``(train, evaluation or None, description)``: :class:`~gpufeed.read.hf.ArrowImages` with the folder
     recipes at ``image_size`` (``.transform``), the evaluation set's classes those of training.
@@ -41,15 +49,18 @@ def hf_splits(
     from ..data.images import folder_eval, folder_train
     from ..mds.hf import EVAL_SPLITS, locate
 
-    where = locate(data)
+    where = locate(data, config)
     assert where is not None  # is_hf(data) chose this path
     val_split = None
     if where.splits:
         if "train" not in where.splits:
-            raise ConfigError(
-                f"--data {data}: {where.what}, none named train: save the split to train on as its own dataset "
-                f"(ds[{where.splits[0]!r}].save_to_disk(DIR)) and give --data DIR"
+            fix = (
+                "give the files to train on as --data (a quoted glob of them)"
+                if where.layout is not None
+                else f"save the split to train on as its own dataset (ds[{where.splits[0]!r}].save_to_disk(DIR)) and "
+                "give --data DIR"
             )
+            raise ConfigError(f"--data {data}: {where.what}, none named train: {fix}")
         val_split = next((s for s in EVAL_SPLITS if s in where.splits), None)
     train = _images(where, "train" if where.splits else None, image_key, label_key, "--data")
     train.transform = folder_train(image_size)
@@ -68,37 +79,47 @@ def hf_splits(
         if other.root == where.root and other.files == where.files:
             raise ConfigError(f"--val-data {val_data} is the training data: accuracy on it says nothing; give another")
         split = next((s for s in EVAL_SPLITS if s in other.splits), None) if other.splits else None
+        if other.layout is not None and other.splits == ("train",):  # a folder of files named for no split
+            split = "train"
         if other.splits and split is None:
             raise ConfigError(f"--val-data {val_data}: {other.what}, none of them {'/'.join(EVAL_SPLITS)}")
-        test, named = _images(other, split, image_key, label_key, "--val-data"), other.what
+        test, named = _images(other, split, image_key, label_key, "--val-data", train.classes), other.what
     elif val_split is not None:
-        test, named = _images(where, val_split, image_key, label_key, "--data"), f"its {val_split} split"
+        test, named = _images(where, val_split, image_key, label_key, "--data", train.classes), f"its {val_split} split"
     if test is not None:
         test.transform = folder_eval(image_size)
         _same_classes(train, test, named or "")
-    shown = f"{'Parquet files' if where.kind == 'parquet' else 'Hugging Face dataset'} {where.shown}"
+    plain = where.kind == "parquet" and where.layout is None
+    shown = f"{'Parquet files' if plain else 'Hugging Face dataset'} {where.shown}"
     if where.splits:
-        shown += " (train split"
+        by = f"{where.kind.capitalize()} files split by {where.layout.how}: " if where.layout is not None else ""
+        shown += f" ({by}train split"
         return train, test, shown + (f"; validation: {named})" if named else "; no validation split: accuracy "
                                      "not measured)")  # fmt: skip
     return train, test, shown + (f", validation {named}" if named else " (no --val-data: accuracy not measured)")
 
 
-def _images(where: Any, split: str | None, image_key: str | None, label_key: str | None, option: str) -> Any:
-    """The split as ArrowImages, its columns found (a message naming the options), labels required."""
+def _images(
+    where: Any, split: str | None, image_key: str | None, label_key: str | None, option: str, names: Any = None
+) -> Any:
+    """The split as ArrowImages, its columns found (a message naming the options), labels required: class ids
+    (a ClassLabel, integers) or class names (strings, numbered by ``names``, training's, when given)."""
     from ..mds.hf import columns, open_dataset
     from ..read.hf import arrow_images
+    from ..read.hf_columns import label_kind
 
     ds = open_dataset(where, split, image_key)
     what = f"{option} {where.shown}" + (f" ({split} split)" if split else "")
-    image, label, classes = columns(ds.features, image_key, label_key, what)
+    image, label, classes = columns(ds.features, image_key, label_key, what, explicit_floats=False)
     if label is None:
         raise ConfigError(
-            f"{what}: no label column (a ClassLabel, or an integer column named label, labels or target): training "
-            f"and scoring need one; name it with --label-key (its columns: {', '.join(ds.column_names)})"
+            f"{what}: no label column (a ClassLabel, or a column of class ids or names called label, labels or "
+            f"target): training and scoring need one; name it with --label-key (its columns: "
+            f"{', '.join(ds.column_names)})"
         )
-    images = arrow_images(ds, image, label)
-    if classes is None:  # integer labels: the classes are their indices
+    strings = label_kind(ds.features[label]) == "string"
+    images = arrow_images(ds, image, label, classes=names if strings else None)
+    if images.classes is None:  # integer labels: the classes are their indices
         images.classes = [str(k) for k in range(max(images.targets, default=-1) + 1)]
     return images
 
@@ -137,6 +158,8 @@ def hf_subset(images: Any, n: int | None) -> Any:
     if n < 1:
         raise ConfigError(f"a subset of {n=} samples is empty; use a size >= 1")
     keep = [i * len(images) // n for i in range(n)]
-    part = arrow_images(images.hf.select(keep, keep_in_memory=True), images.image_key, images.label_key)
+    # class names as strings keep the numbering they had (a validation split's is training's)
+    part = arrow_images(images.hf.select(keep, keep_in_memory=True), images.image_key, images.label_key,
+                        classes=images.classes)  # fmt: skip
     part.transform, part.classes = images.transform, images.classes
     return part

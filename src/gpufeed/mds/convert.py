@@ -1,12 +1,13 @@
 """``convert``: an image folder (ImageFolder, Food101), WebDataset tars or a Hugging Face dataset on disk (a
-``save_to_disk`` folder, Parquet files) -> MDS shards, each image's bytes as they are (no re-encode), with a sha1
-per sample; resumable (NOTE [ Parts ] in :mod:`.parts`), never writing into SRC.
+``save_to_disk`` folder, Parquet files) -> MDS shards, each image's bytes as they are (no re-encode), with digests
+of its image and label; resumable (NOTE [ Parts ] in :mod:`.parts`), never writing into SRC.
 
 The format (a contract with gpufeed's streaming reader): MDS columns ``image`` (the file's bytes), ``label`` (the
 class index; -1 when a sample has none), ``key`` (the file's path relative to SRC, the WebDataset key, or a
-Hugging Face dataset's row index, zero-padded) and
-``sha1`` (hex, of ``image``); ``DST/index.json`` lists every shard; ``DST/gpufeed.json`` (format
-``gpufeed.mds/1``: classes, source, kind, split, samples, image types, skipped samples) is written last, so its
+Hugging Face dataset's row index, zero-padded),
+``sha1`` (hex, of ``image``) and ``sample_sha1`` (hex, of ``image`` then ``label`` as int64: NOTE [ What a sample's
+digests cover ] in :mod:`.digests`); ``DST/index.json`` lists every shard; ``DST/gpufeed.json`` (format
+``gpufeed.mds/2``: classes, source, kind, split, samples, image types, skipped samples) is written last, so its
 presence means the conversion finished. Samples keep the source's order: ImageFolder's (class, then file name),
 Food101's (torchvision's), tar order with the tars sorted by name, or a Hugging Face dataset's rows (through a
 ``select``/``shuffle`` view's indices; Parquet files sorted by name).
@@ -31,7 +32,7 @@ from .sources import Ready, Source, open_source, ready
 
 __all__ = ["COLUMNS", "DEFAULT_SAMPLES_PER_PART", "DEFAULT_SHARD_SIZE", "ConvertResult", "convert"]
 
-COLUMNS = {"image": "bytes", "label": "int", "key": "str", "sha1": "str"}
+COLUMNS = {"image": "bytes", "label": "int", "key": "str", "sha1": "str", "sample_sha1": "str"}
 DEFAULT_SHARD_SIZE = 1 << 26  # the engine's default
 DEFAULT_SAMPLES_PER_PART = 2000  # what a restart may redo: seconds of work
 
@@ -68,6 +69,7 @@ def convert(
     skip_bad: bool = False,
     image_key: str | None = None,
     label_key: str | None = "auto",
+    config: str | None = None,
 ) -> ConvertResult:
     """Convert ``src`` to MDS shards in ``dst``, copying each image file's bytes untouched.
 
@@ -79,7 +81,9 @@ def convert(
     ``Image``; of Parquet written by other tools, a ``struct<bytes, path>`` or binary column named here) and label
     column (``label_key``: ``"auto"``, the ``ClassLabel`` or an integer ``label`` column; None: no labels) are found
     as ``gf.accelerate`` finds them, the ``ClassLabel``'s names kept as the classes, an image given by path read
-    from its file. A sample that is not an image (its header unreadable) is a DataError naming it, or with
+    from its file. A Hub repository's folder (its ``README.md`` card and Parquet or Arrow files, or its ``data/``
+    folder) is split as ``load_dataset`` splits it (``split`` default ``"train"``; ``config`` the card's config,
+    default its default one). A sample that is not an image (its header unreadable) is a DataError naming it, or with
     ``skip_bad`` is left out and listed in ``gpufeed.json``. Called again with the same arguments after an
     interruption (Ctrl-C, kill -9, a bad file), it resumes; on a finished DST it returns at once
     (``finished=True``).
@@ -98,8 +102,14 @@ def convert(
         CacheWriteError: ``dst`` could not be written (full disk, no permission); finished parts are kept.
     """
     settings = _settings(shard_size, compression, samples_per_part)
-    source = open_source(src, split, image_key, label_key)
-    target = Path(dst).expanduser().resolve()
+    source = open_source(src, split, image_key, label_key, config)
+    try:
+        target = Path(dst).expanduser().resolve()
+    except (OSError, RuntimeError) as e:  # a symlink loop: RuntimeError before Python 3.13, OSError (ELOOP) since
+        raise ConfigError(
+            f"dst={str(dst)!r} cannot be resolved ({e}): a symbolic link in it loops or points nowhere it can go; give "
+            "a folder (new or empty) for the MDS shards, outside the loop"
+        ) from None
     if target.is_relative_to(source.root):
         raise ConfigError(
             f"dst={str(dst)!r} is inside src={str(src)!r}; gpufeed never writes into a dataset: give a DST outside it"
@@ -227,7 +237,15 @@ def _write_part(
                     )
                 skipped.append({"key": item.key, "why": why})
             else:
-                writer.write({"image": item.data, "label": item.label, "key": item.key, "sha1": got.sha1})
+                writer.write(
+                    {
+                        "image": item.data,
+                        "label": item.label,
+                        "key": item.key,
+                        "sha1": got.sha1,
+                        "sample_sha1": got.sample_sha1,
+                    }
+                )
                 types[got.kind] += 1
                 top = max(top, item.label)
             bar.update()

@@ -1,4 +1,5 @@
-"""Hugging Face data on disk: a ``save_to_disk`` folder or Parquet files, found, opened and read row by row.
+"""Hugging Face data on disk: a ``save_to_disk`` folder, a Hub repository's folder (split as ``load_dataset``
+splits it: :mod:`.hub`) or Parquet files, found, opened and read row by row (:mod:`.hf_rows`).
 
 Two readers use it. ``gpufeed convert`` reads the image column's encoded bytes straight from Arrow (never
 ``ds[i]``, which decodes), in the dataset's order, into MDS shards; ``--data`` of ``gpufeed train`` and the other
@@ -8,8 +9,8 @@ Both find the columns by :func:`gpufeed.read.hf.find_columns`, so they read the 
 NOTE [ Nothing written beside the data ]
 ``datasets.load_from_disk`` memory-maps the Arrow files and writes nothing; ``load_dataset("parquet", ...)`` and
 ``Dataset.from_parquet`` would copy the files into the Hugging Face cache, so Parquet is read with ``pyarrow``
-alone (for ``--data``: a ``datasets.Dataset`` over that in-memory table, which has no cache files either). A
-dataset's folder is only read.
+alone, and a Hub repository's Arrow files with ``pyarrow.ipc`` (for ``--data``: a ``datasets.Dataset`` over that
+in-memory table, which has no cache files either). A dataset's folder is only read.
 """
 
 from __future__ import annotations
@@ -25,6 +26,17 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, DataError
 from ..read.hf import find_columns
+from .hf_rows import (
+    column_values,
+    file_format,
+    file_rows,
+    open_arrow,
+    read_files,
+    rows,
+    rows_counted,
+    saved_rows,
+)
+from .hub import CARD, Layout, hub_layout
 
 if TYPE_CHECKING:
     from .items import Item, Source
@@ -42,8 +54,7 @@ __all__ = [
     "source",
 ]
 
-EVAL_SPLITS = ("validation", "valid", "val", "test")  # a DatasetDict's evaluation split: the first of these
-_SLICE = 256  # rows turned into Python bytes at a time: a few MiB of images
+EVAL_SPLITS = ("validation", "valid", "val", "dev", "test")  # a DatasetDict's evaluation split: the first of these
 _DATASET_FILES = ("state.json", "dataset_info.json")  # what Dataset.save_to_disk writes beside its .arrow files
 _DICT_FILE = "dataset_dict.json"  # what DatasetDict.save_to_disk writes beside its split folders
 
@@ -51,20 +62,34 @@ _DICT_FILE = "dataset_dict.json"  # what DatasetDict.save_to_disk writes beside 
 @dataclass(frozen=True)
 class OnDisk:
     """Where a Hugging Face dataset lies: ``kind`` ``"hf"`` (a ``save_to_disk`` folder, ``splits`` those of a
-    DatasetDict, ``()`` for a Dataset) or ``"parquet"`` (``files``, sorted by name); ``root`` the folder that
-    holds it (never written); ``shown`` as messages name it."""
+    DatasetDict, ``()`` for a Dataset), ``"parquet"`` or ``"arrow"`` (``files``, sorted by name; of a folder read
+    as a Hub repository, ``layout`` its splits, :mod:`.hub`); ``root`` the folder that holds it (never written);
+    ``shown`` as messages name it."""
 
     kind: str
     root: Path
     shown: str
     splits: tuple[str, ...] = ()
     files: tuple[Path, ...] = ()
+    layout: Layout | None = None
 
     @property
     def what(self) -> str:
+        if self.layout is not None:
+            splits = ", ".join(self.splits)
+            return f"the Hugging Face dataset folder {self.shown} (splits {splits}, by {self.layout.how})"
         if self.kind == "parquet":
             return f"{len(self.files)} Parquet file{'s' * (len(self.files) != 1)} {self.shown}"
         return f"the Hugging Face dataset {self.shown}" + (f" (splits {', '.join(self.splits)})" if self.splits else "")
+
+    def _chosen(self, split: str | None) -> str:
+        chosen = split or "train"
+        if chosen not in self.splits:
+            asked = f"split={split!r}" if split is not None else "no split given and none is named train"
+            raise ConfigError(
+                f"{asked}: {self.what} has the splits {list(self.splits)}; pass one of them (--split NAME)"
+            )
+        return chosen
 
     def split_dir(self, split: str | None) -> tuple[Path, str | None]:
         """The folder of ``split`` (a DatasetDict's; default ``"train"``) and the split's name.
@@ -78,26 +103,44 @@ class OnDisk:
                     f"split={split!r}: {self.what} is one dataset, not a DatasetDict of splits: drop the split"
                 )
             return self.root, None
-        chosen = split or "train"
-        if chosen not in self.splits:
-            asked = f"split={split!r}" if split is not None else "no split given and none is named train"
-            raise ConfigError(
-                f"{asked}: the Hugging Face dataset {self.shown} has the splits {list(self.splits)}; pass one of "
-                "them (--split NAME)"
-            )
+        chosen = self._chosen(split)
         return self.root / chosen, chosen
 
+    def split_files(self, split: str | None) -> tuple[tuple[Path, ...], str | None]:
+        """The Parquet or Arrow files of ``split`` (a Hub layout's; default ``"train"``) and the split's name; of
+        files given as such (a file, a glob), all of them.
 
-def locate(src: str | Path) -> OnDisk | None:
+        Raises:
+            ConfigError: a layout without that split, or a split asked of files given as such.
+        """
+        if self.layout is None:
+            if split is not None:
+                raise ConfigError(f"split={split!r}: {self.what} are one dataset, not a DatasetDict: drop the split")
+            return self.files, None
+        chosen = self._chosen(split)
+        return self.layout.files(chosen), chosen
+
+
+def locate(src: str | Path, config: str | None = None) -> OnDisk | None:
     """The Hugging Face dataset ``src`` names: a ``save_to_disk`` folder (``state.json`` + ``dataset_info.json``,
-    or a DatasetDict's ``dataset_dict.json``), a ``.parquet`` file, a folder holding them, or a glob matching them;
-    None for anything else (an image folder, tars).
+    or a DatasetDict's ``dataset_dict.json``), a ``.parquet`` file, a glob matching such files (one dataset), or a
+    folder of Parquet or Arrow files split as ``load_dataset`` splits it (a Hub repository with its ``README.md``
+    card, its ``data/`` folder, any folder of them: :func:`gpufeed.mds.hub.hub_layout`; ``config`` the card's
+    config); None for anything else (an image folder, tars).
 
     Raises:
-        ConfigError: a folder that holds both Parquet files and subfolders (which is meant?).
+        ConfigError: ``config`` given for what has no card; a card that cannot be followed (:func:`hub_layout`).
     """
     text = str(src)
     path = Path(text).expanduser()
+    found = _locate(text, path, config)
+    if config is not None and (found is None or found.layout is None or found.layout.card is None):
+        what = found.what if found is not None else text
+        raise ConfigError(f"config={config!r} picks a config of a Hub repository's {CARD} card; {what} has none")
+    return found
+
+
+def _locate(text: str, path: Path, config: str | None) -> OnDisk | None:
     if glob.has_magic(text) and not path.exists():
         found = sorted(Path(p) for p in glob.glob(str(path)) if Path(p).is_file())
         if found and all(p.suffix == ".parquet" for p in found):
@@ -115,16 +158,11 @@ def locate(src: str | Path) -> OnDisk | None:
         return OnDisk("hf", root, str(root), splits=_dict_splits(root))
     if all((root / name).is_file() for name in _DATASET_FILES):
         return OnDisk("hf", root, str(root))
-    files = sorted(p for p in root.iterdir() if p.suffix == ".parquet" and p.is_file())
-    if not files:
+    layout = hub_layout(root, config)
+    if layout is None:
         return None
-    folders = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
-    if folders:
-        raise ConfigError(
-            f"{text} holds both Parquet files ({files[0].name}, ...) and folders ({', '.join(folders[:3])}, ...): "
-            f"give the Parquet files as a quoted pattern ('{root}/*.parquet'), or the folder you mean"
-        )
-    return OnDisk("parquet", root, str(root), files=tuple(files))
+    every = tuple(f for _, files in layout.splits for f in files)
+    return OnDisk(layout.fmt, root, str(root), splits=layout.names, files=every, layout=layout)
 
 
 def _dict_splits(root: Path) -> tuple[str, ...]:
@@ -169,28 +207,32 @@ def _features(features: Any, schema: Any, image_key: str | None) -> Any:
     return features
 
 
-def columns(features: Any, image_key: str | None, label_key: str | None, what: str) -> tuple[str, str | None, Any]:
-    """:func:`gpufeed.read.hf.find_columns`, its message naming the dataset and the command line's options."""
+def columns(
+    features: Any, image_key: str | None, label_key: str | None, what: str, explicit_floats: bool = False
+) -> tuple[str, str | None, Any]:
+    """:func:`gpufeed.read.hf.find_columns`, its message naming the dataset and the command line's options; a float
+    column is refused unless ``explicit_floats`` (MDS shards and the CLI's classifier keep class indices)."""
     try:
-        return find_columns(features, image_key, label_key)
+        return find_columns(features, image_key, label_key, explicit_floats)
     except ConfigError as e:
         raise ConfigError(f"{what}: {e} (on the command line: --image-key NAME, --label-key NAME or none)") from None
 
 
-def _parquet_schema(files: tuple[Path, ...]) -> Any:
-    """The Arrow schema the files share (read from their footers).
+def _schema(files: tuple[Path, ...]) -> Any:
+    """The Arrow schema the files share (read from their footers, or an Arrow file's header).
 
     Raises:
-        DataError: a file that is not Parquet, or whose columns differ from the first file's.
+        DataError: a file that cannot be read, or whose columns differ from the first file's.
     """
     import pyarrow.parquet as pq
 
+    fmt = file_format(files)
     first = None
     for f in files:
         try:
-            schema = pq.read_schema(f)
+            schema = pq.read_schema(f) if fmt == "parquet" else open_arrow(f).schema
         except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError
-            raise DataError(f"{f}: cannot be read as Parquet ({e}); download or write it again") from None
+            raise DataError(f"{f}: cannot be read as {fmt.capitalize()} ({e}); download or write it again") from None
         if first is None:
             first = schema
         elif not schema.remove_metadata().equals(first.remove_metadata()):
@@ -201,16 +243,19 @@ def _parquet_schema(files: tuple[Path, ...]) -> Any:
     return first
 
 
-def parquet_features(files: tuple[Path, ...], image_key: str | None) -> Any:
-    """The files' ``datasets.Features``: from the Hugging Face metadata ``to_parquet`` writes into the schema,
-    else inferred from the Arrow types; an untyped image column named by ``image_key`` read as an Image."""
-    schema = _parquet_schema(files)
-    return _features(_datasets().Features.from_arrow_schema(schema), schema, image_key)
+def parquet_features(files: tuple[Path, ...], image_key: str | None, card: Any = None) -> Any:
+    """The files' ``datasets.Features``: the card's (a Hub repository's ``dataset_info``, as ``load_dataset``
+    casts to it), else from the Hugging Face metadata ``to_parquet`` writes into the schema, else inferred from the
+    Arrow types; an untyped image column named by ``image_key`` read as an Image."""
+    schema = _schema(files)
+    features = card if card is not None else _datasets().Features.from_arrow_schema(schema)
+    return _features(features, schema, image_key)
 
 
 def open_dataset(where: OnDisk, split: str | None = None, image_key: str | None = None) -> Any:
-    """A ``datasets.Dataset`` of ``where`` (``split`` of a DatasetDict), with nothing written anywhere (NOTE
-    [ Nothing written beside the data ]); an untyped image column named by ``image_key`` read as an ``Image``."""
+    """A ``datasets.Dataset`` of ``where`` (``split`` of a DatasetDict or a Hub layout, default ``train``), with
+    nothing written anywhere (NOTE [ Nothing written beside the data ]); an untyped image column named by
+    ``image_key`` read as an ``Image``."""
     datasets = _datasets()
     if where.kind == "hf":
         folder, _ = where.split_dir(split)
@@ -219,20 +264,15 @@ def open_dataset(where: OnDisk, split: str | None = None, image_key: str | None 
         if image_key is not None and image_key in features and features[image_key] != ds.features[image_key]:
             ds = ds.cast_column(image_key, features[image_key])  # an Arrow cast in memory: no cache file
         return ds
-    if split is not None:
-        raise ConfigError(f"split={split!r}: {where.what} are one dataset, not a DatasetDict: drop the split")
-    import pyarrow as pa
-    import pyarrow.parquet as pq
     from datasets.table import InMemoryTable, table_cast
 
-    features = parquet_features(where.files, image_key)
-    # memory_map: an uncompressed column chunk is read in place; compressed pages are decoded into memory anyway
-    table = pa.concat_tables(pq.read_table(f, memory_map=True) for f in where.files)
-    table = table_cast(table.replace_schema_metadata(None), features.arrow_schema)
+    files, chosen = where.split_files(split)
+    features = parquet_features(files, image_key, where.layout.features if where.layout else None)
+    table = table_cast(read_files(files).replace_schema_metadata(None), features.arrow_schema)
     # the fingerprint names this content in gpufeed's cache key (datasets would otherwise hash every byte)
-    listing = [[str(f), f.stat().st_size, f.stat().st_mtime_ns] for f in where.files]
+    listing = [[str(f), f.stat().st_size, f.stat().st_mtime_ns] for f in files]
     info = datasets.DatasetInfo(features=features)
-    return datasets.Dataset(InMemoryTable(table), info=info, fingerprint=_digest(listing)[:16])
+    return datasets.Dataset(InMemoryTable(table), info=info, split=chosen, fingerprint=_digest(listing)[:16])
 
 
 def source(where: OnDisk, split: str | None, image_key: str | None, label_key: str | None) -> Source:
@@ -241,47 +281,61 @@ def source(where: OnDisk, split: str | None, image_key: str | None, label_key: s
     The fingerprint covers the files (names, sizes; a saved dataset's own fingerprint) and the columns read."""
     from .items import Source
 
-    if where.kind == "parquet":
-        if split is not None:
-            raise ConfigError(f"split={split!r}: {where.what} are one dataset, not a DatasetDict: drop the split")
-        features = parquet_features(where.files, image_key)
-        image, label, classes = columns(features, image_key, label_key, where.what)
-        counts = _parquet_rows(where.files)
+    if where.kind in ("parquet", "arrow"):
+        files, chosen = where.split_files(split)
+        what = where.shown + (f" ({chosen} split)" if chosen else "")
+        features = parquet_features(files, image_key, where.layout.features if where.layout else None)
+        image, label, classes = columns(features, image_key, label_key, what)
+        numbering = _numbering(features, label, lambda: column_values(files, str(label)))
+        classes = list(numbering) if numbering is not None else classes
+        counts = rows_counted(files)
         firsts = [sum(counts[:u]) for u in range(len(counts))]
         width = _key_width(sum(counts))
-        listing = [[f.name, f.stat().st_size] for f in where.files]
+        if where.layout is None:
+            listing: list[Any] = [[f.name, f.stat().st_size] for f in files]
+        else:  # the split's files by their place in the folder, and which config and split they are
+            listing = [[f.relative_to(where.root).as_posix(), f.stat().st_size] for f in files]
+            listing += [where.layout.config, chosen]
 
         def read_file(unit: int, start: int) -> Iterator[Item]:
-            return file_rows(where.files[unit], image, label, firsts[unit], start, width)
+            return file_rows(files[unit], image, label, firsts[unit], start, width, numbering)
 
-        units = tuple(str(f) for f in where.files)
+        units = tuple(str(f) for f in files)
         fingerprint = _digest([listing, image, label])
-        return Source(where.shown, where.root, "parquet", units, _tuple(classes), sum(counts), fingerprint,
+        return Source(where.shown, where.root, where.kind, units, _tuple(classes), sum(counts), fingerprint, chosen,
                       reader=read_file)  # fmt: skip
     folder, chosen = where.split_dir(split)
     ds = _datasets().load_from_disk(str(folder))
     features = _features(ds.features, ds.data.table.schema, image_key)
     what = where.shown + (f" ({chosen} split)" if chosen else "")
     image, label, classes = columns(features, image_key, label_key, what)
+    numbering = _numbering(features, label, lambda: ds.data.table.column(label))
+    classes = list(numbering) if numbering is not None else classes
     width = _key_width(len(ds))
 
     def read_saved(unit: int, start: int) -> Iterator[Item]:
-        return saved_rows(ds, image, label, start, width, what)
+        return saved_rows(ds, image, label, start, width, what, numbering)
 
     fingerprint = _digest([_saved_fingerprint(folder), chosen, image, label])
     return Source(where.shown, where.root, "hf", (str(folder),), _tuple(classes), len(ds), fingerprint, chosen,
                   reader=read_saved)  # fmt: skip
 
 
+def _numbering(features: Any, label: str | None, values: Any) -> dict[str, int] | None:
+    """A string label column's class indices: its names sorted (as :func:`gpufeed.read.hf_columns.read_labels`
+    numbers them, over all of ``values()``, an Arrow array of the column); None for any other column."""
+    from ..read.hf_columns import label_kind
+
+    if label is None or label_kind(features[label]) != "string":
+        return None
+    import pyarrow.compute as pc
+
+    names = sorted(str(v) for v in pc.unique(values()).to_pylist() if v is not None)
+    return {name: i for i, name in enumerate(names)}
+
+
 def _tuple(classes: list[str] | None) -> tuple[str, ...] | None:
     return tuple(classes) if classes is not None else None
-
-
-def _parquet_rows(files: tuple[Path, ...]) -> list[int]:
-    """Each file's rows, from its footer."""
-    import pyarrow.parquet as pq
-
-    return [pq.read_metadata(f).num_rows for f in files]
 
 
 def _digest(listing: object) -> str:
@@ -300,75 +354,3 @@ def _saved_fingerprint(folder: Path) -> list[Any]:
 def _key_width(count: int) -> int:
     """Digits of the last row's index: keys then sort as the rows do."""
     return len(str(max(count - 1, 0)))
-
-
-def rows(
-    table: Any, image_key: str, label_key: str | None, first: int, width: int, what: str, at: int
-) -> Iterator[Item]:
-    """The rows of ``table`` (an Arrow table or record batch holding the two columns) as items: key the row's
-    index in the dataset (``first`` is the first row's) zero-padded to ``width``, the image's bytes as stored (an
-    image given only by a path is read from it by :func:`~gpufeed.mds.sources.prepare`, as a folder's file), the
-    label (-1: none); errors name ``what`` and the row's index there (``at`` the first's)."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    from .items import Item
-
-    images = table.column(image_key)
-    if isinstance(images, pa.ChunkedArray):
-        images = images.combine_chunks()
-    if pa.types.is_struct(images.type):  # struct_field honours a sliced struct's offset (.field() does not)
-        data, paths = pc.struct_field(images, "bytes").to_pylist(), pc.struct_field(images, "path").to_pylist()
-    else:
-        data, paths = images.to_pylist(), [None] * len(images)
-    labels = table.column(label_key).to_pylist() if label_key is not None else [-1] * len(images)
-    for j, (raw, path, label) in enumerate(zip(data, paths, labels, strict=True)):
-        key, where = f"{first + j:0{width}d}", f"{what} row {at + j}"
-        label = -1 if label is None else int(label)  # a ClassLabel's missing value is -1 too: no label
-        if label < -1:
-            yield Item(key, -1, None, where, f"{where}: label {label} in {label_key!r} is not a class index (>= 0)")
-        elif raw is not None:
-            yield Item(key, label, raw, where)
-        elif path:
-            yield Item(key, label, None, str(path))
-        else:
-            yield Item(key, label, None, where, f"{where}: no image (its {image_key!r} holds neither bytes nor a path)")
-
-
-def saved_rows(ds: Any, image_key: str, label_key: str | None, start: int, width: int, what: str) -> Iterator[Item]:
-    """A loaded dataset's rows from ``start`` on, read from its Arrow table through its indices mapping (a
-    ``select`` or ``shuffle`` view not flattened), a slice at a time: ``ds[i]`` would decode each image."""
-    table = ds.data.table.select([image_key] + ([label_key] if label_key is not None else []))
-    indices = getattr(ds, "_indices", None)
-    mapping = indices.column(0) if indices is not None else None
-    for at in range(start, len(ds), _SLICE):
-        n = min(_SLICE, len(ds) - at)
-        part = table.slice(at, n) if mapping is None else table.take(mapping.slice(at, n))
-        yield from rows(part, image_key, label_key, at, width, what, at)
-
-
-def file_rows(path: Path, image_key: str, label_key: str | None, first: int, start: int, width: int) -> Iterator[Item]:
-    """A Parquet file's rows from ``start`` on (``first``: its first row's index in the dataset); the row groups
-    before ``start`` are not read."""
-    import pyarrow.parquet as pq
-
-    with pq.ParquetFile(path) as pf:
-        groups: list[int] = []
-        skip = start
-        for g in range(pf.metadata.num_row_groups):
-            n = pf.metadata.row_group(g).num_rows
-            if not groups and skip >= n:
-                skip -= n
-                continue
-            groups.append(g)
-        if not groups:  # started at the file's end: a finished part ended there
-            return
-        at = start - skip  # the first kept group's first row, in the file
-        keep = [image_key] + ([label_key] if label_key is not None else [])
-        for batch in pf.iter_batches(batch_size=_SLICE, row_groups=groups, columns=keep):
-            if skip:
-                dropped = min(skip, batch.num_rows)
-                batch, at, skip = batch.slice(dropped), at + dropped, skip - dropped
-            if batch.num_rows:
-                yield from rows(batch, image_key, label_key, first + at, width, str(path), at)
-                at += batch.num_rows

@@ -20,8 +20,10 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError, DataError
+from ..inside import Root, check_name
+from .digests import SAMPLE_COLUMN
 
-__all__ = ["IMAGE_ENCODINGS", "LABEL_ENCODINGS", "Index"]
+__all__ = ["FILE_KEYS", "IMAGE_ENCODINGS", "LABEL_ENCODINGS", "RESERVED", "Index"]
 
 # encodings whose bytes are a whole image file, as the file was (``bytes``: whatever was written; ``jpeg``/``png``:
 # the engine's PIL encoders write a file's bytes). Not ``pil``/``ndarray`` (pixels), nor ``jpeg_array`` or
@@ -43,6 +45,14 @@ LABEL_ENCODINGS = {
 
 
 _SHARD_KEYS = ("samples", "raw_data", "column_names", "column_encodings", "column_sizes")
+# the entries of a shard that name a file (relative to the index's folder, and to the remote's prefix)
+FILE_KEYS = ("raw_data", "zip_data", "raw_meta", "zip_meta")
+# files of a dataset's folder (or a remote's local) that are not shards: a shard named so would overwrite one
+RESERVED = frozenset({"index.json", "gpufeed.json", "gpufeed-remote.json", ".gpufeed-claim"})
+_FIX = (
+    "the index is damaged or crafted (shard names are relative to the folder of index.json, and gpufeed reads and "
+    "downloads only below it): write the dataset again with gpufeed convert or streaming.MDSWriter"
+)
 
 
 @dataclass(frozen=True)
@@ -56,6 +66,7 @@ class _Columns:
     label_format: str
     digest: int | None = None
     key: int | None = None
+    sample: int | None = None  # ``sample_sha1`` (image and label: NOTE [ What a sample's digests cover ])
 
     @classmethod
     def of(cls, shard: dict[str, Any], image_key: str, label_key: str | None) -> _Columns:
@@ -86,7 +97,9 @@ class _Columns:
         def text_column(name: str) -> int | None:
             return names.index(name) if name in names and encodings[names.index(name)] == "str" else None
 
-        return cls(sizes, names.index(image_key), label, label_format, text_column("sha1"), text_column("key"))
+        # the sample digest covers the converter's label column: checked only when that is the one read
+        sample = text_column(SAMPLE_COLUMN) if label_key == "label" else None
+        return cls(sizes, names.index(image_key), label, label_format, text_column("sha1"), text_column("key"), sample)
 
     def _spans(self, record: bytes) -> list[tuple[int, int]]:
         """``(start, end)`` of each column's bytes in ``record``; a ValueError if they overrun it."""
@@ -101,9 +114,9 @@ class _Columns:
             raise ValueError(f"the record holds {len(record)} bytes, its columns {at}")
         return spans
 
-    def parse(self, record: bytes) -> tuple[bytes, int, bytes | None]:
-        """The image bytes, the label (-1 without a label column) and the stored sha1 (hex, ASCII; None without a
-        ``sha1`` column) of one sample record."""
+    def parse(self, record: bytes) -> tuple[bytes, int, bytes | None, bytes | None]:
+        """The image bytes, the label (-1 without a label column), the stored sha1 of the image and the stored
+        sample digest (hex, ASCII; None without a ``sha1`` / ``sample_sha1`` column) of one sample record."""
         spans = self._spans(record)
         begin, end = spans[self.image]
         image, label = record[begin:end], -1
@@ -111,11 +124,14 @@ class _Columns:
             begin, end = spans[self.label]
             raw = record[begin:end]
             label = int(raw.decode()) if not self.label_format else struct.unpack(self.label_format, raw)[0]
-        digest = None
+        digest = sample = None
         if self.digest is not None:
             begin, end = spans[self.digest]
             digest = record[begin:end]
-        return image, label, digest
+        if self.sample is not None:
+            begin, end = spans[self.sample]
+            sample = record[begin:end]
+        return image, label, digest, sample
 
     def key_of(self, record: bytes) -> str | None:
         """The sample's ``key`` column (its name in the source: a file's path), None without one."""
@@ -146,9 +162,13 @@ class Index:
                     f"{source}: shard {k} lacks {missing or ['raw_data.basename/bytes']}; the index is damaged or not "
                     "MDS: write it again with streaming.MDSWriter or gpufeed convert"
                 )
-        for s in shards:
+        for k, s in enumerate(shards):
             if s.get("format") != "mds":
                 raise DataError(f"{source}: shard {s.get('raw_data')} has format {s.get('format')!r}, not 'mds'")
+            for key, name in _files(s):
+                why = check_name(name) or ("is a file of the dataset, not a shard" if name in RESERVED else None)
+                if why is not None:
+                    raise DataError(f"{source} (shard {k}, {key}.basename) lists {name!r}, which {why}; {_FIX}")
         self.source = source
         self.shards: list[dict[str, Any]] = shards
         self.samples_per_shard = np.array([s["samples"] for s in shards], dtype=np.int64)
@@ -170,6 +190,8 @@ class Index:
             self.columns.append(layouts[key])
         # every shard has the sha1 column gpufeed convert writes: each sample can be checked against its bytes
         self.has_digests = all(c.digest is not None for c in self.columns)
+        # ... and the sample digest, which covers the label too (NOTE [ What a sample's digests cover ])
+        self.has_sample_digests = all(c.sample is not None for c in self.columns)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str], image_key: str = "image", label_key: str | None = "label") -> Index:
@@ -184,6 +206,18 @@ class Index:
             raise DataError(f"{path} is not JSON ({e}); it is not an MDS index") from None
         return cls(obj, str(path), image_key, label_key)
 
+    def paths(self, root: str | os.PathLike[str]) -> list[str]:
+        """Each shard's file below ``root`` (the dataset's folder, or a remote's local cache), every file a shard
+        names checked to stay inside ``root`` once symlinks are resolved (:func:`gpufeed.inside.inside`): a
+        DataError naming the shard otherwise."""
+        out, below = [], Root(root)
+        for k, s in enumerate(self.shards):
+            for key, name in _files(s):
+                path = below.join(name, listed_in=f"{self.source} (shard {k}, {key}.basename)", fix=_FIX)
+                if key == "raw_data":
+                    out.append(path)
+        return out
+
     @property
     def num_shards(self) -> int:
         return len(self.shards)
@@ -195,3 +229,8 @@ class Index:
             raise IndexError(f"sample ids must be in [0, {self.num_samples}); got {ids.min()}..{ids.max()}")
         shard = np.searchsorted(self.ends, ids, side="right")
         return shard, ids - self.starts[shard]
+
+
+def _files(shard: dict[str, Any]) -> list[tuple[str, Any]]:
+    """``(entry, basename)`` of each file a shard's index entry names."""
+    return [(key, shard[key].get("basename")) for key in FILE_KEYS if isinstance(shard.get(key), dict)]

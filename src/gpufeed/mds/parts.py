@@ -26,6 +26,9 @@ from typing import Any
 
 from ..cache.writer import fsync_dir
 from ..errors import CacheWriteError, ConfigError, DataError
+from ..inside import inside
+from .digests import FORMAT as DIGESTS_FORMAT
+from .index import FILE_KEYS
 
 __all__ = [
     "FORMAT",
@@ -41,13 +44,14 @@ __all__ = [
     "write_error",
 ]
 
-FORMAT = "gpufeed.mds/1"
+FORMAT = DIGESTS_FORMAT  # 2: each sample's digest covers its label (NOTE [ What a sample's digests cover ])
 MANIFEST = "gpufeed.json"  # written last: the conversion finished
 STARTED = "gpufeed.convert.json"  # written first: what DST is the conversion of, and how
 INDEX = "index.json"
 PART_RECORD = "gpufeed.part.json"
 _PART = re.compile(r"part\.(\d{5,})")
 _PARTIAL = re.compile(r"\.part\.(\d{5,})\.partial")
+_PART_FIX = "gpufeed did not write it so: delete DST and convert again"
 _OURS = {MANIFEST, STARTED, INDEX, *(f".{n}.tmp" for n in (MANIFEST, STARTED, INDEX))}
 
 
@@ -161,7 +165,7 @@ def drop_empty_shards(part: Path) -> int:
     for shard in index["shards"]:
         for key in ("raw_data", "zip_data"):
             if shard["samples"] == 0 and shard.get(key):
-                (part / shard[key]["basename"]).unlink(missing_ok=True)
+                inside(part, shard[key]["basename"], listed_in=part / INDEX).unlink(missing_ok=True)
     if len(kept) != len(index["shards"]):
         _write_json(part / INDEX, {**index, "shards": kept})
     return sum(s["samples"] for s in kept)
@@ -189,9 +193,12 @@ def complete(dst: Path, parts: list[dict[str, Any]], about: dict[str, Any]) -> d
     for i in range(len(parts)):
         prefix = part_dir(dst, i).name
         for shard in json.loads((part_dir(dst, i) / INDEX).read_text())["shards"]:
-            for key in ("raw_data", "zip_data", "raw_meta", "zip_meta"):
+            for key in FILE_KEYS:
                 if shard.get(key):
-                    shard[key] = {**shard[key], "basename": f"{prefix}/{shard[key]['basename']}"}
+                    # a part's names stay in the part (a part left by an earlier run may have been edited since)
+                    name = shard[key].get("basename")
+                    inside(part_dir(dst, i), name, listed_in=part_dir(dst, i) / INDEX, fix=_PART_FIX)
+                    shard[key] = {**shard[key], "basename": f"{prefix}/{name}"}
             shards.append(shard)
     samples, recorded = sum(s["samples"] for s in shards), sum(p["samples"] for p in parts)
     if samples != recorded:

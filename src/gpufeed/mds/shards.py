@@ -8,12 +8,14 @@ engine object at all. Either way gpufeed reads the samples itself, with ``pread`
 A shard's download, bounded by ``download_timeout`` and typed, is :mod:`.downloads`'.
 
 NOTE [ Checking each sample against its sha1 ]
-``gpufeed convert`` writes each image's sha1 (hex) beside it. A sample is checked as it is read (on the reader's
-thread; ``hashlib`` releases the GIL for buffers over 2 KiB), so a shard damaged on the remote, in transit or on the
-local disk is a DataError naming the sample, its key and shard before any of its bytes is served -- even bytes that
-still decode. Cost: benchmarks/RESULTS.md (issue 30). Only datasets written by ``gpufeed convert`` (its
-``gpufeed.json``) with a ``sha1`` column in every shard are checked: a column of that name in a user's own MDS may
-mean something else, and such data is served as it is.
+``gpufeed convert`` writes each image's sha1 (hex) beside it, and a digest of the image and its label (NOTE [ What a
+sample's digests cover ] in ``digests.py``). A sample is checked as it is read (on the reader's thread; ``hashlib``
+releases the GIL for buffers over 2 KiB; the label costs one more 8-byte update of the same hash), so a shard
+damaged on the remote, in transit or on the local disk is a DataError naming the sample, its key and shard before
+any of its bytes is served -- even bytes that still decode, or a label that is another class. Cost:
+benchmarks/RESULTS.md (issue 30). Only datasets written by ``gpufeed convert`` (its ``gpufeed.json``) with a
+``sha1`` column in every shard are checked: a column of that name in a user's own MDS may mean something else, and
+such data is served as it is (``gf.stream`` says so once, and in ``loader.plan``).
 """
 
 from __future__ import annotations
@@ -22,7 +24,6 @@ import hashlib
 import json
 import os
 import struct
-import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -35,13 +36,14 @@ from ..cache.location import default_cache_dir
 from ..errors import ConfigError, DataError, GpufeedError, StorageError
 from ..validate import as_int
 from . import engine, shm
-from .downloads import Downloads, is_missing, storage_cause
+from .digests import coverage, label_bytes
+from .downloads import Downloads, storage_cause
 from .index import Index
+from .local import check_local, make_local
 from .plan import DOWNLOADERS_PER_RANK, block_size_for_cache, engine_cache_limit
+from .remote import REMOTE_MARK, check_mark, fetch_index, read_meta, storage_error
 
 __all__ = ["Samples", "Shards", "default_local", "storage_cause"]
-
-REMOTE_MARK = "gpufeed-remote.json"  # in a remote's local: which remote it caches
 
 # NOTE [ One engine object per remote and local in a process ]
 # Each StreamingDataset keeps a dozen shared-memory descriptors and blocks after it is collected (measured: 12 fds, 6
@@ -136,6 +138,7 @@ class Shards:
         self._lock: shm.RunLock | None = None
         self._ds: Any = None
         self._offsets: dict[int, np.ndarray] = {}
+        self._paths: list[str] = []  # each shard's file, checked to stay inside local (Index.paths)
         self._touched: dict[int, float] = {}
         self.download_timeout = float(download_timeout)
         self._downloads = Downloads(self.download_timeout)  # NOTE [ A shard's download: bounded, typed, ... ]
@@ -147,19 +150,26 @@ class Shards:
                     f"cache_limit={cache_limit!r} with local-only data ({self.local}): its shards are the only copy "
                     "and are never evicted; leave cache_limit out, or pass remote=<the data> and local=<a cache>"
                 )
+            check_local(self.local, None)
             self.index = Index.load(os.path.join(self.local, "index.json"), image_key, label_key)
-            self.meta = self._read_meta(download_timeout)
+            self._paths = self.index.paths(self.local)
+            _check_hash(self.index, validate_hash)
+            self.meta = read_meta(self.local)
         else:
             try:
                 self._open_remote(cache_limit, download_retry, download_timeout, validate_hash, image_key, label_key)
-                self.meta = self._read_meta(download_timeout)
             except BaseException:  # a wrong image_key, an unreachable gpufeed.json: a retry must find local free
                 self.close()
                 raise
         classes = self.meta.get("classes")
         self.classes: list[str] | None = list(classes) if isinstance(classes, list) else None
+        # NOTE [ What a sample's digests cover ] in digests.py: what this dataset lets the reader check
+        labelled = self.index.columns[0].label is not None
+        where = self.remote or self.local
+        self.coverage = coverage(self.meta, self.index.has_digests, self.index.has_sample_digests, labelled, where)
         # NOTE [ Checking each sample against its sha1 ]: True for gpufeed's conversions; set False to skip it
-        self.verify = self.index.has_digests and str(self.meta.get("format", "")).startswith("gpufeed.mds/")
+        self.verify = self.coverage.images
+        self.verify_labels = self.coverage.labels
 
     def _open_remote(
         self,
@@ -170,82 +180,57 @@ class Shards:
         image_key: str,
         label_key: str | None,
     ) -> None:
-        os.makedirs(self.local, exist_ok=True)
-        self._check_cached_remote(timeout)
-        shared = _OPEN.get((str(self.remote), self.local))
+        remote = str(self.remote)
+        make_local(self.local, remote)
+        check_mark(self.local, remote)
+        shared = _OPEN.get((remote, self.local))
         if shared is not None:  # NOTE [ One engine object per remote and local in a process ]
             self._ds, self._lock = shared
             self._shared = True
-            self.index = Index.load(os.path.join(self.local, "index.json"), image_key, label_key)
-            if cache_limit is not None:
-                self._set_cache_limit(engine.bytes_to_int(cache_limit))
-            return
-        self._lock = shm.hold(self.local, self.ranks_per_node)
-        try:
-            # never iterated: batch_size and num_canonical_nodes only satisfy the constructor
-            self._ds = engine.dataset(
-                remote=self.remote,
-                local=self.local,
-                download_retry=retry,
-                download_timeout=timeout,
-                validate_hash=validate_hash,
-                batch_size=1,
-                num_canonical_nodes=1,
-            )
-        except ValueError as e:
-            self.close()
-            if "Reused local directory" in str(e):
-                raise ConfigError(
-                    f"local={self.local} is in use by another reader of this machine (gpufeed or a StreamingDataset "
-                    "in another process, or a StreamingDataset of yours in this one): end it, or give this one another "
-                    "local"
-                ) from e
-            raise
-        except (GpufeedError, KeyboardInterrupt, SystemExit):
-            self.close()
-            raise
-        except Exception as e:  # the index could not be fetched (botocore's, google's, ... errors)
-            self.close()
-            raise self._storage_error("index.json", e) from e
-        self.index = Index.load(os.path.join(self.local, "index.json"), image_key, label_key)
+        else:  # NOTE [ One job per local directory ] in shm.py: the claim, in local itself
+            self._lock = shm.hold(self.local, self.ranks_per_node)
+        # NOTE [ A remote's index: fetched by gpufeed, checked, then the engine's ]
+        self.index, self.meta = fetch_index(self.local, remote, timeout, image_key, label_key)
+        self._paths = self.index.paths(self.local)
+        _check_hash(self.index, validate_hash)
+        if shared is None:
+            try:
+                # never iterated: batch_size and num_canonical_nodes only satisfy the constructor; the index is in
+                # local already, so it downloads nothing
+                self._ds = engine.dataset(
+                    remote=remote,
+                    local=self.local,
+                    download_retry=retry,
+                    download_timeout=timeout,
+                    validate_hash=validate_hash,
+                    batch_size=1,
+                    num_canonical_nodes=1,
+                )
+            except ValueError as e:
+                if "Reused local directory" in str(e):
+                    raise ConfigError(
+                        f"local={self.local} is in use by another reader of this machine (gpufeed or a "
+                        "StreamingDataset in another process, or a StreamingDataset of yours in this one): end it, or "
+                        "give this one another local"
+                    ) from e
+                raise
+            except (GpufeedError, KeyboardInterrupt, SystemExit):
+                raise
+            except Exception as e:  # the engine could not set local up (botocore's, google's, ... errors)
+                raise self._storage_error("index.json", e) from e
+            for stream in getattr(self._ds, "streams", ()):  # clients made now, not inside a shard's first wait
+                made = getattr(getattr(stream, "_downloader", None), "_create_s3_client", None)
+                if callable(made):
+                    try:
+                        made(timeout=timeout)
+                    except Exception:  # made at the first download instead, as the engine does
+                        pass
         if cache_limit is not None:
             self._set_cache_limit(engine.bytes_to_int(cache_limit))
-        _OPEN[(str(self.remote), self.local)] = (self._ds, self._lock)
-        self._shared = True
-        Path(self.local, REMOTE_MARK).write_text(json.dumps({"remote": self.remote}))
-
-    def _check_cached_remote(self, timeout: float) -> None:
-        """A ConfigError if ``local`` caches another dataset than ``remote``: the engine would keep its index (and
-        its shards) and serve them as ``remote``'s. Known by the remote ``local`` was filled from (``REMOTE_MARK``),
-        and, where the remote can be reached, by its index against the cached one (a dataset converted again)."""
-        mark, cached = Path(self.local, REMOTE_MARK), Path(self.local, "index.json")
-        try:
-            recorded = json.loads(mark.read_text()).get("remote")
-        except (OSError, ValueError, AttributeError):
-            recorded = None
-        if recorded is not None and recorded != self.remote:
-            raise ConfigError(
-                f"local={self.local} caches the dataset {recorded}, not {self.remote}: give this one a local of its "
-                "own (or leave local out: gpufeed then picks one per remote), or empty it"
-            )
-        if not cached.exists():
-            return
-        from streaming.base.storage.download import CloudDownloader
-
-        fresh = Path(self.local, f".index.json.{os.getpid()}.{threading.get_ident()}")
-        try:
-            CloudDownloader.direct_download(f"{str(self.remote).rstrip('/')}/index.json", str(fresh), timeout)
-            same = fresh.read_bytes() == cached.read_bytes()
-        except Exception:  # unreachable now (offline, no credentials): the cached copy is what there is
-            same = True
-        finally:
-            fresh.unlink(missing_ok=True)
-        if not same:
-            raise ConfigError(
-                f"local={self.local} holds an index.json that differs from {self.remote}'s (the dataset was converted "
-                "or written again since it was cached): empty local (its shards are of the old version) or give "
-                "another, so that the new one is fetched"
-            )
+        if shared is None:
+            _OPEN[(remote, self.local)] = (self._ds, self._lock)
+            self._shared = True
+            Path(self.local, REMOTE_MARK).write_text(json.dumps({"remote": remote}))
 
     def _set_cache_limit(self, limit: int) -> None:
         biggest = int(self.index.max_bytes.max())
@@ -264,26 +249,6 @@ class Shards:
         self.cache_limit, self.engine_cache_limit = limit, given
         # read at each download (prepare_shard), so set after construction: the index is known only then
         self._ds.cache_limit = given
-
-    def _read_meta(self, timeout: float) -> dict[str, Any]:
-        """``gpufeed.json`` (written by ``gpufeed convert``: classes, source, ...); {} for a user's own MDS."""
-        path = os.path.join(self.local, "gpufeed.json")
-        if self.remote is not None and not os.path.exists(path):
-            from streaming.base.storage.download import CloudDownloader
-
-            try:
-                CloudDownloader.direct_download(f"{self.remote.rstrip('/')}/gpufeed.json", path, timeout)
-            except Exception as e:
-                if is_missing(e):  # a user's own MDS (on S3 the client says 404, not FileNotFoundError)
-                    return {}
-                raise self._storage_error("gpufeed.json", e) from e
-        try:
-            meta = json.loads(Path(path).read_text())
-        except FileNotFoundError:
-            return {}
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise DataError(f"{path} is not JSON ({e}); rewrite it with gpufeed convert, or remove it") from None
-        return meta if isinstance(meta, dict) else {}
 
     def shuffle_block_size(self, num_canonical_nodes: int) -> int | None:
         """A shuffle block that fits the cache limit (``plan.block_size_for_cache``); None without a limit."""
@@ -312,7 +277,7 @@ class Shards:
             return
         if hasattr(os, "posix_fadvise"):
             try:
-                fd = os.open(os.path.join(self.local, self.index.basenames[shard]), os.O_RDONLY)
+                fd = os.open(self._paths[shard], os.O_RDONLY)
             except FileNotFoundError:
                 return  # read() names the missing file
             try:
@@ -321,7 +286,7 @@ class Shards:
                 os.close(fd)
 
     def _open(self, shard: int) -> int:
-        path = os.path.join(self.local, self.index.basenames[shard])
+        path = self._paths[shard]
         if self._ds is not None and time.monotonic() - self._touched.get(shard, -TOUCH_EVERY) < TOUCH_EVERY:
             try:  # fetched and touched a moment ago: skip the engine's lock (about 100 us a call)
                 return os.open(path, os.O_RDONLY)
@@ -385,24 +350,8 @@ class Shards:
         return self._storage_error(self.index.basenames[shard], e, shard)
 
     def _storage_error(self, name: str, e: BaseException, shard: int | None = None) -> StorageError:
-        what, fix = storage_cause(e)
-        where = f"{str(self.remote).rstrip('/')}/{name}"
-        if shard is None:
-            subject = f"{name} of the MDS dataset {self.remote}"
-            resume = "nothing was served yet: gf.stream again once it answers"
-        else:
-            first, last = int(self.index.starts[shard]), int(self.index.ends[shard]) - 1
-            subject = f"shard {name} (samples {first:,}..{last:,})"
-            resume = (
-                "the loader's state_dict() now holds the position of the batch that needed it: save it, and "
-                "load_state_dict(state) on a new gf.stream (or on this loader) resumes there once the remote serves "
-                "again"
-            )
-        return StorageError(
-            f"{subject} could not be fetched from {where} into {self.local}: {what} ({type(e).__name__}: {e}; "
-            f"download_retry attempts and the client's retries within download_timeout={self.download_timeout:g} s). "
-            f"{fix[0].upper()}{fix[1:]}; {resume}"
-        )
+        span = None if shard is None else (int(self.index.starts[shard]), int(self.index.ends[shard]) - 1)
+        return storage_error(str(self.remote), self.local, self.download_timeout, name, e, span)
 
     def _read_shard(self, shard: int, positions: np.ndarray) -> list[tuple[bytes, int]]:
         fd = self._open(shard)
@@ -424,22 +373,29 @@ class Shards:
                     record = os.pread(fd, end - begin, begin) if end >= begin else b""
                     if len(record) != end - begin:
                         raise ValueError(f"bytes {begin}..{end} are not in the file")
-                    image, label, digest = columns.parse(record)
+                    image, label, digest, stored = columns.parse(record)
                 except (ValueError, struct.error, UnicodeDecodeError) as e:
                     sample = int(self.index.starts[shard]) + position
                     raise DataError(
                         f"sample {sample} (shard {self.index.basenames[shard]}, position {position}) is corrupt: {e}"
                     ) from None
                 if self.verify and digest is not None:  # NOTE [ Checking each sample against its sha1 ]
-                    actual = hashlib.sha1(image).hexdigest()
+                    h = hashlib.sha1(image)
+                    actual = h.hexdigest()
                     if actual.encode() != digest:
                         raise self._mismatch(shard, position, record, digest, actual)
+                    if self.verify_labels and stored is not None:  # NOTE [ What a sample's digests cover ]
+                        h.update(label_bytes(label))
+                        if h.hexdigest().encode() != stored:
+                            raise self._mismatch(shard, position, record, stored, h.hexdigest(), label)
                 out.append((image, label))
             return out
         finally:
             os.close(fd)
 
-    def _mismatch(self, shard: int, position: int, record: bytes, digest: bytes, actual: str) -> DataError:
+    def _mismatch(
+        self, shard: int, position: int, record: bytes, digest: bytes, actual: str, label: int | None = None
+    ) -> DataError:
         sample = int(self.index.starts[shard]) + position
         name = self.index.basenames[shard]
         key = self.index.columns[shard].key_of(record)
@@ -450,11 +406,16 @@ class Shards:
             if self.remote is not None
             else "copy the shard again from where the dataset came from, or convert the dataset again"
         )
+        what = (
+            "its image bytes do not match the sha1 gpufeed convert stored with them"
+            if label is None
+            else f"its label {label} does not match the digest gpufeed convert stored over its image and label (the "
+            "image matches its own sha1: the label's bytes are damaged, and it would be learned as another class)"
+        )
         return DataError(
-            f"sample {sample} (key {key!r}, shard {name}, position {position}): its image bytes do not match the sha1 "
-            f"gpufeed convert stored with them (stored {digest.decode(errors='replace')[:12]}..., read "
-            f"{actual[:12]}...): the shard file {os.path.join(self.local, name)} is corrupt, and the sample is not "
-            f"served. {fix[0].upper()}{fix[1:]}"
+            f"sample {sample} (key {key!r}, shard {name}, position {position}): {what} (stored "
+            f"{digest.decode(errors='replace')[:12]}..., read {actual[:12]}...): the shard file "
+            f"{self._paths[shard]} is corrupt, and the sample is not served. {fix[0].upper()}{fix[1:]}"
         )
 
     def read(self, ids: np.ndarray | Sequence[int]) -> Samples:
@@ -488,3 +449,21 @@ class Shards:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _check_hash(index: Index, validate_hash: str | None) -> None:
+    """A ConfigError, before any shard is fetched, when the engine's ``validate_hash`` has nothing to check: the
+    index records no such hash of the shards' files (``gpufeed convert`` records none: its samples carry their
+    own digests instead)."""
+    if validate_hash is None:
+        return
+    for k, s in enumerate(index.shards):
+        file = s.get("zip_data") or s["raw_data"]  # the file the engine downloads and hashes
+        hashes = file.get("hashes") if isinstance(file, dict) else None
+        if not isinstance(hashes, dict) or validate_hash not in hashes:
+            have = sorted(hashes) if isinstance(hashes, dict) else []
+            raise ConfigError(
+                f"validate_hash={validate_hash!r}: {index.source} records no {validate_hash} hash of shard {k} "
+                f"({index.basenames[k]}; it records {have or 'none'}): pass validate_hash=None, or one the index "
+                "records (MDSWriter(hashes=[...]) writes them)"
+            )

@@ -8,8 +8,9 @@ next run with the same remote and local then fails with "Reused local directory"
 downloaded) or burns a prefix for good. The engine's ``clean_stale_shared_memory()`` is no remedy: it stops at
 the first clean prefix (missing later leaks) and unlinks without asking whether the blocks are in use (breaking a
 live run). gpufeed never calls it. Instead:
-1. every gpufeed run holds an ``flock`` on a lock file named by its local directory, under gpufeed's cache
-   directory, for its whole life (the kernel releases it however the process ends);
+1. every gpufeed run holds an ``flock`` on the claim file in its local directory (``local/.gpufeed-claim``) for
+   its whole life (the kernel releases it however the process ends: a dead holder's claim is free again, and the
+   next holder rewrites what the file says);
 2. the process that finds that lock free (no gpufeed run uses the directory) removes the blocks whose ``locals``
    name that directory, and only those no living process has mapped (``/proc/*/maps``: a user's own
    ``StreamingDataset`` on the same directory, outside gpufeed, is left alone);
@@ -29,13 +30,16 @@ this process alone); every holder, once it shares the lock, reads it back and is
 job's pid, host and command, and the fix: another ``local``) when it is another job's. The lock file is rewritten
 only under the exclusive lock, which no one gets while a holder lives, so what it says is the living holders' job;
 two first holders racing for the exclusive lock (flock's conversion to shared is not atomic) each read the file
-after it, and the one that did not write it last is refused.
+after it, and the one that did not write it last is refused. The claim lives in ``local`` itself, not under gpufeed's
+cache directory: a lock there (keyed by the directory's path) was one per cache directory, so a second user (another
+HOME) or a job with another ``GPUFEED_CACHE_DIR`` on the same ``local`` held a lock of its own and was served while
+the first job held it (an outside trial). Local-only data takes no claim: it is only read, never evicted, so any
+number of jobs (and a read-only mount) may read it at once.
 """
 
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import json
 import os
 import re
@@ -47,11 +51,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..cache.location import default_cache_dir
 from ..errors import ConfigError
 from . import engine
 
-__all__ = ["SHM_DIR", "RunLock", "blocks_naming", "clean_stale", "hold", "job", "lock_path", "mapped_blocks"]
+__all__ = ["CLAIM", "SHM_DIR", "RunLock", "blocks_naming", "clean_stale", "hold", "job", "lock_path", "mapped_blocks"]
 
 SHM_DIR = Path("/dev/shm")
 _BLOCK = re.compile(r"^(\d{6})_([a-z_]+)$")
@@ -155,10 +158,13 @@ def clean_stale(local: str | os.PathLike[str]) -> list[str]:
     return gone
 
 
+CLAIM = ".gpufeed-claim"  # the claim file in a remote's local (NOTE [ One job per local directory ])
+
+
 def lock_path(local: str | os.PathLike[str]) -> Path:
-    """The lock file of a local directory: ``<gpufeed cache>/stream-locks/<sha1 of its real path>.lock``."""
-    key = hashlib.sha1(os.path.realpath(os.fspath(local)).encode()).hexdigest()[:20]
-    return default_cache_dir() / "stream-locks" / f"{key}.lock"
+    """The claim file of a local directory: ``local/.gpufeed-claim``, in the directory it protects (its real
+    path: a symlink to it and the directory itself share one claim)."""
+    return Path(os.path.realpath(os.fspath(local))) / CLAIM
 
 
 @dataclass
@@ -234,7 +240,7 @@ def _refusal(local: str, path: Path, theirs: dict[str, Any]) -> ConfigError:
         f"local={local} is in use by another job: pid {pid} on {host}{when}{command} (job {theirs.get('job')}; this "
         f"one is {job()}). Two jobs on one cache directory evict each other's shards and overrun cache_limit: give "
         f"this job another local= (each job a directory of its own; the ranks of one job share theirs), or wait for "
-        f"that one to end (the lock {path} frees when its last process exits)"
+        f"that one to end (its claim, {path}, frees when its last process exits)"
     )
 
 
@@ -257,8 +263,8 @@ def hold(local: str | os.PathLike[str], ranks: int = 1) -> RunLock:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as e:
         warnings.warn(
-            f"cannot create the lock file {path} ({e}); shared memory left by a killed run on {local} will not be "
-            "cleaned, nor another job on it refused: set GPUFEED_CACHE_DIR to a writable directory",
+            f"cannot create the claim file {path} ({e}); shared memory left by a killed run on {local} will not be "
+            "cleaned, nor another job on it refused: give a local this user can write",
             stacklevel=2,
         )
         return RunLock(local, None, first=False)
@@ -274,6 +280,15 @@ def hold(local: str | os.PathLike[str], ranks: int = 1) -> RunLock:
         first = True
     except BlockingIOError:
         first = False
+    except OSError as e:  # a file system without flock (Lustre mounted without it, some NFS setups)
+        os.close(fd)
+        warnings.warn(
+            f"cannot claim {local} ({path}: {e.strerror or e}: this file system has no flock), so another job on it "
+            "is not refused, nor shared memory left by a killed run cleaned: give each job a local of its own, on a "
+            "local disk if you can",
+            stacklevel=2,
+        )
+        return RunLock(local, None, first=False)
     cleaned: list[str] = []
     try:
         if first:

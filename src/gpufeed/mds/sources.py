@@ -21,7 +21,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..errors import ConfigError, DataError
+from ..inside import inside
 from . import wds
+from .digests import sample_digests
 from .items import Item, Source
 
 __all__ = ["Item", "Ready", "Source", "image_type", "open_source", "prepare", "ready"]
@@ -39,13 +41,15 @@ _MAGIC = (
 
 @dataclass(frozen=True)
 class Ready:
-    """An item read and checked: ``why`` it cannot be converted (``None``: it can), its bytes' ``sha1`` (hex)
-    and image ``kind`` (``jpeg``, ``png``, ...)."""
+    """An item read and checked: ``why`` it cannot be converted (``None``: it can), its bytes' ``sha1`` and the
+    ``sample_sha1`` of its bytes and label (hex: NOTE [ What a sample's digests cover ] in :mod:`.digests`), and
+    image ``kind`` (``jpeg``, ``png``, ...)."""
 
     item: Item
     why: str | None
     sha1: str = ""
     kind: str = ""
+    sample_sha1: str = ""
 
 
 def ready(items: Iterator[Item], threads: int) -> Iterator[Ready]:
@@ -82,7 +86,8 @@ def prepare(item: Item) -> Ready:
         header_shape(io.BytesIO(item.data), item.where)
     except DataError as e:
         return Ready(item, str(e))
-    return Ready(item, None, hashlib.sha1(item.data).hexdigest(), image_type(item.data))
+    image, sample = sample_digests(item.data, item.label)
+    return Ready(item, None, image, image_type(item.data), sample)
 
 
 def image_type(data: bytes) -> str:
@@ -93,7 +98,11 @@ def image_type(data: bytes) -> str:
 
 
 def open_source(
-    src: str | Path, split: str | None = None, image_key: str | None = None, label_key: str | None = "auto"
+    src: str | Path,
+    split: str | None = None,
+    image_key: str | None = None,
+    label_key: str | None = "auto",
+    config: str | None = None,
 ) -> Source:
     """The source ``src`` names: a Hugging Face dataset (a ``save_to_disk`` folder, ``split`` of a DatasetDict's
     default ``"train"``; a ``.parquet`` file, a folder of them, a glob pattern), WebDataset tars (a tar, a folder
@@ -108,7 +117,7 @@ def open_source(
     from . import hf
 
     text = str(src)
-    on_disk = hf.locate(src)
+    on_disk = hf.locate(src, config)  # config: a Hub repository card's (refused for anything else)
     if on_disk is not None:
         return hf.source(on_disk, split, image_key, label_key)
     if image_key is not None or label_key != "auto":
@@ -186,7 +195,12 @@ def _food101(root: Path, split: str, text: str) -> Source:
         raise DataError(f"{meta}: cannot be read as Food101's split list ({e}); download the dataset again") from None
     classes = sorted(listed)
     index = {c: i for i, c in enumerate(classes)}
-    files = tuple((str(root / "images" / f"{rel}.jpg"), index[c]) for c, rels in listed.items() for rel in rels)
+    fix = "download the dataset again (its meta lists images as <class>/<id>, below images/)"
+    files = tuple(
+        (str(inside(root / "images", f"{rel}.jpg", listed_in=meta, links=False, fix=fix)), index[c])
+        for c, rels in listed.items()
+        for rel in rels
+    )
     if not files:
         raise DataError(f"{meta} lists no image; nothing to convert")
     listing = [[Path(p).relative_to(root).as_posix(), t] for p, t in files]

@@ -87,9 +87,10 @@ def request(
         if given is None and isinstance(views, (list, tuple)):
             given = views[0]
         dataset = arrow_images(dataset, image_key, label_key, given)
+        notes = dataset.notes  # how its labels are read (class names numbered, float targets, none)
         if own is not None:
             name = getattr(own, "__qualname__", type(own).__name__)
-            notes = (
+            notes += (
                 f"the dataset's own transform ({name}, from set_transform/with_transform) is replaced by the "
                 "recipe given",
             )
@@ -113,6 +114,11 @@ def request(
     mixer = as_mix(mix, num_classes)  # a bad mix= is refused before the data is read
     if mixer is not None and not getattr(dataset, "labelled", True):
         raise ConfigError("mix= mixes images with their labels, but label_key=None reads images alone")
+    if mixer is not None and getattr(getattr(dataset, "label_values", None), "dtype", None) == "float32":
+        raise ConfigError(
+            f"mix= mixes one-hot class labels, but label_key={dataset.label_key!r} serves float targets: drop mix=, or "
+            "cast the column to class ids (int64 or a ClassLabel)"
+        )
     split = view_transforms(transform) if isinstance(views, int) and views == 1 and transform is not None else None
     if split is not None:  # a TwoCropsTransform-style object: each view through the transform it holds, batched
         n = len(split)

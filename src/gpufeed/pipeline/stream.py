@@ -11,6 +11,7 @@ the engine's do, except that the shuffle block is fitted to the cache when a lim
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -23,22 +24,26 @@ from ..errors import ConfigError
 from ..loading.plan import Plan
 from ..loading.stream import StreamLoader, process_layout
 from ..loading.stream_samples import SampleOps
+from ..mds.local import check_local
 from ..mds.plan import Layout, StreamSettings
 from ..mds.shards import Shards
 from ..mds.urls import check_url
 from ..validate import as_int, as_seconds, as_views
+from .stream_args import check_endpoint, check_hash, check_loader_arguments
 from .translate import build_batched, split_transform
 
 __all__ = ["stream", "streaming_dataset_error"]
 
 
 def recipe(
-    transform: Any, first_file: Callable[[], bytes]
+    transform: Any, first_file: Callable[[], bytes] | None
 ) -> tuple[SampleOps | None, BatchTransform | None, tuple[str, ...]]:
     """``transform`` (gpufeed's ops, or a torchvision / timm recipe) as what runs per sample (its deterministic
     start: :class:`~gpufeed.loading.stream_samples.SampleOps`), what runs batched, and the notes the conversion made.
-    ``first_file``: a sample's bytes, to learn the size the per-sample part makes (read only when there is one).
-    A ConfigError if the images would stay of different sizes."""
+    ``first_file``: a sample's bytes, to learn the size the per-sample part makes (read only when there is one);
+    None, before the data is opened: what needs no sample is checked, and a recipe with a per-sample part comes back
+    with its batched part None (built by a second call with ``first_file``). A ConfigError if the images would stay
+    of different sizes."""
     notes: list[str] = []
     per_sample: SampleOps | None = None
     if isinstance(transform, BatchTransform):
@@ -50,6 +55,8 @@ def recipe(
         size = (64, 64)  # RandomResizedCrop first: its output size does not depend on this
         if split.cached:
             per_sample = SampleOps(split.cached)
+            if first_file is None:
+                return per_sample, None, ()
             size = tuple(per_sample(first_file(), "sample 0").shape[-2:])  # type: ignore[assignment]
         ops = build_batched(split.device, torch.uint8, size, True, notes=notes, channels=3)
     if per_sample is None and (ops is None or not takes_ragged(ops)):
@@ -202,10 +209,16 @@ def stream(
             torchrun's ``LOCAL_WORLD_SIZE``.
         ahead, prefetch_shards: batches read and decoded, and shards fetched, ahead of use.
         download_retry, download_timeout, validate_hash: how shards are fetched (checked first: a count, a finite
-            number of seconds > 0). ``download_timeout`` bounds the whole wait for one shard, the engine's
-            ``download_retry`` attempts and its storage client's own retries included: then a
-            :class:`~gpufeed.errors.StorageError` names the shard and the remote (``state_dict()`` holds the
-            position, ``load_state_dict()`` resumes there).
+            number of seconds > 0, None or a hash the engine computes; an index that records no such hash of its
+            shards is refused once it is read, before any shard is fetched). ``download_timeout`` bounds each wait
+            on the remote: for the index and ``gpufeed.json`` (fetched together, one wait) and for each shard, the
+            engine's ``download_retry`` attempts and its storage client's own retries (botocore's 3) inside it; the
+            attempts left then go on in the background. Past it a :class:`~gpufeed.errors.StorageError` names the
+            file and the remote (for a shard, ``state_dict()`` holds the position and ``load_state_dict()`` resumes
+            there).
+
+    Every argument is checked before the remote is asked anything (``S3_ENDPOINT_URL`` too), and ``local`` before it
+    is created; the index's shard names must stay inside ``local`` (:mod:`gpufeed.inside`).
 
     Example::
 
@@ -216,12 +229,25 @@ def stream(
             for x, y in loader: ...
         torch.save(loader.state_dict(), "loader.pt")   # resumes at any world size
     """
+    # every argument first (NOTE in stream_args.py): nothing below is looked for before these pass
     for name, value in (("remote", remote), ("local", local)):
         if value is not None and not isinstance(value, (str, os.PathLike)):
             raise streaming_dataset_error(value) or ConfigError(
                 f"{name}={value!r}: give a URL (s3://bucket/prefix, gs://...) or a directory"
             )
+    if remote is None and local is None:
+        raise ConfigError("give remote= (s3://bucket/prefix, gs://..., a directory) and/or local= (a directory)")
     cache_limit = check_stream_arguments(remote, cache_limit, download_retry, download_timeout, views)
+    check_loader_arguments(
+        seed=seed, dtype=dtype, channels_last=channels_last, drop_last=drop_last, shuffle=shuffle,
+        num_classes=num_classes, ahead=ahead, prefetch_shards=prefetch_shards, layout=layout, image_key=image_key,
+        label_key=label_key, mix=mix, views=views,
+    )  # fmt: skip
+    check_endpoint(remote)
+    check_hash(validate_hash)
+    early = recipe(transform, None)  # the transform converted (a per-sample start's size waits for a sample)
+    if local is not None:
+        check_local(local, None if remote is None else str(remote))
     if (batch_size is None) == (global_batch_size is None):
         raise ConfigError(
             "give batch_size= (per rank, as DataLoader's) or global_batch_size= (over all ranks; kept when a run "
@@ -257,7 +283,9 @@ def stream(
         validate_hash=validate_hash,
     )
     try:
-        per_sample, ops, notes = recipe(transform, lambda: shards.read([0]).images[0])
+        per_sample, ops, notes = early
+        if per_sample is not None:
+            per_sample, ops, notes = recipe(transform, lambda: shards.read([0]).images[0])
         if shuffle_block_size is None and shards.engine_cache_limit is not None:
             settings = StreamSettings(
                 global_batch_size, num_canonical_nodes, shuffle, shuffle_seed, shuffle_algo,
@@ -290,8 +318,21 @@ def stream(
         raise
     if per_sample is not None:
         notes = (f"per sample, as torchvision runs them, on the reader's threads: {per_sample!r}", *notes)
-    loader.plan = _plan(loader, shards, notes)
+    loader.plan = _plan(loader, shards, (*notes, shards.coverage.note))
+    _warn_once(shards)
     return loader
+
+
+_WARNED: set[tuple[str, str]] = set()  # (dataset, index fingerprint): a loader rebuilt each epoch warns once
+
+
+def _warn_once(shards: Shards) -> None:
+    """What the dataset's digests do not cover, said once per dataset in a process (NOTE [ What a sample's digests
+    cover ] in :mod:`gpufeed.mds.digests`)."""
+    key = (shards.remote or shards.local, shards.index.fingerprint)
+    if shards.coverage.warning is not None and key not in _WARNED:
+        _WARNED.add(key)
+        warnings.warn(shards.coverage.warning, stacklevel=3)
 
 
 def _plan(loader: StreamLoader, shards: Shards, notes: tuple[str, ...]) -> Plan:

@@ -52,7 +52,7 @@ __all__ = [
 ]
 
 _RECIPE_MODULES = ("torchvision.transforms", "timm.data")  # the classes whose instances are recipes
-_LABEL_NAMES = ("label", "labels", "target", "targets", "fine_label", "coarse_label")  # gpufeed.read.hf's own
+_LABEL_NAMES = ("label", "labels", "target", "targets", "fine_label", "coarse_label")  # read.hf_columns' LABEL_NAMES
 # what a collate function that only stacks the fields names (globals and attributes: torch.stack, torch.tensor)
 _STACKING = frozenset(
     "torch stack tensor as_tensor cat LongTensor FloatTensor long float int len list range zip dict keys items values "
@@ -195,11 +195,12 @@ def _columns(dataset: Any, named: set[str]) -> tuple[str | None, str | None, boo
     if len(images) > 1 and len([c for c in images if c in named]) == 1:
         image, image_key = next(c for c in images if c in named), True
 
-    def integer(k: str) -> bool:
+    def ids_or_names(k: str) -> bool:  # class ids, or class names (strings) that gf.accelerate numbers
         dtype = str(getattr(features[k], "dtype", ""))
-        return kind[k] == "Value" and (dtype.startswith(("int", "uint")) or dtype == "bool")
+        return kind[k] == "Value" and (dtype.startswith(("int", "uint")) or dtype in ("bool", "string", "large_string"))
 
-    labels = [k for k, t in kind.items() if t == "ClassLabel"] or [k for k in _LABEL_NAMES if k in kind and integer(k)]
+    labels = [k for k, t in kind.items() if t == "ClassLabel"]
+    labels = labels or [k for k in _LABEL_NAMES if k in kind and ids_or_names(k)]
     label, label_key = (labels[0] if len(labels) == 1 else None), False
     if len(labels) > 1 and len([c for c in labels if c in named]) == 1:
         label, label_key = next(c for c in labels if c in named), True

@@ -219,7 +219,7 @@ def tune_dataloader(
         # torch warns when a trial starts more workers than it suggests; trying that is the point here.
         warnings.filterwarnings("ignore", message="This DataLoader will create")
         # Size the slices from one default batch, so each trial takes about 1/12 of the budget.
-        probe = DataLoader(dataset, batch_size, **_order(dataset, 1))
+        probe = DataLoader(dataset, batch_size, collate_fn=collate_fn, **_order(dataset, 1))  # the trials' collate
         t = time.perf_counter()
         next(iter(probe))
         per_batch = max(time.perf_counter() - t, 1e-4)

@@ -4,10 +4,12 @@ results (losses, batches seen) as when run without gpufeed."""
 
 from __future__ import annotations
 
+import ast
 import functools
 import json
 import os
 import re
+import shutil
 import signal
 import struct
 import subprocess
@@ -43,10 +45,13 @@ def _plain(*cmd: str) -> tuple[str, ...]:
     return tuple(_results(run.stdout))
 
 
-def _diagnose(out: Path, cmd: list[str], options: tuple[str, ...] = QUICK) -> tuple[subprocess.CompletedProcess, dict]:
-    """``gpufeed diagnose OPTIONS --out OUT -- CMD``, and the report it saved (empty if none)."""
+def _diagnose(
+    out: Path, cmd: list[str], options: tuple[str, ...] = QUICK, cwd: Path | None = None, env: dict | None = None
+) -> tuple[subprocess.CompletedProcess, dict]:
+    """``gpufeed diagnose OPTIONS --out OUT -- CMD`` (from ``cwd``, ``env`` added), and the report it saved (empty
+    if none)."""
     argv = [sys.executable, "-m", "gpufeed", "diagnose", *options, "--out", str(out), "--", *cmd]
-    run = subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT, env=ENV)
+    run = subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT, env={**ENV, **(env or {})}, cwd=cwd)
     saved = out / "report.json"
     return run, json.loads(saved.read_text()) if saved.exists() else {}
 
@@ -137,21 +142,43 @@ def _write_mnist(root: Path, n: int) -> None:
         (raw / f"{split}-labels-idx1-ubyte").write_bytes(struct.pack(">II", 2049, n) + labels.tobytes())
 
 
-def test_the_mnist_example_loop_is_data_bound_with_its_dataset_and_transform_found(tmp_path):
+def test_the_mnist_examples_kwargs_loader_is_changed_by_its_names_verified_and_the_printed_patch_applies(tmp_path):
+    # PyTorch's MNIST example builds DataLoader(dataset1,**train_kwargs): the change names the dict's keys as the run
+    # had them. Run from a folder that does not hold the script: the printed patch command applies from any other.
     _write_mnist(tmp_path / "data", 512)
-    cmd = _python("mnist_loop.py", str(tmp_path / "data"))
-    run, report = _diagnose(tmp_path / "out", cmd)
+    project, elsewhere, third = tmp_path / "project", tmp_path / "elsewhere", tmp_path / "third"
+    for folder in (project, elsewhere, third):
+        folder.mkdir()
+    shutil.copy(SCRIPTS / "mnist_loop.py", project / "mnist_loop.py")
+    cmd = [sys.executable, str(project / "mnist_loop.py"), str(tmp_path / "data")]
+    run, report = _diagnose(tmp_path / "out", cmd, ("--steps", "0", "--no-side", "--verify"), cwd=elsewhere)
     assert run.returncode == 0, run.stderr[-3000:]
-    assert _unchanged(run, cmd)[-1] == "batches seen 16"
+    results = _results(run.stdout)  # the script's lines, then the changed copy's (--verify)
+    assert results[: results.index("batches seen 16") + 1] == list(_plain(*cmd))
     assert report["verdict"] == "data-bound"
     main = _main(report)
+    # on a CPU the example's train_kwargs hold the batch size alone: no shuffle, as torch's SequentialSampler says
     assert (main["dataset"], main["batch_size"], main["num_workers"], main["sampler"]) == (
         "MNIST",
         64,
         0,
-        "RandomSampler",
+        "SequentialSampler",
     )
     assert "ToTensor()" in main["transform"] and "Normalize(mean=(0.1307,), std=(0.3081,))" in main["transform"]
+    assert report["code_change"] == (
+        "- torch.utils.data.DataLoader(dataset1,**train_kwargs)\n"
+        "+ gf.accelerate(dataset1, batch_size=train_kwargs['batch_size'], shuffle=train_kwargs.get('shuffle', False))"
+    )
+    v = report["verify"]
+    assert "error" not in v and v["status"] == 0 and v["after_exit"] == "finished", v
+    assert v["before"]["batches"] == v["after"]["batches"] == 16
+    [apply] = re.findall(r"\(apply with: (cd .+ && patch -p1 < .+)\)\n", run.stdout)
+    assert apply == report["change"]["apply"]
+    done = subprocess.run(apply, shell=True, cwd=third, capture_output=True, text=True)  # noqa: S602 - as printed
+    assert done.returncode == 0, done.stdout + done.stderr
+    text = (project / "mnist_loop.py").read_text()
+    assert "import gpufeed as gf" in text.splitlines() and "gf.accelerate(dataset1, batch_size=train_kwargs[" in text
+    ast.parse(text)
 
 
 def test_a_known_wait_fraction_is_measured_within_ten_points(tmp_path):
@@ -357,3 +384,155 @@ def test_a_command_that_runs_no_python_keeps_its_status_and_says_nothing_was_mea
     assert "nothing was measured" in capsys.readouterr().err and not (tmp_path / "report.json").exists()
     assert main(["diagnose", "--out", str(tmp_path), "--", str(tmp_path / "no-such-program")]) == 127
     assert "cannot run" in capsys.readouterr().err
+
+
+def _predicted(run: subprocess.CompletedProcess, report: dict) -> dict:
+    """The report predicts the loop with gf.accelerate, its one-time cost and what it stores (text and JSON)."""
+    p = report["prediction"]
+    assert p is not None and p["fix"] == "accelerate", (report["side"], run.stdout[-3000:])
+    assert p["new_step_s"] > 0 and p["speedup"] > 0 and p["one_time_s"] > 0 and p["memory_bytes"] > 0
+    assert re.search(r"\n  with it: +\d+\.\d+ ms a step .*: \d+\.\d+x", run.stdout)
+    assert re.search(r"\n  once: +\d+\.\d s before the first batch", run.stdout)
+    assert re.search(r"\n  stores: +\d+\.\d+ [KMG]iB in memory", run.stdout)
+    return p
+
+
+def test_an_accelerate_prepared_image_loader_is_measured_predicted_and_its_change_verified(tmp_path, folder):
+    # Accelerate's prepare() gives a loader with batch_size=None and a batch sampler: it is measured at the batch
+    # sampler's size (8) and order, and the change at the script's own DataLoader(...) runs through prepare()
+    pytest.importorskip("accelerate")
+    cmd = _python("accelerate_prepare.py", str(folder))
+    run, report = _diagnose(tmp_path, cmd, ("--steps", "0", "--verify", "--side-seconds", "6"))
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert report["side"]["batch_size"] == 8 and "accelerate" in report["side"], report["side"]
+    _predicted(run, report)
+    assert report["code_change"] == (
+        "- DataLoader(train_dataset, shuffle=True, batch_size=batch_size, num_workers=args.workers)\n"
+        "+ gf.accelerate(train_dataset, batch_size=batch_size, shuffle=True)"
+    )
+    v = report["verify"]
+    assert "error" not in v and v["status"] == 0 and v["after_exit"] == "finished", v
+    assert v["before"]["batches"] == v["after"]["batches"] == 16  # 64 images in batches of 8, 2 epochs
+    assert v["after"]["loader"].startswith("DeviceLoader at accelerate_prepare.py:")
+
+
+def test_timms_train_py_with_its_two_loader_dicts_is_changed_by_their_names_and_verified(tmp_path, folder):
+    # timm's train.py: create_loader(dataset_train, input_size=..., **common_loader_kwargs, **train_loader_kwargs)
+    pytest.importorskip("timm")
+    project = tmp_path / "project"
+    project.mkdir()
+    shutil.copy(SCRIPTS / "timm_train.py", project / "timm_train.py")
+    cmd = [sys.executable, "timm_train.py", str(folder), "--no-prefetcher"]
+    env = {"GPUFEED_COMPILE": "0"}  # ColorJitter's fused kernel compiles for a minute on a loaded 2-core machine
+    run, report = _diagnose(tmp_path / "out", cmd, ("--steps", "0", "--no-side", "--verify"), cwd=project, env=env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    main = _main(report)
+    assert main["built_at"] == f"timm_train.py:{_line_of('timm_train.py', 'loader_train = create_loader(')}"
+    assert (main["dataset"], main["batch_size"], main["built_by"]) == (
+        "ImageDataset",
+        16,
+        "timm.data.loader.create_loader",
+    )
+    assert report["code_change"].splitlines()[-1] == (
+        "+ gf.accelerate(dataset_train, batch_size=train_loader_kwargs['batch_size'], "
+        "shuffle=train_loader_kwargs['is_training'], drop_last=train_loader_kwargs['is_training'], "
+        'transform=timm.data.create_transform(data_config["input_size"], '
+        "is_training=train_loader_kwargs['is_training'], "
+        "no_aug=train_loader_kwargs['no_aug'], train_crop_mode=None, scale=train_loader_kwargs['scale'], "
+        "ratio=train_loader_kwargs['ratio'], hflip=train_loader_kwargs['hflip'], vflip=train_loader_kwargs['vflip'], "
+        "color_jitter=train_loader_kwargs['color_jitter'], color_jitter_prob=None, grayscale_prob=None, "
+        "gaussian_blur_prob=None, auto_augment=None, interpolation=train_loader_kwargs['interpolation'], "
+        "mean=common_loader_kwargs['mean'], std=common_loader_kwargs['std'], re_prob=train_loader_kwargs['re_prob'], "
+        "re_mode=train_loader_kwargs['re_mode'], re_count=train_loader_kwargs['re_count']))"
+    )
+    assert any("(its ToTensor and Normalize too)" in n for n in report["change"]["notes"])  # use_prefetcher=False
+    v = report["verify"]
+    assert "error" not in v and v["status"] == 0 and v["after_exit"] == "finished", v
+    assert v["before"]["batches"] == v["after"]["batches"] == 8  # drop_last as is_training: 64 / 16, 2 epochs
+    assert v["after"]["loader"].startswith("DeviceLoader at timm_train.py:")
+    done = subprocess.run(report["change"]["apply"], shell=True, cwd=tmp_path, capture_output=True, text=True)  # noqa: S602
+    assert done.returncode == 0, done.stdout + done.stderr
+    text = (project / "timm_train.py").read_text()
+    assert "import timm.data" in text.splitlines() and "import gpufeed as gf" in text.splitlines()
+    ast.parse(text)
+
+
+def test_torchvisions_classification_reference_with_its_preset_objects_is_accelerated_and_verified(tmp_path, folder):
+    # references/classification: ImageFolder(traindir, presets.ClassificationPresetTrain(...)), an object holding
+    # self.transforms = T.Compose([...]) (v2, the tensor backend here) whose __call__ applies it
+    data = tmp_path / "data"
+    data.mkdir()
+    for split in ("train", "val"):
+        (data / split).symlink_to(folder, target_is_directory=True)
+    script = SCRIPTS / "classification" / "train.py"
+    cmd = [sys.executable, str(script), "--data-path", str(data), "--use-v2", "--backend", "tensor"]
+    run, report = _diagnose(tmp_path / "out", cmd, ("--steps", "0", "--verify", "--side-seconds", "6"))
+    assert run.returncode == 0, run.stderr[-3000:]
+    main = _main(report)
+    assert main["transform"].startswith("ClassificationPresetTrain holding transforms=Compose( PILToTensor()")
+    assert "refused" not in report["side"] and "RandomResizedCrop" in report["side"]["accelerate"]["plan"]
+    _predicted(run, report)
+    added = report["code_change"].splitlines()[-1]
+    assert added == "+ gf.accelerate(dataset, batch_size=args.batch_size, shuffle=True)"
+    v = report["verify"]
+    assert "error" not in v and v["status"] == 0 and v["after_exit"] == "finished", v
+    assert v["before"]["batches"] == v["after"]["batches"] == 8  # 64 images in batches of 16, 2 epochs
+    assert v["after"]["loader"].startswith("DeviceLoader at train.py:")
+
+
+@pytest.fixture(scope="module")
+def hf_images(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A ``save_to_disk`` dataset of 96 images (JPEG and PNG, 40 x 48) with a two-class ``ClassLabel``."""
+    datasets = pytest.importorskip("datasets")
+    import io
+
+    from PIL import Image
+
+    rng = np.random.default_rng(3)
+    images = []
+    for i in range(96):
+        out = io.BytesIO()
+        Image.fromarray(rng.integers(0, 255, (40, 48, 3), dtype=np.uint8)).save(out, "JPEG" if i % 2 else "PNG")
+        images.append({"bytes": out.getvalue(), "path": None})
+    features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=["cat", "dog"])})
+    root = tmp_path_factory.mktemp("hf-images") / "data"
+    datasets.Dataset.from_dict({"image": images, "label": [i % 2 for i in range(96)]}, features=features).save_to_disk(
+        str(root)
+    )
+    return root
+
+
+def test_a_hugging_face_trainer_is_measured_predicted_and_given_gf_accelerates_batches_verified(tmp_path, hf_images):
+    # Trainer.get_train_dataloader builds the loader inside trainer.train() and Accelerate prepares it (batch_size
+    # None, a batch sampler): measured at 8, and the change is a line before trainer.train()
+    pytest.importorskip("transformers")
+    project = tmp_path / "project"
+    project.mkdir()
+    shutil.copy(SCRIPTS / "hf_trainer.py", project / "hf_trainer.py")
+    cmd = [sys.executable, "hf_trainer.py", str(hf_images), "--output-dir", str(tmp_path / "trainer-out")]
+    run, report = _diagnose(tmp_path / "out", cmd, ("--steps", "0", "--verify", "--side-seconds", "6"), cwd=project)
+    assert run.returncode == 0, run.stderr[-3000:]
+    results = _results(run.stdout)
+    plain = _plain(sys.executable, str(project / "hf_trainer.py"), *cmd[2:])
+    assert results[: results.index("batches seen 16") + 1] == list(plain)  # max_steps=16, as without gpufeed
+    main = _main(report)
+    assert (main["batch_size"], main["built_by"]) == (8, "transformers.trainer.Trainer.train")
+    assert report["side"]["batch_size"] == 8 and "accelerate" in report["side"], report["side"]
+    _predicted(run, report)
+    line = _line_of("hf_trainer.py", "trainer.train()")
+    assert report["change"]["built_at"] == f"hf_trainer.py:{line}"
+    assert report["code_change"] == (
+        "+ trainer.get_train_dataloader = lambda: gf.accelerate(trainer.train_dataset, "
+        "batch_size=trainer.args.train_batch_size, shuffle=True, drop_last=trainer.args.dataloader_drop_last, "
+        "seed=trainer.args.seed, transform=_train_transforms, batch_keys=('pixel_values', 'labels'))\n"
+        "  trainer.train()"
+    )
+    v = report["verify"]
+    assert "error" not in v and v["status"] == 0 and v["after_exit"] == "finished", v
+    # 16 steps: Accelerate's shard reads one batch ahead (to know the epoch's end), gpufeed's loader does not
+    assert (v["before"]["batches"], v["after"]["batches"]) == (17, 16)
+    assert v["after"]["loader"].startswith("DeviceLoader at hf_trainer.py:")
+    done = subprocess.run(report["change"]["apply"], shell=True, cwd=tmp_path, capture_output=True, text=True)  # noqa: S602
+    assert done.returncode == 0, done.stdout + done.stderr
+    text = (project / "hf_trainer.py").read_text().splitlines()
+    assert text[line - 1 + 1].strip().startswith("trainer.get_train_dataloader = lambda: gf.accelerate(")  # +1: import

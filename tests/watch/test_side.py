@@ -134,3 +134,81 @@ def test_a_distributed_sampler_becomes_a_shuffled_pass_over_the_whole_subset_in_
     assert out["script_loader"]["settings"]["shuffle"] is True and "accelerate" in out
     # other notes may say what a loaded machine left out of the budget; this one is there whatever the load
     assert "the script's DistributedSampler is replaced by the samples shuffled, in one process" in out["notes"]
+
+
+def _prepared(batch_size: int = 16, **config):
+    """A DataLoader over 256 CIFAR-shaped samples as ``Accelerator(cpu=True).prepare`` returns it (a shard whose base
+    loader has ``batch_size=None`` and a ``batch_sampler``)."""
+    accelerate = pytest.importorskip("accelerate")
+    accelerator = accelerate.Accelerator(cpu=True, **config)
+    return accelerator, accelerator.prepare(DataLoader(cifar_like(256, transform=CIFAR_TF), batch_size, shuffle=True))
+
+
+@pytest.mark.parametrize("base", [False, True], ids=["shard", "its-base-loader"])
+def test_an_accelerate_prepared_loader_is_measured_at_its_batch_samplers_size_and_order(base):
+    _, prepared = _prepared()
+    loader = prepared.base_dataloader if base else prepared  # the hook holds the base loader it iterated
+    assert loader.batch_size is None  # what the side measurement refused before
+    out = side_measurement(loader, budget_s=6, device="cpu")
+    assert "error" not in out and "refused" not in out, out
+    assert out["batch_size"] == 16 and out["samples"] % out["measured_batch_size"] == 0
+    assert out["accelerate"]["img_s"] > 0 and out["accelerate"]["memory_bytes"] > 0
+    assert out["script_loader"]["settings"]["shuffle"] is True  # the batch sampler's order, not .sampler's
+    assert out["script_loader"]["settings"]["batch_size"] == out["measured_batch_size"]
+
+
+def test_a_prepared_loader_that_skips_its_first_batches_and_a_split_shard_are_measured_per_process():
+    from accelerate.data_loader import BatchSamplerShard
+    from torch.utils.data import BatchSampler, RandomSampler
+
+    from gpufeed.watch.found import batch_size_of, order_sampler
+
+    accelerator, prepared = _prepared(batch_size=8)
+    skipping = accelerator.skip_first_batches(prepared, 2)  # a resumed epoch: SkipBatchSampler inside
+    assert (batch_size_of(skipping), type(order_sampler(skipping)).__name__) == (8, "RandomSampler")
+    ds = cifar_like(64, transform=T.ToTensor())
+    # two ranks splitting each batch of 16 (split_batches=True): this process gets 8 of each
+    split = BatchSamplerShard(BatchSampler(RandomSampler(ds), 16, False), num_processes=2, split_batches=True)
+    loader = DataLoader(ds, batch_sampler=split)
+    assert batch_size_of(loader) == 8 == len(next(iter(loader))[0])
+    assert isinstance(order_sampler(loader), RandomSampler)
+    out = side_measurement(skipping, budget_s=5, device="cpu")
+    assert out["batch_size"] == 8 and "accelerate" in out
+
+
+def test_a_batch_sampler_without_a_batch_size_is_named_in_the_error():
+    class Buckets:
+        def __iter__(self):
+            return iter([[0, 1], [2, 3, 4]])
+
+        def __len__(self):
+            return 2
+
+    out = side_measurement(DataLoader(cifar_like(16), batch_sampler=Buckets()), budget_s=3, device="cpu")
+    assert "Buckets" in out["error"] and "batch_size" in out["error"]
+
+
+class _Rows(Dataset):
+    """Rows as a Trainer's dataset gives them: a dict with a PIL image the script's collate function leaves out."""
+
+    def __init__(self) -> None:
+        self.inner = cifar_like(96)
+
+    def __len__(self) -> int:
+        return 96
+
+    def __getitem__(self, i: int) -> dict:
+        image, label = self.inner[i]
+        return {"image": image, "pixel_values": T.functional.to_tensor(image), "label": label}
+
+
+def _stack(rows: list[dict]) -> dict:
+    pixels, labels = torch.stack([r["pixel_values"] for r in rows]), torch.tensor([r["label"] for r in rows])
+    return {"pixel_values": pixels, "labels": labels}
+
+
+def test_the_tuned_settings_are_measured_with_the_scripts_collate_function():
+    loader = DataLoader(_Rows(), batch_size=16, collate_fn=_stack)
+    out = side_measurement(loader, budget_s=4, device="cpu")
+    assert "error" not in out, out["error"]  # default_collate cannot batch the rows' PIL images
+    assert "refused" in out and out["tuned"]["img_s"] > 0 and out["script_loader"]["img_s"] > 0

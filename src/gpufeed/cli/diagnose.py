@@ -41,7 +41,8 @@ Everything after the first -- is the command, exactly as you run it (its own opt
 shows as usual; then the report prints: the verdict, the wait fraction, each DataLoader as found, what
 gf.accelerate does with that dataset measured beside it (within --side-seconds: a part of the data that fits,
 extrapolated), the training loop's step predicted with the fix, its one-time cost and what it stores where, and
-the line to change (the whole diff in OUT/fix.diff: patch -p1 < OUT/fix.diff). Your files are never written."""
+the line to change (the whole diff in OUT/fix.diff, and the command that applies it from any folder:
+cd DIR && patch -p1 < OUT/fix.diff). Your files are never written."""
 
 WATCH_STEPS = 100  # the command form's default --steps: enough past the workers' start for a stable fraction
 CONFIG_STEPS = 50

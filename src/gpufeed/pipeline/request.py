@@ -21,6 +21,7 @@ from ..options import BatchOptions, ReadOptions
 from ..read.hf import arrow_images, hf_kind, transform_of
 from ..read.wrappers import SourceWatch, unwrap
 from ..validate import UnbatchableError, as_views, check_dataset, check_epoch, check_length
+from .translate.wrapped import view_transforms
 
 __all__ = ["DATASET", "Request", "request"]
 
@@ -118,6 +119,16 @@ def request(
             f"mix= mixes one-hot class labels, but label_key={dataset.label_key!r} serves float targets: drop mix=, or "
             "cast the column to class ids (int64 or a ClassLabel)"
         )
+    split = view_transforms(transform) if isinstance(views, int) and views == 1 and transform is not None else None
+    if split is not None:  # a TwoCropsTransform-style object: each view through the transform it holds, batched
+        n = len(split)
+        notes = (
+            *notes,
+            f"the transform {type(transform).__name__} returns {n} views of each image: each batch is ([view_1, ..., "
+            f"view_{n}], labels) as its DataLoader's, each view with its own draws (views={n})",
+        )
+        views = split if len({id(v) for v in split}) > 1 else len(split)
+        transform = split[0]
     if isinstance(views, (list, tuple)):
         if len(views) < 2:
             raise ConfigError(f"views: {len(views)} pipeline(s); give an int, or one pipeline per view (two or more)")

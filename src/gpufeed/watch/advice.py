@@ -31,6 +31,8 @@ import textwrap
 from dataclasses import dataclass, field
 
 from .record import LoaderRecord
+from .trainer import trainer_line, trainer_of
+from .unpacked import run_value, spread
 
 __all__ = ["Change", "code_change", "file_change", "no_change_reason", "rewrite", "source_lines"]
 
@@ -72,16 +74,22 @@ _IMPORT = "import gpufeed as gf"
 @dataclass
 class Change:
     """A rewrite of the call at ``line`` of ``file``: ``old`` (its source) becomes ``new``; ``imports`` go at the
-    top of the file; ``notes`` say what else the change means (a sampler made unnecessary, where to build it)."""
+    top of the file; ``notes`` say what else the change means (a sampler made unnecessary, where to build it);
+    ``before``: a statement put on its own line before the one that holds the call (a Trainer's loader, changed
+    where ``trainer.train()`` asks for it: :mod:`gpufeed.watch.trainer`)."""
 
     old: str
     new: str
     imports: list[str] = field(default_factory=lambda: [_IMPORT])
     notes: list[str] = field(default_factory=list)
+    before: str | None = None
 
     @property
     def preview(self) -> str:
-        """One ``-`` line per line of the original call, one ``+`` line for the new call."""
+        """One ``-`` line per line of the original call, one ``+`` line for the new call (an added statement: its
+        ``+`` line, then the call as it stays)."""
+        if self.before is not None and self.old == self.new:
+            return "\n".join([f"+ {self.before}", *(f"  {line}" for line in source_lines(self.old))])
         return "\n".join([*(f"- {line}" for line in source_lines(self.old)), f"+ {self.new}"])
 
 
@@ -117,6 +125,12 @@ def rewrite(loader: LoaderRecord) -> tuple[Change | None, str | None]:
     callee = call.func.id if isinstance(call.func, ast.Name) else getattr(call.func, "attr", None)
     if callee == "create_loader" or (loader.built_by or "").startswith("timm."):
         return _timm(source, call, loader)
+    if callee not in ("DataLoader", cls) and (loader.built_by or "").startswith("transformers."):
+        trainer, why = trainer_of(call, loader)  # a Trainer over a datasets.Dataset: a line before its train()
+        if trainer is not None:
+            return _trainer(source, loader, trainer)
+        if why is not None:
+            return None, why
     if callee not in ("DataLoader", cls):
         return None, _library_reason(source, call, loader.built_by or "")
     if init_of not in _INITS:
@@ -125,7 +139,7 @@ def rewrite(loader: LoaderRecord) -> tuple[Change | None, str | None]:
             f"its own, not DataLoader's; replace {callee}(...) with gf.accelerate(dataset, batch_size=..., "
             "shuffle=...) if what it adds (a collate, a sampler) is nothing the training needs"
         )
-    args, why = _arguments(source, call, _POSITIONAL)
+    args, why = _arguments(source, call, _POSITIONAL, loader.unpacked, _DEFAULTS)
     if args is None:
         return None, why
     notes: list[str] = []
@@ -144,6 +158,19 @@ def rewrite(loader: LoaderRecord) -> tuple[Change | None, str | None]:
         if value is not None:
             kept.append(f"{name}={value}")
     return Change(source, f"gf.accelerate({', '.join(kept + extra)})", notes=notes), None
+
+
+def _trainer(source: str, loader: LoaderRecord, trainer: str) -> tuple[Change | None, str | None]:
+    """A Trainer's loader over a ``datasets.Dataset``: a line before ``trainer.train()`` gives its
+    ``get_train_dataloader`` gf.accelerate's batches (:mod:`gpufeed.watch.trainer`), with the dataset's recipe and
+    dict keys found as for a DataLoader over it; the call itself stays."""
+    notes: list[str] = []
+    extra: list[str] = []
+    blocking = _hugging_face({"dataset": f"{trainer}.train_dataset"}, loader, notes, extra)
+    if blocking:
+        return None, "; ".join(blocking)
+    before, note = trainer_line(trainer, extra)
+    return Change(source, source, notes=[*notes, note], before=before), None
 
 
 def _hugging_face(args: dict[str, str], loader: LoaderRecord, notes: list[str], extra: list[str]) -> list[str]:
@@ -275,10 +302,11 @@ def _timm(source: str, call: ast.Call, loader: LoaderRecord) -> tuple[Change | N
     """timm's ``create_loader(dataset, input_size, batch_size, is_training=..., <recipe>...)``: the recipe goes to
     ``timm.data.create_transform`` with the same arguments (without timm's prefetcher: ToTensor and Normalize are
     in the recipe, which gf.accelerate runs batched on the device, as the prefetcher did)."""
-    args, why = _arguments(source, call, _TIMM_POSITIONAL)
+    args, why = _arguments(source, call, _TIMM_POSITIONAL, loader.unpacked)
     if args is None:
         return None, why
-    if "Mixup" in (loader.collate_fn or "") or args.get("num_aug_splits", "0") not in ("0", "None"):
+    splits = run_value(loader.unpacked, "num_aug_splits") or args.get("num_aug_splits", "0")  # a dict's: its value
+    if "Mixup" in (loader.collate_fn or "") or splits not in ("0", "1", "None"):
         return None, (
             "timm's create_loader mixes batches (a Mixup collate_fn) or splits them for AugMix here: gf.accelerate "
             "mixes with mix=gpufeed.augment.MixUp(...)/CutMix(...) and does not split; change create_loader(...) to "
@@ -286,6 +314,16 @@ def _timm(source: str, call: ast.Call, loader: LoaderRecord) -> tuple[Change | N
         )
     if "dataset" not in args or "batch_size" not in args:
         return None, "the create_loader(...) call names no dataset or batch size"
+    if loader.batch_sampler not in (None, "?"):  # the run's facts, whatever the text (input_size_choices=args.x)
+        return None, (
+            f"timm's create_loader made the batches with a {loader.batch_sampler} here (input_size_choices / "
+            "batch_size_choices: batches of scheduled sizes); gf.accelerate makes batches of one size"
+        )
+    if loader.shuffle is None and loader.sampler not in ("", "?"):
+        return None, (
+            f"timm's create_loader ordered the samples with a {loader.sampler} here (num_aug_repeats); "
+            "gf.accelerate draws its own order (shuffle=, seed=, each rank's share)"
+        )
     training = args.get("is_training", "False")
     recipe = [args["input_size"]] if "input_size" in args else []
     recipe += [f"{name}={args[name]}" for name in _TIMM_RECIPE[1:] if name in args]
@@ -296,7 +334,7 @@ def _timm(source: str, call: ast.Call, loader: LoaderRecord) -> tuple[Change | N
         f"drop_last={training}",
         f"transform=timm.data.create_transform({', '.join(recipe)})",
     ]
-    prefetcher = args.get("use_prefetcher", "True") != "False"  # create_loader's default is True
+    prefetcher = (run_value(loader.unpacked, "use_prefetcher") or args.get("use_prefetcher", "True")) != "False"
     how = "and normalised on the device in its PrefetchLoader" if prefetcher else "(its ToTensor and Normalize too)"
     notes = [
         f"timm's create_loader set the dataset's transform {how}; gf.accelerate takes the same recipe from "
@@ -321,10 +359,17 @@ def _library_reason(source: str, call: ast.Call, built_by: str) -> str:
     )
 
 
-def _arguments(source: str, call: ast.Call, positional: tuple[str, ...]) -> tuple[dict[str, str] | None, str | None]:
-    """The call's arguments by name, each as written; or None and why they cannot be known from the text."""
+def _arguments(
+    source: str,
+    call: ast.Call,
+    positional: tuple[str, ...],
+    unpacked: list[dict[str, object]] | None = None,
+    defaults: dict[str, str] | None = None,
+) -> tuple[dict[str, str] | None, str | None]:
+    """The call's arguments by name, each as written (what ``*args``/``**kwargs`` held in the run, by the script's
+    names for them: :func:`gpufeed.watch.unpacked.spread`); or None and why they cannot be known."""
     if any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords):
-        return None, "the call passes *args or **kwargs, whose contents are not in the source"
+        return spread(source, call, positional, unpacked, defaults, _text)
     if len(call.args) > len(positional):
         return None, f"the call passes {len(call.args)} positional arguments; gpufeed maps the first {len(positional)}"
     args = {name: _text(source, node) for name, node in zip(positional, call.args, strict=False)}
@@ -364,6 +409,10 @@ def file_change(text: str, line: int, change: Change, name: str = "train.py") ->
     # the call's lines become one, then blank lines: line numbers after it stay those of the original
     blanks = ["\n"] * (end_line - node.lineno)
     new_lines = [*lines[: node.lineno - 1], head + change.new + tail, *blanks, *lines[end_line:]]
+    if change.before is not None:  # on its own line before the statement that holds the call, at its indentation
+        at = _statement_line(tree, node)
+        indent = lines[at][: len(lines[at]) - len(lines[at].lstrip())]
+        new_lines.insert(at, f"{indent}{change.before}\n")
     present = {ast.unparse(n) for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))}
     wanted = [f"{imp}\n" for imp in change.imports if imp not in present]
     at = _import_line(tree)
@@ -371,6 +420,13 @@ def file_change(text: str, line: int, change: Change, name: str = "train.py") ->
     new = "".join(new_lines)
     diff = difflib.unified_diff(lines, new.splitlines(keepends=True), f"a/{name}", f"b/{name}")
     return new, "".join(diff)
+
+
+def _statement_line(tree: ast.Module, node: ast.AST) -> int:
+    """The 0-based first line of the innermost statement that holds ``node``."""
+    line = getattr(node, "lineno", 1)
+    holding = [n for n in ast.walk(tree) if isinstance(n, ast.stmt) and n.lineno <= line <= (n.end_lineno or n.lineno)]
+    return max((n.lineno for n in holding), default=line) - 1
 
 
 def _import_line(tree: ast.Module) -> int:

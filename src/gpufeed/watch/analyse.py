@@ -185,6 +185,7 @@ def _summary(found: list[tuple[ProcessRecord, Any]], main: bool) -> LoaderSummar
         init_of=ld.init_of, shuffle=ld.shuffle, batch_sampler=ld.batch_sampler, collate_fn=ld.collate_fn,
         built_by=ld.built_by, file=ld.file,
         first_batch_s=min((o.requested[0] + o.waits[0] for _, o in found if o.waits), default=None), hf=ld.hf,
+        unpacked=ld.unpacked,
     )  # fmt: skip
 
 
@@ -224,7 +225,7 @@ def _change(out: WatchReport) -> None:
     line = int(target.built_at.rsplit(":", 1)[1]) if target.built_at and ":" in target.built_at else None
     out.change = {
         "file": target.file, "built_at": target.built_at, "line": line, "old": change.old, "new": change.new,
-        "imports": change.imports, "notes": notes + change.notes,
+        "imports": change.imports, "notes": notes + change.notes, "before": change.before,
     }  # fmt: skip
 
 
@@ -234,7 +235,7 @@ _REBUILDERS = ("accelerate.", "lightning.", "pytorch_lightning.")
 def change_of(report: WatchReport) -> Change | None:
     """The report's change as an :class:`~gpufeed.watch.advice.Change` (None without one)."""
     c = report.change
-    return None if c is None else Change(c["old"], c["new"], list(c["imports"]), list(c["notes"]))
+    return None if c is None else Change(c["old"], c["new"], list(c["imports"]), list(c["notes"]), c.get("before"))
 
 
 def _as_record(s: LoaderSummary) -> LoaderRecord:
@@ -242,6 +243,7 @@ def _as_record(s: LoaderSummary) -> LoaderRecord:
         s.id, s.cls, s.built_at, s.source, s.dataset, s.transform, s.batch_size, s.num_workers, s.pin_memory,
         s.persistent_workers, s.prefetch_factor, s.sampler, s.drop_last, init_of=s.init_of, shuffle=s.shuffle,
         batch_sampler=s.batch_sampler, collate_fn=s.collate_fn, built_by=s.built_by, file=s.file, hf=s.hf,
+        unpacked=s.unpacked,
     )  # fmt: skip
 
 

@@ -15,13 +15,26 @@ import linecache
 import os
 import re
 import sysconfig
+import types
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
 
 from .record import LoaderRecord
+from .unpacked import unpacked_at
 
-__all__ = ["Built", "batch_samples", "dataset_name", "loader_record", "transform_text", "where_built"]
+__all__ = [
+    "Built",
+    "batch_samples",
+    "batch_size_of",
+    "dataset_name",
+    "drop_last_of",
+    "loader_record",
+    "loader_settings",
+    "order_sampler",
+    "transform_text",
+    "where_built",
+]
 
 # the frames skipped to find the line of the script that built a loader
 _LIBRARIES = {"torch", "torchdata", "lightning", "pytorch_lightning", "lightning_fabric", "accelerate", "gpufeed"}
@@ -41,11 +54,27 @@ def transform_text(dataset: Any) -> str | None:
     for _ in range(4):
         transform = getattr(dataset, "transform", None)
         if transform is not None:
-            return re.sub(r"\s*\n\s*", " ", repr(transform))[:2000]
+            return re.sub(r"\s*\n\s*", " ", _repr(transform))[:2000]
         dataset = getattr(dataset, "dataset", None)  # through Subset and wrappers
         if dataset is None:
             return None
     return None
+
+
+def _repr(transform: Any) -> str:
+    """The transform's repr; an object of the script's own without one (torchvision's classification presets) as
+    the transforms it holds: ``ClassificationPresetTrain holding transforms=Compose(...)``."""
+    text = repr(transform)
+    if not re.fullmatch(r"<[\w.]+ object at 0x[0-9a-fA-F]+>", text):
+        return text
+    held = [
+        (k, v)
+        for k, v in getattr(transform, "__dict__", {}).items()
+        if type(v).__module__.startswith(("torchvision.transforms", "timm.data"))
+    ]
+    if not held:
+        return text
+    return f"{type(transform).__qualname__} holding " + ", ".join(f"{k}={v!r}" for k, v in held)
 
 
 @dataclass
@@ -137,9 +166,13 @@ def _call_source(
     return ast.get_source_segment(text, exact[0]), exact[0].lineno
 
 
-def loader_record(loader: Any, id: int, built: Built) -> LoaderRecord:
-    """A new loader's record: its configuration as found on it (no batches yet). A gpufeed loader (the fixed
-    script of ``gpufeed diagnose --verify``) has no DataLoader settings: its own are recorded."""
+def loader_record(
+    loader: Any, id: int, built: Built, received: tuple[tuple[Any, ...], dict[str, Any]] | None = None
+) -> LoaderRecord:
+    """A new loader's record: its configuration as found on it (no batches yet), and what the call's ``*args`` /
+    ``**kwargs`` held (read in the script's frame; ``received``: the arguments its ``__init__`` got, which are the
+    call's own when the script called DataLoader's ``__init__`` itself). A gpufeed loader (the fixed script of
+    ``gpufeed diagnose --verify``) has no DataLoader settings: its own are recorded."""
     config = getattr(loader, "config", None)
     if not hasattr(loader, "num_workers") and config is not None:  # gpufeed's EpochLoader
         plan = getattr(loader, "plan", None)
@@ -149,10 +182,10 @@ def loader_record(loader: Any, id: int, built: Built) -> LoaderRecord:
             "gpufeed order" + (" (shuffled)" if config.shuffle else ""), bool(config.drop_last),
             init_of=_init_of(type(loader)), shuffle=bool(config.shuffle), built_by=built.by, file=built.file,
         )  # fmt: skip
-    batch_size = loader.batch_size
-    if batch_size is None:
-        batch_size = getattr(loader.batch_sampler, "batch_size", None)
-    order = _order_sampler(loader)
+    batch_size = batch_size_of(loader)
+    order = order_sampler(loader)
+    init_of = _init_of(type(loader))
+    direct = built.by is None and init_of in _DATALOADER_INITS  # the call's arguments are what __init__ received
     return LoaderRecord(
         id=id,
         cls=type(loader).__name__,
@@ -166,14 +199,21 @@ def loader_record(loader: Any, id: int, built: Built) -> LoaderRecord:
         persistent_workers=bool(loader.persistent_workers),
         prefetch_factor=loader.prefetch_factor,
         sampler=type(order).__name__,
-        drop_last=bool(loader.drop_last),
-        init_of=_init_of(type(loader)),
+        drop_last=drop_last_of(loader),
+        init_of=init_of,
         shuffle=_shuffles(order),
         batch_sampler=None if _auto_batched(loader) else type(loader.batch_sampler).__name__,
         collate_fn=_collate_name(loader.collate_fn),
         built_by=built.by,
         file=built.file,
+        unpacked=unpacked_at(built.frame, built.source, received if direct else None),
     )
+
+
+_DATALOADER_INITS = (
+    "torch.utils.data.dataloader.DataLoader",
+    "torchdata.stateful_dataloader.stateful_dataloader.StatefulDataLoader",
+)
 
 
 def _shuffles(sampler: Any) -> bool | None:
@@ -191,13 +231,7 @@ def _shuffles(sampler: Any) -> bool | None:
 def _auto_batched(loader: Any) -> bool:
     """Whether the DataLoader made its batch sampler itself from ``batch_size`` (no ``batch_sampler=`` given);
     a wrapper's (Accelerate's shard) is followed to the one it wraps."""
-    batches = loader.batch_sampler
-    for _ in range(4):
-        inner = getattr(batches, "batch_sampler", None)
-        if inner is None:
-            break
-        batches = inner
-    return loader.batch_size is not None or type(batches).__name__ == "BatchSampler"
+    return loader.batch_size is not None or type(_batch_samplers(loader)[-1]).__name__ == "BatchSampler"
 
 
 def _collate_name(fn: Any) -> str | None:
@@ -223,16 +257,63 @@ def batch_samples(data: Any, tensor: Any) -> int:
     return 0
 
 
-def _order_sampler(loader: Any) -> Any:
-    """The sampler that orders the batches: a ``batch_sampler=`` (Accelerate's shards wrap the script's) is followed
-    down to the sampler it batches; a plain loader's is its ``sampler``."""
-    batches = loader.batch_sampler
-    for _ in range(4):  # a wrapper of a wrapper (BatchSamplerShard over BatchSampler), never a loop
-        inner = getattr(batches, "batch_sampler", None)
+def _batch_samplers(loader: Any) -> list[Any]:
+    """The loader's batch sampler and those it wraps, outermost first: Accelerate's ``SkipBatchSampler`` over its
+    ``BatchSamplerShard`` over the script's ``BatchSampler`` (a wrapper of a wrapper, never a loop: 4 at most)."""
+    found = [getattr(loader, "batch_sampler", None)]
+    for _ in range(4):
+        inner = getattr(found[-1], "batch_sampler", None)
         if inner is None:
             break
-        batches = inner
-    return getattr(batches, "sampler", None) or loader.sampler
+        found.append(inner)
+    return found
+
+
+def order_sampler(loader: Any) -> Any:
+    """The sampler that orders the batches: a ``batch_sampler=`` (Accelerate's shards wrap the script's) is followed
+    down to the sampler it batches; a plain loader's is its ``sampler``.
+
+    Example:
+        >>> import torch
+        >>> from torch.utils.data import BatchSampler, DataLoader, RandomSampler, TensorDataset
+        >>> ds = TensorDataset(torch.zeros(8))
+        >>> type(order_sampler(DataLoader(ds, batch_sampler=BatchSampler(RandomSampler(ds), 4, False)))).__name__
+        'RandomSampler'
+    """
+    return getattr(_batch_samplers(loader)[-1], "sampler", None) or loader.sampler
+
+
+def batch_size_of(loader: Any) -> int | None:
+    """The samples in each batch this process gets: the loader's ``batch_size``, or, with a ``batch_sampler=``
+    (Accelerate's prepared loaders have ``batch_size=None``), the batch sampler's, through the wrappers that keep it
+    (``SkipBatchSampler``) and divided by the processes a ``BatchSamplerShard`` with ``split_batches=True`` shares
+    each batch with. None when no batch sampler says (one of the script's own that makes batches of any size).
+
+    Example:
+        >>> import torch
+        >>> from torch.utils.data import BatchSampler, DataLoader, SequentialSampler, TensorDataset
+        >>> ds = TensorDataset(torch.zeros(8))
+        >>> batch_size_of(DataLoader(ds, batch_sampler=BatchSampler(SequentialSampler(ds), 4, False)))
+        4
+    """
+    if getattr(loader, "batch_size", None) is not None:
+        return int(loader.batch_size)
+    split = 1
+    for sampler in _batch_samplers(loader):
+        if getattr(sampler, "split_batches", False) is True:
+            split *= int(getattr(sampler, "num_processes", 1) or 1)
+        size = getattr(sampler, "batch_size", None)
+        if isinstance(size, int) and size > 0:
+            return max(1, size // split)
+    return None
+
+
+def drop_last_of(loader: Any) -> bool:
+    """Whether the ragged last batch is dropped: the loader's ``drop_last``, or its batch sampler's (a DataLoader
+    given a ``batch_sampler=`` keeps ``drop_last=False`` whatever that sampler does)."""
+    if getattr(loader, "batch_size", None) is not None:
+        return bool(loader.drop_last)
+    return any(getattr(sampler, "drop_last", False) is True for sampler in _batch_samplers(loader))
 
 
 def _init_of(cls: type) -> str:
@@ -243,3 +324,17 @@ def _init_of(cls: type) -> str:
         if "__init__" in vars(klass):
             return f"{klass.__module__}.{klass.__qualname__}"
     return f"{cls.__module__}.{cls.__qualname__}"
+
+
+_SETTINGS = (
+    "dataset", "batch_size", "batch_sampler", "num_workers", "sampler", "pin_memory", "drop_last", "collate_fn",
+    "timeout", "prefetch_factor", "persistent_workers", "worker_init_fn", "multiprocessing_context",
+)  # fmt: skip
+
+
+def loader_settings(loader: Any) -> Any:
+    """A DataLoader's dataset and settings as the side measurement reads them when the loader itself is gone (None
+    for gpufeed's loaders)."""
+    if not hasattr(loader, "num_workers"):
+        return None
+    return types.SimpleNamespace(**{name: getattr(loader, name, None) for name in _SETTINGS})

@@ -35,13 +35,12 @@ import os
 import sys
 import threading
 import time
-import types
 import weakref
 from types import FrameType
 from typing import Any
 
 from .clock import nvml_index
-from .found import batch_samples, loader_record, where_built
+from .found import batch_samples, loader_record, loader_settings, where_built
 from .hf import batch_layout, hf_found
 from .patching import PatchOnImport
 from .record import FIRST_BATCH
@@ -211,7 +210,7 @@ def _init_patch(state: State, init: Any) -> Any:
         if state.paused or os.getpid() != state.pid:
             return
         try:
-            _built(state, self, sys._getframe(1))
+            _built(state, self, sys._getframe(1), received=(args, kwargs))
         except Exception as e:  # noqa: BLE001 - the hook's bookkeeping never breaks the script
             state.note("a DataLoader's configuration", e)
 
@@ -268,7 +267,9 @@ def _cuda_up(state: State) -> bool:
     return state.cuda
 
 
-def _built(state: State, loader: Any, frame: FrameType | None, iterated: bool = False) -> Watched | None:
+def _built(
+    state: State, loader: Any, frame: FrameType | None, iterated: bool = False, received: Any = None
+) -> Watched | None:
     """A new loader: its record, from its attributes and the frame of the script that built it (or, ``iterated``,
     that first iterated it: the source of that line is not the loader's call). None for a DataLoader that
     gpufeed's own code built (the fallback's workers, inside a gpufeed loader that is measured itself)."""
@@ -292,30 +293,17 @@ def _built(state: State, loader: Any, frame: FrameType | None, iterated: bool = 
                 f"a {type(loader).__name__} was built without DataLoader.__init__: its line is where it was first "
                 "iterated"
             )
-    record = loader_record(loader, len(state.watched), built)
+    record = loader_record(loader, len(state.watched), built, received)
     if not gpufeed_loader:
         record.hf = hf_found(loader.dataset, loader.collate_fn, built.frame)
         if record.hf is not None and record.hf["function"] is not None and record.transform is None:
             applies = record.hf["recipe_text"] or "a recipe not found (see the change)"
             record.transform = f"{record.hf['function']} (set by set_transform/with_transform), applying {applies}"
     built.frame = None  # the script's frame is not kept alive by the hook
-    watched = Watched(record, weakref.ref(loader), settings=_settings(loader))
+    watched = Watched(record, weakref.ref(loader), settings=loader_settings(loader))
     state.watched.append(watched)
     object.__setattr__(loader, "_gpufeed_watched", watched)  # DataLoader.__setattr__ guards some attributes
     return watched
-
-
-_SETTINGS = (
-    "dataset", "batch_size", "num_workers", "sampler", "pin_memory", "drop_last", "collate_fn", "timeout",
-    "prefetch_factor", "persistent_workers", "worker_init_fn", "multiprocessing_context",
-)  # fmt: skip
-
-
-def _settings(loader: Any) -> Any:
-    """A DataLoader's dataset and settings as the side measurement reads them (None for gpufeed's loaders)."""
-    if not hasattr(loader, "num_workers"):
-        return None
-    return types.SimpleNamespace(**{name: getattr(loader, name, None) for name in _SETTINGS})
 
 
 def _made_by_gpufeed(frame: FrameType | None) -> bool:
@@ -420,7 +408,8 @@ def _register_side_at_end(state: State) -> None:
     if not state.side:
         return
     try:
-        importlib.import_module("concurrent.futures.thread")
+        for name in ("concurrent.futures.thread", "concurrent.futures.process"):  # process: torch.compile's pool
+            importlib.import_module(name)  # imported at shutdown, each would register its own hook: refused then
         threading._register_atexit(_side_at_end)  # type: ignore[attr-defined]
     except (AttributeError, RuntimeError, ImportError) as e:  # another Python: atexit's turn will try it
         state.note("the side measurement at the end", e)

@@ -69,6 +69,8 @@ class LoaderRecord:
     # a loader over a Hugging Face datasets.Dataset: what gpufeed.watch.hf.HFFound says of it (its set_transform
     # function, the recipe that function applies and its name where the loader is built, the first batch's layout)
     hf: dict[str, Any] | None = None
+    # what the call's *args / **kwargs held when it ran (gpufeed.watch.unpacked): one entry per starred argument
+    unpacked: list[dict[str, Any]] | None = None
 
     @property
     def batches(self) -> int:

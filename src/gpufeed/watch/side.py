@@ -39,12 +39,13 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, IterableDataset, RandomSampler, Subset
+from torch.utils.data import DataLoader, IterableDataset, RandomSampler, SequentialSampler, Subset
 
 from ..device import resolve_device, sync, usable_cores
 from ..errors import ConfigError, DataError, UnsupportedTransformError
 from ..loading.prefetch import map_tensors
 from ..validate import UnbatchableError
+from .found import batch_size_of, drop_last_of, order_sampler
 from .hf import accelerate_kwargs, is_hf_dataset
 
 __all__ = ["TUNE_BUDGET_S", "side_measurement", "subset_size"]
@@ -118,11 +119,15 @@ def side_measurement(loader: DataLoader, budget_s: float = 20.0, device: str | t
 
 
 def _measure(loader: DataLoader, budget_s: float, device: torch.device, start: float) -> dict[str, Any]:
-    dataset, batch_size = loader.dataset, loader.batch_size
+    # NOTE: a loader Accelerate prepared (a Trainer's too) has batch_size=None and a batch sampler that keeps the
+    # script's batch size and order (its BatchSamplerShard over the script's BatchSampler and RandomSampler)
+    dataset, batch_size, order = loader.dataset, batch_size_of(loader), order_sampler(loader)
     if batch_size is None:
+        batches = getattr(loader, "batch_sampler", None)
+        made_by = f"its batch_sampler ({type(batches).__name__}) has no batch_size" if batches is not None else ""
         return {
-            "error": "the loader has batch_size=None (a batch_sampler or no automatic batching): no batch size "
-            "to measure at"
+            "error": f"the loader has batch_size=None and {made_by or 'no batch_sampler (no automatic batching)'}: "
+            "no batch size to measure at"
         }
     if isinstance(dataset, IterableDataset) or not hasattr(dataset, "__len__"):
         return {
@@ -135,7 +140,7 @@ def _measure(loader: DataLoader, budget_s: float, device: torch.device, start: f
     subset = _part(dataset, k)
     given = accelerate_kwargs(dataset, loader.collate_fn)  # a Hugging Face dataset's recipe, as the change passes it
     # a DistributedSampler (torchrun, Lightning, Accelerate) shuffles when its shuffle says so
-    shuffle = isinstance(loader.sampler, RandomSampler) or getattr(loader.sampler, "shuffle", False) is True
+    shuffle = isinstance(order, RandomSampler) or getattr(order, "shuffle", False) is True
     out: dict[str, Any] = {
         "samples": k, "dataset_samples": n, "batch_size": batch_size, "measured_batch_size": measured_batch,
         "sample_s": sample_s, "device": str(device), "budget_s": budget_s, "notes": [],
@@ -147,8 +152,8 @@ def _measure(loader: DataLoader, budget_s: float, device: torch.device, start: f
         )
     elif k < 2 * batch_size:
         out["notes"].append(f"{k} samples measured: fewer than 2 batches of {batch_size}")
-    kind = type(loader.sampler).__name__
-    if kind not in ("RandomSampler", "SequentialSampler"):
+    kind = type(order).__name__
+    if not isinstance(order, (RandomSampler, SequentialSampler)):  # Accelerate's SeedableRandomSampler is one
         order = "shuffled" if shuffle else "in order"
         out["notes"].append(f"the script's {kind} is replaced by the samples {order}, in one process")
     deadline = start + budget_s
@@ -199,7 +204,7 @@ def _measure(loader: DataLoader, budget_s: float, device: torch.device, start: f
     left = deadline - time.perf_counter()
     if "refused" in out or (loader.num_workers < usable_cores() and left >= _MIN_TUNE_S):
         budget = min(TUNE_BUDGET_S, max(2.0, left - 1.0))
-        out["tuned"] = _tuned(subset, measured_batch, device, budget)
+        out["tuned"] = _tuned(subset, measured_batch, device, budget, loader.collate_fn)
     return out
 
 
@@ -290,7 +295,7 @@ def _script_rate(
         "shuffle": shuffle,
         "num_workers": loader.num_workers,
         "pin_memory": loader.pin_memory,
-        "drop_last": loader.drop_last,
+        "drop_last": drop_last_of(loader),
     }
     extra: dict[str, Any] = {"collate_fn": loader.collate_fn, "timeout": loader.timeout}
     if loader.num_workers > 0:
@@ -314,11 +319,14 @@ def _script_rate(
     return {"img_s": rate, "settings": settings}
 
 
-def _tuned(subset: Any, batch_size: int, device: torch.device, budget_s: float) -> dict[str, Any]:
-    """tune_dataloader's choice on ``subset`` in ``budget_s``: its kwargs and measured img/s."""
+def _tuned(subset: Any, batch_size: int, device: torch.device, budget_s: float, collate_fn: Any) -> dict[str, Any]:
+    """tune_dataloader's choice on ``subset`` in ``budget_s``, batched by the script's ``collate_fn`` (a Trainer's
+    rows are dicts that only its collate function stacks): its kwargs and measured img/s."""
     from ..tune import tune_dataloader
 
-    cfg = tune_dataloader(subset, batch_size, time_budget_s=budget_s, device=device, progress=False)
+    cfg = tune_dataloader(
+        subset, batch_size, time_budget_s=budget_s, device=device, collate_fn=collate_fn, progress=False
+    )
     best = [
         t.images_per_s
         for t in cfg.table

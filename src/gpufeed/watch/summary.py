@@ -47,6 +47,7 @@ class LoaderSummary:
     file: str | None = None
     first_batch_s: float | None = None  # from the process's start (the hook's install) to the first batch served
     hf: dict[str, Any] | None = None  # a Hugging Face dataset's findings (LoaderRecord's)
+    unpacked: list[dict[str, Any]] | None = None  # what the call's *args / **kwargs held (LoaderRecord's)
 
     @property
     def name(self) -> str:

@@ -176,7 +176,8 @@ def _fix(r: ReportData) -> list[str]:
             lines += [f"  ({n})" for n in (r.change or {}).get("notes", [])]
             diff = (r.change or {}).get("diff")
             if diff:
-                lines.append(f"  the whole diff: {diff} (apply with: patch -p1 < {diff})")
+                apply = (r.change or {}).get("apply") or f"patch -p1 < {diff}"
+                lines.append(f"  the whole diff: {diff} (apply with: {apply})")
         elif r.no_change_reason:
             lines += ["", f"no code change suggested: {r.no_change_reason}"]
     return lines

@@ -23,6 +23,7 @@ Example:
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import statistics
 import tempfile
@@ -55,14 +56,21 @@ def script_of(cmd: list[str]) -> Path | None:
     return None
 
 
-def diff_name(file: str) -> str:
-    """The changed file's name in the diff: relative to the current directory when inside it (``patch -p1`` run
-    there applies it), else as it is."""
+def diff_name(file: str) -> tuple[Path, str]:
+    """``(root, name)``: the folder ``patch -p1`` runs in and the changed file's name in the diff, relative to it
+    (a diff names its files ``a/NAME``, ``b/NAME``): the current directory when the file is inside it, else the
+    file's own folder (an absolute name would give ``a//abs/path``, which applies from nowhere)."""
     path = Path(file).resolve()
-    try:
-        return str(path.relative_to(Path.cwd().resolve()))
-    except ValueError:
-        return str(path)
+    cwd = Path.cwd().resolve()
+    if path.is_relative_to(cwd):
+        return cwd, str(path.relative_to(cwd))
+    return path.parent, path.name
+
+
+def _apply_command(root: Path, diff: Path) -> str:
+    """The shell command that applies ``diff`` to the user's files from any directory: ``cd ROOT && patch -p1 <
+    DIFF``, both absolute and quoted for the shell."""
+    return f"cd {shlex.quote(str(root))} && patch -p1 < {shlex.quote(str(diff.resolve()))}"
 
 
 def prepare(report: WatchReport, out: Path) -> tuple[str, str] | None:
@@ -75,13 +83,15 @@ def prepare(report: WatchReport, out: Path) -> tuple[str, str] | None:
         return None
     try:
         text = Path(c["file"]).read_text()
-        new, diff = file_change(text, c["line"], change, diff_name(c["file"]))
+        root, name = diff_name(c["file"])
+        new, diff = file_change(text, c["line"], change, name)
     except (OSError, SyntaxError, ValueError, UnicodeDecodeError) as e:
         report.notes.append(f"the code change could not be applied to {c['file']}: {type(e).__name__}: {e}")
         return None
     out.mkdir(parents=True, exist_ok=True)
     (out / "fix.diff").write_text(diff)
     c["diff"] = str(out / "fix.diff")
+    c["apply"] = _apply_command(root, out / "fix.diff")
     return new, diff
 
 

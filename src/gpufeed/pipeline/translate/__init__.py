@@ -50,6 +50,7 @@ from .dtype import normalize, to_dtype, to_float, to_tensor
 from .from_timm import timm_auto, timm_erasing
 from .geometry import affine, erasing, perspective, random_crop, resized_crop, rotation
 from .state import State, is_v2
+from .wrapped import held, why_not
 
 __all__ = [
     "CACHEABLE",
@@ -235,6 +236,9 @@ def flatten(transform: Any) -> list[Any]:
         return []
     if kind(transform) == "Compose":
         return [op for t in transform.transforms for op in flatten(t)]
+    inner = held(transform)  # an object of the script's own that only applies the recipe it holds (wrapped.py)
+    if inner is not None:
+        return [op for t in inner for op in flatten(t)]
     return _expand_preset(transform) or [transform]
 
 
@@ -284,6 +288,8 @@ def split_transform(transform: Any, cache_lambda: bool = False) -> Split:
                 f" (gpufeed converts torchvision's own {type(op).__name__}, v1 or v2; this one may compute "
                 "something else)"
                 if look_alike
+                else f" ({wrapper})"
+                if (wrapper := why_not(op))
                 else ""
             )
             raise UnsupportedTransformError(

@@ -54,6 +54,9 @@ def _crafted(data: Path, out: Path, shard: int, name: str, key: str = "raw_data"
         ("C:PWNED.mds", "is a Windows path"),
         ("shard\x00.mds", "holds a NUL byte"),
         ("gpufeed.json", "is a file of the dataset, not a shard"),
+        ("./index.json", "is a file of the dataset, not a shard"),  # the same file by another spelling
+        (".//.gpufeed-claim", "is a file of the dataset, not a shard"),
+        ("gpufeed-remote.json/", "is a file of the dataset, not a shard"),
         ("", "names no file"),
     ],
 )
@@ -120,6 +123,38 @@ def test_a_shard_that_is_a_symlink_out_of_the_dataset_is_refused_and_one_inside_
     (tmp_path / "link").symlink_to(dataset)
     with Shards(tmp_path / "link") as shards:
         assert shards.read([first]).images == [payload(first)]
+
+
+@pytest.mark.parametrize("kind", ["a directory", "a link loop"])
+def test_a_shard_path_that_holds_no_file_is_a_data_error_naming_the_shard(data, tmp_path, kind):
+    # a name that stays inside the dataset but is no file: it was a raw IsADirectoryError / OSError(ELOOP)
+    dataset = shutil.copytree(data, tmp_path / "mds")
+    shard = dataset / "shard.00002.mds"
+    shard.unlink()
+    if kind == "a directory":
+        shard.mkdir()
+    else:
+        shard.symlink_to(shard)
+    with Shards(dataset) as shards:
+        first = int(shards.index.starts[2])
+        shards.prepare(2)  # the prefetcher's read-ahead leaves it to the read
+        with pytest.raises(DataError) as refused:
+            shards.read([first])
+        assert shards.read([0]).images == [payload(0)]  # the other shards are served
+    text = str(refused.value)
+    said = "it is a directory, not a file" if kind == "a directory" else "Too many levels of symbolic links"
+    assert text.startswith(f"shard file {shard} (listed in {dataset}/index.json) cannot be read ({said}")
+    assert text.endswith("the dataset is damaged: convert or copy it again")
+
+
+def test_a_file_that_two_shards_list_is_refused_not_served_twice(data, tmp_path):
+    # './shard.00000.mds' is shard 0's file: its samples were served as shard 1's too, and shard 1's never
+    dataset = _crafted(data, tmp_path / "mds", 1, "./shard.00000.mds")
+    with pytest.raises(DataError) as refused:
+        Shards(dataset)
+    text = str(refused.value)
+    assert "(shard 1, raw_data.basename) lists './shard.00000.mds', which is the file shard 0's raw_data" in text
+    assert "basename lists too (its samples would be served twice, the others never)" in text
 
 
 def test_a_folder_of_a_remotes_local_that_links_out_is_never_downloaded_into(data, tmp_path):

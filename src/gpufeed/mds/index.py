@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import posixpath
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -162,13 +163,21 @@ class Index:
                     f"{source}: shard {k} lacks {missing or ['raw_data.basename/bytes']}; the index is damaged or not "
                     "MDS: write it again with streaming.MDSWriter or gpufeed convert"
                 )
+        seen: dict[str, str] = {}  # a file's normal name -> the entry that listed it first
         for k, s in enumerate(shards):
             if s.get("format") != "mds":
                 raise DataError(f"{source}: shard {s.get('raw_data')} has format {s.get('format')!r}, not 'mds'")
             for key, name in _files(s):
-                why = check_name(name) or ("is a file of the dataset, not a shard" if name in RESERVED else None)
+                why = check_name(name)
+                # './index.json' and 'a.mds/' are the files 'index.json' and 'a.mds': one file is never two entries
+                normal = posixpath.normpath(name) if why is None else ""
+                if why is None and normal in RESERVED:
+                    why = "is a file of the dataset, not a shard"
+                elif why is None and normal in seen:
+                    why = f"is the file {seen[normal]} lists too (its samples would be served twice, the others never)"
                 if why is not None:
                     raise DataError(f"{source} (shard {k}, {key}.basename) lists {name!r}, which {why}; {_FIX}")
+                seen[normal] = f"shard {k}'s {key}.basename"
         self.source = source
         self.shards: list[dict[str, Any]] = shards
         self.samples_per_shard = np.array([s["samples"] for s in shards], dtype=np.int64)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 import struct
 import time
 from collections.abc import Sequence
@@ -278,8 +279,8 @@ class Shards:
         if hasattr(os, "posix_fadvise"):
             try:
                 fd = os.open(self._paths[shard], os.O_RDONLY)
-            except FileNotFoundError:
-                return  # read() names the missing file
+            except OSError:
+                return  # read() names the missing or unreadable file
             try:
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
             finally:
@@ -289,7 +290,7 @@ class Shards:
         path = self._paths[shard]
         if self._ds is not None and time.monotonic() - self._touched.get(shard, -TOUCH_EVERY) < TOUCH_EVERY:
             try:  # fetched and touched a moment ago: skip the engine's lock (about 100 us a call)
-                return os.open(path, os.O_RDONLY)
+                return self._open_file(shard)
             except FileNotFoundError:
                 pass
         for _ in range(1 + RETRIES):
@@ -301,7 +302,7 @@ class Shards:
                     self._fetch(shard, reader=True)
                 self._touched[shard] = time.monotonic()
             try:
-                return os.open(path, os.O_RDONLY)
+                return self._open_file(shard)
             except FileNotFoundError:
                 if self._ds is None:
                     zipped = (self.index.shards[shard].get("zip_data") or {}).get("basename")
@@ -318,6 +319,28 @@ class Shards:
             f"shard {path} was evicted {1 + RETRIES} times before it could be read: cache_limit={self.cache_limit} is "
             "too small for this many ranks and this shuffle block; raise it or lower shuffle_block_size"
         )
+
+    def _open_file(self, shard: int) -> int:
+        """Shard ``shard``'s file, open for reading: a FileNotFoundError as it is (the caller fetches it or names
+        it), a DataError naming the shard when its path holds no readable file (a directory, a link loop)."""
+        path = self._paths[shard]
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            raise
+        except OSError as e:
+            why = e.strerror or str(e)
+        else:
+            if stat.S_ISREG(os.fstat(fd).st_mode):
+                return fd
+            os.close(fd)
+            why = "it is a directory, not a file" if os.path.isdir(path) else "it is not a regular file"
+        fix = (
+            f"end the run and delete it (the next run fetches the shard again from {self.remote})"
+            if self.remote is not None
+            else "the dataset is damaged: convert or copy it again"
+        )
+        raise DataError(f"shard file {path} (listed in {self.index.source}) cannot be read ({why}); {fix}")
 
     def _prepare_inline(self, shard: int) -> None:
         try:

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import gpufeed as gf
-from gpufeed.errors import CacheError, DataError
+from gpufeed.errors import CacheError, ConfigError, DataError
 from gpufeed.inside import check_name, inside
 from gpufeed.mds.shards import Shards
 
@@ -242,3 +242,24 @@ def test_a_folder_entrys_recorded_names_that_climb_out_of_the_folder_are_refused
         write_cache(entry, "k", arrays, {"source": {"root": str(folder)}})
         with pytest.raises(CacheError, match=rf"names.bin lists '{name}', which (climbs out|is an absolute path)"):
             compare_folder(entry)
+
+
+def test_a_remote_mark_in_local_that_is_a_link_or_damaged_is_refused_and_nothing_is_written_through_it(data, tmp_path):
+    # local's gpufeed-remote.json planted as a link to another file: gpufeed wrote its record through it (the file
+    # was overwritten); one that says nothing let any remote use local's cached index and shards
+    local, victim = tmp_path / "cache", tmp_path / "notes.txt"
+    local.mkdir()
+    victim.write_text("precious\n")
+    (local / "gpufeed-remote.json").symlink_to(victim)
+    with pytest.raises(ConfigError, match=r"gpufeed-remote.json does not say which remote local=.* caches"):
+        Shards(local, str(data))
+    assert victim.read_text() == "precious\n"
+    (local / "gpufeed-remote.json").unlink()
+    (local / "gpufeed-remote.json").write_text("")  # a write cut short (it was not atomic)
+    with pytest.raises(ConfigError, match=r"delete .*gpufeed-remote.json and run again; else give this one another"):
+        Shards(local, str(data))
+    (local / "gpufeed-remote.json").unlink()
+    with Shards(local, str(data)) as shards:
+        assert shards.read([5]).images == [payload(5)]
+    assert json.loads((local / "gpufeed-remote.json").read_text()) == {"remote": str(data)}
+    assert not (local / "gpufeed-remote.json").is_symlink()

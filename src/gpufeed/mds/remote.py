@@ -24,11 +24,20 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError, DataError, StorageError
+from ..errors import CacheWriteError, ConfigError, DataError, StorageError
 from .downloads import is_missing, storage_cause
 from .index import Index
 
-__all__ = ["REMOTE_MARK", "FileFetch", "check_mark", "downloader", "fetch_index", "read_meta", "storage_error"]
+__all__ = [
+    "REMOTE_MARK",
+    "FileFetch",
+    "check_mark",
+    "downloader",
+    "fetch_index",
+    "read_meta",
+    "storage_error",
+    "write_mark",
+]
 
 REMOTE_MARK = "gpufeed-remote.json"  # in a remote's local: which remote it caches
 
@@ -139,15 +148,38 @@ def storage_error(
 def check_mark(local: str, remote: str) -> None:
     """A ConfigError if ``local`` caches another remote than ``remote`` (its :data:`REMOTE_MARK`): the engine would
     keep that one's index and shards and serve them as ``remote``'s."""
+    mark = Path(local, REMOTE_MARK)
     try:
-        recorded = json.loads(Path(local, REMOTE_MARK).read_text()).get("remote")
+        recorded = json.loads(mark.read_text()).get("remote")
+    except FileNotFoundError:
+        return  # a new local, or one filled before marks
     except (OSError, ValueError, AttributeError):
         recorded = None
-    if recorded is not None and recorded != remote:
+    if not isinstance(recorded, str):  # written atomically (write_mark): damaged or not gpufeed's
+        raise ConfigError(
+            f"{mark} does not say which remote local={local} caches (it is not gpufeed's record of it): if local holds "
+            f"{remote}'s shards, delete {mark} and run again; else give this one another local"
+        )
+    if recorded != remote:
         raise ConfigError(
             f"local={local} caches the dataset {recorded}, not {remote}: give this one a local of its own (or leave "
             "local out: gpufeed then picks one per remote), or empty it"
         )
+
+
+def write_mark(local: str, remote: str) -> None:
+    """Record in ``local`` that it caches ``remote`` (:func:`check_mark`): written to a temporary name and renamed, so
+    that it is whole or absent, and never written through a link planted in its place."""
+    tmp = os.path.join(local, f".{REMOTE_MARK}.{os.getpid()}.tmp")
+    try:
+        Path(tmp).write_text(json.dumps({"remote": remote}))
+        os.replace(tmp, os.path.join(local, REMOTE_MARK))
+    except OSError as e:
+        _unlink(tmp)
+        raise CacheWriteError(
+            f"cannot write {os.path.join(local, REMOTE_MARK)} ({e.strerror or e}): local={local} is full or not "
+            "writable; free space in it or give another local"
+        ) from None
 
 
 def _parse(data: bytes, source: str) -> Any:

@@ -21,14 +21,12 @@ such data is served as it is (``gf.stream`` says so once, and in ``loader.plan``
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import stat
 import struct
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -42,7 +40,7 @@ from .downloads import Downloads, storage_cause
 from .index import Index
 from .local import check_local, make_local
 from .plan import DOWNLOADERS_PER_RANK, block_size_for_cache, engine_cache_limit
-from .remote import REMOTE_MARK, check_mark, fetch_index, read_meta, storage_error
+from .remote import check_mark, fetch_index, read_meta, storage_error, write_mark
 
 __all__ = ["Samples", "Shards", "default_local", "storage_cause"]
 
@@ -231,7 +229,7 @@ class Shards:
         if shared is None:
             _OPEN[(remote, self.local)] = (self._ds, self._lock)
             self._shared = True
-            Path(self.local, REMOTE_MARK).write_text(json.dumps({"remote": remote}))
+            write_mark(self.local, remote)
 
     def _set_cache_limit(self, limit: int) -> None:
         biggest = int(self.index.max_bytes.max())

@@ -113,3 +113,20 @@ def test_a_dataset_without_gpufeed_json_is_served_with_one_warning_and_a_plan_li
     assert "content: not checked (no gpufeed convert digests)" in loader.plan.notes and not loader.shards.verify
     converted = open_photos(str(data))  # a current conversion: no warning needed, and the plan says what is checked
     assert "content: each sample's image and label checked against its digest" in converted.plan.notes
+
+
+@pytest.mark.parametrize("column, covered", [("sample_sha1", True), ("sha1", True), ("sha1", False)])
+def test_a_conversion_whose_index_lost_a_digest_column_is_refused_not_checked_less(tmp_path, column, covered):
+    # one shard's column renamed in index.json (its records unchanged): every label (or image) of the dataset was
+    # served unchecked, with a warning blaming an earlier gpufeed convert
+    data = write_photos(tmp_path / "photos", 40, digests=True, labels_covered=covered)
+    index = json.loads((data / "index.json").read_text())
+    names = index["shards"][3]["column_names"]
+    names[names.index(column)] = "renamed"
+    (data / "index.json").write_text(json.dumps(index))
+    fmt = "gpufeed.mds/2" if covered else "gpufeed.mds/1"
+    with pytest.raises(DataError) as refused:
+        Shards(data)
+    text = str(refused.value)
+    assert text.startswith(f"{data}'s gpufeed.json says {fmt}, whose every shard holds a {column!r} column, but a")
+    assert "convert the source again" in text

@@ -65,6 +65,10 @@ BAD = [
     ({"image_key": 3}, "image_key=3 must be the name of the image column"),
     (_mix_without_labels(), "mix= mixes images with their labels, but label_key=None"),
     ({"views": 0}, "views=0 must be >= 1"),
+    # refused only once the shards were open (the remote asked 4 to 6 times): the arguments alone decide them
+    ({**_mix_without_labels(), "label_key": "label", "views": 2}, "with views > 1 mix each view yourself"),
+    ({"views": 2, "transform": T.Compose([T.Resize(16), T.CenterCrop(12), T.ToTensor()])}, "it needs a random trans"),
+    ({"layout": Layout.of_rank(0, 3, 1), "num_canonical_nodes": 2, "global_batch_size": 6}, "and 3 nodes: one must"),
 ]
 
 

@@ -58,6 +58,7 @@ def _crafted(data: Path, out: Path, shard: int, name: str, key: str = "raw_data"
         (".//.gpufeed-claim", "is a file of the dataset, not a shard"),
         ("gpufeed-remote.json/", "is a file of the dataset, not a shard"),
         ("", "names no file"),
+        ("x" * 256 + ".mds", "has a part longer than a file name may be (255 bytes)"),  # was a network fault
     ],
 )
 def test_a_crafted_shard_name_downloads_nothing_anywhere_and_names_the_entry(photos, tmp_path, monkeypatch, name, why):
@@ -221,6 +222,9 @@ def test_the_check_refuses_every_way_out_and_keeps_names_inside():
     with pytest.raises(CacheError, match=r"m.json lists '../x', which climbs out with '..': .* inside /data/set; fix"):
         inside(root, "../x", listed_in="m.json", error=CacheError, fix="fix")
     assert np.array_equal(np.array([check_name("shard.00000.mds")]), np.array([None]))
+    assert check_name("é" * 125 + ".mds") is None and "(255 bytes)" in check_name("é" * 128)  # bytes, not characters
+    with pytest.raises(DataError, match=r"m.json lists 'd/d/.*, which is 4,2\d\d bytes long below /data/set, longer"):
+        inside(root, "d/" * 2100 + "s.mds", listed_in="m.json")
 
 
 def test_a_folder_entrys_recorded_names_that_climb_out_of_the_folder_are_refused_not_read(tmp_path):

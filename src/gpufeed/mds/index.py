@@ -227,6 +227,23 @@ class Index:
                     out.append(path)
         return out
 
+    def check_hash(self, validate_hash: str | None) -> None:
+        """A ConfigError, before any shard is fetched, when the engine's ``validate_hash`` has nothing to check: the
+        index records no such hash of the shards' files (``gpufeed convert`` records none: its samples carry their
+        own digests instead)."""
+        if validate_hash is None:
+            return
+        for k, s in enumerate(self.shards):
+            file = s.get("zip_data") or s["raw_data"]  # the file the engine downloads and hashes
+            hashes = file.get("hashes") if isinstance(file, dict) else None
+            if not isinstance(hashes, dict) or validate_hash not in hashes:
+                have = sorted(hashes) if isinstance(hashes, dict) else []
+                raise ConfigError(
+                    f"validate_hash={validate_hash!r}: {self.source} records no {validate_hash} hash of shard {k} "
+                    f"({self.basenames[k]}; it records {have or 'none'}): pass validate_hash=None, or one the index "
+                    "records (MDSWriter(hashes=[...]) writes them)"
+                )
+
     @property
     def num_shards(self) -> int:
         return len(self.shards)

@@ -152,7 +152,7 @@ class Shards:
             check_local(self.local, None)
             self.index = Index.load(os.path.join(self.local, "index.json"), image_key, label_key)
             self._paths = self.index.paths(self.local)
-            _check_hash(self.index, validate_hash)
+            self.index.check_hash(validate_hash)
             self.meta = read_meta(self.local)
         else:
             try:
@@ -191,7 +191,7 @@ class Shards:
         # NOTE [ A remote's index: fetched by gpufeed, checked, then the engine's ]
         self.index, self.meta = fetch_index(self.local, remote, timeout, image_key, label_key)
         self._paths = self.index.paths(self.local)
-        _check_hash(self.index, validate_hash)
+        self.index.check_hash(validate_hash)
         if shared is None:
             try:
                 # never iterated: batch_size and num_canonical_nodes only satisfy the constructor; the index is in
@@ -470,21 +470,3 @@ class Shards:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _check_hash(index: Index, validate_hash: str | None) -> None:
-    """A ConfigError, before any shard is fetched, when the engine's ``validate_hash`` has nothing to check: the
-    index records no such hash of the shards' files (``gpufeed convert`` records none: its samples carry their
-    own digests instead)."""
-    if validate_hash is None:
-        return
-    for k, s in enumerate(index.shards):
-        file = s.get("zip_data") or s["raw_data"]  # the file the engine downloads and hashes
-        hashes = file.get("hashes") if isinstance(file, dict) else None
-        if not isinstance(hashes, dict) or validate_hash not in hashes:
-            have = sorted(hashes) if isinstance(hashes, dict) else []
-            raise ConfigError(
-                f"validate_hash={validate_hash!r}: {index.source} records no {validate_hash} hash of shard {k} "
-                f"({index.basenames[k]}; it records {have or 'none'}): pass validate_hash=None, or one the index "
-                "records (MDSWriter(hashes=[...]) writes them)"
-            )

@@ -130,3 +130,17 @@ def test_a_conversion_whose_index_lost_a_digest_column_is_refused_not_checked_le
     text = str(refused.value)
     assert text.startswith(f"{data}'s gpufeed.json says {fmt}, whose every shard holds a {column!r} column, but a")
     assert "convert the source again" in text
+
+
+def test_a_label_that_does_not_fit_int64_is_a_data_error_naming_the_sample(tmp_path):
+    # a uint64 label column (a user's own MDS: nothing checks its labels) whose high bit is set, by design or by a
+    # flipped bit: a raw OverflowError from numpy, mid-epoch, naming nothing
+    from streaming import MDSWriter
+
+    with MDSWriter(out=str(tmp_path / "own"), columns={"image": "bytes", "label": "uint64"}, progress_bar=False) as w:
+        for i in range(4):
+            w.write({"image": b"\xff\xd8\xff" + bytes([i]) * 50, "label": np.uint64(2**63 + i if i == 2 else i)})
+    with Shards(tmp_path / "own") as shards:
+        with pytest.raises(DataError, match=r"sample 2 \(shard shard.00000.mds, position 2\) is corrupt: its label 9"):
+            shards.read([0, 1, 2])
+        assert shards.read([3, 1]).labels.tolist() == [3, 1]

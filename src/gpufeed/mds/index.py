@@ -125,6 +125,8 @@ class _Columns:
             begin, end = spans[self.label]
             raw = record[begin:end]
             label = int(raw.decode()) if not self.label_format else struct.unpack(self.label_format, raw)[0]
+            if not -(1 << 63) <= label < 1 << 63:  # served as int64 (a uint64 column's high bit, a long str_int)
+                raise ValueError(f"its label {label} does not fit an int64")
         digest = sample = None
         if self.digest is not None:
             begin, end = spans[self.digest]

@@ -173,3 +173,16 @@ def test_the_engines_eviction_error_is_a_config_error_naming_the_cache_limit(tmp
     monkeypatch.undo()
     assert shards.read([39]).images == [payload(39)]
     shards.close()
+
+
+def test_an_index_the_remote_no_longer_gives_is_read_from_local_with_a_warning_not_silently(stub, tmp_path):
+    # the remote's index gone (a deleted dataset, a wrong prefix, an expired credential): local's copy was used
+    # without a word, however stale
+    with Shards(tmp_path / "cache", stub.url()) as shards:
+        first = shards.read([3, 4]).images
+    stub.faults["index.json"] = "missing"
+    with pytest.warns(UserWarning) as said, Shards(tmp_path / "cache", stub.url()) as shards:
+        assert shards.read([3, 4]).images == first
+    texts = [str(w.message) for w in said if "index.json could not be fetched" in str(w.message)]
+    assert len(texts) == 1 and texts[0].startswith(f"{stub.url()}/index.json could not be fetched (the remote has no")
+    assert f"reading the copy cached in {tmp_path / 'cache' / 'index.json'}, which may be older" in texts[0]

@@ -21,6 +21,7 @@ import json
 import os
 import threading
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -214,7 +215,14 @@ def fetch_index(
         except Exception as e:
             if not cached.exists():
                 raise storage_error(remote, local, timeout, "index.json", e) from e
-            fresh = None  # unreachable now (offline, no credentials): the cached copy is what there is
+            fresh = None  # unreachable now (offline, no credentials): the cached copy is what there is, with a warning
+            what, fix = storage_cause(e)
+            warnings.warn(
+                f"{base}/index.json could not be fetched ({what}: {type(e).__name__}: {e}): reading the copy cached "
+                f"in {cached}, which may be older than the remote's; shards not cached fail when read. {fix[0].upper()}"
+                f"{fix[1:]}",
+                stacklevel=4,
+            )
         if fresh is not None:
             data = Path(fresh).read_bytes()
             if cached.exists() and data != cached.read_bytes():

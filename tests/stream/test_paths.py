@@ -57,6 +57,7 @@ def _crafted(data: Path, out: Path, shard: int, name: str, key: str = "raw_data"
         ("./index.json", "is a file of the dataset, not a shard"),  # the same file by another spelling
         (".//.gpufeed-claim", "is a file of the dataset, not a shard"),
         ("gpufeed-remote.json/", "is a file of the dataset, not a shard"),
+        ("index.json/x.mds", "is a file of the dataset, not a shard"),
         ("", "names no file"),
         ("x" * 256 + ".mds", "has a part longer than a file name may be (255 bytes)"),  # was a network fault
     ],

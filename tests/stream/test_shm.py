@@ -276,16 +276,19 @@ def test_processes_racing_for_one_local_leave_exactly_one_holder_and_name_it_to_
     assert len(refused) == 3 and all(f"in use by another job: pid {winner} on" in s for s in refused), said
 
 
-def test_a_claim_file_planted_as_a_link_is_refused_and_its_target_left_alone(tmp_path):
+@pytest.mark.parametrize("kind", ["a link", "a directory", "a FIFO"])
+def test_a_claim_path_that_holds_no_claim_file_is_refused_and_left_alone(tmp_path, kind):
     # a shared local (a team's scratch) where someone left .gpufeed-claim -> another user's file: gpufeed truncated
-    # and overwrote that file with its claim
+    # and overwrote that file with its claim; a directory there made the claim a warning and the job unclaimed
     local, victim = tmp_path / "shared", tmp_path / "notes.txt"
     local.mkdir()
     victim.write_text("precious\n")
-    (local / ".gpufeed-claim").symlink_to(victim)
-    with pytest.raises(ConfigError, match=rf"the claim file {local}/.gpufeed-claim is a symbolic link \(to {victim}\)"):
+    claim = local / ".gpufeed-claim"
+    {"a link": lambda: claim.symlink_to(victim), "a directory": claim.mkdir, "a FIFO": lambda: os.mkfifo(claim)}[kind]()
+    said = {"a link": rf"a symbolic link \(to {victim}\)", "a directory": "a directory", "a FIFO": "not a regular"}
+    with pytest.raises(ConfigError, match=rf"the claim file {claim} is {said[kind]}.*; remove it .*or give another"):
         shm.hold(local)
-    assert victim.read_text() == "precious\n"
+    assert victim.read_text() == "precious\n" and sorted(p.name for p in local.iterdir()) == [".gpufeed-claim"]
 
 
 def test_a_claim_that_says_nothing_is_taken_over_when_free_and_refused_while_another_holds_it(tmp_path):

@@ -173,7 +173,7 @@ class Index:
                 why = check_name(name)
                 # './index.json' and 'a.mds/' are the files 'index.json' and 'a.mds': one file is never two entries
                 normal = posixpath.normpath(name) if why is None else ""
-                if why is None and normal in RESERVED:
+                if why is None and normal.split("/")[0] in RESERVED:  # 'index.json/x' too: no file goes below one
                     why = "is a file of the dataset, not a shard"
                 elif why is None and normal in seen:
                     why = f"is the file {seen[normal]} lists too (its samples would be served twice, the others never)"

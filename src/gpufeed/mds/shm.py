@@ -48,6 +48,7 @@ import json
 import os
 import re
 import socket
+import stat
 import time
 import warnings
 from collections.abc import Mapping
@@ -308,18 +309,17 @@ def hold(local: str | os.PathLike[str], ranks: int = 1) -> RunLock:
         # never through a link: a claim planted as a link to another file would have that file truncated
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
     except OSError as e:
-        if e.errno == errno.ELOOP:
-            raise ConfigError(
-                f"the claim file {path} is a symbolic link (to {os.readlink(path)}): gpufeed writes its claim there, "
-                f"and a link would have it write to another file, outside local={local}; remove the link (gpufeed "
-                "makes the file itself) or give another local"
-            ) from None
+        if e.errno in (errno.ELOOP, errno.EISDIR):
+            raise _not_a_claim(local, path) from None
         warnings.warn(
             f"cannot create the claim file {path} ({e}); shared memory left by a killed run on {local} will not be "
             "cleaned, nor another job on it refused: give a local this user can write",
             stacklevel=2,
         )
         return RunLock(local, None, first=False)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO, a device: nothing gpufeed could write a claim into
+        os.close(fd)
+        raise _not_a_claim(local, path)
     mine = {
         "local": local,
         "job": job(ranks=ranks),
@@ -360,6 +360,22 @@ def hold(local: str | os.PathLike[str], ranks: int = 1) -> RunLock:
         os.close(fd)
         raise
     return RunLock(local, path, first, cleaned, fd)
+
+
+def _not_a_claim(local: str, path: Path) -> ConfigError:
+    """The claim file's path holds something gpufeed did not make: a link (it would write through it, outside
+    ``local``), a directory, a FIFO."""
+    if path.is_symlink():
+        try:
+            what = f"a symbolic link (to {os.readlink(path)})"
+        except OSError:
+            what = "a symbolic link"
+    else:
+        what = "a directory" if path.is_dir() else "not a regular file"
+    return ConfigError(
+        f"the claim file {path} is {what}: gpufeed writes its claim there, and would write to another file, outside "
+        f"local={local}, or none; remove it (gpufeed makes the file itself) or give another local"
+    )
 
 
 def _write_claim(fd: int, path: Path, mine: dict[str, Any]) -> None:

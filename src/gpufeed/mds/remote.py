@@ -12,7 +12,8 @@ into a temporary name; parses it and checks every shard name to stay inside ``lo
 (:meth:`gpufeed.mds.index.Index.paths`); and only then puts it in place, where the engine's constructor finds it
 and downloads nothing. ``gpufeed.json`` is fetched at the same time, within the same wait: a remote that does not
 answer fails in one ``download_timeout``. A cached ``index.json`` is compared with the remote's (a dataset
-converted again since is refused); a remote that cannot be reached leaves the cached copy in use.
+converted again since is refused); a remote that cannot be reached leaves the cached copy in use, with a
+warning naming the remote and the cause.
 """
 
 from __future__ import annotations

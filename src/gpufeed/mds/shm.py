@@ -351,6 +351,7 @@ def hold(local: str | os.PathLike[str], ranks: int = 1) -> RunLock:
                     "could not write it (a full disk), or a process that is not gpufeed, holds it. Give this job "
                     f"another local=, or end the processes that use this one (fuser -v {path} lists them)"
                 )
+        assert theirs is not None  # the loop ends on a record, or raises
         if theirs.get("job") != mine["job"]:
             raise _refusal(local, path, theirs)
     except _NoFlock as e:

@@ -24,9 +24,13 @@ from pathlib import Path
 
 from .errors import DataError, GpufeedError
 
-__all__ = ["Root", "check_name", "inside"]
+__all__ = ["NAME_MAX", "PATH_MAX", "Root", "check_name", "inside"]
 
 _DRIVE = re.compile(r"^[A-Za-z]:")
+# Linux's limits on a name in a directory and on a whole path (every file system it mounts keeps to the first): a
+# longer name is refused here, naming its entry, not by the OS as a raw error (or, downloading, as a network fault)
+NAME_MAX = 255
+PATH_MAX = 4096
 
 
 def check_name(name: object) -> str | None:
@@ -42,8 +46,11 @@ def check_name(name: object) -> str | None:
         return "is an absolute path"
     if _DRIVE.match(name) or "\\" in name:
         return "is a Windows path (a drive letter or a backslash)"
-    if ".." in name.split("/"):
+    parts = name.split("/")
+    if ".." in parts:
         return "climbs out with '..'"
+    if any(len(os.fsencode(part)) > NAME_MAX for part in parts):  # the OS would refuse it (ENAMETOOLONG)
+        return f"has a part longer than a file name may be ({NAME_MAX} bytes)"
     return None
 
 
@@ -102,6 +109,11 @@ class Root:
         if why is not None:
             raise error(f"{shown} {why}: a name read from data must stay inside {self.root}; {fix}")
         path = os.path.join(self.root, str(name))
+        if len(os.fsencode(path)) >= PATH_MAX:
+            raise error(
+                f"{shown} is {len(os.fsencode(path)):,} bytes long below {self.root}, longer than a path may be "
+                f"({PATH_MAX:,} bytes); {fix}"
+            )
         if not self.links:
             return path
         folder, _, base = str(name).rstrip("/").rpartition("/")

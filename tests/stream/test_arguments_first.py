@@ -1,10 +1,11 @@
 """Every argument of ``gf.stream`` is checked before the remote is asked anything: the S3 stub counts the requests
-and must see none; ``local`` is not even created. A remote that does not answer fails in about one
-``download_timeout``, however many attempts the engine and its client would make."""
+and must see none; ``local`` is not even created. A remote that does not answer fails once ``download_timeout`` has
+passed, while the client's download is still going: never after all the attempts the engine and its client
+would make."""
 
 from __future__ import annotations
 
-import time
+import threading
 
 import pytest
 import torch
@@ -65,6 +66,10 @@ BAD = [
     ({"image_key": 3}, "image_key=3 must be the name of the image column"),
     (_mix_without_labels(), "mix= mixes images with their labels, but label_key=None"),
     ({"views": 0}, "views=0 must be >= 1"),
+    # refused only once the shards were open (the remote asked 4 to 6 times): the arguments alone decide them
+    ({**_mix_without_labels(), "label_key": "label", "views": 2}, "with views > 1 mix each view yourself"),
+    ({"views": 2, "transform": T.Compose([T.Resize(16), T.CenterCrop(12), T.ToTensor()])}, "it needs a random trans"),
+    ({"layout": Layout.of_rank(0, 3, 1), "num_canonical_nodes": 2, "global_batch_size": 6}, "and 3 nodes: one must"),
 ]
 
 
@@ -110,19 +115,45 @@ def test_a_good_layout_is_taken(stub, tmp_path):
         assert loader.layout.world_size == 1 and len(next(iter(loader))[1]) == 8
 
 
-def test_a_frozen_remote_fails_in_one_download_timeout_not_one_per_attempt(stub, tmp_path):
-    # the outside trial: download_timeout=5 took 25-30 s (the engine's attempts x botocore's 3, each a full timeout);
-    # here download_retry=3 would have made it 3 x 3 x 1 s and backoffs (measured 9 s at download_retry=2)
+def test_a_frozen_remote_fails_in_one_download_timeout_not_one_per_attempt(stub, tmp_path, monkeypatch):
+    # the outside trial: download_timeout=5 took 25-30 s (the engine's attempts x botocore's 3, each a full timeout).
+    # No clock is read here (a loaded machine must not fail it): the engine's downloader is held inside its download
+    # of the index until the test lets it go, so gf.stream can only raise by giving up on that download while it is
+    # still going; had it waited for the client's retries, it would wait for the release (a bound only a hang meets)
+    from gpufeed.mds import remote
+
     stub.faults["index.json"] = "frozen"
-    start = time.monotonic()
-    with pytest.raises(StorageError) as failed:
-        _open(stub, tmp_path / "cache", download_timeout=1, download_retry=3)
-    waited = time.monotonic() - start
-    asked = [key for _, key in stub.requests]
+    started, released = [], threading.Event()
+    made = remote.downloader
+
+    class Held:
+        def __init__(self, inner):
+            self.inner = inner
+
+        def download(self, url, path, timeout):
+            started.append(url.rsplit("/", 1)[-1])
+            try:
+                return self.inner.download(url, path, timeout)
+            finally:
+                released.wait()
+
+        def clean_up(self):
+            self.inner.clean_up()
+
+    monkeypatch.setattr(remote, "downloader", lambda url, timeout: Held(made(url, timeout)))
+    hang = threading.Timer(300, released.set)
+    hang.start()
+    try:
+        with pytest.raises(StorageError) as failed:
+            _open(stub, tmp_path / "cache", download_timeout=1, download_retry=3)
+        gave_up = not released.is_set()  # raised while the index's download was still held
+        fetched = list(started)
+    finally:
+        released.set()
+        hang.cancel()
     text = str(failed.value)
     assert text.startswith("index.json of the MDS dataset s3://bucket could not be fetched from s3://bucket/index.json")
     assert "the remote did not answer in time" in text and "download_timeout=1 s" in text and "gf.stream again" in text
-    # at most the first attempt (and a retry just starting) when the error came: no retry was waited for (the
-    # engine's constructor had asked 6 times before its error); gpufeed.json, fetched after the index, never
-    assert asked.count("index.json") <= 2 and "gpufeed.json" not in asked, asked
-    assert waited < 5, waited  # one timeout, with room for a loaded machine (unbounded: 12 s and more)
+    assert gave_up, "gf.stream waited for the client's download (and its retries) to end"
+    # one download started, the index's: gpufeed.json (fetched after it, within the same wait) never was
+    assert fetched == ["index.json"] and "gpufeed.json" not in [key for _, key in stub.requests]

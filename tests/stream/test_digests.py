@@ -113,3 +113,34 @@ def test_a_dataset_without_gpufeed_json_is_served_with_one_warning_and_a_plan_li
     assert "content: not checked (no gpufeed convert digests)" in loader.plan.notes and not loader.shards.verify
     converted = open_photos(str(data))  # a current conversion: no warning needed, and the plan says what is checked
     assert "content: each sample's image and label checked against its digest" in converted.plan.notes
+
+
+@pytest.mark.parametrize("column, covered", [("sample_sha1", True), ("sha1", True), ("sha1", False)])
+def test_a_conversion_whose_index_lost_a_digest_column_is_refused_not_checked_less(tmp_path, column, covered):
+    # one shard's column renamed in index.json (its records unchanged): every label (or image) of the dataset was
+    # served unchecked, with a warning blaming an earlier gpufeed convert
+    data = write_photos(tmp_path / "photos", 40, digests=True, labels_covered=covered)
+    index = json.loads((data / "index.json").read_text())
+    names = index["shards"][3]["column_names"]
+    names[names.index(column)] = "renamed"
+    (data / "index.json").write_text(json.dumps(index))
+    fmt = "gpufeed.mds/2" if covered else "gpufeed.mds/1"
+    with pytest.raises(DataError) as refused:
+        Shards(data)
+    text = str(refused.value)
+    assert text.startswith(f"{data}'s gpufeed.json says {fmt}, whose every shard holds a {column!r} column, but a")
+    assert "convert the source again" in text
+
+
+def test_a_label_that_does_not_fit_int64_is_a_data_error_naming_the_sample(tmp_path):
+    # a uint64 label column (a user's own MDS: nothing checks its labels) whose high bit is set, by design or by a
+    # flipped bit: a raw OverflowError from numpy, mid-epoch, naming nothing
+    from streaming import MDSWriter
+
+    with MDSWriter(out=str(tmp_path / "own"), columns={"image": "bytes", "label": "uint64"}, progress_bar=False) as w:
+        for i in range(4):
+            w.write({"image": b"\xff\xd8\xff" + bytes([i]) * 50, "label": np.uint64(2**63 + i if i == 2 else i)})
+    with Shards(tmp_path / "own") as shards:
+        with pytest.raises(DataError, match=r"sample 2 \(shard shard.00000.mds, position 2\) is corrupt: its label 9"):
+            shards.read([0, 1, 2])
+        assert shards.read([3, 1]).labels.tolist() == [3, 1]

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import gpufeed as gf
-from gpufeed.errors import CacheError, DataError
+from gpufeed.errors import CacheError, ConfigError, DataError
 from gpufeed.inside import check_name, inside
 from gpufeed.mds.shards import Shards
 
@@ -54,7 +54,12 @@ def _crafted(data: Path, out: Path, shard: int, name: str, key: str = "raw_data"
         ("C:PWNED.mds", "is a Windows path"),
         ("shard\x00.mds", "holds a NUL byte"),
         ("gpufeed.json", "is a file of the dataset, not a shard"),
+        ("./index.json", "is a file of the dataset, not a shard"),  # the same file by another spelling
+        (".//.gpufeed-claim", "is a file of the dataset, not a shard"),
+        ("gpufeed-remote.json/", "is a file of the dataset, not a shard"),
+        ("index.json/x.mds", "is a file of the dataset, not a shard"),
         ("", "names no file"),
+        ("x" * 256 + ".mds", "has a part longer than a file name may be (255 bytes)"),  # was a network fault
     ],
 )
 def test_a_crafted_shard_name_downloads_nothing_anywhere_and_names_the_entry(photos, tmp_path, monkeypatch, name, why):
@@ -122,6 +127,38 @@ def test_a_shard_that_is_a_symlink_out_of_the_dataset_is_refused_and_one_inside_
         assert shards.read([first]).images == [payload(first)]
 
 
+@pytest.mark.parametrize("kind", ["a directory", "a link loop"])
+def test_a_shard_path_that_holds_no_file_is_a_data_error_naming_the_shard(data, tmp_path, kind):
+    # a name that stays inside the dataset but is no file: it was a raw IsADirectoryError / OSError(ELOOP)
+    dataset = shutil.copytree(data, tmp_path / "mds")
+    shard = dataset / "shard.00002.mds"
+    shard.unlink()
+    if kind == "a directory":
+        shard.mkdir()
+    else:
+        shard.symlink_to(shard)
+    with Shards(dataset) as shards:
+        first = int(shards.index.starts[2])
+        shards.prepare(2)  # the prefetcher's read-ahead leaves it to the read
+        with pytest.raises(DataError) as refused:
+            shards.read([first])
+        assert shards.read([0]).images == [payload(0)]  # the other shards are served
+    text = str(refused.value)
+    said = "it is a directory, not a file" if kind == "a directory" else "Too many levels of symbolic links"
+    assert text.startswith(f"shard file {shard} (listed in {dataset}/index.json) cannot be read ({said}")
+    assert text.endswith("the dataset is damaged: convert or copy it again")
+
+
+def test_a_file_that_two_shards_list_is_refused_not_served_twice(data, tmp_path):
+    # './shard.00000.mds' is shard 0's file: its samples were served as shard 1's too, and shard 1's never
+    dataset = _crafted(data, tmp_path / "mds", 1, "./shard.00000.mds")
+    with pytest.raises(DataError) as refused:
+        Shards(dataset)
+    text = str(refused.value)
+    assert "(shard 1, raw_data.basename) lists './shard.00000.mds', which is the file shard 0's raw_data" in text
+    assert "basename lists too (its samples would be served twice, the others never)" in text
+
+
 def test_a_folder_of_a_remotes_local_that_links_out_is_never_downloaded_into(data, tmp_path):
     # a shard in a subfolder (as gpufeed convert's parts are), whose folder in local is a link out of it
     remote = shutil.copytree(data, tmp_path / "remote")
@@ -186,6 +223,9 @@ def test_the_check_refuses_every_way_out_and_keeps_names_inside():
     with pytest.raises(CacheError, match=r"m.json lists '../x', which climbs out with '..': .* inside /data/set; fix"):
         inside(root, "../x", listed_in="m.json", error=CacheError, fix="fix")
     assert np.array_equal(np.array([check_name("shard.00000.mds")]), np.array([None]))
+    assert check_name("é" * 125 + ".mds") is None and "(255 bytes)" in check_name("é" * 128)  # bytes, not characters
+    with pytest.raises(DataError, match=r"m.json lists 'd/d/.*, which is 4,2\d\d bytes long below /data/set, longer"):
+        inside(root, "d/" * 2100 + "s.mds", listed_in="m.json")
 
 
 def test_a_folder_entrys_recorded_names_that_climb_out_of_the_folder_are_refused_not_read(tmp_path):
@@ -207,3 +247,24 @@ def test_a_folder_entrys_recorded_names_that_climb_out_of_the_folder_are_refused
         write_cache(entry, "k", arrays, {"source": {"root": str(folder)}})
         with pytest.raises(CacheError, match=rf"names.bin lists '{name}', which (climbs out|is an absolute path)"):
             compare_folder(entry)
+
+
+def test_a_remote_mark_in_local_that_is_a_link_or_damaged_is_refused_and_nothing_is_written_through_it(data, tmp_path):
+    # local's gpufeed-remote.json planted as a link to another file: gpufeed wrote its record through it (the file
+    # was overwritten); one that says nothing let any remote use local's cached index and shards
+    local, victim = tmp_path / "cache", tmp_path / "notes.txt"
+    local.mkdir()
+    victim.write_text("precious\n")
+    (local / "gpufeed-remote.json").symlink_to(victim)
+    with pytest.raises(ConfigError, match=r"gpufeed-remote.json does not say which remote local=.* caches"):
+        Shards(local, str(data))
+    assert victim.read_text() == "precious\n"
+    (local / "gpufeed-remote.json").unlink()
+    (local / "gpufeed-remote.json").write_text("")  # a write cut short (it was not atomic)
+    with pytest.raises(ConfigError, match=r"delete .*gpufeed-remote.json and run again; else give this one another"):
+        Shards(local, str(data))
+    (local / "gpufeed-remote.json").unlink()
+    with Shards(local, str(data)) as shards:
+        assert shards.read([5]).images == [payload(5)]
+    assert json.loads((local / "gpufeed-remote.json").read_text()) == {"remote": str(data)}
+    assert not (local / "gpufeed-remote.json").is_symlink()

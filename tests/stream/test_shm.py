@@ -229,3 +229,116 @@ def test_a_read_only_local_for_a_remote_is_refused_before_anything_is_fetched(da
     with pytest.raises(ConfigError, match=r"local='.*mounted' is read-only, and remote='.*' is downloaded into it"):
         gf.stream(str(data), local, transform=recipe(), batch_size=4)
     assert list(local.iterdir()) == []
+
+
+_CLAIMANT = """
+import os, sys, time
+from gpufeed.errors import ConfigError
+from gpufeed.mds import shm
+local, go, done = sys.argv[1:]
+print("ready", flush=True)
+while not os.path.exists(go):
+    time.sleep(0.005)
+try:
+    lock = shm.hold(local)
+    print("held", lock.first, flush=True)
+except ConfigError as e:
+    print("refused", str(e).split(" (job")[0], flush=True)
+    sys.exit(0)
+while not os.path.exists(done):
+    time.sleep(0.01)
+"""
+
+
+def test_processes_racing_for_one_local_leave_exactly_one_holder_and_name_it_to_the_others(tmp_path):
+    # real processes (flock is per open file: in-process holds cannot race for it), released together, each a job
+    # of its own; whoever wins, the others are refused naming it
+    local, go, done = tmp_path / "cache", tmp_path / "go", tmp_path / "done"
+    env = child_env(tmp_path)
+    for name in ("WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID"):
+        env.pop(name, None)
+    children = [
+        subprocess.Popen([sys.executable, "-c", _CLAIMANT, local, go, done], stdout=subprocess.PIPE, text=True, env=env)
+        for _ in range(4)
+    ]
+    try:
+        assert [c.stdout.readline().strip() for c in children] == ["ready"] * 4
+        go.touch()
+        said = [c.stdout.readline().strip() for c in children]
+    finally:
+        done.touch()
+        for c in children:
+            c.wait(timeout=120)
+    held = [(c.pid, s) for c, s in zip(children, said, strict=True) if s.startswith("held")]
+    assert len(held) == 1 and held[0][1] == "held True", said
+    winner = held[0][0]
+    refused = [s for s in said if s.startswith("refused")]
+    assert len(refused) == 3 and all(f"in use by another job: pid {winner} on" in s for s in refused), said
+
+
+@pytest.mark.parametrize("kind", ["a link", "a directory", "a FIFO"])
+def test_a_claim_path_that_holds_no_claim_file_is_refused_and_left_alone(tmp_path, kind):
+    # a shared local (a team's scratch) where someone left .gpufeed-claim -> another user's file: gpufeed truncated
+    # and overwrote that file with its claim; a directory there made the claim a warning and the job unclaimed
+    local, victim = tmp_path / "shared", tmp_path / "notes.txt"
+    local.mkdir()
+    victim.write_text("precious\n")
+    claim = local / ".gpufeed-claim"
+    {"a link": lambda: claim.symlink_to(victim), "a directory": claim.mkdir, "a FIFO": lambda: os.mkfifo(claim)}[kind]()
+    said = {"a link": rf"a symbolic link \(to {victim}\)", "a directory": "a directory", "a FIFO": "not a regular"}
+    with pytest.raises(ConfigError, match=rf"the claim file {claim} is {said[kind]}.*; remove it .*or give another"):
+        shm.hold(local)
+    assert victim.read_text() == "precious\n" and sorted(p.name for p in local.iterdir()) == [".gpufeed-claim"]
+
+
+def test_a_claim_that_says_nothing_is_taken_over_when_free_and_refused_while_another_holds_it(tmp_path):
+    # its first holder died (or hit a full disk) between emptying the file and writing it: it was read as "no job",
+    # and every later job was served beside whoever held it
+    local = tmp_path / "cache"
+    local.mkdir()
+    claim = local / ".gpufeed-claim"
+    claim.write_text("")
+    holder = subprocess.Popen(
+        [sys.executable, "-c", f"import fcntl, os, sys; fd = os.open({str(claim)!r}, os.O_RDWR); "
+         "fcntl.flock(fd, fcntl.LOCK_SH); print('held', flush=True); sys.stdin.read()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(ConfigError, match=rf"is held by another process whose claim \({claim}\) says nothing"):
+            shm.hold(local)
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=60)
+    with shm.hold(local) as lock:  # no one holds it now: taken over, and written
+        assert lock.first and json.loads(claim.read_text())["pid"] == os.getpid()
+
+
+def test_a_claim_that_cannot_be_written_or_locked_is_said_not_a_raw_os_error(tmp_path, monkeypatch):
+    import errno
+    import fcntl
+    import warnings
+
+    from gpufeed.errors import CacheWriteError
+
+    def full(*args):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with monkeypatch.context() as m:
+        m.setattr(shm.os, "pwrite", full)
+        with pytest.raises(CacheWriteError, match=r"cannot write the claim file .*/a/.gpufeed-claim \(No space left"):
+            shm.hold(tmp_path / "a")
+    real = fcntl.flock
+
+    def no_shared_lock(fd, operation):  # NFS without its lock daemon refuses some calls with ENOLCK
+        if operation == fcntl.LOCK_SH:
+            raise OSError(errno.ENOLCK, "No locks available")
+        real(fd, operation)
+
+    monkeypatch.setattr(shm.fcntl, "flock", no_shared_lock)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        lock = shm.hold(tmp_path / "b")
+    assert lock.path is None and not lock.first
+    assert [str(w.message).split(" (")[0] for w in said] == [f"cannot claim {tmp_path / 'b'}"]
+    assert "No locks available: this file system has no working flock" in str(said[0].message)

@@ -11,6 +11,8 @@ being blind to it -- is a DataError naming the sample, told apart from a damaged
 - ``gpufeed.json`` of format ``gpufeed.mds/2`` and both columns: images and labels checked;
 - ``gpufeed.mds/1`` (written before labels were covered): images checked, labels not -- served, with one warning
   that says so and how to convert again;
+- a format of gpufeed's whose columns are missing from a shard (the index edited, or mixing another dataset's
+  shards): a DataError, not a dataset checked less;
 - no ``gpufeed.json`` (an MDS dataset another tool wrote): served without a content check, with one warning (a
   ``sha1`` column there may mean anything; the engine's ``validate_hash`` checks whole shards against hashes the
   index records, when it records them).
@@ -21,6 +23,8 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from typing import Any
+
+from ..errors import DataError
 
 __all__ = ["FORMAT", "SAMPLE_COLUMN", "Coverage", "coverage", "label_bytes", "sample_digests"]
 
@@ -65,6 +69,20 @@ def coverage(meta: dict[str, Any], image_digests: bool, sample_digests_: bool, l
     ``gpufeed.json`` (``{}`` without one); ``image_digests``/``sample_digests_``: every shard has the column;
     ``labelled``: labels are read (``label_key`` is the converter's ``label``)."""
     fmt = str(meta.get("format", ""))
+    version = fmt.removeprefix("gpufeed.mds/")
+    written = int(version) if fmt.startswith("gpufeed.mds/") and version.isdigit() else None
+    # a format gpufeed convert wrote promises its columns: one missing is an edit, never a reason to check less
+    missing = None
+    if written is not None and not image_digests:
+        missing = "sha1"
+    elif written is not None and written >= 2 and labelled and not sample_digests_:
+        missing = SAMPLE_COLUMN
+    if missing is not None:
+        raise DataError(
+            f"{where}'s gpufeed.json says {fmt}, whose every shard holds a {missing!r} column, but a shard in its "
+            f"index.json has none (renamed or removed: the index was edited, or mixes another dataset's shards), so "
+            "its samples would be served unchecked; convert the source again (gpufeed convert SRC DST, into a new DST)"
+        )
     if not fmt.startswith("gpufeed.mds/") or not image_digests:
         what = "has no gpufeed.json" if not meta else f"was not written by gpufeed convert (format {fmt or None!r})"
         text = (

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import posixpath
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -124,6 +125,8 @@ class _Columns:
             begin, end = spans[self.label]
             raw = record[begin:end]
             label = int(raw.decode()) if not self.label_format else struct.unpack(self.label_format, raw)[0]
+            if not -(1 << 63) <= label < 1 << 63:  # served as int64 (a uint64 column's high bit, a long str_int)
+                raise ValueError(f"its label {label} does not fit an int64")
         digest = sample = None
         if self.digest is not None:
             begin, end = spans[self.digest]
@@ -162,13 +165,21 @@ class Index:
                     f"{source}: shard {k} lacks {missing or ['raw_data.basename/bytes']}; the index is damaged or not "
                     "MDS: write it again with streaming.MDSWriter or gpufeed convert"
                 )
+        seen: dict[str, str] = {}  # a file's normal name -> the entry that listed it first
         for k, s in enumerate(shards):
             if s.get("format") != "mds":
                 raise DataError(f"{source}: shard {s.get('raw_data')} has format {s.get('format')!r}, not 'mds'")
             for key, name in _files(s):
-                why = check_name(name) or ("is a file of the dataset, not a shard" if name in RESERVED else None)
+                why = check_name(name)
+                # './index.json' and 'a.mds/' are the files 'index.json' and 'a.mds': one file is never two entries
+                normal = posixpath.normpath(name) if why is None else ""
+                if why is None and normal.split("/")[0] in RESERVED:  # 'index.json/x' too: no file goes below one
+                    why = "is a file of the dataset, not a shard"
+                elif why is None and normal in seen:
+                    why = f"is the file {seen[normal]} lists too (its samples would be served twice, the others never)"
                 if why is not None:
                     raise DataError(f"{source} (shard {k}, {key}.basename) lists {name!r}, which {why}; {_FIX}")
+                seen[normal] = f"shard {k}'s {key}.basename"
         self.source = source
         self.shards: list[dict[str, Any]] = shards
         self.samples_per_shard = np.array([s["samples"] for s in shards], dtype=np.int64)
@@ -217,6 +228,23 @@ class Index:
                 if key == "raw_data":
                     out.append(path)
         return out
+
+    def check_hash(self, validate_hash: str | None) -> None:
+        """A ConfigError, before any shard is fetched, when the engine's ``validate_hash`` has nothing to check: the
+        index records no such hash of the shards' files (``gpufeed convert`` records none: its samples carry their
+        own digests instead)."""
+        if validate_hash is None:
+            return
+        for k, s in enumerate(self.shards):
+            file = s.get("zip_data") or s["raw_data"]  # the file the engine downloads and hashes
+            hashes = file.get("hashes") if isinstance(file, dict) else None
+            if not isinstance(hashes, dict) or validate_hash not in hashes:
+                have = sorted(hashes) if isinstance(hashes, dict) else []
+                raise ConfigError(
+                    f"validate_hash={validate_hash!r}: {self.source} records no {validate_hash} hash of shard {k} "
+                    f"({self.basenames[k]}; it records {have or 'none'}): pass validate_hash=None, or one the index "
+                    "records (MDSWriter(hashes=[...]) writes them)"
+                )
 
     @property
     def num_shards(self) -> int:

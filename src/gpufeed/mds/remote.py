@@ -12,7 +12,8 @@ into a temporary name; parses it and checks every shard name to stay inside ``lo
 (:meth:`gpufeed.mds.index.Index.paths`); and only then puts it in place, where the engine's constructor finds it
 and downloads nothing. ``gpufeed.json`` is fetched at the same time, within the same wait: a remote that does not
 answer fails in one ``download_timeout``. A cached ``index.json`` is compared with the remote's (a dataset
-converted again since is refused); a remote that cannot be reached leaves the cached copy in use.
+converted again since is refused); a remote that cannot be reached leaves the cached copy in use, with a
+warning naming the remote and the cause.
 """
 
 from __future__ import annotations
@@ -21,14 +22,24 @@ import json
 import os
 import threading
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError, DataError, StorageError
+from ..errors import CacheWriteError, ConfigError, DataError, StorageError
 from .downloads import is_missing, storage_cause
 from .index import Index
 
-__all__ = ["REMOTE_MARK", "FileFetch", "check_mark", "downloader", "fetch_index", "read_meta", "storage_error"]
+__all__ = [
+    "REMOTE_MARK",
+    "FileFetch",
+    "check_mark",
+    "downloader",
+    "fetch_index",
+    "read_meta",
+    "storage_error",
+    "write_mark",
+]
 
 REMOTE_MARK = "gpufeed-remote.json"  # in a remote's local: which remote it caches
 
@@ -139,15 +150,38 @@ def storage_error(
 def check_mark(local: str, remote: str) -> None:
     """A ConfigError if ``local`` caches another remote than ``remote`` (its :data:`REMOTE_MARK`): the engine would
     keep that one's index and shards and serve them as ``remote``'s."""
+    mark = Path(local, REMOTE_MARK)
     try:
-        recorded = json.loads(Path(local, REMOTE_MARK).read_text()).get("remote")
+        recorded = json.loads(mark.read_text()).get("remote")
+    except FileNotFoundError:
+        return  # a new local, or one filled before marks
     except (OSError, ValueError, AttributeError):
         recorded = None
-    if recorded is not None and recorded != remote:
+    if not isinstance(recorded, str):  # written atomically (write_mark): damaged or not gpufeed's
+        raise ConfigError(
+            f"{mark} does not say which remote local={local} caches (it is not gpufeed's record of it): if local holds "
+            f"{remote}'s shards, delete {mark} and run again; else give this one another local"
+        )
+    if recorded != remote:
         raise ConfigError(
             f"local={local} caches the dataset {recorded}, not {remote}: give this one a local of its own (or leave "
             "local out: gpufeed then picks one per remote), or empty it"
         )
+
+
+def write_mark(local: str, remote: str) -> None:
+    """Record in ``local`` that it caches ``remote`` (:func:`check_mark`): written to a temporary name and renamed, so
+    that it is whole or absent, and never written through a link planted in its place."""
+    tmp = os.path.join(local, f".{REMOTE_MARK}.{os.getpid()}.tmp")
+    try:
+        Path(tmp).write_text(json.dumps({"remote": remote}))
+        os.replace(tmp, os.path.join(local, REMOTE_MARK))
+    except OSError as e:
+        _unlink(tmp)
+        raise CacheWriteError(
+            f"cannot write {os.path.join(local, REMOTE_MARK)} ({e.strerror or e}): local={local} is full or not "
+            "writable; free space in it or give another local"
+        ) from None
 
 
 def _parse(data: bytes, source: str) -> Any:
@@ -182,7 +216,14 @@ def fetch_index(
         except Exception as e:
             if not cached.exists():
                 raise storage_error(remote, local, timeout, "index.json", e) from e
-            fresh = None  # unreachable now (offline, no credentials): the cached copy is what there is
+            fresh = None  # unreachable now (offline, no credentials): the cached copy is what there is, with a warning
+            what, fix = storage_cause(e)
+            warnings.warn(
+                f"{base}/index.json could not be fetched ({what}: {type(e).__name__}: {e}): reading the copy cached "
+                f"in {cached}, which may be older than the remote's; shards not cached fail when read. {fix[0].upper()}"
+                f"{fix[1:]}",
+                stacklevel=4,
+            )
         if fresh is not None:
             data = Path(fresh).read_bytes()
             if cached.exists() and data != cached.read_bytes():

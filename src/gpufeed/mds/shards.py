@@ -21,13 +21,12 @@ such data is served as it is (``gf.stream`` says so once, and in ``loader.plan``
 from __future__ import annotations
 
 import hashlib
-import json
 import os
+import stat
 import struct
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -41,7 +40,7 @@ from .downloads import Downloads, storage_cause
 from .index import Index
 from .local import check_local, make_local
 from .plan import DOWNLOADERS_PER_RANK, block_size_for_cache, engine_cache_limit
-from .remote import REMOTE_MARK, check_mark, fetch_index, read_meta, storage_error
+from .remote import check_mark, fetch_index, read_meta, storage_error, write_mark
 
 __all__ = ["Samples", "Shards", "default_local", "storage_cause"]
 
@@ -153,7 +152,7 @@ class Shards:
             check_local(self.local, None)
             self.index = Index.load(os.path.join(self.local, "index.json"), image_key, label_key)
             self._paths = self.index.paths(self.local)
-            _check_hash(self.index, validate_hash)
+            self.index.check_hash(validate_hash)
             self.meta = read_meta(self.local)
         else:
             try:
@@ -192,7 +191,7 @@ class Shards:
         # NOTE [ A remote's index: fetched by gpufeed, checked, then the engine's ]
         self.index, self.meta = fetch_index(self.local, remote, timeout, image_key, label_key)
         self._paths = self.index.paths(self.local)
-        _check_hash(self.index, validate_hash)
+        self.index.check_hash(validate_hash)
         if shared is None:
             try:
                 # never iterated: batch_size and num_canonical_nodes only satisfy the constructor; the index is in
@@ -230,7 +229,7 @@ class Shards:
         if shared is None:
             _OPEN[(remote, self.local)] = (self._ds, self._lock)
             self._shared = True
-            Path(self.local, REMOTE_MARK).write_text(json.dumps({"remote": remote}))
+            write_mark(self.local, remote)
 
     def _set_cache_limit(self, limit: int) -> None:
         biggest = int(self.index.max_bytes.max())
@@ -278,8 +277,8 @@ class Shards:
         if hasattr(os, "posix_fadvise"):
             try:
                 fd = os.open(self._paths[shard], os.O_RDONLY)
-            except FileNotFoundError:
-                return  # read() names the missing file
+            except OSError:
+                return  # read() names the missing or unreadable file
             try:
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
             finally:
@@ -289,7 +288,7 @@ class Shards:
         path = self._paths[shard]
         if self._ds is not None and time.monotonic() - self._touched.get(shard, -TOUCH_EVERY) < TOUCH_EVERY:
             try:  # fetched and touched a moment ago: skip the engine's lock (about 100 us a call)
-                return os.open(path, os.O_RDONLY)
+                return self._open_file(shard)
             except FileNotFoundError:
                 pass
         for _ in range(1 + RETRIES):
@@ -301,7 +300,7 @@ class Shards:
                     self._fetch(shard, reader=True)
                 self._touched[shard] = time.monotonic()
             try:
-                return os.open(path, os.O_RDONLY)
+                return self._open_file(shard)
             except FileNotFoundError:
                 if self._ds is None:
                     zipped = (self.index.shards[shard].get("zip_data") or {}).get("basename")
@@ -318,6 +317,28 @@ class Shards:
             f"shard {path} was evicted {1 + RETRIES} times before it could be read: cache_limit={self.cache_limit} is "
             "too small for this many ranks and this shuffle block; raise it or lower shuffle_block_size"
         )
+
+    def _open_file(self, shard: int) -> int:
+        """Shard ``shard``'s file, open for reading: a FileNotFoundError as it is (the caller fetches it or names
+        it), a DataError naming the shard when its path holds no readable file (a directory, a link loop)."""
+        path = self._paths[shard]
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            raise
+        except OSError as e:
+            why = e.strerror or str(e)
+        else:
+            if stat.S_ISREG(os.fstat(fd).st_mode):
+                return fd
+            os.close(fd)
+            why = "it is a directory, not a file" if os.path.isdir(path) else "it is not a regular file"
+        fix = (
+            f"end the run and delete it (the next run fetches the shard again from {self.remote})"
+            if self.remote is not None
+            else "the dataset is damaged: convert or copy it again"
+        )
+        raise DataError(f"shard file {path} (listed in {self.index.source}) cannot be read ({why}); {fix}")
 
     def _prepare_inline(self, shard: int) -> None:
         try:
@@ -449,21 +470,3 @@ class Shards:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _check_hash(index: Index, validate_hash: str | None) -> None:
-    """A ConfigError, before any shard is fetched, when the engine's ``validate_hash`` has nothing to check: the
-    index records no such hash of the shards' files (``gpufeed convert`` records none: its samples carry their
-    own digests instead)."""
-    if validate_hash is None:
-        return
-    for k, s in enumerate(index.shards):
-        file = s.get("zip_data") or s["raw_data"]  # the file the engine downloads and hashes
-        hashes = file.get("hashes") if isinstance(file, dict) else None
-        if not isinstance(hashes, dict) or validate_hash not in hashes:
-            have = sorted(hashes) if isinstance(hashes, dict) else []
-            raise ConfigError(
-                f"validate_hash={validate_hash!r}: {index.source} records no {validate_hash} hash of shard {k} "
-                f"({index.basenames[k]}; it records {have or 'none'}): pass validate_hash=None, or one the index "
-                "records (MDSWriter(hashes=[...]) writes them)"
-            )

@@ -30,20 +30,25 @@ this process alone); every holder, once it shares the lock, reads it back and is
 job's pid, host and command, and the fix: another ``local``) when it is another job's. The lock file is rewritten
 only under the exclusive lock, which no one gets while a holder lives, so what it says is the living holders' job;
 two first holders racing for the exclusive lock (flock's conversion to shared is not atomic) each read the file
-after it, and the one that did not write it last is refused. The claim lives in ``local`` itself, not under gpufeed's
-cache directory: a lock there (keyed by the directory's path) was one per cache directory, so a second user (another
-HOME) or a job with another ``GPUFEED_CACHE_DIR`` on the same ``local`` held a lock of its own and was served while
-the first job held it (an outside trial). Local-only data takes no claim: it is only read, never evicted, so any
-number of jobs (and a read-only mount) may read it at once.
+after it, and the one that did not write it last is refused. A claim that says nothing (its first holder died or hit
+a full disk before writing it) is taken over by the next holder when no one holds it, else refused: never read as
+"no job". The claim file is opened without following a link (one planted in a shared ``local`` would have gpufeed
+truncate the file it points to), and a write that fails is a CacheWriteError naming it.
+The claim lives in ``local`` itself, not under gpufeed's cache directory: a lock there (keyed by the directory's
+path) was one per cache directory, so a second user (another HOME) or a job with another ``GPUFEED_CACHE_DIR`` on the
+same ``local`` held a lock of its own and was served while the first job held it (an outside trial). Local-only data
+takes no claim: it is only read, never evicted, so any number of jobs (and a read-only mount) may read it at once.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
 import re
 import socket
+import stat
 import time
 import warnings
 from collections.abc import Mapping
@@ -51,7 +56,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError
+from ..errors import CacheWriteError, ConfigError
 from . import engine
 
 __all__ = ["CLAIM", "SHM_DIR", "RunLock", "blocks_naming", "clean_stale", "hold", "job", "lock_path", "mapped_blocks"]
@@ -244,12 +249,53 @@ def _refusal(local: str, path: Path, theirs: dict[str, Any]) -> ConfigError:
     )
 
 
+def _no_flock(local: str, path: Path, e: OSError) -> RunLock:
+    """No claim (a file system without flock: Lustre mounted without it, NFS without its lock daemon): said once,
+    and the run goes on unclaimed."""
+    warnings.warn(
+        f"cannot claim {local} ({path}: {e.strerror or e}: this file system has no working flock), so another job on "
+        "it is not refused, nor shared memory left by a killed run cleaned: give each job a local of its own, on a "
+        "local disk if you can",
+        stacklevel=3,
+    )
+    return RunLock(local, None, first=False)
+
+
+class _NoFlock(Exception):
+    """flock refused for another reason than another holder (the file system has none that works)."""
+
+    def __init__(self, error: OSError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def _flock(fd: int, operation: int) -> None:
+    """``fcntl.flock``; a BlockingIOError as it is (another holder), any other OSError as :class:`_NoFlock`."""
+    try:
+        fcntl.flock(fd, operation)
+    except BlockingIOError:
+        raise
+    except OSError as e:
+        raise _NoFlock(e) from e
+
+
+def _record(fd: int) -> dict[str, Any] | None:
+    """What the claim file says (None: nothing readable: its first holder died or failed before writing it)."""
+    try:
+        theirs = json.loads(os.pread(fd, 1 << 16, 0).decode())
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return theirs if isinstance(theirs, dict) and isinstance(theirs.get("job"), str) else None
+
+
 def hold(local: str | os.PathLike[str], ranks: int = 1) -> RunLock:
     """Hold ``local`` for this run; the first holder cleans its stale blocks. Release it when the run ends.
     ``ranks``: the ranks of this node that share ``local`` (:func:`job`).
 
     Raises:
         ConfigError: another job holds ``local`` (NOTE [ One job per local directory ]); the ranks of one job share it.
+            Or the claim file is a symbolic link (it would be written through to its target, outside ``local``).
+        CacheWriteError: the claim cannot be written (``local``'s disk is full).
 
     Example::
 
@@ -260,14 +306,20 @@ def hold(local: str | os.PathLike[str], ranks: int = 1) -> RunLock:
     path = lock_path(local)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        # never through a link: a claim planted as a link to another file would have that file truncated
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
     except OSError as e:
+        if e.errno in (errno.ELOOP, errno.EISDIR):
+            raise _not_a_claim(local, path) from None
         warnings.warn(
             f"cannot create the claim file {path} ({e}); shared memory left by a killed run on {local} will not be "
             "cleaned, nor another job on it refused: give a local this user can write",
             stacklevel=2,
         )
         return RunLock(local, None, first=False)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO, a device: nothing gpufeed could write a claim into
+        os.close(fd)
+        raise _not_a_claim(local, path)
     mine = {
         "local": local,
         "job": job(ranks=ranks),
@@ -275,35 +327,66 @@ def hold(local: str | os.PathLike[str], ranks: int = 1) -> RunLock:
         "host": socket.gethostname(),
         "since": time.time(),
     }
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        first = True
-    except BlockingIOError:
-        first = False
-    except OSError as e:  # a file system without flock (Lustre mounted without it, some NFS setups)
-        os.close(fd)
-        warnings.warn(
-            f"cannot claim {local} ({path}: {e.strerror or e}: this file system has no flock), so another job on it "
-            "is not refused, nor shared memory left by a killed run cleaned: give each job a local of its own, on a "
-            "local disk if you can",
-            stacklevel=2,
-        )
-        return RunLock(local, None, first=False)
     cleaned: list[str] = []
     try:
-        if first:
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, (json.dumps(mine) + "\n").encode(), 0)  # who holds it: for the next job, and a person
-            cleaned = clean_stale(local)
-        # shared from here: the node's other ranks join; a first holder elsewhere waits (it would clean)
-        fcntl.flock(fd, fcntl.LOCK_SH)
-        try:
-            theirs = json.loads(os.pread(fd, 1 << 16, 0).decode())
-        except (ValueError, UnicodeDecodeError):
-            theirs = None  # written by a gpufeed before the job was recorded: its holders are of that release
-        if isinstance(theirs, dict) and theirs.get("job") != mine["job"]:
+        for attempt in range(2):
+            try:
+                _flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                first = True
+            except BlockingIOError:
+                first = False
+            if first:
+                _write_claim(fd, path, mine)  # who holds it: for the next job, and a person
+                cleaned = clean_stale(local)
+            # shared from here: the node's other ranks join; a first holder elsewhere waits (it would clean)
+            _flock(fd, fcntl.LOCK_SH)
+            theirs = _record(fd)
+            if theirs is not None:
+                break
+            # its first holder died or failed before writing it: take it over if no one else holds it now
+            _flock(fd, fcntl.LOCK_UN)
+            if attempt:
+                raise ConfigError(
+                    f"local={local} is held by another process whose claim ({path}) says nothing: a gpufeed run that "
+                    "could not write it (a full disk), or a process that is not gpufeed, holds it. Give this job "
+                    f"another local=, or end the processes that use this one (fuser -v {path} lists them)"
+                )
+        assert theirs is not None  # the loop ends on a record, or raises
+        if theirs.get("job") != mine["job"]:
             raise _refusal(local, path, theirs)
+    except _NoFlock as e:
+        os.close(fd)
+        return _no_flock(local, path, e.error)
     except BaseException:
         os.close(fd)
         raise
     return RunLock(local, path, first, cleaned, fd)
+
+
+def _not_a_claim(local: str, path: Path) -> ConfigError:
+    """The claim file's path holds something gpufeed did not make: a link (it would write through it, outside
+    ``local``), a directory, a FIFO."""
+    if path.is_symlink():
+        try:
+            what = f"a symbolic link (to {os.readlink(path)})"
+        except OSError:
+            what = "a symbolic link"
+    else:
+        what = "a directory" if path.is_dir() else "not a regular file"
+    return ConfigError(
+        f"the claim file {path} is {what}: gpufeed writes its claim there, and would write to another file, outside "
+        f"local={local}, or none; remove it (gpufeed makes the file itself) or give another local"
+    )
+
+
+def _write_claim(fd: int, path: Path, mine: dict[str, Any]) -> None:
+    """Write this holder's record over the claim file (under the exclusive lock), or a CacheWriteError."""
+    data = (json.dumps(mine) + "\n").encode()
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, data, 0)
+    except OSError as e:
+        raise CacheWriteError(
+            f"cannot write the claim file {path} ({e.strerror or e}; {len(data)} bytes): local={mine['local']} is "
+            "full or not writable; free space in it (its shards can go) or give another local"
+        ) from None

@@ -25,12 +25,12 @@ from ..loading.plan import Plan
 from ..loading.stream import StreamLoader, process_layout
 from ..loading.stream_samples import SampleOps
 from ..mds.local import check_local
-from ..mds.plan import Layout, StreamSettings
+from ..mds.plan import Layout, StreamSettings, check_layout
 from ..mds.shards import Shards
 from ..mds.urls import check_url
 from ..validate import as_int, as_seconds, as_views
 from .stream_args import check_endpoint, check_hash, check_loader_arguments
-from .translate import build_batched, split_transform
+from .translate import RANDOM_SUPPORTED, build_batched, kind, split_transform
 
 __all__ = ["stream", "streaming_dataset_error"]
 
@@ -66,6 +66,15 @@ def recipe(
             "size) or with a resize and a crop to one size (evaluation: Resize, CenterCrop)"
         )
     return per_sample, ops, tuple(notes)
+
+
+def _draws(transform: Any, ops: BatchTransform | None) -> bool:
+    """Whether ``transform`` draws anything (``views > 1`` needs it), before a sample is read: from its converted
+    ops, or, while a per-sample start keeps them waiting for a sample's size (``ops`` None), from the kinds of the
+    ops it runs batched (only random kinds draw)."""
+    if ops is not None:
+        return ops.random
+    return any(kind(op) in RANDOM_SUPPORTED for op in split_transform(transform).device)
 
 
 def _is_streaming_dataset(obj: Any) -> bool:
@@ -246,6 +255,8 @@ def stream(
     check_endpoint(remote)
     check_hash(validate_hash)
     early = recipe(transform, None)  # the transform converted (a per-sample start's size waits for a sample)
+    if as_views(views) > 1 and not _draws(transform, early[1]):
+        raise ConfigError(f"views={views} draws each view's own augmentation: it needs a random transform")
     if local is not None:
         check_local(local, None if remote is None else str(remote))
     if (batch_size is None) == (global_batch_size is None):
@@ -270,6 +281,7 @@ def stream(
         global_batch_size, num_canonical_nodes, shuffle, shuffle_seed, shuffle_algo, shuffle_block_size
     )  # checked before the shards are opened
     settings.batch_size(where.world_size)
+    check_layout(settings, where.num_nodes, where.ranks_per_node, None)  # a resumed state's node count comes later
     resolve_device(device)
     shards = Shards(
         local,

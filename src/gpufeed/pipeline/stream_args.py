@@ -76,8 +76,10 @@ def check_loader_arguments(
         raise ConfigError(f"image_key={image_key!r} must be the name of the image column (a str)")
     if label_key is not None and not isinstance(label_key, str):
         raise ConfigError(f"label_key={label_key!r} must be the name of the label column (a str), or None")
-    as_views(views)
-    if as_mix(mix, num_classes) is not None and label_key is None:
+    mixed = as_mix(mix, num_classes) is not None
+    if as_views(views) > 1 and mixed:
+        raise ConfigError("mix= mixes one batch of images with its labels; with views > 1 mix each view yourself")
+    if mixed and label_key is None:
         raise ConfigError("mix= mixes images with their labels, but label_key=None reads none: give the label column")
 
 

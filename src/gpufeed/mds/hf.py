@@ -136,7 +136,10 @@ def locate(src: str | Path, config: str | None = None) -> OnDisk | None:
     found = _locate(text, path, config)
     if config is not None and (found is None or found.layout is None or found.layout.card is None):
         what = found.what if found is not None else text
-        raise ConfigError(f"config={config!r} picks a config of a Hub repository's {CARD} card; {what} has none")
+        raise ConfigError(
+            f"config={config!r} picks a config of a Hub repository's {CARD} card, of Parquet or Arrow files; {what} "
+            "is not one (a folder of images is read by its folders): drop it"
+        )
     return found
 
 

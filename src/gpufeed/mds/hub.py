@@ -12,8 +12,15 @@ splits are found as ``datasets.load_dataset(DIR)`` finds them, by ``datasets``' 
    (``train/``, ``data/test/``) or a file's (``train.parquet``, ``my_valid-1.parquet``; ``valid``/``dev``/``val``
    are ``validation``, ``eval``/``testing`` are ``test``), else every file is ``train``.
 
-Its ``data/`` folder alone reads the same way (its ``train-*``/``test-*`` files are two splits, not one). The files
-of the format the most files have (Parquet on a tie) are kept, as ``load_dataset`` keeps them.
+Its ``data/`` folder alone reads the same way (its ``train-*``/``test-*`` files are two splits, not one). Each
+split's format is the extension the most of its files have among those ``datasets`` reads (Parquet on a tie; a lock
+or checksum file beside them is passed over), its files of that format kept, as ``load_dataset`` keeps them; splits
+of different formats are refused, as ``load_dataset`` refuses them.
+
+NOTE [ A repository of images is an image folder ]: a repository whose card's configs name image files
+(``train/**`` over ``train/<class>/*.jpg``: ``datasets``' imagefolder) is not one of Parquet or Arrow files:
+:func:`hub_layout` returns None, and ``--data`` reads it as an image folder, by its folders, as before cards were
+read (its ``metadata.csv`` is not read: load it with ``datasets.load_dataset`` for that).
 
 NOTE [ The card's paths stay inside the repository ]: every pattern a card names is a path inside the repository
 (absolute paths, ``~``, URLs and ``..`` that leaves it are refused naming the card, the config and the entry), and
@@ -139,12 +146,14 @@ def _holds_data_files(root: Path) -> bool:
 
 def hub_layout(folder: Path, config: str | None = None) -> Layout | None:
     """The splits of ``folder`` (a Hub repository, or any folder of Parquet/Arrow files) as ``load_dataset`` finds
-    them (the module's rules); None when it holds no card ``configs`` and no Parquet or Arrow file. ``config``: the
-    card's config to read (default: its default one; ignored without configs: the caller refuses it then).
+    them (the module's rules); None when it holds no card ``configs`` and no Parquet or Arrow file, or its files
+    are images (NOTE [ A repository of images is an image folder ]). ``config``: the card's config to read (default:
+    its default one; ignored where None is returned: the caller refuses it then).
 
     Raises:
         ConfigError: ``config`` not among the card's, several configs and none default, a card path that leaves
-            the repository, a config whose files are of a format gpufeed does not read, or no files.
+            the repository, a config whose files are of a format gpufeed does not read, splits of different
+            formats, a split name ``datasets`` refuses, or no files.
     """
     root = folder.resolve()
     card = _card(root)
@@ -171,11 +180,17 @@ def hub_layout(folder: Path, config: str | None = None) -> Layout | None:
                 for pattern in listed:
                     _inside(base, str(pattern), card.path, name, f"data_files of split {split!r}")
             return _resolve(root, base, patterns, name, card)
+    where = f"{card.path}'s config {name!r} (data_dir {base})" if name is not None and card else str(base)
     try:
         patterns = get_data_patterns(base.as_posix())
     except FileNotFoundError:  # datasets' EmptyDatasetError: no data file at all
-        where = f"{card.path}'s config {name!r} (data_dir {base})" if name is not None and card else str(base)
         raise ConfigError(f"{where}: no data files (Parquet or Arrow) to read") from None
+    except ValueError as e:  # a split name read from a file name that datasets refuses (data/test-clean-00000-...)
+        raise ConfigError(
+            f"{where}: its file names give split names that datasets refuses too ({e}); a split's name is letters, "
+            "digits and _: rename the files (test_clean-00000-of-00001.parquet), or add a README.md card whose "
+            "configs name the splits (- split: test_clean, path: data/test-clean-*), as load_dataset reads them"
+        ) from None
     return _resolve(root, base, patterns, name, card)
 
 
@@ -233,16 +248,22 @@ def _home(root: Path) -> Path:
     return root
 
 
-def _resolve(root: Path, base: Path, patterns: dict[str, list[str]], config: str | None, read: _Card | None) -> Layout:
-    """The files of each split's patterns, by ``datasets``' resolver, checked to lie inside the repository and
-    kept to the one format ``load_dataset`` would read."""
+def _resolve(
+    root: Path, base: Path, patterns: dict[str, list[str]], config: str | None, read: _Card | None
+) -> Layout | None:
+    """The files of each split's patterns, by ``datasets``' resolver (the extensions it reads: a lock or checksum
+    file beside the data is passed over), checked to lie inside the repository and kept to the one format
+    ``load_dataset`` would read; None for image files (an imagefolder repository: read by its folders)."""
     from datasets.data_files import DataFilesDict
+    from datasets.packaged_modules import _ALL_ALLOWED_EXTENSIONS
 
     card = read.path if read is not None and config is not None else None
+    where = f"{card}'s config {config!r}" if card is not None else str(root)
     try:
-        resolved = DataFilesDict.from_patterns(patterns, base_path=base.as_posix())
+        resolved = DataFilesDict.from_patterns(
+            patterns, base_path=base.as_posix(), allowed_extensions=_ALL_ALLOWED_EXTENSIONS
+        )
     except FileNotFoundError as e:  # a path (no wildcard) that names no file
-        where = f"{card}'s config {config!r}" if card is not None else str(root)
         raise ConfigError(f"{where}: {e}; fix the card or the files") from None
     home = _home(root)
     splits: dict[str, list[Path]] = {}
@@ -253,27 +274,57 @@ def _resolve(root: Path, base: Path, patterns: dict[str, list[str]], config: str
             # found by their names are the user's own folder, where a link to another disk is the user's choice
             # (as in an image folder: gpufeed.inside's links=False)
             if card is not None and not path.resolve().is_relative_to(home):
-                entry = f"{card}'s config {config!r}, split {split!r}" if card is not None else str(root)
                 raise ConfigError(
-                    f"{entry}: {path} resolves to {path.resolve()}, outside the repository {home}: gpufeed reads only "
-                    "the repository's own files; replace the link by the file"
+                    f"{where}, split {split!r}: {path} resolves to {path.resolve()}, outside the repository {home}: "
+                    "gpufeed reads only the repository's own files; replace the link by the file"
                 )
             splits.setdefault(str(split), []).append(path)  # datasets' default patterns key by NamedSplit
-    counts = Counter(os.path.splitext(p.name)[1].lower() for files in splits.values() for p in files)
-    if not counts:
-        raise ConfigError(f"{card or root}: no data files (Parquet or Arrow) to read")
-    # the most common extension, Parquet on a tie (datasets' infer_module_for_data_files_list)
-    ext = max(counts, key=lambda e: (counts[e], e == ".parquet", e == ".arrow", e))
-    if ext not in FORMATS:
-        where = f"{card}'s config {config!r}" if card is not None else str(root)
+    formats = {split: _format(files, _ALL_ALLOWED_EXTENSIONS) for split, files in splits.items()}
+    if not formats:
+        raise ConfigError(f"{where}: no data files (Parquet or Arrow) to read")
+    if len(set(formats.values())) > 1:  # load_dataset infers each split's format and refuses a difference
+        listed = ", ".join(f"{split}: {ext}" for split, ext in formats.items())
         raise ConfigError(
-            f"{where}: its data files are {ext} files ({counts[ext]:,}); gpufeed reads a repository of Parquet or "
-            "Arrow files: load it with datasets.load_dataset and pass the Dataset to gf.accelerate (or "
+            f"{where}: its splits are files of different formats ({listed}), which load_dataset refuses too: give "
+            "the files of one format (convert the others, or a folder or card config that names one format's)"
+        )
+    ext = next(iter(formats.values()))
+    if ext in _image_extensions():
+        return None  # NOTE [ A repository of images is an image folder ]
+    if ext not in FORMATS:
+        count = sum(p.name.lower().endswith(ext) for files in splits.values() for p in files)
+        raise ConfigError(
+            f"{where}: its data files are {ext} files ({count:,}); gpufeed reads a repository of Parquet or Arrow "
+            "files: load it with datasets.load_dataset and pass the Dataset to gf.accelerate (or "
             "ds.save_to_disk(DIR) and give DIR)"
         )
-    kept = tuple(
-        (split, tuple(p for p in files if p.name.lower().endswith(ext)))
-        for split, files in splits.items()
-        if any(p.name.lower().endswith(ext) for p in files)
-    )
+    kept = tuple((split, tuple(p for p in files if p.name.lower().endswith(ext))) for split, files in splits.items())
+    empty = [split for split, files in kept if not files]
+    if empty:  # its files only carry the extension inside their names (x.parquet.md5): datasets fails on them
+        raise ConfigError(f"{where}: the split(s) {empty} hold no {ext} file (only names with {ext} inside); fix them")
     return Layout(root, FORMATS[ext], kept, config, card, read.features(config) if read is not None else None)
+
+
+def _format(files: list[Path], known: list[str]) -> str:
+    """A split's format as ``datasets`` infers it: the most common extension datasets reads among its files' suffixes
+    (``x.parquet.lock`` counts as Parquet), an imagefolder's metadata files not counted, Parquet on a tie, then Arrow
+    (``infer_module_for_data_files_list``)."""
+    from datasets.packaged_modules.imagefolder.imagefolder import ImageFolder
+
+    metadata = set(ImageFolder.METADATA_FILENAMES)
+    counts = Counter(
+        suffix
+        for p in files
+        if p.name not in metadata
+        for suffix in ("." + part.lower() for part in p.name.split(".")[1:])
+        if suffix in known
+    )
+    if not counts:  # only metadata files
+        return os.path.splitext(files[0].name)[1].lower()
+    return max(counts, key=lambda e: (counts[e], e == ".parquet", e == ".arrow", e))
+
+
+def _image_extensions() -> set[str]:
+    from datasets.packaged_modules.imagefolder.imagefolder import ImageFolder
+
+    return {e.lower() for e in ImageFolder.EXTENSIONS}

@@ -368,3 +368,20 @@ def test_the_readme_names_the_python_convert_that_exists_with_its_arguments():
     named = re.findall(r"(\w+)=", said.group(1))
     assert named == ["split", "image_key", "label_key"]
     assert set(named) <= set(inspect.signature(convert).parameters)
+
+
+def test_a_row_without_a_label_in_a_label_column_is_named_not_written_as_unlabelled(tmp_path):
+    images = _images(5)
+    ints = datasets.Features({"image": datasets.Image(), "label": datasets.Value("int64")})
+    for name, labels, features, shown in (
+        ("null", [0, 1, None, 2, 0], ints, "None"),
+        ("missing", [0, 1, -1, 2, 0], FEATURES, "-1, a ClassLabel's missing value"),  # a ClassLabel's missing value
+    ):
+        rows = {"image": [{"bytes": b, "path": None} for b in images], "label": labels}
+        src = tmp_path / name
+        datasets.Dataset.from_dict(rows, features=features).save_to_disk(str(src))
+        with pytest.raises(DataError, match=rf"{name} row 2: no label \({shown} in 'label'\)(.|\n)*--skip-bad"):
+            convert(src, tmp_path / f"{name}-mds", samples_per_part=2, progress=False)  # -1 would fail mid-training
+        result = convert(src, tmp_path / f"{name}-mds", samples_per_part=2, skip_bad=True, progress=False)
+        assert [s["key"] for s in result.skipped] == ["2"]
+        assert [s["label"] for s in _parse(tmp_path / f"{name}-mds")] == [0, 1, 2, 0]

@@ -90,8 +90,8 @@ def rows(
     """The rows of ``table`` (an Arrow table or record batch holding the two columns) as items: key the row's
     index in the dataset (``first`` is the first row's) zero-padded to ``width``, the image's bytes as stored (an
     image given only by a path is read from it by :func:`~gpufeed.mds.sources.prepare`, as a folder's file), the
-    label (-1: none; a class name numbered by ``numbering``); errors name ``what`` and the row's index there (``at``
-    the first's)."""
+    label (-1: none, ``label_key`` None; a class name numbered by ``numbering``); errors name ``what`` and the row's
+    index there (``at`` the first's): a row of a label column without a label (null, a ClassLabel's -1) is one."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -109,7 +109,13 @@ def rows(
         labels = [None if v is None else numbering[str(v)] for v in labels]
     for j, (raw, path, label) in enumerate(zip(data, paths, labels, strict=True)):
         key, where = f"{first + j:0{width}d}", f"{what} row {at + j}"
-        label = -1 if label is None else int(label)  # a ClassLabel's missing value is -1 too: no label
+        if label_key is not None and (label is None or int(label) == -1):
+            # -1 is the format's "no label": a labelled dataset's row without one would stop training mid-epoch
+            shown = "None" if label is None else "-1, a ClassLabel's missing value"
+            yield Item(key, -1, None, where, f"{where}: no label ({shown} in {label_key!r}); a split without labels: "
+                       "--label-key none (label_key=None)")  # fmt: skip
+            continue
+        label = -1 if label is None else int(label)
         if label < -1:
             yield Item(key, -1, None, where, f"{where}: label {label} in {label_key!r} is not a class index (>= 0)")
         elif raw is not None:

@@ -307,3 +307,23 @@ def test_a_command_asks_once_whether_its_data_is_a_hugging_face_dataset_and_clas
     args = build_parser().parse_args(["bench", "--data", str(repo), "--image-size", "32"])
     train, test = load_train_test(args, 4, 2)  # a spread subset, taken here: one more step that asked
     assert (len(train), len(test)) == (4, 2) and layouts == [repo.resolve()]
+
+
+@pytest.mark.parametrize("inside", ["", "train"])
+def test_an_imagefolder_labelled_by_its_metadata_file_is_refused_naming_it_and_the_load_dataset_fix(
+    home, tmp_path, inside
+):
+    from gpufeed.cli.common import load_train_test
+
+    repo = tmp_path / "repo"  # datasets' imagefolder: the labels in metadata.csv, no class folders
+    (repo / inside).mkdir(parents=True, exist_ok=True)
+    for i, raw in enumerate(_images(3)):
+        (repo / inside / f"{i}.jpg").write_bytes(raw)
+    (repo / inside / "metadata.csv").write_text("file_name,label\n0.jpg,0\n1.jpg,1\n2.jpg,0\n")
+    assert len(datasets.load_dataset(str(repo), cache_dir=str(tmp_path / "hf"))["train"]) == 3
+    args = build_parser().parse_args(["bench", "--data", str(repo), "--image-size", "32"])
+    with pytest.raises(DataError) as refused:
+        load_train_test(args, None, None)
+    message = str(refused.value)
+    assert f"{repo / inside / 'metadata.csv'} labels its images (datasets' imagefolder)" in message, message
+    assert "datasets.load_dataset('imagefolder', data_dir=" in message and ".save_to_disk(" in message

@@ -36,7 +36,7 @@ from .hf_rows import (
     rows_counted,
     saved_rows,
 )
-from .hub import CARD, Layout, hub_layout
+from .hub import CARD, Layout, datasets_module, hub_layout
 
 if TYPE_CHECKING:
     from .items import Item, Source
@@ -178,17 +178,6 @@ def _dict_splits(root: Path) -> tuple[str, ...]:
     return tuple(str(s) for s in splits)
 
 
-def _datasets() -> Any:
-    try:
-        import datasets
-    except ImportError:
-        raise ConfigError(
-            "reading a Hugging Face dataset (a save_to_disk folder or Parquet files) needs the datasets package: "
-            "pip install 'gpufeed[hf]'"
-        ) from None
-    return datasets
-
-
 def _storage_is_image(arrow_type: Any) -> bool:
     """Whether a column holds encoded images without saying so: a ``struct<bytes, path>`` (an ``Image``'s
     storage) or plain binary, as Parquet files written by other tools have them."""
@@ -203,7 +192,7 @@ def _storage_is_image(arrow_type: Any) -> bool:
 def _features(features: Any, schema: Any, image_key: str | None) -> Any:
     """``features`` (a ``datasets.Features``) with ``image_key``'s column read as an ``Image`` when the Arrow
     ``schema`` shows it holds encoded images untyped (:func:`_storage_is_image`)."""
-    datasets = _datasets()
+    datasets = datasets_module()
     if image_key is not None and image_key in features and not isinstance(features[image_key], datasets.Image):
         if _storage_is_image(schema.field(image_key).type):
             features = datasets.Features({**features, image_key: datasets.Image()})
@@ -251,7 +240,7 @@ def parquet_features(files: tuple[Path, ...], image_key: str | None, card: Any =
     casts to it), else from the Hugging Face metadata ``to_parquet`` writes into the schema, else inferred from the
     Arrow types; an untyped image column named by ``image_key`` read as an Image."""
     schema = _schema(files)
-    features = card if card is not None else _datasets().Features.from_arrow_schema(schema)
+    features = card if card is not None else datasets_module().Features.from_arrow_schema(schema)
     return _features(features, schema, image_key)
 
 
@@ -259,7 +248,7 @@ def open_dataset(where: OnDisk, split: str | None = None, image_key: str | None 
     """A ``datasets.Dataset`` of ``where`` (``split`` of a DatasetDict or a Hub layout, default ``train``), with
     nothing written anywhere (NOTE [ Nothing written beside the data ]); an untyped image column named by
     ``image_key`` read as an ``Image``."""
-    datasets = _datasets()
+    datasets = datasets_module()
     if where.kind == "hf":
         folder, _ = where.split_dir(split)
         ds = datasets.load_from_disk(str(folder))
@@ -308,7 +297,7 @@ def source(where: OnDisk, split: str | None, image_key: str | None, label_key: s
         return Source(where.shown, where.root, where.kind, units, _tuple(classes), sum(counts), fingerprint, chosen,
                       reader=read_file)  # fmt: skip
     folder, chosen = where.split_dir(split)
-    ds = _datasets().load_from_disk(str(folder))
+    ds = datasets_module().load_from_disk(str(folder))
     features = _features(ds.features, ds.data.table.schema, image_key)
     what = where.shown + (f" ({chosen} split)" if chosen else "")
     image, label, classes = columns(features, image_key, label_key, what)

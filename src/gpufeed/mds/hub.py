@@ -42,7 +42,7 @@ from typing import Any
 
 from ..errors import ConfigError, DataError
 
-__all__ = ["CARD", "FORMATS", "Layout", "hub_layout"]
+__all__ = ["CARD", "FORMATS", "Layout", "datasets_module", "hub_layout"]
 
 CARD = "README.md"
 FORMATS = {".parquet": "parquet", ".arrow": "arrow"}  # what gpufeed reads of the Hub's formats
@@ -105,7 +105,7 @@ def _card(root: Path) -> _Card | None:
     front = _FRONT_MATTER.match(text)
     if front is None or not re.search(r"^(configs|dataset_info)\s*:", front.group(1), re.M):
         return None
-    _datasets()
+    datasets_module()
     import yaml
     from datasets.info import DatasetInfosDict
     from datasets.utils.metadata import MetadataConfigs
@@ -160,7 +160,7 @@ def hub_layout(folder: Path, config: str | None = None) -> Layout | None:
     configs = card.configs if card is not None else {}
     if not configs and not _holds_data_files(root):
         return None
-    _datasets()
+    datasets_module()
     from datasets.data_files import get_data_patterns, sanitize_patterns
 
     name, base = None, root
@@ -194,14 +194,16 @@ def hub_layout(folder: Path, config: str | None = None) -> Layout | None:
     return _resolve(root, base, patterns, name, card)
 
 
-def _datasets() -> None:
+def datasets_module() -> Any:
+    """The ``datasets`` package, or a ConfigError saying how to install it."""
     try:
-        import datasets  # noqa: F401
+        import datasets
     except ImportError:
         raise ConfigError(
             "reading a Hugging Face dataset (a Hub repository, a save_to_disk folder or Parquet files) needs the "
             "datasets package: pip install 'gpufeed[hf]'"
         ) from None
+    return datasets
 
 
 def _chosen(card: Path, configs: dict[str, dict[str, Any]], config: str | None, root: Path) -> str:

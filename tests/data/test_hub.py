@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from gpufeed.errors import ConfigError
+from gpufeed.errors import ConfigError, DataError
 from gpufeed.mds.hf import locate, open_dataset
 
 datasets = pytest.importorskip("datasets")
@@ -312,3 +312,34 @@ def test_a_hub_repository_of_image_files_is_an_image_folder_as_it_was_before_car
     assert locate(repo) is None  # not Parquet or Arrow files: read by its folders, as an image folder
     with pytest.raises(ConfigError, match=r"config='default' picks a config of a Hub repository's README.md card"):
         locate(repo, "default")
+
+
+def _named_rows(path: Path, labels: list) -> None:
+    """A Parquet file of ``labels`` as written by another tool: class names as strings, or raw integers."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    images = pa.array([{"bytes": _jpeg(i), "path": None} for i in range(len(labels))])
+    pq.write_table(pa.table({"image": images, "label": pa.array(labels)}), path)
+
+
+def test_files_that_do_not_fit_the_cards_class_label_are_read_as_load_dataset_casts_them_or_refused_naming_them(
+    tmp_path: Path,
+) -> None:
+    repo = tmp_path / "names"  # the card's ClassLabel over class names: load_dataset numbers them by its names
+    _card(repo, "")
+    _named_rows(repo / "data" / "train-00000-of-00001.parquet", ["owl", "cat", "dog", "owl"])
+    assert _same_as_load_dataset(repo, tmp_path) == {"train": 4}
+    assert open_dataset(locate(repo))["label"] == [2, 0, 1, 2]
+    for name, labels, said in (
+        ("unknown", ["owl", "bird"], "Invalid string class label bird"),
+        ("beyond", [0, 5], "Class label 5 greater than configured num_classes 3"),
+    ):
+        repo = tmp_path / name
+        _card(repo, "")
+        _named_rows(repo / "data" / "train-00000-of-00001.parquet", labels)
+        with pytest.raises(Exception, match="An error occurred while generating the dataset"):
+            _loaded(repo, tmp_path)  # load_dataset refuses them too
+        with pytest.raises(DataError) as refused:
+            open_dataset(locate(repo))
+        message = str(refused.value)
+        assert f"{repo} (train split): its files do not fit the features of {repo / 'README.md'}" in message, message
+        assert said in message and "fix the files or the card's dataset_info" in message

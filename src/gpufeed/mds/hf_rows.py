@@ -105,18 +105,19 @@ def rows(
     else:
         data, paths = images.to_pylist(), [None] * len(images)
     labels = table.column(label_key).to_pylist() if label_key is not None else [-1] * len(images)
-    if numbering is not None:
-        labels = [None if v is None else numbering[str(v)] for v in labels]
-    for j, (raw, path, label) in enumerate(zip(data, paths, labels, strict=True)):
+    for j, (raw, path, value) in enumerate(zip(data, paths, labels, strict=True)):
         key, where = f"{first + j:0{width}d}", f"{what} row {at + j}"
-        if label_key is not None and (label is None or int(label) == -1):
+        if label_key is not None and (value is None or value == -1):
             # -1 is the format's "no label": a labelled dataset's row without one would stop training mid-epoch
-            shown = "None" if label is None else "-1, a ClassLabel's missing value"
+            shown = "None" if value is None else "-1, a ClassLabel's missing value"
             yield Item(key, -1, None, where, f"{where}: no label ({shown} in {label_key!r}); a split without labels: "
                        "--label-key none (label_key=None)")  # fmt: skip
             continue
-        label = -1 if label is None else int(label)
-        if label < -1:
+        label = int(value) if numbering is None else numbering.get(str(value), -2)
+        if numbering is not None and label == -2:
+            yield Item(key, -1, None, where, f"{where}: label {value!r} in {label_key!r} is not a class (there are "
+                       f"{len(numbering)}); fix the row, or the card's ClassLabel")  # fmt: skip
+        elif label < -1:
             yield Item(key, -1, None, where, f"{where}: label {label} in {label_key!r} is not a class index (>= 0)")
         elif raw is not None:
             yield Item(key, label, raw, where)

@@ -343,3 +343,20 @@ def test_files_that_do_not_fit_the_cards_class_label_are_read_as_load_dataset_ca
         message = str(refused.value)
         assert f"{repo} (train split): its files do not fit the features of {repo / 'README.md'}" in message, message
         assert said in message and "fix the files or the card's dataset_info" in message
+
+
+def test_a_standalone_huggingface_yaml_splits_the_repository_as_load_dataset_reads_it_over_the_card(
+    tmp_path: Path,
+) -> None:
+    repo = tmp_path / "repo"  # the configs in .huggingface.yaml, the features in the card: load_dataset merges both
+    _card(repo, "")
+    (repo / ".huggingface.yaml").write_text(
+        "configs:\n- config_name: default\n  data_files:\n  - split: train\n    path: a/*.parquet\n"
+        "  - split: test\n    path: b/*.parquet\n"
+    )
+    _write(repo / "a" / "x.parquet", 0, 5)
+    _write(repo / "b" / "y.parquet", 5, 3)  # read by the file names, both would be train: the test split trained on
+    assert _same_as_load_dataset(repo, tmp_path) == {"train": 5, "test": 3}
+    where = locate(repo)
+    assert where is not None and where.layout is not None and where.layout.how == ".huggingface.yaml's config 'default'"
+    assert open_dataset(where).features["label"].names == NAMES

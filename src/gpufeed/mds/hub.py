@@ -5,9 +5,10 @@ A repository downloaded from the Hub (``huggingface-cli download REPO --repo-typ
 ``snapshot_download`` folder in the Hugging Face cache) holds its data files beside a ``README.md`` card. Its
 splits are found as ``datasets.load_dataset(DIR)`` finds them, by ``datasets``' own functions:
 
-1. the card's YAML ``configs:``: the config asked, else the default one (``default: true``, or named ``default``,
-   or the only one), its ``data_files`` (``- split: train`` / ``path: data/train-*``; or one pattern: all
-   ``train``) or its ``data_dir``; several configs and no default is refused, naming them and how to pick one;
+1. the card's YAML ``configs:`` (a standalone ``.huggingface.yaml``'s over it, as ``load_dataset`` reads them):
+   the config asked, else the default one (``default: true``, or named ``default``, or the only one), its
+   ``data_files`` (``- split: train`` / ``path: data/train-*``; or one pattern: all ``train``) or its ``data_dir``;
+   several configs and no default is refused, naming them and how to pick one;
 2. else the file names: ``data/{split}-00000-of-00002.parquet``, then a split's name in a folder's name
    (``train/``, ``data/test/``) or a file's (``train.parquet``, ``my_valid-1.parquet``; ``valid``/``dev``/``val``
    are ``validation``, ``eval``/``testing`` are ``test``), else every file is ``train``.
@@ -42,9 +43,10 @@ from typing import Any
 
 from ..errors import ConfigError, DataError
 
-__all__ = ["CARD", "FORMATS", "Layout", "datasets_module", "hub_layout"]
+__all__ = ["CARD", "FORMATS", "STANDALONE", "Layout", "datasets_module", "hub_layout"]
 
 CARD = "README.md"
+STANDALONE = ".huggingface.yaml"  # configs beside the card, read over it (datasets' REPOYAML_FILENAME)
 FORMATS = {".parquet": "parquet", ".arrow": "arrow"}  # what gpufeed reads of the Hub's formats
 _LOOKED_AT = 20_000  # directory entries a folder is searched for data files before it is taken for something else
 _FRONT_MATTER = re.compile(r"\A---\s*\n(.*?)\n---\s*(\n|\Z)", re.S)
@@ -92,18 +94,25 @@ class _Card:
         return own if own is not None else getattr(info, "features", None)
 
 
-def _card(root: Path) -> _Card | None:
-    """The card's ``configs`` and ``dataset_info``, read by ``datasets``' own readers; None without a card or
-    either field (checked on the front matter's text first: nothing is imported for an image folder)."""
-    card = root / CARD
+def _yaml_text(path: Path) -> str | None:
+    """A card's or a standalone YAML's text; None where there is none."""
     try:
-        text = card.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8")
     except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
         return None
     except (OSError, UnicodeDecodeError) as e:
-        raise DataError(f"{card}: cannot be read ({e}); fix or remove it") from None
-    front = _FRONT_MATTER.match(text)
-    if front is None or not re.search(r"^(configs|dataset_info)\s*:", front.group(1), re.M):
+        raise DataError(f"{path}: cannot be read ({e}); fix or remove it") from None
+
+
+def _card(root: Path) -> _Card | None:
+    """The card's ``configs`` and ``dataset_info``, read by ``datasets``' own readers, with those of a standalone
+    ``.huggingface.yaml`` over them (as ``load_dataset`` merges the two); None without either field (checked on the
+    texts first: nothing is imported for an image folder). Its ``path`` is the file that holds the configs."""
+    card, standalone = root / CARD, root / STANDALONE
+    text, extra = _yaml_text(card), _yaml_text(standalone)
+    front = _FRONT_MATTER.match(text) if text is not None else None
+    parts = [(card, front.group(1) if front is not None else ""), (standalone, extra or "")]
+    if not any(re.search(r"^(configs|dataset_info)\s*:", yaml_text, re.M) for _, yaml_text in parts):
         return None
     datasets_module()
     import yaml
@@ -111,16 +120,22 @@ def _card(root: Path) -> _Card | None:
     from datasets.utils.metadata import MetadataConfigs
     from huggingface_hub import DatasetCardData
 
+    merged: dict[str, Any] = {}
+    holder = card
     try:
-        data = DatasetCardData(**(yaml.safe_load(front.group(1)) or {}))
+        for path, yaml_text in parts:
+            fields = yaml.safe_load(yaml_text) or {}
+            merged.update(fields)
+            holder = path if "configs" in fields else holder
+        data = DatasetCardData(**merged)
         configs = MetadataConfigs.from_dataset_card_data(data)
         infos = DatasetInfosDict.from_dataset_card_data(data)
     except Exception as e:  # YAML's and datasets' errors for a malformed card vary
         raise DataError(
-            f"{card}: its configs cannot be read ({type(e).__name__}: {e}); fix the YAML front matter, or give the "
-            "folder of the data files itself"
+            f"{path}: its configs cannot be read ({type(e).__name__}: {e}); fix its YAML, or give the folder of the "
+            "data files itself"
         ) from None
-    return _Card(card, dict(configs), dict(infos))
+    return _Card(holder, dict(configs), dict(infos))
 
 
 def _holds_data_files(root: Path) -> bool:

@@ -360,3 +360,24 @@ def test_a_standalone_huggingface_yaml_splits_the_repository_as_load_dataset_rea
     where = locate(repo)
     assert where is not None and where.layout is not None and where.layout.how == ".huggingface.yaml's config 'default'"
     assert open_dataset(where).features["label"].names == NAMES
+
+
+def test_a_hub_cache_repository_folder_is_refused_naming_its_snapshot_not_read_as_every_revision_at_once(
+    tmp_path: Path,
+) -> None:
+    cache = tmp_path / "hub" / "datasets--someone--pets"  # two revisions: load_dataset(cache) reads both as one
+    for rev, n in (("0aaa", 4), ("1bbb", 6)):
+        for split, k in (("train", n), ("test", 2)):
+            blob = cache / "blobs" / f"{rev}{split}"
+            _write(blob, 0, k)
+            (cache / "snapshots" / rev / "data").mkdir(parents=True, exist_ok=True)
+            os.symlink(Path("../../../blobs") / blob.name, cache / "snapshots" / rev / "data" / f"{split}-0.parquet")
+    (cache / "refs").mkdir()
+    (cache / "refs" / "main").write_text("1bbb")
+    assert {k: len(v) for k, v in _loaded(cache, tmp_path).items()} == {"train": 10, "test": 4}  # both revisions
+    with pytest.raises(ConfigError) as refused:
+        locate(cache)
+    message = str(refused.value)
+    assert f"{cache}: a Hugging Face cache's folder of a repository" in message, message
+    assert f"give its snapshot: {cache / 'snapshots' / '1bbb'}" in message
+    assert _same_as_load_dataset(cache / "snapshots" / "1bbb", tmp_path) == {"train": 6, "test": 2}

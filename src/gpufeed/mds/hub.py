@@ -168,9 +168,12 @@ def hub_layout(folder: Path, config: str | None = None) -> Layout | None:
     Raises:
         ConfigError: ``config`` not among the card's, several configs and none default, a card path that leaves
             the repository, a config whose files are of a format gpufeed does not read, splits of different
-            formats, a split name ``datasets`` refuses, or no files.
+            formats, a split name ``datasets`` refuses, a Hugging Face cache's repository folder (its snapshot is the
+            repository), or no files.
     """
     root = folder.resolve()
+    if root.name.startswith("datasets--") and (root / "snapshots").is_dir() and (root / "blobs").is_dir():
+        _refuse_cache_folder(root)
     card = _card(root)
     configs = card.configs if card is not None else {}
     if not configs and not _holds_data_files(root):
@@ -254,6 +257,22 @@ def _inside(base: Path, pattern: str, card: Path, config: str, entry: str) -> Pa
             "own files; fix the card"
         )
     return card.parent / relative
+
+
+def _refuse_cache_folder(root: Path) -> None:
+    """A Hugging Face cache's ``datasets--OWNER--NAME`` folder holds every revision downloaded under ``snapshots/``:
+    read as one folder (as ``load_dataset`` reads it) they would be one dataset, each row once per revision."""
+    try:
+        main = (root / "refs" / "main").read_text().strip()
+    except OSError:
+        main = ""
+    snapshots = sorted(p.name for p in (root / "snapshots").iterdir() if p.is_dir())
+    rev = main if main in snapshots else (snapshots[-1] if snapshots else "REV")
+    raise ConfigError(
+        f"{root}: a Hugging Face cache's folder of a repository, holding its revisions {snapshots} (read as one, each "
+        f"row would come once per revision): give its snapshot: {root / 'snapshots' / rev}"
+        + (" (refs/main)" if rev == main else "")
+    )
 
 
 def _home(root: Path) -> Path:

@@ -276,3 +276,54 @@ def test_a_parquet_file_or_pattern_is_accepted_as_data_and_a_pattern_matching_no
     with pytest.raises(SystemExit) as e:
         main(["train", "--data", f"{tmp_path}/*.parq"])
     assert e.value.code == 2 and "nor .parquet files" in capsys.readouterr().err
+
+
+def test_a_command_asks_once_whether_its_data_is_a_hugging_face_dataset_and_classes_named_train_stay_classes(
+    home, tmp_path, monkeypatch, capsys
+):
+    """Whether a folder holds Parquet or Arrow files is read from up to 20,000 of its entries: an image folder of many
+    files pays that once per command, not at each step that asks."""
+    import gpufeed.mds.hf as mds_hf
+    import gpufeed.mds.hub as hub
+    from gpufeed.cli.common import load_train_test
+
+    pics = tmp_path / "pics"  # an image folder whose classes are called train and test (not splits: zebra too)
+    for k, name in enumerate(("test", "train", "zebra")):
+        (pics / name).mkdir(parents=True)
+        for i, raw in enumerate(_images(2, seed=k)):
+            (pics / name / f"{i}.jpg").write_bytes(raw)
+    repo = tmp_path / "pets"
+    _hub_repo(repo, 8, 4)
+    listed, layouts = [], []
+    monkeypatch.setattr(
+        hub, "_holds_data_files", lambda root, real=hub._holds_data_files: listed.append(root) or real(root)
+    )
+    monkeypatch.setattr(mds_hf, "hub_layout", lambda *a, real=mds_hf.hub_layout: layouts.append(a[0]) or real(*a))
+    args = build_parser().parse_args(["bench", "--data", str(pics), "--image-size", "32"])
+    train, test = load_train_test(args, 4, None)  # (a folder's subset is taken by the training loop)
+    assert (len(train), train.classes, test) == (6, ["test", "train", "zebra"], None)
+    assert listed == [pics.resolve()]
+    layouts.clear()
+    args = build_parser().parse_args(["bench", "--data", str(repo), "--image-size", "32"])
+    train, test = load_train_test(args, 4, 2)  # a spread subset, taken here: one more step that asked
+    assert (len(train), len(test)) == (4, 2) and layouts == [repo.resolve()]
+
+
+@pytest.mark.parametrize("inside", ["", "train"])
+def test_an_imagefolder_labelled_by_its_metadata_file_is_refused_naming_it_and_the_load_dataset_fix(
+    home, tmp_path, inside
+):
+    from gpufeed.cli.common import load_train_test
+
+    repo = tmp_path / "repo"  # datasets' imagefolder: the labels in metadata.csv, no class folders
+    (repo / inside).mkdir(parents=True, exist_ok=True)
+    for i, raw in enumerate(_images(3)):
+        (repo / inside / f"{i}.jpg").write_bytes(raw)
+    (repo / inside / "metadata.csv").write_text("file_name,label\n0.jpg,0\n1.jpg,1\n2.jpg,0\n")
+    assert len(datasets.load_dataset(str(repo), cache_dir=str(tmp_path / "hf"))["train"]) == 3
+    args = build_parser().parse_args(["bench", "--data", str(repo), "--image-size", "32"])
+    with pytest.raises(DataError) as refused:
+        load_train_test(args, None, None)
+    message = str(refused.value)
+    assert f"{repo / inside / 'metadata.csv'} labels its images (datasets' imagefolder)" in message, message
+    assert "datasets.load_dataset('imagefolder', data_dir=" in message and ".save_to_disk(" in message

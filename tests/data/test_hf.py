@@ -314,6 +314,11 @@ def test_the_jpeg_store_serves_the_arrow_bytes_without_a_copy(tmp_path: Path) ->
     copied = _accelerate(split, batch_size=5, transform=TRAIN, store="jpeg")
     assert "span several Arrow files" in str(copied.plan) and not copied.store.mapped  # its own buffer: pinned on a GPU
     assert [bytes(copied.store.file(i).numpy()) for i in range(len(split))] == files
+    joined = datasets.concatenate_datasets([_dataset(files[:12]), _dataset(files[12:])])  # in memory, 2 chunks
+    assert not joined.cache_files and joined.data.table.column("image").num_chunks == 2
+    copied = _accelerate(joined, batch_size=5, transform=TRAIN, store="jpeg")
+    assert "the column's 2 chunks lie in separate buffers in memory: their bytes copied" in str(copied.plan)
+    assert [bytes(copied.store.file(i).numpy()) for i in range(len(joined))] == files
 
 
 def test_imagefolder_and_parquet_builders_read_as_their_rows(tmp_path: Path) -> None:

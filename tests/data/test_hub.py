@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from gpufeed.errors import ConfigError
+from gpufeed.errors import ConfigError, DataError
 from gpufeed.mds.hf import locate, open_dataset
 
 datasets = pytest.importorskip("datasets")
@@ -253,3 +253,131 @@ def test_a_folder_of_images_is_not_a_repository_and_config_is_refused_for_it(tmp
     (csv / "data" / "rows.csv").write_text("a,b\n1,2\n")
     with pytest.raises(ConfigError, match=r"its data files are \.csv files \(1\); gpufeed reads a repository of Parq"):
         locate(csv)
+
+
+def test_file_names_giving_a_split_name_datasets_refuses_are_a_typed_error_naming_them_and_the_card_fix(
+    tmp_path: Path,
+) -> None:
+    repo = tmp_path / "repo"
+    _write(repo / "data" / "train-00000-of-00001.parquet", 0, 5)
+    _write(repo / "data" / "test-clean-00000-of-00001.parquet", 5, 3)  # LibriSpeech-style: test-clean
+    with pytest.raises(ValueError, match="Split name should match"):
+        _loaded(repo, tmp_path)  # load_dataset refuses the name too
+    with pytest.raises(ConfigError) as refused:
+        locate(repo)
+    message = str(refused.value)
+    assert f"{repo}: its file names give split names that datasets refuses too" in message, message
+    assert "'test-clean'" in message and "a README.md card whose configs name the splits" in message
+    assert _same_as_load_dataset(repo / "data", tmp_path) == {"train": 5, "test": 3}  # there, a keyword: test
+    # the fix the message gives: a card naming the split, as load_dataset reads it
+    _card(repo, "configs:\n- config_name: default\n  data_files:\n  - split: train\n    path: data/train-*\n"
+                "  - split: test_clean\n    path: data/test-clean-*\n")  # fmt: skip
+    assert _same_as_load_dataset(repo, tmp_path) == {"train": 5, "test_clean": 3}
+
+
+def test_files_datasets_does_not_read_beside_the_data_are_passed_over_as_load_dataset_passes_them(
+    tmp_path: Path,
+) -> None:
+    repo = tmp_path / "repo"
+    _write(repo / "data" / "train-0.parquet", 0, 5)
+    _write(repo / "data" / "test-0.parquet", 5, 3)
+    for name in ("train-0.lock", "train-1.lock", "test-0.lock", "test-0.md5"):
+        (repo / "data" / name).write_text("not data")  # more of them than of the data files
+    assert _same_as_load_dataset(repo, tmp_path) == {"train": 5, "test": 3}
+
+
+def test_splits_of_different_formats_are_refused_naming_each_as_load_dataset_refuses_them(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    _write(repo / "train.parquet", 0, 5)
+    _write(repo / "test.arrow", 5, 3, "arrow")
+    with pytest.raises(ValueError, match="Couldn't infer the same data file format for all splits"):
+        _loaded(repo, tmp_path)
+    with pytest.raises(ConfigError) as refused:
+        locate(repo)  # not train alone, its test split left out without a word
+    message = str(refused.value)
+    assert f"{repo}: its splits are files of different formats (train: .parquet, test: .arrow)" in message, message
+    assert "give the files of one format" in message
+
+
+def test_a_hub_repository_of_image_files_is_an_image_folder_as_it_was_before_cards_were_read(tmp_path: Path) -> None:
+    repo = tmp_path / "pics"  # an imagefolder repository: its card's configs name the images
+    _card(repo, "configs:\n- config_name: default\n  data_files:\n  - split: train\n    path: train/**\n"
+                "  - split: validation\n    path: val/**\n", features=False)  # fmt: skip
+    for split, n in (("train", 4), ("val", 2)):
+        for c in ("cat", "dog"):
+            (repo / split / c).mkdir(parents=True)
+            for i in range(n):
+                (repo / split / c / f"{i}.jpg").write_bytes(_jpeg(i))
+    assert {k: len(v) for k, v in _loaded(repo, tmp_path).items()} == {"train": 8, "validation": 4}
+    assert locate(repo) is None  # not Parquet or Arrow files: read by its folders, as an image folder
+    with pytest.raises(ConfigError, match=r"config='default' picks a config of a Hub repository's README.md card"):
+        locate(repo, "default")
+
+
+def _named_rows(path: Path, labels: list) -> None:
+    """A Parquet file of ``labels`` as written by another tool: class names as strings, or raw integers."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    images = pa.array([{"bytes": _jpeg(i), "path": None} for i in range(len(labels))])
+    pq.write_table(pa.table({"image": images, "label": pa.array(labels)}), path)
+
+
+def test_files_that_do_not_fit_the_cards_class_label_are_read_as_load_dataset_casts_them_or_refused_naming_them(
+    tmp_path: Path,
+) -> None:
+    repo = tmp_path / "names"  # the card's ClassLabel over class names: load_dataset numbers them by its names
+    _card(repo, "")
+    _named_rows(repo / "data" / "train-00000-of-00001.parquet", ["owl", "cat", "dog", "owl"])
+    assert _same_as_load_dataset(repo, tmp_path) == {"train": 4}
+    assert open_dataset(locate(repo))["label"] == [2, 0, 1, 2]
+    for name, labels, said in (
+        ("unknown", ["owl", "bird"], "Invalid string class label bird"),
+        ("beyond", [0, 5], "Class label 5 greater than configured num_classes 3"),
+    ):
+        repo = tmp_path / name
+        _card(repo, "")
+        _named_rows(repo / "data" / "train-00000-of-00001.parquet", labels)
+        with pytest.raises(Exception, match="An error occurred while generating the dataset"):
+            _loaded(repo, tmp_path)  # load_dataset refuses them too
+        with pytest.raises(DataError) as refused:
+            open_dataset(locate(repo))
+        message = str(refused.value)
+        assert f"{repo} (train split): its files do not fit the features of {repo / 'README.md'}" in message, message
+        assert said in message and "fix the files or the card's dataset_info" in message
+
+
+def test_a_standalone_huggingface_yaml_splits_the_repository_as_load_dataset_reads_it_over_the_card(
+    tmp_path: Path,
+) -> None:
+    repo = tmp_path / "repo"  # the configs in .huggingface.yaml, the features in the card: load_dataset merges both
+    _card(repo, "")
+    (repo / ".huggingface.yaml").write_text(
+        "configs:\n- config_name: default\n  data_files:\n  - split: train\n    path: a/*.parquet\n"
+        "  - split: test\n    path: b/*.parquet\n"
+    )
+    _write(repo / "a" / "x.parquet", 0, 5)
+    _write(repo / "b" / "y.parquet", 5, 3)  # read by the file names, both would be train: the test split trained on
+    assert _same_as_load_dataset(repo, tmp_path) == {"train": 5, "test": 3}
+    where = locate(repo)
+    assert where is not None and where.layout is not None and where.layout.how == ".huggingface.yaml's config 'default'"
+    assert open_dataset(where).features["label"].names == NAMES
+
+
+def test_a_hub_cache_repository_folder_is_refused_naming_its_snapshot_not_read_as_every_revision_at_once(
+    tmp_path: Path,
+) -> None:
+    cache = tmp_path / "hub" / "datasets--someone--pets"  # two revisions: load_dataset(cache) reads both as one
+    for rev, n in (("0aaa", 4), ("1bbb", 6)):
+        for split, k in (("train", n), ("test", 2)):
+            blob = cache / "blobs" / f"{rev}{split}"
+            _write(blob, 0, k)
+            (cache / "snapshots" / rev / "data").mkdir(parents=True, exist_ok=True)
+            os.symlink(Path("../../../blobs") / blob.name, cache / "snapshots" / rev / "data" / f"{split}-0.parquet")
+    (cache / "refs").mkdir()
+    (cache / "refs" / "main").write_text("1bbb")
+    assert {k: len(v) for k, v in _loaded(cache, tmp_path).items()} == {"train": 10, "test": 4}  # both revisions
+    with pytest.raises(ConfigError) as refused:
+        locate(cache)
+    message = str(refused.value)
+    assert f"{cache}: a Hugging Face cache's folder of a repository" in message, message
+    assert f"give its snapshot: {cache / 'snapshots' / '1bbb'}" in message
+    assert _same_as_load_dataset(cache / "snapshots" / "1bbb", tmp_path) == {"train": 6, "test": 2}

@@ -368,3 +368,42 @@ def test_the_readme_names_the_python_convert_that_exists_with_its_arguments():
     named = re.findall(r"(\w+)=", said.group(1))
     assert named == ["split", "image_key", "label_key"]
     assert set(named) <= set(inspect.signature(convert).parameters)
+
+
+def test_a_row_without_a_label_in_a_label_column_is_named_not_written_as_unlabelled(tmp_path):
+    images = _images(5)
+    ints = datasets.Features({"image": datasets.Image(), "label": datasets.Value("int64")})
+    for name, labels, features, shown in (
+        ("null", [0, 1, None, 2, 0], ints, "None"),
+        ("missing", [0, 1, -1, 2, 0], FEATURES, "-1, a ClassLabel's missing value"),  # a ClassLabel's missing value
+    ):
+        rows = {"image": [{"bytes": b, "path": None} for b in images], "label": labels}
+        src = tmp_path / name
+        datasets.Dataset.from_dict(rows, features=features).save_to_disk(str(src))
+        with pytest.raises(DataError, match=rf"{name} row 2: no label \({shown} in 'label'\)(.|\n)*--skip-bad"):
+            convert(src, tmp_path / f"{name}-mds", samples_per_part=2, progress=False)  # -1 would fail mid-training
+        result = convert(src, tmp_path / f"{name}-mds", samples_per_part=2, skip_bad=True, progress=False)
+        assert [s["key"] for s in result.skipped] == ["2"]
+        assert [s["label"] for s in _parse(tmp_path / f"{name}-mds")] == [0, 1, 2, 0]
+
+
+def test_a_hub_repositorys_class_names_convert_by_its_cards_class_label_and_a_label_it_lacks_is_named(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    images = _images(4)
+    card = "---\ndataset_info:\n  features:\n  - name: image\n    dtype: image\n  - name: label\n    dtype:\n"
+    card += "      class_label:\n        names:\n" + "".join(f"          '{i}': {n}\n" for i, n in enumerate(NAMES))
+    for name, labels in (("names", ["fox", "cat", "dog", "fox"]), ("unknown", ["fox", "cat", "bird", "dog"]),
+                         ("beyond", [2, 0, 7, 1])):  # fmt: skip
+        repo = tmp_path / name
+        (repo / "data").mkdir(parents=True)
+        (repo / "README.md").write_text(card + "---\n")
+        rows = pa.table({"image": pa.array([{"bytes": b, "path": None} for b in images]), "label": pa.array(labels)})
+        pq.write_table(rows, repo / "data" / "train-00000-of-00001.parquet")  # as another tool writes them
+    result = convert(tmp_path / "names", tmp_path / "names-mds", progress=False)
+    want = datasets.load_dataset(str(tmp_path / "names"), split="train", cache_dir=str(tmp_path / "hf"))
+    assert result.classes == tuple(NAMES) and [s["label"] for s in _parse(tmp_path / "names-mds")] == want["label"]
+    for name, said in (("unknown", "label 'bird' in 'label' is not a class"), ("beyond", "label 7 in 'label' is not")):
+        with pytest.raises(DataError, match=rf"train-00000-of-00001.parquet row 2: {said}(.|\n)*--skip-bad"):
+            convert(tmp_path / name, tmp_path / f"{name}-mds", progress=False)

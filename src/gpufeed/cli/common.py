@@ -151,17 +151,22 @@ def add_data_arguments(p: argparse.ArgumentParser, sizes: bool = True) -> None:
         )
 
 
-def _check_folder_options(args: argparse.Namespace) -> None:
+def hf_on_disk(args: argparse.Namespace) -> Any:
+    """``--data`` as a Hugging Face dataset on disk (:func:`gpufeed.cli.hf_data.located`; None: anything else),
+    asked once per command: a folder's answer lists up to 20,000 of its entries, and an image folder of a million
+    files would pay it at every step that asks."""
+    from .hf_data import located
+
+    return located(args.data, getattr(args, "config", None))
+
+
+def _check_folder_options(args: argparse.Namespace, hf: Any) -> None:
+    """The options that do not fit ``--data``, refused by name; ``hf`` what :func:`hf_on_disk` found."""
     from ..data.images import is_folder
     from ..data.mds import is_stream
     from ..errors import ConfigError
-    from .hf_data import is_hf
 
-    config = getattr(args, "config", None)
-    if not is_hf(args.data, config) and (getattr(args, "image_key", None), getattr(args, "label_key", "auto")) != (
-        None,
-        "auto",
-    ):
+    if hf is None and (getattr(args, "image_key", None), getattr(args, "label_key", "auto")) != (None, "auto"):
         raise ConfigError(
             f"--image-key and --label-key name the columns of a Hugging Face dataset (--data a save_to_disk folder, "
             f"a Hub repository's folder or Parquet files); --data {args.data} is not one: drop them"
@@ -238,7 +243,8 @@ def load_data(args: argparse.Namespace, train: bool = True, transform: Any = Non
     from ..data.images import is_folder
     from ..data.mds import is_stream
 
-    _check_folder_options(args)
+    hf = hf_on_disk(args)
+    _check_folder_options(args, hf)
     if is_stream(args.data):
         from ..errors import ConfigError
 
@@ -248,7 +254,7 @@ def load_data(args: argparse.Namespace, train: bool = True, transform: Any = Non
         )
     if is_folder(args.data):
         size = getattr(args, "image_size", None) or 224
-        train_set, val_set, what = _splits(args, size)
+        train_set, val_set, what = _splits(args, size, hf)
         ds = train_set if train else val_set
         if ds is None:
             from ..errors import ConfigError
@@ -273,23 +279,22 @@ def load_train_test(args: argparse.Namespace, train_size: int | None, test_size:
     from ..data.images import is_folder
     from ..data.mds import is_stream
     from ..train.loaders import eval_transform, train_transform
-    from .hf_data import hf_subset, is_hf
+    from .hf_data import hf_subset
 
-    _check_folder_options(args)
+    hf = hf_on_disk(args)
+    _check_folder_options(args, hf)
     if is_stream(args.data):
         return _stream_train_test(args, train_size, test_size)
     if is_folder(args.data):
         size = getattr(args, "image_size", None) or 224
-        train, test, what = _splits(args, size)
+        train, test, what = _splits(args, size, hf)
         held = (len(train), len(test) if test is not None else 0)
         used = subset_note(train_size, test_size, held, spread=True)
         val = f", {len(test):,} validation" if test is not None else ""
         if lead():
             print(f"data: {what}: {len(train):,} training images in {len(train.classes)} classes{val}{used}, "
                   f"{size}x{size} crops", flush=True)  # fmt: skip
-        if is_hf(
-            args.data, getattr(args, "config", None)
-        ):  # the spread subset made here: the training loop's is an image folder's
+        if hf is not None:  # the spread subset made here: the training loop's is an image folder's
             train, test = hf_subset(train, train_size), hf_subset(test, test_size) if test is not None else None
         return train, test
     train = load_data(args, True, train_transform(), announce=False)
@@ -300,15 +305,15 @@ def load_train_test(args: argparse.Namespace, train_size: int | None, test_size:
     return train, test
 
 
-def _splits(args: argparse.Namespace, size: int) -> tuple[Any, Any | None, str]:
-    """``(train, validation or None, description)`` of an image folder or a Hugging Face dataset on disk."""
+def _splits(args: argparse.Namespace, size: int, hf: Any) -> tuple[Any, Any | None, str]:
+    """``(train, validation or None, description)`` of an image folder or a Hugging Face dataset on disk (``hf``,
+    what :func:`hf_on_disk` found)."""
     from ..data.images import folder_splits
-    from .hf_data import hf_splits, is_hf
+    from .hf_data import hf_splits
 
-    config = getattr(args, "config", None)
-    if is_hf(args.data, config):
+    if hf is not None:
         image_key, label_key = getattr(args, "image_key", None), getattr(args, "label_key", "auto")
-        return hf_splits(args.data, args.val_data, size, image_key, label_key, config)
+        return hf_splits(args.data, args.val_data, size, image_key, label_key, getattr(args, "config", None), hf)
     return folder_splits(args.data, args.val_data, size, args.data_seed)
 
 

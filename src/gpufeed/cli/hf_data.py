@@ -16,19 +16,21 @@ from typing import Any
 
 from ..errors import ConfigError, DataError
 
-__all__ = ["hf_splits", "hf_subset", "is_hf"]
+__all__ = ["hf_splits", "hf_subset", "located"]
 
 
-def is_hf(data: str | None, config: str | None = None) -> bool:
-    """Whether ``--data`` names a Hugging Face dataset on disk (a save_to_disk folder, a Hub repository's folder,
-    Parquet files); ``config`` the repository card's config (``--config``)."""
+def located(data: str | None, config: str | None = None) -> Any:
+    """The Hugging Face dataset on disk ``--data`` names (a save_to_disk folder, a Hub repository's folder, Parquet
+    files: an :class:`~gpufeed.mds.hf.OnDisk`), None for anything else; ``config`` the repository card's config
+    (``--config``). A folder's answer lists up to 20,000 of its entries (:mod:`gpufeed.mds.hub`): a command asks
+    once and hands the answer on."""
     from ..data.images import KEYWORDS
     from ..data.mds import is_stream
     from ..mds.hf import locate
 
     if data is None or data in KEYWORDS or is_stream(data):
-        return False
-    return locate(data, config) is not None
+        return None
+    return locate(data, config)
 
 
 def hf_splits(
@@ -38,9 +40,11 @@ def hf_splits(
     image_key: str | None,
     label_key: str | None,
     config: str | None = None,
+    where: Any = None,
 ) -> tuple[Any, Any | None, str]:
     """``(train, evaluation or None, description)``: :class:`~gpufeed.read.hf.ArrowImages` with the folder
-    recipes at ``image_size`` (``.transform``), the evaluation set's classes those of training.
+    recipes at ``image_size`` (``.transform``), the evaluation set's classes those of training; ``where`` what
+    :func:`located` found for ``data`` (found here when None).
 
     Raises:
         ConfigError: no training split, no label column, a ``--val-data`` that does not fit.
@@ -49,8 +53,10 @@ def hf_splits(
     from ..data.images import folder_eval, folder_train
     from ..mds.hf import EVAL_SPLITS, locate
 
-    where = locate(data, config)
-    assert where is not None  # is_hf(data) chose this path
+    where = where if where is not None else locate(data, config)
+    if where is None:
+        raise ConfigError(f"--data {data}: not a Hugging Face dataset on disk (a save_to_disk folder, a Hub "
+                          "repository's folder, Parquet files)")  # fmt: skip
     val_split = None
     if where.splits:
         if "train" not in where.splits:

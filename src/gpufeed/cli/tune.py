@@ -78,9 +78,9 @@ def _engine_samples(args: argparse.Namespace) -> Any:
     from ..data.mds import StreamSource
     from ..mds.shards import default_local
     from ..train.streams import engine_samples
-    from .common import DEFAULT_BATCH_SIZE, _check_folder_options, lead
+    from .common import DEFAULT_BATCH_SIZE, _check_folder_options, hf_on_disk, lead
 
-    _check_folder_options(args)  # the options that do not fit a stream, refused as for the other commands
+    _check_folder_options(args, hf_on_disk(args))  # the options that do not fit a stream, refused as for the others
     source = StreamSource.of(args.data, args.local, args.cache_limit, args.image_size or 224, train=True)
     local = source.local or default_local(str(source.remote))
     batch = args.batch_size or DEFAULT_BATCH_SIZE

@@ -124,6 +124,9 @@ def _is_split_layout(root: Path) -> bool:
     return folders <= {"train", *VAL_NAMES}
 
 
+_METADATA = ("metadata.csv", "metadata.jsonl", "metadata.parquet")  # datasets' imagefolder: labels by file name
+
+
 def _image_folder(path: Path, transform: Any, option: str) -> Any:
     from torchvision.datasets import ImageFolder
 
@@ -131,6 +134,14 @@ def _image_folder(path: Path, transform: Any, option: str) -> Any:
         return ImageFolder(str(path), transform=transform)
     except (FileNotFoundError, OSError) as e:  # torchvision: "Couldn't find any class folder" / "Found no valid file"
         mds = ", nor an MDS dataset (it has no index.json: gpufeed convert writes one)" if option == "--data" else ""
+        metadata = next((path / n for n in _METADATA if (path / n).is_file()), None)
+        if metadata is not None:  # a Hub imagefolder: its labels are in the file, not in class folders
+            raise DataError(
+                f"{option} {path}: not an image folder of class folders ({e}): {metadata} labels its images "
+                f"(datasets' imagefolder), which gpufeed does not read. Load it with datasets and give the saved "
+                f"dataset: datasets.load_dataset('imagefolder', data_dir={str(path)!r}).save_to_disk(DIR), then "
+                f"{option} DIR"
+            ) from None
         raise DataError(
             f"{option} {path}: not an image folder ({e}){mds}; the layout is {path}/<class name>/<image files>, "
             f"or {path}/train/<class name>/... with {path}/val beside it"

@@ -36,7 +36,7 @@ from .hf_rows import (
     rows_counted,
     saved_rows,
 )
-from .hub import CARD, Layout, hub_layout
+from .hub import CARD, Layout, datasets_module, hub_layout
 
 if TYPE_CHECKING:
     from .items import Item, Source
@@ -136,7 +136,10 @@ def locate(src: str | Path, config: str | None = None) -> OnDisk | None:
     found = _locate(text, path, config)
     if config is not None and (found is None or found.layout is None or found.layout.card is None):
         what = found.what if found is not None else text
-        raise ConfigError(f"config={config!r} picks a config of a Hub repository's {CARD} card; {what} has none")
+        raise ConfigError(
+            f"config={config!r} picks a config of a Hub repository's {CARD} card, of Parquet or Arrow files; {what} "
+            "is not one (a folder of images is read by its folders): drop it"
+        )
     return found
 
 
@@ -175,17 +178,6 @@ def _dict_splits(root: Path) -> tuple[str, ...]:
     return tuple(str(s) for s in splits)
 
 
-def _datasets() -> Any:
-    try:
-        import datasets
-    except ImportError:
-        raise ConfigError(
-            "reading a Hugging Face dataset (a save_to_disk folder or Parquet files) needs the datasets package: "
-            "pip install 'gpufeed[hf]'"
-        ) from None
-    return datasets
-
-
 def _storage_is_image(arrow_type: Any) -> bool:
     """Whether a column holds encoded images without saying so: a ``struct<bytes, path>`` (an ``Image``'s
     storage) or plain binary, as Parquet files written by other tools have them."""
@@ -200,7 +192,7 @@ def _storage_is_image(arrow_type: Any) -> bool:
 def _features(features: Any, schema: Any, image_key: str | None) -> Any:
     """``features`` (a ``datasets.Features``) with ``image_key``'s column read as an ``Image`` when the Arrow
     ``schema`` shows it holds encoded images untyped (:func:`_storage_is_image`)."""
-    datasets = _datasets()
+    datasets = datasets_module()
     if image_key is not None and image_key in features and not isinstance(features[image_key], datasets.Image):
         if _storage_is_image(schema.field(image_key).type):
             features = datasets.Features({**features, image_key: datasets.Image()})
@@ -248,7 +240,7 @@ def parquet_features(files: tuple[Path, ...], image_key: str | None, card: Any =
     casts to it), else from the Hugging Face metadata ``to_parquet`` writes into the schema, else inferred from the
     Arrow types; an untyped image column named by ``image_key`` read as an Image."""
     schema = _schema(files)
-    features = card if card is not None else _datasets().Features.from_arrow_schema(schema)
+    features = card if card is not None else datasets_module().Features.from_arrow_schema(schema)
     return _features(features, schema, image_key)
 
 
@@ -256,7 +248,7 @@ def open_dataset(where: OnDisk, split: str | None = None, image_key: str | None 
     """A ``datasets.Dataset`` of ``where`` (``split`` of a DatasetDict or a Hub layout, default ``train``), with
     nothing written anywhere (NOTE [ Nothing written beside the data ]); an untyped image column named by
     ``image_key`` read as an ``Image``."""
-    datasets = _datasets()
+    datasets = datasets_module()
     if where.kind == "hf":
         folder, _ = where.split_dir(split)
         ds = datasets.load_from_disk(str(folder))
@@ -268,7 +260,14 @@ def open_dataset(where: OnDisk, split: str | None = None, image_key: str | None 
 
     files, chosen = where.split_files(split)
     features = parquet_features(files, image_key, where.layout.features if where.layout else None)
-    table = table_cast(read_files(files).replace_schema_metadata(None), features.arrow_schema)
+    try:
+        table = table_cast(read_files(files).replace_schema_metadata(None), features.arrow_schema)
+    except (ValueError, TypeError) as e:  # a name the card's ClassLabel lacks, an index beyond it: load_dataset too
+        said = f"the features of {where.root / CARD}" if where.layout and where.layout.features else "their features"
+        what = where.shown + (f" ({chosen} split)" if chosen else "")
+        raise DataError(
+            f"{what}: its files do not fit {said} ({type(e).__name__}: {e}); fix the files or the card's dataset_info"
+        ) from None
     # the fingerprint names this content in gpufeed's cache key (datasets would otherwise hash every byte)
     listing = [[str(f), f.stat().st_size, f.stat().st_mtime_ns] for f in files]
     info = datasets.DatasetInfo(features=features)
@@ -286,8 +285,9 @@ def source(where: OnDisk, split: str | None, image_key: str | None, label_key: s
         what = where.shown + (f" ({chosen} split)" if chosen else "")
         features = parquet_features(files, image_key, where.layout.features if where.layout else None)
         image, label, classes = columns(features, image_key, label_key, what)
-        numbering = _numbering(features, label, lambda: column_values(files, str(label)))
-        classes = list(numbering) if numbering is not None else classes
+        stored = _schema(files).field(label).type if label is not None else None
+        numbering = _numbering(features, label, lambda: column_values(files, str(label)), stored)
+        classes = list(numbering) if numbering is not None and classes is None else classes
         counts = rows_counted(files)
         firsts = [sum(counts[:u]) for u in range(len(counts))]
         width = _key_width(sum(counts))
@@ -301,11 +301,12 @@ def source(where: OnDisk, split: str | None, image_key: str | None, label_key: s
             return file_rows(files[unit], image, label, firsts[unit], start, width, numbering)
 
         units = tuple(str(f) for f in files)
-        fingerprint = _digest([listing, image, label])
+        card = [classes] if where.layout is not None and where.layout.features is not None else []  # its names
+        fingerprint = _digest([listing, image, label, *card])
         return Source(where.shown, where.root, where.kind, units, _tuple(classes), sum(counts), fingerprint, chosen,
                       reader=read_file)  # fmt: skip
     folder, chosen = where.split_dir(split)
-    ds = _datasets().load_from_disk(str(folder))
+    ds = datasets_module().load_from_disk(str(folder))
     features = _features(ds.features, ds.data.table.schema, image_key)
     what = where.shown + (f" ({chosen} split)" if chosen else "")
     image, label, classes = columns(features, image_key, label_key, what)
@@ -321,12 +322,23 @@ def source(where: OnDisk, split: str | None, image_key: str | None, label_key: s
                   reader=read_saved)  # fmt: skip
 
 
-def _numbering(features: Any, label: str | None, values: Any) -> dict[str, int] | None:
-    """A string label column's class indices: its names sorted (as :func:`gpufeed.read.hf_columns.read_labels`
-    numbers them, over all of ``values()``, an Arrow array of the column); None for any other column."""
+def _numbering(features: Any, label: str | None, values: Any, stored: Any = None) -> dict[str, int] | None:
+    """A label column's class index by the value stored (its ``str``): a string column's names sorted (as
+    :func:`gpufeed.read.hf_columns.read_labels` numbers them, over all of ``values()``, an Arrow array of the
+    column); a card's ClassLabel over files (``stored`` their Arrow type), by its names where they hold names and
+    its indices where they hold integers, as ``load_dataset`` casts them (a value it lacks is a bad row); None for
+    any other column."""
+    import pyarrow as pa
+
     from ..read.hf_columns import label_kind
 
-    if label is None or label_kind(features[label]) != "string":
+    kind = label_kind(features[label]) if label is not None else None
+    if kind == "class" and stored is not None:
+        names = list(features[label].names)
+        if pa.types.is_string(stored) or pa.types.is_large_string(stored) or pa.types.is_dictionary(stored):
+            return {name: i for i, name in enumerate(names)}
+        return {str(i): i for i in range(len(names))}
+    if kind != "string":
         return None
     import pyarrow.compute as pc
 

@@ -90,8 +90,8 @@ def rows(
     """The rows of ``table`` (an Arrow table or record batch holding the two columns) as items: key the row's
     index in the dataset (``first`` is the first row's) zero-padded to ``width``, the image's bytes as stored (an
     image given only by a path is read from it by :func:`~gpufeed.mds.sources.prepare`, as a folder's file), the
-    label (-1: none; a class name numbered by ``numbering``); errors name ``what`` and the row's index there (``at``
-    the first's)."""
+    label (-1: none, ``label_key`` None; a class name numbered by ``numbering``); errors name ``what`` and the row's
+    index there (``at`` the first's): a row of a label column without a label (null, a ClassLabel's -1) is one."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -105,12 +105,19 @@ def rows(
     else:
         data, paths = images.to_pylist(), [None] * len(images)
     labels = table.column(label_key).to_pylist() if label_key is not None else [-1] * len(images)
-    if numbering is not None:
-        labels = [None if v is None else numbering[str(v)] for v in labels]
-    for j, (raw, path, label) in enumerate(zip(data, paths, labels, strict=True)):
+    for j, (raw, path, value) in enumerate(zip(data, paths, labels, strict=True)):
         key, where = f"{first + j:0{width}d}", f"{what} row {at + j}"
-        label = -1 if label is None else int(label)  # a ClassLabel's missing value is -1 too: no label
-        if label < -1:
+        if label_key is not None and (value is None or value == -1):
+            # -1 is the format's "no label": a labelled dataset's row without one would stop training mid-epoch
+            shown = "None" if value is None else "-1, a ClassLabel's missing value"
+            yield Item(key, -1, None, where, f"{where}: no label ({shown} in {label_key!r}); a split without labels: "
+                       "--label-key none (label_key=None)")  # fmt: skip
+            continue
+        label = int(value) if numbering is None else numbering.get(str(value), -2)
+        if numbering is not None and label == -2:
+            yield Item(key, -1, None, where, f"{where}: label {value!r} in {label_key!r} is not a class (there are "
+                       f"{len(numbering)}); fix the row, or the card's ClassLabel")  # fmt: skip
+        elif label < -1:
             yield Item(key, -1, None, where, f"{where}: label {label} in {label_key!r} is not a class index (>= 0)")
         elif raw is not None:
             yield Item(key, label, raw, where)

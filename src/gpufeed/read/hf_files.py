@@ -126,7 +126,8 @@ class ArrowFiles(ImageFiles):
         self.what = source.what
         self.root = f"{source.what} ({source.hf._fingerprint})"
         parts = _binary_parts(source._column)
-        single = len(list_table_cache_files(source.hf.data)) == 1 or len(parts) == 1
+        mapped = len(list_table_cache_files(source.hf.data))
+        single = mapped == 1 or len(parts) == 1
         empty = np.zeros(0, dtype=np.int64)
         chunk_of = np.concatenate([np.full(len(p[1]), k, dtype=np.int64) for k, p in enumerate(parts)] or [empty])
         starts = np.concatenate([p[1] for p in parts] or [empty])
@@ -152,7 +153,9 @@ class ArrowFiles(ImageFiles):
             self.copied = (
                 "images given by path read from their files"
                 if by_path
-                else f"the column's {len(parts)} chunks span several Arrow files: their bytes copied into one buffer"
+                else f"the column's {len(parts)} chunks "
+                + ("span several Arrow files" if mapped else "lie in separate buffers in memory")
+                + ": their bytes copied into one buffer"
             )
 
     def _pack(

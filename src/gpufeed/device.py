@@ -15,6 +15,7 @@ from .errors import DeviceError
 __all__ = [
     "Cores",
     "cores",
+    "cpu_throttling",
     "environment",
     "fmt_bytes",
     "host_available",
@@ -113,6 +114,7 @@ class Cores:
     machine: int
     quota: float | None = None  # the tightest cgroup CPU quota in cores; None without one
     quota_from: str = ""  # where it was read, e.g. "/sys/fs/cgroup/cpu.max (150000 100000)"
+    quota_folder: str = ""  # the cgroup folder that holds it (its cpu.stat counts the throttling)
 
     def __str__(self) -> str:
         mask = f"{self.affinity} of the machine's {self.machine} CPUs in this process's affinity mask"
@@ -125,14 +127,14 @@ class Cores:
         return f"{self.usable} usable: {mask}, {quota}"
 
 
-def _quota(folder: Path) -> tuple[float, str] | None:
+def _quota(folder: Path) -> tuple[float, str, str] | None:
     """The CPU quota set on one cgroup folder, in cores, and where it was read: cgroup v2's ``cpu.max``
     (``"$MAX $PERIOD"``, ``max`` for none) or v1's ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us`` (-1 for none)."""
     try:
         text = (folder / "cpu.max").read_text().strip()
         quota, period = text.split()
         if quota != "max" and int(period) > 0:
-            return int(quota) / int(period), f"{folder / 'cpu.max'} ({text})"
+            return int(quota) / int(period), f"{folder / 'cpu.max'} ({text})", str(folder)
         return None
     except (OSError, ValueError):
         pass
@@ -140,7 +142,7 @@ def _quota(folder: Path) -> tuple[float, str] | None:
     if quota_us is None or not period_us:  # -1 (no limit) is not digits: None
         return None
     where = f"{folder / 'cpu.cfs_quota_us'} ({quota_us}) / cpu.cfs_period_us ({period_us})"
-    return quota_us / period_us, where
+    return quota_us / period_us, where, str(folder)
 
 
 def cores(
@@ -163,9 +165,23 @@ def cores(
     quotas = [q for folder in _cgroup_paths(Path(cgroup_root), Path(self_cgroup), "cpu") if (q := _quota(folder))]
     if not quotas:
         return Cores(max(1, affinity), affinity, machine)
-    quota, where = min(quotas)
+    quota, where, folder = min(quotas)
     usable = max(1, min(affinity, math.ceil(quota - 1e-9)))  # 1.0000001 cores of rounding error is 1 core
-    return Cores(usable, affinity, machine, quota, where)
+    return Cores(usable, affinity, machine, quota, where, folder)
+
+
+def cpu_throttling(folder: str | Path) -> tuple[int, float] | None:
+    """``(periods, seconds)`` the cgroup at ``folder`` (a :attr:`Cores.quota_folder`) was throttled so far, from its
+    ``cpu.stat``: v2's ``nr_throttled`` and ``throttled_usec``, v1's ``nr_throttled`` and ``throttled_time`` (ns);
+    None where there is none."""
+    try:
+        stat = dict(line.split()[:2] for line in (Path(folder) / "cpu.stat").read_text().splitlines() if line.strip())
+        periods = int(stat["nr_throttled"])
+        if "throttled_usec" in stat:
+            return periods, int(stat["throttled_usec"]) / 1e6
+        return periods, int(stat["throttled_time"]) / 1e9
+    except (OSError, ValueError, KeyError):
+        return None
 
 
 _CORES: tuple[float, int, Cores] | None = None  # (when read, affinity then, what was read)

@@ -10,7 +10,7 @@ import multiprocessing
 import os
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -109,8 +109,9 @@ class MachineMeter:
         True
     """
 
-    def __init__(self) -> None:
+    def __init__(self, exclude: Iterable[int] = ()) -> None:
         self.cores = process_cores()
+        self.exclude = set(exclude)  # children counted as other processes (a benchmark's background load)
         self.before = self.reading()
 
     def reading(self) -> Reading:
@@ -121,7 +122,7 @@ class MachineMeter:
         busy = sum(getattr(cpu, f, 0.0) for f in ("user", "nice", "system", "irq", "softirq", "steal"))
         me = psutil.Process()
         own = 0.0
-        for p in [me, *me.children(recursive=True)]:
+        for p in [me, *(c for c in me.children(recursive=True) if c.pid not in self.exclude)]:
             try:
                 times = p.cpu_times()
             except psutil.Error:  # a child that exited between listing and reading

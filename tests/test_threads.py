@@ -268,3 +268,23 @@ def test_the_batches_do_not_depend_on_the_thread_count(monkeypatch):
         assert torch.equal(epochs["1"], epochs["2"]) and torch.equal(epochs["1"], epochs["auto"])
     finally:
         torch.set_num_threads(before)
+
+
+def test_a_batch_s_mix_runs_with_the_count_chosen_for_the_loader_s_ops(monkeypatch):
+    import torch
+
+    from gpufeed import augment as A
+
+    loader = _cpu_loader()
+    loader = type(loader)(loader.store.images, torch.arange(64), 8, device="cpu", mix=A.MixUp(0.2, 64), seed=1)
+    seen: list[int] = []
+    mix = loader.mix
+    loader.mix = lambda x, y, rng: (seen.append(torch.get_num_threads()), mix(x, y, rng))[1]
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        monkeypatch.setenv("GPUFEED_THREADS", "1")
+        outside = [torch.get_num_threads() for _ in loader]
+        assert seen == [1] * 8 and outside == [2] * 8
+    finally:
+        torch.set_num_threads(before)

@@ -220,11 +220,13 @@ class ThreadChoice:
         self.chosen = self.most if most < self.MARGIN * one else 1
 
     @contextlib.contextmanager
-    def step(self, size: int) -> Iterator[int]:
+    def step(self, size: int, timed: bool = True) -> Iterator[int]:
         """The block (one step of gpufeed's ops on ``size`` samples) run under the chosen count, timed; yields the
         count. Torch's setting is back after it (the consumer's own ops run as it set them). A step of one sample
         runs with ``most`` threads, untimed (NOTE [ Torch's threads on a busy machine ]: the pixels do not depend on
-        the choice). Off the CPU (``device``), the block runs as it is: the ops run on the device."""
+        the choice). ``timed=False``: other work than the steps the choice is made on (a batch's MixUp after its
+        chunk), run with the count chosen, never a try, and not timed. Off the CPU (``device``), the block runs as it
+        is: the ops run on the device."""
         if not self.on_cpu:
             yield torch.get_num_threads()
             return
@@ -237,11 +239,11 @@ class ThreadChoice:
             most = min(torch.get_num_threads(), usable_cores())
             if most != self.most:  # torch's setting or the usable cores changed: choose again
                 self._reset(most)
-            threads = self.next() if size > 1 else most
+            threads = most if size <= 1 else self.next() if timed else self.chosen
         start = time.perf_counter()
         with torch_threads(threads):
             yield threads
-        if setting == "auto" and size > 1:
+        if setting == "auto" and size > 1 and timed:
             self.record(threads, time.perf_counter() - start, size)
 
     def steps(self, work: Iterator[T], sizes: Iterable[int]) -> Iterator[T]:

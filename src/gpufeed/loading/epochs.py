@@ -41,6 +41,7 @@ end_of_dataloader`` turns true on an epoch's last batch and gradient accumulatio
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import warnings
@@ -54,6 +55,7 @@ import torch
 
 from ..errors import ConfigError, DataError, NotADataLoaderError, StateError
 from ..sampling import derive_seed, gather_remainder, real_counts
+from ..threads import ThreadChoice
 from ..validate import as_flag, as_int
 from .config import EpochConfig
 from .identity import differences
@@ -93,6 +95,7 @@ class EpochLoader:
     config: EpochConfig  # what fixes the sequence of batches
     _explicit_world: bool  # rank and world_size were given, not read from the process group
     mix: Any = None  # batch-level MixUp / CutMix (gpufeed.augment.mix), applied to every batch served
+    _threads: ThreadChoice | None = None  # torch's threads for the loader's ops on the CPU (gpufeed.threads)
     # load_state_dict's default for strict= (NOTE [ What a state belongs to ] in gpufeed.loading.identity): a trainer
     # calls load_state_dict(state) itself, so this is where its user says that a changed transform is on purpose.
     strict_state: bool = True
@@ -112,7 +115,9 @@ class EpochLoader:
             raise DataError(f"mix= needs (images, labels) batches; this loader yields {type(batch).__name__}")
         c = self.config
         rng = np.random.default_rng(derive_seed(c.seed, epoch, c.rank, index, _MIX_STREAM))
-        x, y = self.mix(batch[0], batch[1], rng)
+        # torch's threads as chosen for the loader's own ops (NOTE [ Torch's threads on a busy machine ])
+        with self._threads.step(len(batch[0]), timed=False) if self._threads else contextlib.nullcontext():
+            x, y = self.mix(batch[0], batch[1], rng)
         return (x, y) if isinstance(batch, tuple) else [x, y]
 
     def _start_epochs(self) -> None:

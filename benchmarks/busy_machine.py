@@ -8,7 +8,8 @@ falls on both loaders:
 
 - ``quiet``: nothing started by the benchmark (other users' work goes on: the load and the other processes' CPU
   are recorded with every figure);
-- ``busy``: ``--busy`` processes (``python -c "while True: pass"``) started beside it and killed after;
+- ``busy``: ``--busy`` processes (``python -c "while True: pass"``; each stops should the benchmark die) started
+  beside it and killed after;
 - ``quota``: this process and its children in a cgroup with a CPU quota of ``--quota`` cores (cgroup v2 ``cpu.max``
   or v1 ``cpu.cfs_quota_us``: root and a writable cgroup file system), else pinned to that many CPUs
   (``sched_setaffinity`` on every thread): the visible-against-usable gap of a container.
@@ -41,6 +42,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -190,19 +192,28 @@ def stream(args: argparse.Namespace, work: Path) -> Kind:
     )  # fmt: skip
 
 
+class ChannelShuffle:
+    """A user's own random op, which gpufeed cannot batch: the channels of a ``(C, H, W)`` tensor in a random order."""
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return x[torch.randperm(x.shape[0])]
+
+
 def fallback(args: argparse.Namespace, work: Path) -> Kind:
     import warnings
 
     from loader_throughput import PILDataset, synthetic_cifar
 
     data, labels = synthetic_cifar(args.n_fallback)
-    tv = T.Compose([T.RandomApply([T.RandomResizedCrop(32)], p=0.5), T.RandomHorizontalFlip(), T.ToTensor(),
-                    T.Normalize(CIFAR_MEAN, CIFAR_STD)])  # fmt: skip  # RandomApply around a crop: not batched
+    tv = T.Compose([T.RandomCrop(32, padding=4), T.RandomHorizontalFlip(), T.ToTensor(), ChannelShuffle(),
+                    T.Normalize(CIFAR_MEAN, CIFAR_STD)])  # fmt: skip  # a user's own random op: not batched
     ds = PILDataset(data, labels.tolist(), tv)
     ds.data, ds.targets = data, labels.tolist()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the fallback's warning: taken on purpose here
         loader = gf.accelerate(ds, args.batch32, device="cpu", fallback="prefetch", progress=False, cache=False)
+    if loader.plan.storage != "fallback":
+        raise SystemExit(f"the fallback kind's recipe runs batched now ({loader.plan.batched}): give it another op")
     workers = loader.plan.workers
     from gpufeed.workers import loader_kwargs
 
@@ -227,8 +238,10 @@ BUILD: dict[str, Callable[[argparse.Namespace, Path], Kind]] = {
 
 @contextlib.contextmanager
 def busy(count: int, settle: float = 0.5) -> Iterator[list[int]]:
-    """``count`` processes spinning on the CPU beside this one (its children, in its session), killed after."""
-    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+    """``count`` processes spinning on the CPU beside this one (its children, in its session), killed after; each
+    stops by itself should this one die first (it spins on ``os.getppid()``)."""
+    spin = f"import os\nwhile os.getppid() == {os.getpid()}: pass"
+    procs = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(count)]
     try:
         time.sleep(settle)  # they are running, and the scheduler has seen them
         yield [p.pid for p in procs]
@@ -354,7 +367,7 @@ def measure(kind: Kind, condition: str, args: argparse.Namespace, flip: bool) ->
         how = "nothing started"
         if condition == "busy":
             exclude = stack.enter_context(busy(args.busy, 0.1 if args.quick else 0.5))
-            how = f"{args.busy} x python -c 'while True: pass'"
+            how = f"{args.busy} x python -c 'while True: pass' (spinning on os.getppid())"
         elif condition == "quota":
             how = stack.enter_context(quota(args.quota))
         meter = MachineMeter(exclude=exclude)
@@ -421,6 +434,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a kill leaves no cgroup and no busy process behind
     device = torch.device("cpu")
     start = time.perf_counter()
     load_at_start = os.getloadavg()

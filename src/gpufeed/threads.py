@@ -10,7 +10,7 @@ default one per core the machine has, whatever the process may use. The team mee
 op, its threads spinning there (``GOMP_SPINCOUNT``: 300,000 turns) before they sleep. With other processes on the
 cores, one thread of the team is descheduled while the others spin for it, and each op waits a time slice:
 DeviceLoader's 32 px epoch (10,000 images, crop + flip + normalise, 2 cores) took 0.16 s with 2 threads and 0.19 s
-with 1 on a quiet machine, and with two busy processes beside it 0.4-15 s with 2 threads against 0.3-1.9 s with 1
+with 1 on a quiet machine, and with two busy processes beside it 0.4-23 s with 2 threads against 0.3-1.9 s with 1
 (the other engineers' load varying beneath; ``OMP_WAIT_POLICY=active`` 3.5-15 s, ``GOMP_SPINCOUNT=0`` 0.25-0.9 s:
 the spinning is the cost, but those variables are read once, when libgomp loads, which is before gpufeed runs).
 Under a cgroup quota the spinning threads spend the quota too. So gpufeed's own batched CPU ops (a loader's gather,

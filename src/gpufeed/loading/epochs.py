@@ -95,7 +95,6 @@ class EpochLoader:
     config: EpochConfig  # what fixes the sequence of batches
     _explicit_world: bool  # rank and world_size were given, not read from the process group
     mix: Any = None  # batch-level MixUp / CutMix (gpufeed.augment.mix), applied to every batch served
-    _threads: ThreadChoice | None = None  # torch's threads for the loader's ops on the CPU (gpufeed.threads)
     # load_state_dict's default for strict= (NOTE [ What a state belongs to ] in gpufeed.loading.identity): a trainer
     # calls load_state_dict(state) itself, so this is where its user says that a changed transform is on purpose.
     strict_state: bool = True
@@ -116,7 +115,8 @@ class EpochLoader:
         c = self.config
         rng = np.random.default_rng(derive_seed(c.seed, epoch, c.rank, index, _MIX_STREAM))
         # torch's threads as chosen for the loader's own ops (NOTE [ Torch's threads on a busy machine ])
-        with self._threads.step(len(batch[0]), timed=False) if self._threads else contextlib.nullcontext():
+        threads: ThreadChoice | None = getattr(self, "_threads", None)  # the loader's, where it has one
+        with threads.step(len(batch[0]), timed=False) if threads else contextlib.nullcontext():
             x, y = self.mix(batch[0], batch[1], rng)
         return (x, y) if isinstance(batch, tuple) else [x, y]
 

@@ -2,22 +2,31 @@
 
 from __future__ import annotations
 
+import math
 import os
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from .errors import DeviceError
 
-__all__ = ["environment", "fmt_bytes", "host_available", "resolve_device", "sync", "usable_cores"]
+__all__ = [
+    "Cores",
+    "cores",
+    "cpu_throttling",
+    "environment",
+    "fmt_bytes",
+    "host_available",
+    "process_cores",
+    "resolve_device",
+    "sync",
+    "usable_cores",
+]
 
 # A cgroup v1 "no limit" is a huge number (9223372036854771712), not a word: past this, it is no limit.
 _NO_LIMIT = 1 << 60
-
-
-def usable_cores() -> int:
-    """CPU cores this process may run on (its affinity mask, which containers narrow), at least 1."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def _read_int(path: Path) -> int | None:
@@ -41,25 +50,27 @@ def _mem_available(meminfo: Path) -> int | None:
     return None
 
 
-def _cgroup_paths(root: Path, self_cgroup: Path) -> list[Path]:
-    """The folders that may hold a memory limit on this process: its own cgroup and every parent up to the
-    mount (a limit set on a parent, e.g. a systemd slice's MemoryMax, binds too), then the mount's root (what a
-    container sees when the cgroup namespace puts it at the root)."""
+def _cgroup_paths(root: Path, self_cgroup: Path, controller: str = "memory") -> list[Path]:
+    """The folders that may hold a ``controller`` limit (``"memory"``, ``"cpu"``) on this process: its own cgroup
+    and every parent up to the mount (a limit set on a parent, e.g. a systemd slice's MemoryMax or CPUQuota, binds
+    too), then the mount's root (what a container sees when the cgroup namespace puts it at the root). A cgroup v1
+    controller is mounted under its own name or its joined one (``cpu,cpuacct``); folders that do not exist are
+    listed all the same (their files read as missing)."""
     found: list[Path] = []
     try:
         for line in self_cgroup.read_text().splitlines():
             _, controllers, rel = line.split(":", 2)
             if controllers == "":  # cgroup v2
-                base = root
-            elif "memory" in controllers.split(","):  # cgroup v1
-                base = root / "memory"
+                bases = [root]
+            elif controller in controllers.split(","):  # cgroup v1
+                bases = list(dict.fromkeys([root / controllers, root / controller]))
             else:
                 continue
             parts = [p for p in rel.split("/") if p]
-            found += [base.joinpath(*parts[:k]) for k in range(len(parts), 0, -1)]
+            found += [base.joinpath(*parts[:k]) for base in bases for k in range(len(parts), 0, -1)]
     except (OSError, ValueError):
         pass
-    return list(dict.fromkeys([*found, root, root / "memory"]))
+    return list(dict.fromkeys([*found, root, root / controller]))
 
 
 def _cgroup_room(root: Path, self_cgroup: Path) -> tuple[int, int] | None:
@@ -86,6 +97,112 @@ def _cgroup_room(root: Path, self_cgroup: Path) -> tuple[int, int] | None:
                 pass
             rooms.append((max(0, limit - max(0, usage - cache)), limit))
     return min(rooms) if rooms else None
+
+
+@dataclass(frozen=True)
+class Cores:
+    """The CPU cores this process may use, and why: what gpufeed sizes its threads by (:func:`cores`).
+
+    ``usable`` is the affinity mask's CPUs (``taskset``, a cpuset, a container's ``--cpuset-cpus``), lowered to the
+    tightest cgroup CPU quota (a container's ``--cpus``, a Kubernetes CPU limit, systemd's ``CPUQuota``) rounded
+    up, as the JDK's container support, Go's GOMAXPROCS (1.25) and loky's ``cpu_count`` round it: 1.5 cores is 2
+    threads (Uber's automaxprocs rounds down, to 1). ``machine`` is ``os.cpu_count()``, what torch's default
+    intra-op thread count and most libraries see."""
+
+    usable: int
+    affinity: int
+    machine: int
+    quota: float | None = None  # the tightest cgroup CPU quota in cores; None without one
+    quota_from: str = ""  # where it was read, e.g. "/sys/fs/cgroup/cpu.max (150000 100000)"
+    quota_folder: str = ""  # the cgroup folder that holds it (its cpu.stat counts the throttling)
+
+    def __str__(self) -> str:
+        mask = f"{self.affinity} of the machine's {self.machine} CPUs in this process's affinity mask"
+        if self.quota is not None and self.usable < self.affinity:
+            return (
+                f"{self.usable} usable: the cgroup CPU quota of {self.quota:.2f} cores ({self.quota_from}) rounded up; "
+                f"{mask}"
+            )
+        quota = f"a cgroup CPU quota of {self.quota:.2f} cores" if self.quota is not None else "no cgroup CPU quota"
+        return f"{self.usable} usable: {mask}, {quota}"
+
+
+def _quota(folder: Path) -> tuple[float, str, str] | None:
+    """The CPU quota set on one cgroup folder, in cores, and where it was read: cgroup v2's ``cpu.max``
+    (``"$MAX $PERIOD"``, ``max`` for none) or v1's ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us`` (-1 for none)."""
+    try:
+        text = (folder / "cpu.max").read_text().strip()
+        quota, period = text.split()
+        if quota != "max" and int(period) > 0:
+            return int(quota) / int(period), f"{folder / 'cpu.max'} ({text})", str(folder)
+        return None
+    except (OSError, ValueError):
+        pass
+    quota_us, period_us = _read_int(folder / "cpu.cfs_quota_us"), _read_int(folder / "cpu.cfs_period_us")
+    if quota_us is None or not period_us:  # -1 (no limit) is not digits: None
+        return None
+    where = f"{folder / 'cpu.cfs_quota_us'} ({quota_us}) / cpu.cfs_period_us ({period_us})"
+    return quota_us / period_us, where, str(folder)
+
+
+def cores(
+    cgroup_root: str | Path = "/sys/fs/cgroup",
+    self_cgroup: str | Path = "/proc/self/cgroup",
+    affinity: int | None = None,
+) -> Cores:
+    """The cores this process may use (:class:`Cores`): its affinity mask, lowered to the tightest cgroup CPU quota
+    of its own cgroup and its parents (v2 or v1). The paths and ``affinity`` are arguments so a test can give fake
+    ones.
+
+    Example:
+        >>> c = cores()
+        >>> 1 <= c.usable <= c.affinity <= c.machine
+        True
+    """
+    machine = os.cpu_count() or 1
+    if affinity is None:
+        affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else machine
+    quotas = [q for folder in _cgroup_paths(Path(cgroup_root), Path(self_cgroup), "cpu") if (q := _quota(folder))]
+    if not quotas:
+        return Cores(max(1, affinity), affinity, machine)
+    quota, where, folder = min(quotas)
+    usable = max(1, min(affinity, math.ceil(quota - 1e-9)))  # 1.0000001 cores of rounding error is 1 core
+    return Cores(usable, affinity, machine, quota, where, folder)
+
+
+def cpu_throttling(folder: str | Path) -> tuple[int, float] | None:
+    """``(periods, seconds)`` the cgroup at ``folder`` (a :attr:`Cores.quota_folder`) was throttled so far, from its
+    ``cpu.stat``: v2's ``nr_throttled`` and ``throttled_usec``, v1's ``nr_throttled`` and ``throttled_time`` (ns);
+    None where there is none."""
+    try:
+        stat = dict(line.split()[:2] for line in (Path(folder) / "cpu.stat").read_text().splitlines() if line.strip())
+        periods = int(stat["nr_throttled"])
+        if "throttled_usec" in stat:
+            return periods, int(stat["throttled_usec"]) / 1e6
+        return periods, int(stat["throttled_time"]) / 1e9
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+_CORES: tuple[float, int, Cores] | None = None  # (when read, affinity then, what was read)
+_CORES_TTL_S = 1.0  # a quota changed in place (a resized container) is seen within a second
+
+
+def process_cores() -> Cores:
+    """:func:`cores` of this process, read again when its affinity changes or after a second (it is asked per
+    batch: reading the cgroup files takes about 50 us)."""
+    global _CORES
+    now = time.monotonic()
+    affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    if _CORES is None or now - _CORES[0] > _CORES_TTL_S or _CORES[1] != affinity:
+        _CORES = (now, affinity, cores(affinity=affinity))
+    return _CORES[2]
+
+
+def usable_cores() -> int:
+    """CPU cores this process may use: its affinity mask lowered to its cgroup CPU quota (:class:`Cores`), at least
+    1."""
+    return process_cores().usable
 
 
 def fmt_bytes(nbytes: int) -> str:

@@ -42,7 +42,7 @@ from torch.overrides import TorchFunctionMode
 
 from .device import resolve_device, sync
 from .errors import ConfigError
-from .findings import CHECKS, Evidence, Finding, unwrap_dataloader
+from .findings import CHECKS, Evidence, Finding, MachineMeter, unwrap_dataloader
 from .loading.prefetch import map_tensors
 
 __all__ = ["DATA_BOUND_FRACTION", "LAUNCH_BOUND_BUSY", "Report", "diagnose"]
@@ -174,6 +174,7 @@ def diagnose(
     from .train.monitor import UtilisationMonitor
 
     cpu = _cpu_meter()
+    machine = MachineMeter()  # what other processes do meanwhile: the machine's contention may set the speed
     wait_s: list[float] = []
     step_s: list[float] = []
     events: list[tuple[Any, Any]] = []
@@ -208,6 +209,7 @@ def diagnose(
         sync(dev)
         wall = time.perf_counter() - t_start
     cpu_percent = cpu()  # the measured steps only, not the probes below
+    machine_load = machine.read()
     if len(step_s) < 2:
         raise ConfigError(f"the loader yielded {len(step_s)} batch(es) in all; diagnose needs at least 2")
     notes: list[str] = []
@@ -258,6 +260,7 @@ def diagnose(
         probe.low,
         idle,
         contention,
+        machine_load,
     )
     dl = unwrap_dataloader(loader)
     findings = [f for check in CHECKS if (f := check(dl, ev)) is not None]

@@ -9,18 +9,132 @@ from __future__ import annotations
 import multiprocessing
 import os
 import statistics
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch.utils.data import DataLoader
 
-from .device import usable_cores
+from .device import Cores, cpu_throttling, process_cores, usable_cores
 
-__all__ = ["CHECKS", "DATA_COST_WORTH", "Evidence", "Finding", "unwrap_dataloader"]
+__all__ = [
+    "BUSY_CORES",
+    "CHECKS",
+    "DATA_COST_WORTH",
+    "Evidence",
+    "Finding",
+    "MachineLoad",
+    "MachineMeter",
+    "Reading",
+    "unwrap_dataloader",
+]
 
 DATA_COST_WORTH = 0.05  # below this share of the loop, faster loading cannot buy much
+# Other processes' CPU use, in cores, from which their contention is said to set a measurement's speed: half a core
+# (on the 2-core machine two busy processes beside a DeviceLoader made torch's 2-thread team 10-30x slower), or a
+# quarter of the usable cores on larger machines. And the share of the time a cgroup quota may throttle the process.
+BUSY_CORES = 0.5
+THROTTLED_SHARE = 0.05
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One reading of the machine's counters: the clock, the seconds every CPU spent busy (every process), this
+    process's and its children's CPU seconds, and its cgroup's throttling (periods, seconds) where it has a quota."""
+
+    t: float
+    machine_busy_s: float
+    own_s: float
+    throttled: tuple[int, float] | None = None
+
+
+@dataclass(frozen=True)
+class MachineLoad:
+    """What the rest of the machine did while a measurement ran (:class:`MachineMeter`).
+
+    ``others`` and ``own`` are cores' worth of CPU time over the wall time: the machine's busy time (every process,
+    and the time a hypervisor took, ``steal``) less this process's and its children's, and theirs. ``load`` is the
+    1-minute load average at the end, ``cores`` what this process may use, ``throttled_share`` the share of the wall
+    time its cgroup's CPU quota held it back."""
+
+    wall_s: float
+    others: float
+    own: float
+    load: float
+    cores: Cores
+    throttled_periods: int | None = None
+    throttled_share: float | None = None
+
+    @property
+    def busy(self) -> bool:
+        """Other processes used enough of the cores to set the measured speed (:data:`BUSY_CORES`)."""
+        return self.others >= max(BUSY_CORES, 0.25 * self.cores.usable)
+
+    @property
+    def throttled(self) -> bool:
+        return (self.throttled_share or 0.0) >= THROTTLED_SHARE
+
+    def __str__(self) -> str:
+        text = (
+            f"other processes used {self.others:.2f} of the machine's {self.cores.machine} cores and this one "
+            f"{self.own:.2f} (1-minute load {self.load:.1f}; {self.cores.usable} usable)"
+        )
+        if self.throttled_share is not None:
+            text += f"; the cgroup quota throttled it {self.throttled_share:.0%} of the time"
+        return text
+
+
+def machine_load(before: Reading, after: Reading, load: float, cores: Cores) -> MachineLoad:
+    """The :class:`MachineLoad` between two readings (the counters only grow; a negative difference reads 0)."""
+    wall = max(1e-9, after.t - before.t)
+    own = max(0.0, after.own_s - before.own_s)
+    others = max(0.0, after.machine_busy_s - before.machine_busy_s - own)
+    periods = share = None
+    if before.throttled is not None and after.throttled is not None:
+        periods = max(0, after.throttled[0] - before.throttled[0])
+        share = min(1.0, max(0.0, after.throttled[1] - before.throttled[1]) / wall)
+    return MachineLoad(wall, others / wall, own / wall, load, cores, periods, share)
+
+
+class MachineMeter:
+    """Reads the machine's counters when made and again at :meth:`read`: other processes' CPU use, the load, the
+    cgroup's throttling (psutil's ``cpu_times``; none of it changes anything).
+
+    Example:
+        >>> meter = MachineMeter()
+        >>> load = meter.read()
+        >>> load.others >= 0 and load.cores.usable >= 1
+        True
+    """
+
+    def __init__(self, exclude: Iterable[int] = ()) -> None:
+        self.cores = process_cores()
+        self.exclude = set(exclude)  # children counted as other processes (a benchmark's background load)
+        self.before = self.reading()
+
+    def reading(self) -> Reading:
+        import psutil
+
+        t = time.perf_counter()
+        cpu = psutil.cpu_times()
+        busy = sum(getattr(cpu, f, 0.0) for f in ("user", "nice", "system", "irq", "softirq", "steal"))
+        me = psutil.Process()
+        own = 0.0
+        for p in [me, *(c for c in me.children(recursive=True) if c.pid not in self.exclude)]:
+            try:
+                times = p.cpu_times()
+            except psutil.Error:  # a child that exited between listing and reading
+                continue
+            own += times.user + times.system
+        own += me.cpu_times().children_user + me.cpu_times().children_system  # children waited for already
+        folder = self.cores.quota_folder
+        return Reading(t, busy, own, cpu_throttling(folder) if folder else None)
+
+    def read(self) -> MachineLoad:
+        """The :class:`MachineLoad` since the meter was made."""
+        return machine_load(self.before, self.reading(), os.getloadavg()[0], self.cores)
 
 
 @dataclass(frozen=True)
@@ -47,6 +161,7 @@ class Evidence:
     low_precision_ops: int = 0
     idle_step_s: float | None = None  # median step on one batch with the loader idle
     contention_fraction: float = 0.0  # wall time lost to steps slowed by the loader's work
+    machine: MachineLoad | None = None  # what other processes did meanwhile
 
     @property
     def data_cost_fraction(self) -> float:
@@ -221,6 +336,44 @@ def _fp32(dl: DataLoader | None, ev: Evidence) -> Finding | None:
     )
 
 
+def _busy_machine(dl: DataLoader | None, ev: Evidence) -> Finding | None:
+    m = ev.machine
+    if m is None or not m.busy:
+        return None
+    free = m.cores.usable - m.others
+    workers = f"num_workers <= {max(0, round(free) - 1)}, " if dl is not None and dl.num_workers else ""
+    return Finding(
+        "busy-machine",
+        f"other processes used {m.others:.1f} of the machine's {m.cores.machine} cores while the loop ran (1-minute "
+        f"load {m.load:.1f}, {m.cores.usable} usable cores; this process and its workers {m.own:.1f}): the machine's "
+        "contention, not the data, set the times measured here",
+        "measure again when the machine is quiet, or give the job cores of its own (taskset -c, a cpuset, a "
+        f"container's --cpuset-cpus); on the shared cores ask for what is free: {workers}"
+        f"torch.set_num_threads({max(1, round(free))}) (gpufeed's own ops choose 1 thread under contention: "
+        "GPUFEED_THREADS)",
+        (
+            f"the loop may run up to {m.cores.usable / free:.1f}x faster alone"
+            if free > 0.1
+            else "the loop's speed alone is unknown: other processes took every usable core"
+        ),
+    )
+
+
+def _throttled(dl: DataLoader | None, ev: Evidence) -> Finding | None:
+    m = ev.machine
+    if m is None or not m.throttled or m.throttled_share is None or m.cores.quota is None:
+        return None
+    return Finding(
+        "cpu-quota",
+        f"the cgroup CPU quota of {m.cores.quota:.2f} cores ({m.cores.quota_from}) held this process back for "
+        f"{m.throttled_share:.0%} of the loop's time ({m.throttled_periods} periods throttled): its threads and "
+        "workers asked for more CPU than the quota gives",
+        f"at most {m.cores.usable} busy threads in all: num_workers + torch.set_num_threads(...) <= "
+        f"{m.cores.usable}, or a larger quota (docker --cpus, a Kubernetes CPU limit)",
+        f"up to {1 / max(1e-9, 1 - m.throttled_share):.1f}x for the throttled time",
+    )
+
+
 CHECKS: tuple[Callable[[DataLoader | None, Evidence], Finding | None], ...] = (
     _cacheable,
     _contention,
@@ -231,4 +384,6 @@ CHECKS: tuple[Callable[[DataLoader | None, Evidence], Finding | None], ...] = (
     _ragged_last_batch,
     _forked_after_cuda,
     _fp32,
+    _busy_machine,
+    _throttled,
 )

@@ -163,10 +163,17 @@ def _apart() -> contextlib.AbstractContextManager[Any]:
 def _options() -> dict[str, Any]:
     """Inductor's options for the fused functions: Triton without fused multiply-adds (``emulate_precision_casts``),
     which would round ``a * b + c`` once where the eager ops round twice; Inductor's C++ compiles with
-    ``-ffp-contract=off`` already. Torch releases without the option have no such switch."""
+    ``-ffp-contract=off`` already. Torch releases without the option have no such switch. And C++ kernels that take
+    their OpenMP thread count when they run (``cpp.dynamic_threads``), as torch's own ops do: Inductor otherwise
+    writes ``torch.get_num_threads()`` at compile time into the kernel whenever it differs from ``os.cpu_count()``
+    (a machine with hyperthreads: torch counts physical cores), and gpufeed's choice of threads on a busy machine
+    (NOTE [ Torch's threads on a busy machine ] in gpufeed.threads) would not reach them."""
     import torch._inductor.config as inductor
 
-    return {"emulate_precision_casts": True} if hasattr(inductor, "emulate_precision_casts") else {}
+    options: dict[str, Any] = {"emulate_precision_casts": True} if hasattr(inductor, "emulate_precision_casts") else {}
+    if hasattr(inductor.cpp, "dynamic_threads"):
+        options["cpp.dynamic_threads"] = True
+    return options
 
 
 def fused(op: str, cost: str) -> Callable[[Callable[..., Any]], _Fused]:

@@ -41,6 +41,7 @@ end_of_dataloader`` turns true on an epoch's last batch and gradient accumulatio
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import warnings
@@ -54,6 +55,7 @@ import torch
 
 from ..errors import ConfigError, DataError, NotADataLoaderError, StateError
 from ..sampling import derive_seed, gather_remainder, real_counts
+from ..threads import ThreadChoice
 from ..validate import as_flag, as_int
 from .config import EpochConfig
 from .identity import differences
@@ -112,7 +114,10 @@ class EpochLoader:
             raise DataError(f"mix= needs (images, labels) batches; this loader yields {type(batch).__name__}")
         c = self.config
         rng = np.random.default_rng(derive_seed(c.seed, epoch, c.rank, index, _MIX_STREAM))
-        x, y = self.mix(batch[0], batch[1], rng)
+        # torch's threads as chosen for the loader's own ops (NOTE [ Torch's threads on a busy machine ])
+        threads: ThreadChoice | None = getattr(self, "_threads", None)  # the loader's, where it has one
+        with threads.step(len(batch[0]), timed=False) if threads else contextlib.nullcontext():
+            x, y = self.mix(batch[0], batch[1], rng)
         return (x, y) if isinstance(batch, tuple) else [x, y]
 
     def _start_epochs(self) -> None:

@@ -33,14 +33,14 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
+from torch.utils.data import DataLoader, Dataset, Sampler, default_collate, get_worker_info
 
 from ..augment.functional import convert_dtype
 from ..augment.mix import as_mix
 from ..errors import WorkerError
 from ..options import BatchOptions
 from ..read.samples import with_transform
-from ..sampling import derive_seed, epoch_order, global_seed, rank_indices
+from ..sampling import derive_seed, epoch_order, global_seed, rank_indices, seed_globals
 from ..validate import Guarded, SampleFailure, as_workers, check_epoch
 from ..workers import dead_workers, default_workers, loader_kwargs, stop_workers, workers_that_died
 from .config import EpochConfig, distributed_rank
@@ -83,7 +83,11 @@ class _Seeded(Dataset):
 
     def __getitem__(self, key: tuple[int, int]) -> Any:
         epoch, i = key
-        with global_seed(derive_seed(self.seed, epoch, i)):
+        seed = derive_seed(self.seed, epoch, i)
+        if get_worker_info() is not None:  # a worker's generators are its own: seeded, with nothing to restore
+            seed_globals(seed)
+            return self.dataset[i]
+        with global_seed(seed):
             return self.dataset[i]
 
 

@@ -40,6 +40,7 @@ from ..sampling import derive_seed, epoch_order, local_indices, rank_indices
 from ..store import Store, as_store
 from ..store.base import STORAGE_TIERS
 from ..store.dense import pinned, pinned_gather
+from ..threads import ThreadChoice
 from ..validate import as_int, as_views, check_epoch, check_labels, check_transform, label_tensor
 from .config import EpochConfig, distributed_rank
 from .epochs import EpochLoader
@@ -202,6 +203,7 @@ class DeviceLoader(EpochLoader):
         self.labels = _placed_labels(labels, self.store, storage, self.device)
         self._explicit_world = options.explicit_world
         self._start_epochs()
+        self._threads = ThreadChoice(device=self.device)  # its choice carries from epoch to epoch
         self._length: int | None = None
         self.source_watch = source_watch  # accelerate's: a dataset transform or labels replaced later is refused
         check_epoch(n, batch_size, options.drop_last, world_size, even, local=shard == "local")
@@ -306,12 +308,20 @@ class DeviceLoader(EpochLoader):
                 order = order.pin_memory().to(self.device, non_blocking=True)  # once per epoch, no host sync
             raw = ((k, *self._gather(order[k * span : (k + 1) * span])) for k in chunks)
         ids = self._sample_ids(order)  # NOTE [ Keyed draws in every loader ]
-        for k, x, y in raw:
-            draws = KeyedDraws(c.seed, epoch, ids[k * span : (k + 1) * span]) if self.transform is not None else None
-            if self.views == 1:
-                yield k, self._finish(x, draws), y
-            else:  # the same images, view 0 drawing as a single view would, the others from their own streams
-                yield k, [self._finish(x, draws, v) for v in range(self.views)], y
+
+        def finished() -> Iterator[tuple[int, Any, torch.Tensor]]:
+            for k, x, y in raw:
+                draws = (
+                    KeyedDraws(c.seed, epoch, ids[k * span : (k + 1) * span]) if self.transform is not None else None
+                )
+                if self.views == 1:
+                    yield k, self._finish(x, draws), y
+                else:  # the same images, view 0 drawing as a single view would, the others from their own streams
+                    yield k, [self._finish(x, draws, v) for v in range(self.views)], y
+
+        # on the CPU each chunk's gather, transform and conversion under the torch thread count that runs them
+        # fastest now (NOTE [ Torch's threads on a busy machine ] in gpufeed.threads)
+        yield from self._threads.steps(finished(), (min(span, order.shape[0] - k * span) for k in chunks))
 
     def _sample_ids(self, order: torch.Tensor) -> torch.Tensor:
         """The epoch's sample ids, in visiting order, on the device (copied once per epoch, from pinned memory: no

@@ -8,7 +8,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..device import process_cores
+
 __all__ = ["Plan"]
+
+
+def _cores_now() -> str:
+    return str(process_cores())
 
 
 @dataclass(frozen=True)
@@ -27,6 +33,7 @@ class Plan:
     device: str = ""  # where batches are made
     workers: int = 0  # the fallback's DataLoader workers
     layout: str = ""  # images of different sizes: how they are stored (stored_shape is then (N, C))
+    cores: str = field(default_factory=_cores_now)  # the cores counted as usable, and why (affinity, quota)
 
     def _where(self) -> str:
         if self.storage == "fallback":
@@ -56,5 +63,13 @@ class Plan:
         ]
         if self.cache_path:
             lines.append(f"cache:    {self.cache_path}")
+        if self.cores:
+            threads = (
+                "; the batched ops on the CPU run on 1 thread or torch's setting (at most the usable cores), "
+                "whichever is faster now, measured as they run (GPUFEED_THREADS)"
+                if self.device.startswith("cpu") and self.storage != "fallback"
+                else ""
+            )
+            lines.append(f"cores:    {self.cores}{threads}")
         lines += [f"note:     {n}" for n in self.notes]
         return "\n".join(lines)

@@ -50,6 +50,7 @@ from ..mds.state import load_stream_state, stream_state
 from ..read.files import header_shape
 from ..store.encoded import Encoded, decode
 from ..store.ragged import Ragged
+from ..threads import ThreadChoice
 from ..validate import as_flag, as_int, as_views, check_transform
 from .ahead import Ahead
 from .config import EpochConfig
@@ -189,6 +190,7 @@ class StreamLoader(EpochLoader):
             raise ConfigError("mix= mixes images with their labels, but this dataset has no label column (label_key)")
         self.ahead = as_int(ahead, "ahead", 1)
         self._buffers = Recycled(self.ahead + 2)  # the batches in flight: those queued, the one made, the one used
+        self._threads = ThreadChoice(device=self.device)  # torch's threads for the transform on the CPU
         self.prefetch_shards = as_int(prefetch_shards, "prefetch_shards", 1)
         self.explicit_order = explicit_order
         self.initial_physical_nodes = self.layout.num_nodes  # the run's first node count (a state may say another)
@@ -259,7 +261,8 @@ class StreamLoader(EpochLoader):
         reader = Ahead(make, plan.num_batches, self.ahead, name="gpufeed-stream-read")
         try:
             for item in reader:
-                batch = self._finish(item, epoch)
+                with self._threads.step(len(item[0])):  # NOTE [ Torch's threads on a busy machine ] (gpufeed.threads)
+                    batch = self._finish(item, epoch)
                 x = item[1]
                 if self.per_sample is None and x.data.device.type == "cpu":  # the decoded images' buffer, for a next
                     images = batch[0] if isinstance(batch[0], list) else [batch[0]]

@@ -154,22 +154,103 @@ def test_any_cache_limit_is_a_size_or_a_config_error(value: object) -> None:
         assert isinstance(size, int) and size >= 1
 
 
-def test_a_cache_root_under_a_directory_that_cannot_be_entered_is_named(tmp_path, monkeypatch) -> None:
+@pytest.fixture
+def barred(tmp_path, monkeypatch):
+    """A directory this process may not enter: mode 000 for a user, and for root (who may enter anything) the OS
+    calls on paths under it answer EACCES, as they do for a user."""
     import errno
-    from pathlib import Path
+    import os
 
-    barred = tmp_path / "barred"
-    real_stat = Path.stat
+    path = tmp_path / "barred"
+    path.mkdir()
+    if os.getuid() != 0:
+        path.chmod(0)
+        yield path
+        path.chmod(0o700)
+        return
 
-    def stat(self, *args, **kwargs):  # what a user who may not search ``barred`` gets (root may search anything)
-        if barred in self.parents or self == barred:
-            raise PermissionError(errno.EACCES, "Permission denied", str(self))
-        return real_stat(self, *args, **kwargs)
+    def barring(call):
+        def barred_call(target, *args, **kwargs):
+            if not isinstance(target, int) and os.fsdecode(target).startswith(f"{path}/"):
+                raise PermissionError(errno.EACCES, "Permission denied", os.fsdecode(target))
+            return call(target, *args, **kwargs)
 
-    monkeypatch.setattr(Path, "stat", stat)
-    ds = TensorDataset(torch.zeros(4, 3, 4, 4, dtype=torch.uint8), torch.zeros(4, dtype=torch.long))
-    with pytest.raises(ConfigError, match=r"cache='.*barred/cache' cannot be looked at \(Permission denied\)"):
-        gf.accelerate(ds, device="cpu", progress=False, cache=barred / "cache")
+        return barred_call
+
+    for name in ("stat", "lstat", "mkdir", "open", "listdir", "scandir", "rename", "replace", "unlink", "rmdir"):
+        monkeypatch.setattr(os, name, barring(getattr(os, name)))
+    yield path
+
+
+@pytest.fixture
+def link_loop(tmp_path):
+    """A symbolic link that points at itself."""
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    return loop
+
+
+def _cached_dataset():
+    import torchvision.transforms as T
+
+    from fakes import cifar_like
+
+    return cifar_like(8, transform=T.Compose([T.Resize(20), T.RandomCrop(16), T.ToTensor()]))
+
+
+def _kept_in_memory(root, monkeypatch, said: str, env: bool = False) -> None:
+    """accelerate with its cache under ``root`` (``cache=`` or GPUFEED_CACHE_DIR): one CacheNotWrittenWarning whose
+    CacheWriteError says ``said``, and the batches cache=False serves; build_cache there raises that error."""
+    from gpufeed.errors import CacheNotWrittenWarning, CacheWriteError
+
+    ds = _cached_dataset()
+    if env:
+        monkeypatch.setenv("GPUFEED_CACHE_DIR", str(root / "cache"))
+    where = {"cache": True} if env else {"cache": root / "cache"}
+    with pytest.warns(CacheNotWrittenWarning, match="the data stays in memory") as caught:
+        loader = gf.accelerate(ds, batch_size=4, device="cpu", seed=3, progress=False, **where)
+    errors = [w.message.error for w in caught if isinstance(w.message, CacheNotWrittenWarning)]
+    assert len(errors) == 1 and isinstance(errors[0], CacheWriteError) and said in str(errors[0])
+    assert loader.plan.storage == "device"
+    plain = gf.accelerate(ds, batch_size=4, device="cpu", seed=3, progress=False, cache=False)
+    for (x, y), (ex, ey) in zip(loader, plain, strict=True):
+        assert torch.equal(x, ex) and torch.equal(y, ey)
+    with pytest.raises(CacheWriteError, match=said):
+        gf.build_cache(ds, root / "cache" / "entry")
+
+
+@pytest.mark.parametrize("env", [False, True], ids=["cache=", "GPUFEED_CACHE_DIR"])
+def test_a_cache_root_under_a_directory_that_cannot_be_entered_keeps_the_data_in_memory(barred, monkeypatch, env):
+    _kept_in_memory(barred, monkeypatch, "Permission denied", env)
+
+
+@pytest.mark.parametrize("env", [False, True], ids=["cache=", "GPUFEED_CACHE_DIR"])
+@pytest.mark.parametrize("under", ["loop", "loop/deeper"])
+def test_a_cache_root_under_a_loop_of_links_keeps_the_data_in_memory(link_loop, monkeypatch, env, under):
+    root = link_loop.parent / under
+    _kept_in_memory(root, monkeypatch, "cannot be resolved", env)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["cache", "verify", "--data", "LOOP"],
+        ["cache", "verify", "--data", "LOOP/images"],
+        ["cache", "--cache-dir", "LOOP", "info"],
+        ["cache", "--cache-dir", "LOOP/x", "verify"],
+        ["cache", "clear", "--cache-dir", "LOOP"],
+        ["cache", "--cache-dir", "BARRED/x", "info"],
+    ],
+)
+def test_the_cache_commands_name_a_path_they_cannot_look_at_without_a_traceback(link_loop, barred, capsys, argv):
+    from gpufeed.cli.main import main
+
+    argv = [a.replace("LOOP", str(link_loop)).replace("BARRED", str(barred)) for a in argv]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    path = next(a for a in argv if a.startswith("/"))
+    assert "gpufeed cache: ConfigError: " in err and path in err and "Traceback" not in err
+    assert "cannot be resolved" in err or "cannot be looked at" in err
 
 
 def test_a_file_that_cannot_be_reached_changes_the_folders_key_instead_of_failing_it(tmp_path, monkeypatch) -> None:

@@ -166,11 +166,8 @@ def cache_option(cache: Any) -> bool | str | Path:
     root = Path(cache).expanduser()
     try:
         is_file = root.exists() and not root.is_dir()
-    except OSError as e:  # under a directory this process may not enter: nothing can be read or written there
-        raise ConfigError(
-            f"cache={str(cache)!r} cannot be looked at ({e.strerror or e}): a directory on its way may not be "
-            "entered by this user; choose a location you can write, or cache=False"
-        ) from None
+    except OSError:  # under a directory this process may not enter (or a loop of links): a location that cannot be
+        return root  # written, which the write names (CacheWriteError): accelerate keeps the data in memory then
     if is_file:
         raise ConfigError(f"cache={str(cache)!r} is a file; pass a directory, the root gpufeed's entries go under")
     return root

@@ -25,7 +25,7 @@ import torch
 
 from .errors import ConfigError
 from .sampling import Even, as_even
-from .validate import as_flag, as_int, as_seconds, as_workers, as_world
+from .validate import as_batch_size, as_flag, as_int, as_seconds, as_seed, as_workers, as_world
 
 __all__ = ["FALLBACKS", "ON_ERROR", "SHARD_MODES", "STORES", "BatchOptions", "ReadOptions", "cache_option"]
 
@@ -60,8 +60,8 @@ class BatchOptions:
         checked: dict[str, Any] = {
             "rank": rank,
             "world_size": world_size,
-            "batch_size": as_int(self.batch_size, "batch_size", 1),
-            "seed": as_int(self.seed, "seed"),
+            "batch_size": as_batch_size(self.batch_size),
+            "seed": as_seed(self.seed),
             "shuffle": as_flag(self.shuffle, "shuffle"),
             "drop_last": drop_last,
             "channels_last": as_flag(self.channels_last, "channels_last"),

@@ -26,7 +26,7 @@ from ..loading.stream_samples import SampleOps
 from ..mds.plan import Layout, StreamSettings
 from ..mds.shards import Shards
 from ..mds.urls import check_url
-from ..validate import as_int, as_seconds, as_views
+from ..validate import as_int, as_seconds, as_seed, as_views
 from .translate import build_batched, split_transform
 
 __all__ = ["stream", "streaming_dataset_error"]
@@ -222,6 +222,7 @@ def stream(
                 f"{name}={value!r}: give a URL (s3://bucket/prefix, gs://...) or a directory"
             )
     cache_limit = check_stream_arguments(remote, cache_limit, download_retry, download_timeout, views)
+    as_seed(seed)  # before the shards are opened (NOTE [ Seeds, epochs and batch sizes ] in gpufeed.validate)
     if (batch_size is None) == (global_batch_size is None):
         raise ConfigError(
             "give batch_size= (per rank, as DataLoader's) or global_batch_size= (over all ranks; kept when a run "

@@ -36,6 +36,7 @@ class State:
     tv_image: bool = False  # ... or a v2 tv_tensors.Image (after ToImage), which v2's fill dicts key on
     tensor: bool = False  # known to be a tensor (after a conversion; before one it may be a PIL image or an ndarray)
     channels: int | None = None  # the images' channel count, when the caller knows it
+    mode: str | None = None  # the PIL images' mode, when the dataset yields PIL images (.modes)
     notes: list[str] = field(default_factory=list)
 
 

@@ -16,8 +16,16 @@ import torch
 from ... import augment as A
 from ...errors import ConfigError, UnsupportedTransformError
 from . import refusals
-from .modes import nearest_only
-from .state import State, fill_or_none, geometric_fill, interpolation_mode, is_v2, padding_fill, pil_note
+from .state import (
+    State,
+    fill_or_none,
+    geometric_fill,
+    interpolation_mode,
+    is_v2,
+    nearest_only,
+    padding_fill,
+    pil_note,
+)
 
 __all__ = ["affine", "erasing", "perspective", "random_crop", "resized_crop", "rotation"]
 

@@ -28,13 +28,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from ...errors import ConfigError, UnsupportedTransformError
+from .state import NEAREST_MODES as _NEAREST
 
-__all__ = ["BATCHED_MODES", "check_modes", "mode_bound", "nearest_only", "verdict"]
+__all__ = ["BATCHED_MODES", "check_modes", "mode_bound", "verdict"]
 
 BATCHED_MODES = ("L", "RGB", "LA", "RGBA")  # every op as gpufeed batches it (alpha by gpufeed.augment.channels)
 _ALPHA = ("LA", "RGBA")  # resampled premultiplied by Pillow
 _BANDS = ("CMYK", "YCbCr", "HSV")  # 8-bit bands, resampled one by one as RGB's (LAB's a and b are signed)
-_NEAREST = ("P", "1")  # Pillow resamples these by nearest, whatever it is asked
 _NAMES = {"P": "palette", "PA": "palette with alpha", "1": "1-bit", "F": "32-bit float", "I": "32-bit integer"}
 
 # Ops that move pixels without computing new values, and conversions: the same on any mode.
@@ -160,11 +160,6 @@ def _why(name: str, mode: str) -> str:
     if mode in ("F", "I", "I;16"):
         return f"Pillow computes it in the {mode} image's own arithmetic (and some ops convert it to 8 bits)"
     return f"Pillow computes it through the {mode} image's own conversions (its grey, its hue), not as RGB"
-
-
-def nearest_only(mode: str | None) -> bool:
-    """Whether Pillow resamples images of ``mode`` by nearest whatever the interpolation asked (palette, 1-bit)."""
-    return mode in _NEAREST
 
 
 def _describe(mode: str) -> str:

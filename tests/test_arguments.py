@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -154,22 +155,103 @@ def test_any_cache_limit_is_a_size_or_a_config_error(value: object) -> None:
         assert isinstance(size, int) and size >= 1
 
 
-def test_a_cache_root_under_a_directory_that_cannot_be_entered_is_named(tmp_path, monkeypatch) -> None:
+@pytest.fixture
+def barred(tmp_path, monkeypatch):
+    """A directory this process may not enter: mode 000 for a user, and for root (who may enter anything) the OS
+    calls on paths under it answer EACCES, as they do for a user."""
     import errno
-    from pathlib import Path
+    import os
 
-    barred = tmp_path / "barred"
-    real_stat = Path.stat
+    path = tmp_path / "barred"
+    path.mkdir()
+    if os.getuid() != 0:
+        path.chmod(0)
+        yield path
+        path.chmod(0o700)
+        return
 
-    def stat(self, *args, **kwargs):  # what a user who may not search ``barred`` gets (root may search anything)
-        if barred in self.parents or self == barred:
-            raise PermissionError(errno.EACCES, "Permission denied", str(self))
-        return real_stat(self, *args, **kwargs)
+    def barring(call):
+        def barred_call(target, *args, **kwargs):
+            if not isinstance(target, int) and os.fsdecode(target).startswith(f"{path}/"):
+                raise PermissionError(errno.EACCES, "Permission denied", os.fsdecode(target))
+            return call(target, *args, **kwargs)
 
-    monkeypatch.setattr(Path, "stat", stat)
-    ds = TensorDataset(torch.zeros(4, 3, 4, 4, dtype=torch.uint8), torch.zeros(4, dtype=torch.long))
-    with pytest.raises(ConfigError, match=r"cache='.*barred/cache' cannot be looked at \(Permission denied\)"):
-        gf.accelerate(ds, device="cpu", progress=False, cache=barred / "cache")
+        return barred_call
+
+    for name in ("stat", "lstat", "mkdir", "open", "listdir", "scandir", "rename", "replace", "unlink", "rmdir"):
+        monkeypatch.setattr(os, name, barring(getattr(os, name)))
+    yield path
+
+
+@pytest.fixture
+def link_loop(tmp_path):
+    """A symbolic link that points at itself."""
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    return loop
+
+
+def _cached_dataset():
+    import torchvision.transforms as T
+
+    from fakes import cifar_like
+
+    return cifar_like(8, transform=T.Compose([T.Resize(20), T.RandomCrop(16), T.ToTensor()]))
+
+
+def _kept_in_memory(root, monkeypatch, said: str, env: bool = False) -> None:
+    """accelerate with its cache under ``root`` (``cache=`` or GPUFEED_CACHE_DIR): one CacheNotWrittenWarning whose
+    CacheWriteError says ``said``, and the batches cache=False serves; build_cache there raises that error."""
+    from gpufeed.errors import CacheNotWrittenWarning, CacheWriteError
+
+    ds = _cached_dataset()
+    if env:
+        monkeypatch.setenv("GPUFEED_CACHE_DIR", str(root / "cache"))
+    where = {"cache": True} if env else {"cache": root / "cache"}
+    with pytest.warns(CacheNotWrittenWarning, match="the data stays in memory") as caught:
+        loader = gf.accelerate(ds, batch_size=4, device="cpu", seed=3, progress=False, **where)
+    errors = [w.message.error for w in caught if isinstance(w.message, CacheNotWrittenWarning)]
+    assert len(errors) == 1 and isinstance(errors[0], CacheWriteError) and said in str(errors[0])
+    assert loader.plan.storage == "device"
+    plain = gf.accelerate(ds, batch_size=4, device="cpu", seed=3, progress=False, cache=False)
+    for (x, y), (ex, ey) in zip(loader, plain, strict=True):
+        assert torch.equal(x, ex) and torch.equal(y, ey)
+    with pytest.raises(CacheWriteError, match=said):
+        gf.build_cache(ds, root / "cache" / "entry")
+
+
+@pytest.mark.parametrize("env", [False, True], ids=["cache=", "GPUFEED_CACHE_DIR"])
+def test_a_cache_root_under_a_directory_that_cannot_be_entered_keeps_the_data_in_memory(barred, monkeypatch, env):
+    _kept_in_memory(barred, monkeypatch, "Permission denied", env)
+
+
+@pytest.mark.parametrize("env", [False, True], ids=["cache=", "GPUFEED_CACHE_DIR"])
+@pytest.mark.parametrize("under", ["loop", "loop/deeper"])
+def test_a_cache_root_under_a_loop_of_links_keeps_the_data_in_memory(link_loop, monkeypatch, env, under):
+    root = link_loop.parent / under
+    _kept_in_memory(root, monkeypatch, "cannot be resolved", env)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["cache", "verify", "--data", "LOOP"],
+        ["cache", "verify", "--data", "LOOP/images"],
+        ["cache", "--cache-dir", "LOOP", "info"],
+        ["cache", "--cache-dir", "LOOP/x", "verify"],
+        ["cache", "clear", "--cache-dir", "LOOP"],
+        ["cache", "--cache-dir", "BARRED/x", "info"],
+    ],
+)
+def test_the_cache_commands_name_a_path_they_cannot_look_at_without_a_traceback(link_loop, barred, capsys, argv):
+    from gpufeed.cli.main import main
+
+    argv = [a.replace("LOOP", str(link_loop)).replace("BARRED", str(barred)) for a in argv]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    path = next(a for a in argv if a.startswith("/"))
+    assert "gpufeed cache: ConfigError: " in err and path in err and "Traceback" not in err
+    assert "cannot be resolved" in err or "cannot be looked at" in err
 
 
 def test_a_file_that_cannot_be_reached_changes_the_folders_key_instead_of_failing_it(tmp_path, monkeypatch) -> None:
@@ -196,3 +278,161 @@ def test_a_file_that_cannot_be_reached_changes_the_folders_key_instead_of_failin
     monkeypatch.setattr(fingerprint.os, "stat", stat)
     after = fingerprint.dataset_identity(folder)
     assert after is not None and before is not None and after["files"] != before["files"]
+
+
+# NOTE [ Seeds, epochs and batch sizes: one range at every entry ] (gpufeed.validate): one table, every entry.
+SEEDS_TAKEN = [0, 1, 2**32, 2**63, 2**64 - 1, np.int64(7), np.uint64(2**64 - 1), torch.tensor(5)]
+SEEDS_REFUSED = [
+    (-1, "seed=-1 must be in \\[0, 2\\*\\*64\\)"),
+    (-(2**63), "must be in \\[0, 2\\*\\*64\\)"),
+    (2**64, "seed=18446744073709551616 must be in \\[0, 2\\*\\*64\\)"),
+    (10**30, "must be in \\[0, 2\\*\\*64\\)"),
+    (np.int64(-5), "seed=-5 must be in"),
+    (1.0, "seed=1.0 must be an int"),
+    (True, "seed=True must be an int"),
+    ("3", "seed='3' must be an int"),
+    (None, "seed=None must be an int"),
+]
+
+
+def _tiny():
+    return torch.randint(0, 256, (6, 3, 8, 8), dtype=torch.uint8), torch.arange(6)
+
+
+def _entries(tmp_path):
+    """Each entry that takes a seed, as a call of it."""
+    from gpufeed import augment as A
+
+    images, labels = _tiny()
+    ds = TensorDataset(images, labels)
+    flip = A.Compose([A.RandomHorizontalFlip()])
+    return {
+        "DeviceLoader": lambda seed: gf.DeviceLoader(images, labels, batch_size=4, device="cpu", seed=seed),
+        "accelerate": lambda seed: gf.accelerate(ds, batch_size=4, device="cpu", seed=seed, progress=False),
+        "accelerate, fallback": lambda seed: gf.accelerate(
+            _Unread(), batch_size=4, device="cpu", seed=seed, progress=False, fallback="prefetch"
+        ),
+        "KeyedDraws": lambda seed: flip(images, generator=A.KeyedDraws(seed, 0, torch.arange(6))),
+    }
+
+
+@pytest.mark.parametrize("entry", ["DeviceLoader", "accelerate", "KeyedDraws"])
+def test_every_entry_takes_the_same_seeds(tmp_path, entry) -> None:
+    call = _entries(tmp_path)[entry]
+    for seed in SEEDS_TAKEN:
+        call(seed)
+
+
+@pytest.mark.parametrize("entry", ["DeviceLoader", "accelerate", "accelerate, fallback", "KeyedDraws"])
+def test_every_entry_refuses_the_same_seeds_by_name(tmp_path, entry) -> None:
+    call = _entries(tmp_path)[entry]
+    for seed, said in SEEDS_REFUSED:
+        with pytest.raises(ConfigError, match=said):
+            call(seed)
+
+
+def test_the_stream_and_the_command_line_refuse_the_same_seeds(tmp_path, capsys) -> None:
+    pytest.importorskip("streaming")
+    from gpufeed.cli.main import build_parser
+
+    for seed, said in SEEDS_REFUSED:  # before the shards are looked for
+        with pytest.raises(ConfigError, match=said):
+            gf.stream(None, str(tmp_path / "nothing-here"), transform=None, batch_size=4, seed=seed)
+    for command in ("train", "bench"):
+        for text in ("-1", str(2**64), "1.5"):
+            with pytest.raises(SystemExit) as exited:
+                build_parser().parse_args([command, "--seed", text])
+            assert exited.value.code == 2 and "--seed" in capsys.readouterr().err
+        assert build_parser().parse_args([command, "--seed", str(2**64 - 1)]).seed == 2**64 - 1
+
+
+def test_seed_minus_one_is_not_a_spelling_of_another_seed() -> None:
+    # torch wraps it: manual_seed(-1) is manual_seed(2**64 - 1); gpufeed takes only the second spelling
+    assert torch.equal(
+        torch.Generator().manual_seed(-1).get_state(), torch.Generator().manual_seed(2**64 - 1).get_state()
+    )
+    images, labels = _tiny()
+    top = gf.DeviceLoader(images, labels, batch_size=6, device="cpu", seed=2**64 - 1)
+    assert sorted(next(iter(top))[1].tolist()) == list(range(6))
+
+
+@pytest.mark.parametrize(
+    "epoch, said",
+    [(10**30, f"epoch={10**30}"), (2**63, "epoch=9223372036854775808"), (-1, "epoch=-1"), (1.5, "epoch=1.5"),
+     (True, "epoch=True"), ("2", "epoch='2'"), (None, "epoch=None")],
+)  # fmt: skip
+def test_a_state_or_set_epoch_with_an_absurd_epoch_is_refused_naming_it(epoch, said) -> None:
+    from gpufeed.errors import StateError
+
+    images, labels = _tiny()
+    saved = gf.DeviceLoader(images, labels, batch_size=4, device="cpu").state_dict()
+    fresh = gf.DeviceLoader(images, labels, batch_size=4, device="cpu")
+    state = {**saved, "epoch": epoch}
+    with pytest.raises(StateError, match=said + r".*expected an int epoch in \[0, 2\*\*63\)"):
+        fresh.load_state_dict(state)
+    with pytest.raises(ConfigError, match="epoch"):
+        fresh.set_epoch(epoch)
+    fresh.load_state_dict({**saved, "epoch": 2**63 - 2})  # the largest epoch a state may hold is taken
+    assert fresh.epoch == 2**63 - 2
+
+
+def test_a_state_that_finished_the_last_epoch_there_is_refused() -> None:
+    from gpufeed.errors import StateError
+
+    images, labels = _tiny()
+    loader = gf.DeviceLoader(images, labels, batch_size=4, device="cpu")
+    done = {**loader.state_dict(), "epoch": 2**63 - 1, "batch": len(loader)}  # resumes at 2**63: none
+    with pytest.raises(StateError, match="epoch=9223372036854775807"):
+        gf.DeviceLoader(images, labels, batch_size=4, device="cpu").load_state_dict(done)
+
+
+@pytest.mark.parametrize("batch_size", [2**62, 2**63 - 1, 10**9])
+def test_a_batch_larger_than_the_data_is_served_short_on_a_folder_too(tmp_path, batch_size) -> None:
+    import torchvision.transforms as T
+
+    from fakes import image_folder
+
+    folder = image_folder(
+        tmp_path, [(20, 24), (30, 26), (22, 22)], transform=T.Compose([T.RandomResizedCrop(8), T.ToTensor()])
+    )
+    loader = gf.accelerate(folder, batch_size=batch_size, device="cpu", progress=False, cache=False)
+    assert [tuple(x.shape) for x, _ in loader] == [(3, 3, 8, 8)]
+    images, labels = _tiny()
+    from gpufeed import augment as A
+
+    tensors = gf.DeviceLoader(images, labels, batch_size=batch_size, device="cpu", transform=A.RandomHorizontalFlip())
+    assert [tuple(x.shape) for x, _ in tensors] == [(6, 3, 8, 8)]
+
+
+@pytest.mark.parametrize("batch_size", [2**63, 10**30])
+def test_a_batch_size_torch_cannot_index_is_refused_naming_it(batch_size) -> None:
+    images, labels = _tiny()
+    with pytest.raises(ConfigError, match=f"batch_size={batch_size} must be < 2\\*\\*63"):
+        gf.DeviceLoader(images, labels, batch_size=batch_size, device="cpu")
+    with pytest.raises(ConfigError, match=f"batch_size={batch_size} must be < 2\\*\\*63"):
+        gf.accelerate(_Unread(), batch_size=batch_size, device="cpu", progress=False)
+
+
+def test_more_training_ranks_than_samples_are_refused_and_evaluation_takes_them() -> None:
+    images, labels = torch.zeros(37, 3, 4, 4, dtype=torch.uint8), torch.arange(37)
+    for world in (38, 10**6):
+        with pytest.raises(ConfigError, match=f"world_size={world:,} ranks share 37 samples: ranks 37 and up"):
+            gf.DeviceLoader(images, labels, batch_size=8, device="cpu", world_size=world, rank=0)
+        with pytest.raises(ConfigError, match=f"world_size={world:,} ranks share 37 samples"):
+            gf.accelerate(TensorDataset(images, labels), batch_size=8, device="cpu", world_size=world, rank=0)
+    assert len(gf.DeviceLoader(images, labels, batch_size=1, device="cpu", world_size=37, rank=36)) == 1
+    padded = gf.DeviceLoader(images, labels, batch_size=8, device="cpu", world_size=64, rank=63, even="pad")
+    assert padded.real_counts == (0,) and len(list(padded)) == 1  # the repeats are known
+    uneven = gf.DeviceLoader(images, labels, batch_size=8, device="cpu", world_size=64, rank=63, even=False)
+    assert list(uneven) == []  # every sample once: this rank has none
+
+
+def test_a_layout_of_ranks_that_would_not_fit_memory_is_refused_before_it_is_made() -> None:
+    import psutil
+
+    n = 2**16
+    images, labels = torch.zeros(n, 1, 1, 1, dtype=torch.uint8), torch.zeros(n, dtype=torch.long)
+    batch = max(1, int(psutil.virtual_memory().total // 8 // (2**16) * 2))  # the padded rounds alone exceed memory
+    for even in (True, "pad"):
+        with pytest.raises(ConfigError, match=r"world_size=65,536 ranks with batch_size=.* GiB of indices"):
+            gf.DeviceLoader(images, labels, batch_size=batch, device="cpu", world_size=n, rank=1, even=even)

@@ -25,7 +25,7 @@ import torch
 
 from .errors import ConfigError
 from .sampling import Even, as_even
-from .validate import as_flag, as_int, as_seconds, as_workers, as_world
+from .validate import as_batch_size, as_flag, as_int, as_seconds, as_seed, as_workers, as_world
 
 __all__ = ["FALLBACKS", "ON_ERROR", "SHARD_MODES", "STORES", "BatchOptions", "ReadOptions", "cache_option"]
 
@@ -60,8 +60,8 @@ class BatchOptions:
         checked: dict[str, Any] = {
             "rank": rank,
             "world_size": world_size,
-            "batch_size": as_int(self.batch_size, "batch_size", 1),
-            "seed": as_int(self.seed, "seed"),
+            "batch_size": as_batch_size(self.batch_size),
+            "seed": as_seed(self.seed),
             "shuffle": as_flag(self.shuffle, "shuffle"),
             "drop_last": drop_last,
             "channels_last": as_flag(self.channels_last, "channels_last"),
@@ -166,11 +166,8 @@ def cache_option(cache: Any) -> bool | str | Path:
     root = Path(cache).expanduser()
     try:
         is_file = root.exists() and not root.is_dir()
-    except OSError as e:  # under a directory this process may not enter: nothing can be read or written there
-        raise ConfigError(
-            f"cache={str(cache)!r} cannot be looked at ({e.strerror or e}): a directory on its way may not be "
-            "entered by this user; choose a location you can write, or cache=False"
-        ) from None
+    except OSError:  # under a directory this process may not enter (or a loop of links): a location that cannot be
+        return root  # written, which the write names (CacheWriteError): accelerate keeps the data in memory then
     if is_file:
         raise ConfigError(f"cache={str(cache)!r} is a file; pass a directory, the root gpufeed's entries go under")
     return root

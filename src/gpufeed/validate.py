@@ -21,7 +21,10 @@ __all__ = [
     "SampleFailure",
     "UnbatchableError",
     "as_flag",
+    "as_batch_size",
+    "as_epoch",
     "as_int",
+    "as_seed",
     "as_tensor",
     "as_workers",
     "check_dataset",
@@ -62,6 +65,53 @@ def as_int(value: Any, name: str, minimum: int | None = None) -> int:
     if minimum is not None and number < minimum:
         raise ConfigError(f"{name}={number} must be >= {minimum}")
     return number
+
+
+# NOTE [ Seeds, epochs and batch sizes: one range at every entry ]
+# A seed is an int in [0, 2**64): torch.Generator.manual_seed takes that range, and takes a negative seed only by
+# wrapping it (-1 is 2**64 - 1's stream), as gpufeed's seed mixing (derive_seed, 64 bits) would too: two spellings
+# of one stream. Every entry (DeviceLoader, gf.accelerate, gf.stream, KeyedDraws, the CLI's --seed) refuses what lies
+# outside, by this one check. An epoch is an int in [0, 2**63), the int64 torch counts in (a state's epoch=10**30
+# would be mixed into the same streams as another epoch). A batch size is an int in [1, 2**63): torch indexes
+# samples with int64; a batch larger than the data is served short, as DataLoader's (drop_last=False).
+MAX_SEED = 2**64
+MAX_EPOCH = 2**63
+MAX_BATCH = 2**63
+
+
+def as_seed(value: Any, name: str = "seed") -> int:
+    """A seed (NOTE [ Seeds, epochs and batch sizes: one range at every entry ]): an int in [0, 2**64).
+
+    Example:
+        >>> as_seed(2**64 - 1) == 2**64 - 1
+        True
+    """
+    seed = as_int(value, name)
+    if not 0 <= seed < MAX_SEED:
+        raise ConfigError(
+            f"{name}={seed} must be in [0, 2**64): torch.Generator.manual_seed takes a negative seed only by "
+            f"wrapping it ({name}=-1 would be the stream of 2**64 - 1); give a seed >= 0"
+        )
+    return seed
+
+
+def as_epoch(value: Any, name: str = "epoch") -> int:
+    """An epoch (NOTE [ Seeds, epochs and batch sizes: one range at every entry ]): an int in [0, 2**63)."""
+    epoch = as_int(value, name)
+    if not 0 <= epoch < MAX_EPOCH:
+        raise ConfigError(f"{name}={epoch} must be an epoch in [0, 2**63) (the int64 torch counts in)")
+    return epoch
+
+
+def as_batch_size(value: Any, name: str = "batch_size") -> int:
+    """A batch size (NOTE [ Seeds, epochs and batch sizes: one range at every entry ]): an int in [1, 2**63)."""
+    size = as_int(value, name, 1)
+    if size >= MAX_BATCH:
+        raise ConfigError(
+            f"{name}={size} must be < 2**63: torch indexes samples with int64; a batch larger than the dataset is "
+            "served whole (one short batch), so give at most the dataset's size"
+        )
+    return size
 
 
 MAX_VIEWS = 64  # views per sample: DINO draws 12; a million is a typo that would run for minutes

@@ -12,6 +12,7 @@ from torchvision.transforms.autoaugment import _apply_op
 
 from gpufeed.augment.auto import AugMix, AutoAugment, RandAugment, TrivialAugmentWide, policies
 from gpufeed.augment.auto_ops import OPS, SIGNED, apply_op, magnitude_table
+from gpufeed.errors import ConfigError
 
 from fakes import image_summaries, varied_cifar
 from stats import chi_square_p_value
@@ -299,3 +300,58 @@ def test_v2_solarize_thresholds_are_v2s():
         want = v2.functional.solarize(x, threshold=255.0 * float(torch.linspace(1.0, 0.0, 31)[b]))
         assert torch.equal(got, want), b
     assert TrivialAugmentWide(v2_thresholds=True).v2_thresholds
+
+
+POLICIES = {
+    "TrivialAugmentWide": (TrivialAugmentWide, T.TrivialAugmentWide),
+    "RandAugment": (RandAugment, T.RandAugment),
+    "AutoAugment imagenet": (AutoAugment, T.AutoAugment),
+    "AutoAugment cifar10": (
+        lambda **kw: AutoAugment("cifar10", **kw),
+        lambda: T.AutoAugment(T.AutoAugmentPolicy.CIFAR10),
+    ),
+    "AutoAugment svhn": (lambda **kw: AutoAugment("svhn", **kw), lambda: T.AutoAugment(T.AutoAugmentPolicy.SVHN)),
+    "AugMix": (AugMix, T.AugMix),
+}
+
+
+@pytest.mark.parametrize("name", list(POLICIES))
+@pytest.mark.parametrize("channels", [2, 4, 5])
+def test_every_policy_refuses_a_channel_count_torchvision_refuses_on_every_batch_naming_itself(name, channels):
+    ours, theirs = POLICIES[name]
+    x = torch.randint(0, 256, (16, channels, 12, 12), dtype=torch.uint8)
+    refused = 0
+    for seed in range(30):  # torchvision: each draw of a colour op raises (the geometric ones run)
+        torch.manual_seed(seed)
+        try:
+            theirs()(x[0])
+        except TypeError as e:
+            assert f"found {channels}" in str(e)
+            refused += 1
+    assert refused > 0
+    op_name = name.split()[0]
+    for flags in ({}, {"pil": True}, {"v2_thresholds": True}) if op_name != "AugMix" else ({},):
+        for dtype in (torch.uint8, torch.float32):
+            for seed in range(8):  # every batch, whatever it draws: never only the ones that draw a colour op
+                with pytest.raises(ConfigError, match=f"^{op_name} on {channels}-channel images: torchvision refuses"):
+                    ours(**flags)(x.to(dtype), generator=torch.Generator().manual_seed(seed))
+
+
+def test_a_device_loader_refuses_an_auto_augment_its_images_cannot_take_when_made():
+    import gpufeed as gf
+    from gpufeed import augment as A
+
+    for channels, dtype in ((4, torch.uint8), (2, torch.uint8), (4, torch.float32)):
+        images = torch.randint(0, 256, (37, channels, 16, 16), dtype=torch.uint8).to(dtype) / (
+            255 if dtype.is_floating_point else 1
+        )
+        for op in (A.TrivialAugmentWide(), A.RandAugment(), A.AutoAugment(), A.AugMix()):
+            aug = A.Compose([A.RandomCrop(16, padding=2), A.RandomHorizontalFlip(), op])
+            with pytest.raises(ConfigError, match=f"{type(op).__name__} on {channels}-channel images") as raised:
+                gf.DeviceLoader(images.to(dtype), torch.arange(37), batch_size=8, device="cpu", transform=aug)
+            assert "x[:, :" in str(raised.value) and "convert('RGB')" in str(raised.value)
+    for channels in (1, 3):  # what torchvision takes is served, every batch
+        images = torch.randint(0, 256, (37, channels, 16, 16), dtype=torch.uint8)
+        loader = gf.DeviceLoader(images, torch.arange(37), batch_size=8, device="cpu", dtype=None,
+                                 transform=A.Compose([A.TrivialAugmentWide()]))  # fmt: skip
+        assert [tuple(x.shape) for x, _ in loader][-1] == (5, channels, 16, 16)

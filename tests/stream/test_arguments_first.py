@@ -48,7 +48,7 @@ def _mix_without_labels() -> dict:
 
 
 BAD = [
-    ({"seed": -1}, "seed=-1 must be >= 0"),
+    ({"seed": -1}, "seed=-1 must be in [0, 2"),
     ({"seed": "a"}, "seed='a' must be an int"),
     ({"ahead": 0}, "ahead=0 must be >= 1"),
     ({"ahead": 10**6}, "ahead=1,000,000 is more than gpufeed allows"),

@@ -21,6 +21,7 @@ import torch
 from ..errors import ConfigError
 from .auto_fused import apply_op
 from .auto_ops import OPS, SIGNED, augmix_table, magnitude_table
+from .channels import refusal_words
 from .params import Draws, fill_tuple, rand, randint, randn, spawn
 from .transforms import BatchTransform, Params
 
@@ -40,6 +41,25 @@ def _check_uint8(x: torch.Tensor, op: str) -> None:
             f"{op} runs on uint8 images, as torchvision's tensor kernels require (posterize and equalize are "
             f"defined on 0-255 levels); this batch is {x.dtype}: put it before ToTensor/ToDtype"
         )
+
+
+def _check_channels(x: torch.Tensor, op: str, pil: bool = False, v2: bool = False) -> None:
+    """Every policy's colour ops take 1 or 3 channels wherever torchvision runs them (a PIL image, a v1 or v2
+    tensor: :func:`gpufeed.augment.channels.refusal_words`), and raise on every sample that draws one: refused
+    for the whole batch, before any draw, so that no batch runs only because its draws missed them."""
+    c = x.shape[1]
+    if c in (1, 3):
+        return
+    said = (refusal_words(op, None, c, pil, v2) if pil or v2 else None) or (
+        f"TypeError: 'Input image tensor permitted channel values are [1, 3], but found {c}' on every sample that "
+        "draws Brightness, Color, Contrast, Sharpness, Posterize, Solarize, AutoContrast, Equalize or Invert"
+    )
+    keep = "x[:, :3]" if c > 3 else "x[:, :1]"
+    raise ConfigError(
+        f"{op} on {c}-channel images: torchvision refuses it ({said}); it takes images of 1 or 3 channels: drop the "
+        f"extra channels ({keep}; an alpha channel is not a colour) or convert the images to RGB or L "
+        "(image.convert('RGB')) before they are stored"
+    )
 
 
 def _check_mode(interpolation: str) -> None:
@@ -71,6 +91,7 @@ class TrivialAugmentWide(BatchTransform):
         object.__setattr__(self, "fill", fill_tuple(self.fill))
 
     def sample(self, x: torch.Tensor, generator: Draws) -> Params:
+        _check_channels(x, "TrivialAugmentWide", self.pil, self.v2_thresholds)
         _check_uint8(x, "TrivialAugmentWide")
         n, dev = x.shape[0], x.device
         op = randint(generator, 0, 14, (n,), dev)
@@ -109,6 +130,7 @@ class RandAugment(BatchTransform):
         object.__setattr__(self, "fill", fill_tuple(self.fill))
 
     def sample(self, x: torch.Tensor, generator: Draws) -> Params:
+        _check_channels(x, "RandAugment", self.pil, self.v2_thresholds)
         _check_uint8(x, "RandAugment")
         n, dev = x.shape[0], x.device
         table = magnitude_table(
@@ -160,6 +182,7 @@ class AutoAugment(BatchTransform):
         object.__setattr__(self, "_rows", (ops, probs, bins))
 
     def sample(self, x: torch.Tensor, generator: Draws) -> Params:
+        _check_channels(x, "AutoAugment", self.pil, self.v2_thresholds)
         _check_uint8(x, "AutoAugment")
         n, dev = x.shape[0], x.device
         ops, probs, bins = (t.to(dev) for t in self._rows)
@@ -230,6 +253,7 @@ class AugMix(BatchTransform):
         object.__setattr__(self, "fill", fill_tuple(self.fill))
 
     def sample(self, x: torch.Tensor, generator: Draws) -> Params:
+        _check_channels(x, "AugMix")
         _check_uint8(x, "AugMix")
         n, dev = x.shape[0], x.device
         ops, table = augmix_table(x.shape[2], x.shape[3], self.all_ops, dev)

@@ -26,7 +26,7 @@ from . import jitter as fused
 from .channels import join_alpha, opaque, split_alpha
 from .fusion import NotCompiled
 from .hsv import shift_hue, to_hsv, to_rgb
-from .params import Draws, permutation, rand
+from .params import Draws, check_finite, permutation, rand
 from .paths import host_path
 from .transforms import BatchTransform, Params
 
@@ -108,6 +108,7 @@ def _range(
 ) -> tuple[float, ...] | None:
     if value is None:
         return None
+    check_finite(value, name, "ColorJitter")
     lo_hi: tuple[float, ...]
     if isinstance(value, (int, float)):
         if value < 0:

@@ -10,7 +10,7 @@ import torch
 
 from ..errors import ConfigError
 from . import functional as F
-from .params import Draws, check_probability, rand, randint, randn
+from .params import Draws, check_finite, check_probability, rand, randint, randn
 from .transforms import BatchTransform, Params
 
 __all__ = ["Cutout", "RandomErasing"]
@@ -41,6 +41,8 @@ class RandomErasing(BatchTransform):
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "p", check_probability(self.p))
+        check_finite(self.scale, "scale", "RandomErasing")
+        check_finite(self.ratio, "ratio", "RandomErasing")
         if not (0 < self.scale[0] <= self.scale[1]):
             raise ConfigError(f"scale={self.scale!r} must satisfy 0 < min <= max")
         if not (0 < self.ratio[0] <= self.ratio[1]):

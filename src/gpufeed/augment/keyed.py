@@ -40,6 +40,7 @@ import torch
 
 from ..errors import ConfigError
 from ..sampling import derive_seed
+from ..validate import as_epoch, as_seed
 from .paths import host_path
 
 __all__ = ["KeyedDraws", "mix32"]
@@ -138,7 +139,7 @@ class KeyedDraws:
         if not isinstance(ids, torch.Tensor) or ids.dim() != 1 or ids.dtype != torch.int64:
             got = f"{tuple(ids.shape)} {ids.dtype}" if isinstance(ids, torch.Tensor) else type(ids).__name__
             raise ConfigError(f"ids must be a 1-D int64 tensor of sample ids, one per sample; got {got}")
-        root = derive_seed(_ROOT, int(seed), int(epoch))
+        root = derive_seed(_ROOT, as_seed(seed), as_epoch(epoch))  # NOTE [ Seeds, epochs and batch sizes: ... ]
         self._set(root, ids, _base(root, ids), 0)
 
     def _set(self, key: int, ids: torch.Tensor, base: torch.Tensor, counter: int) -> None:

@@ -48,8 +48,8 @@ class _BatchMix:
 
     def __post_init__(self) -> None:
         name = type(self).__name__
-        if not self.alpha > 0:
-            raise ConfigError(f"{name}: alpha={self.alpha} must be > 0")
+        if not 0 < self.alpha < float("inf"):  # NaN too
+            raise ConfigError(f"{name}: alpha={self.alpha} must be a finite number > 0 (the Beta draw's concentration)")
         if self.num_classes is not None and self.num_classes < 1:
             raise ConfigError(f"{name}: num_classes={self.num_classes} must be >= 1")
 

@@ -13,6 +13,7 @@ either a ``torch.Generator`` or a :class:`~gpufeed.augment.keyed.KeyedDraws`.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -25,6 +26,7 @@ __all__ = [
     "Draws",
     "apply_on",
     "categorical",
+    "check_finite",
     "check_p",
     "check_probability",
     "coin",
@@ -41,6 +43,23 @@ __all__ = [
 ]
 
 Draws = torch.Generator | KeyedDraws  # where an op's randomness comes from: one stream per batch, or per sample
+
+
+# torchvision draws a range's value with ``torch.empty(1).uniform_(low, high)``, which raises on every call for a
+# bound that is NaN or infinite ("from is out of bounds for float"): such a range is refused when the op is made.
+_UNBOUNDED = "torchvision refuses it on every call (RuntimeError: 'from/to is out of bounds for float')"
+
+
+def check_finite(value: Any, name: str, op: str, why: str = _UNBOUNDED) -> None:
+    """ConfigError naming the op ``op``, the argument ``name`` and its value when a number in ``value`` (a number or
+    a sequence of them) is NaN or infinite; ``why``: what torchvision does with it (by default it raises)."""
+    values = value if isinstance(value, (tuple, list)) else (value,)
+    try:
+        bad = [v for v in values if not math.isfinite(float(v))]
+    except (TypeError, ValueError):
+        raise ConfigError(f"{op}: {name}={value!r} must be a number or a sequence of numbers") from None
+    if bad:
+        raise ConfigError(f"{op}: {name}={value!r} must be finite: {why}; give a finite value")
 
 
 def check_p(p: float, name: str) -> float:

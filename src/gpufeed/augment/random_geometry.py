@@ -15,7 +15,7 @@ import torch
 
 from ..errors import ConfigError
 from .affine import affine_sample, inverse_affine, inverse_affine_v1, inverse_affine_v2, sample_grid
-from .params import Draws, apply_on, check_p, coin, fill_tuple, randint, uniform
+from .params import Draws, apply_on, check_finite, check_p, coin, fill_tuple, randint, uniform
 from .transforms import BatchTransform, Params
 
 __all__ = ["RandomAffine", "RandomPerspective", "RandomRotation"]
@@ -46,6 +46,7 @@ class RandomRotation(BatchTransform):
 
     def __post_init__(self) -> None:
         d = self.degrees
+        check_finite(d, "degrees", "RandomRotation")
         pair = (-float(d), float(d)) if isinstance(d, (int, float)) else tuple(float(v) for v in d)
         if len(pair) != 2 or pair[0] > pair[1]:
             raise ConfigError(f"degrees={d!r} must be a number >= 0 or a (min, max) pair")
@@ -91,9 +92,26 @@ class RandomAffine(BatchTransform):
 
     def __post_init__(self) -> None:
         d = self.degrees
-        object.__setattr__(
-            self, "degrees", (-float(d), float(d)) if isinstance(d, (int, float)) else tuple(float(v) for v in d)
-        )
+        for name in ("degrees", "scale", "shear"):
+            if getattr(self, name) is not None:
+                check_finite(getattr(self, name), name, "RandomAffine")
+        degrees = (-float(d), float(d)) if isinstance(d, (int, float)) else tuple(float(v) for v in d)
+        if len(degrees) != 2 or degrees[0] > degrees[1]:
+            raise ConfigError(f"RandomAffine: degrees={d!r} must be a number >= 0 or a (min, max) pair")
+        object.__setattr__(self, "degrees", degrees)
+        # torchvision's own checks (ValueError when the op is made): translate in [0, 1], scale > 0
+        if self.translate is not None and (
+            len(self.translate) != 2 or not all(0 <= t <= 1 for t in self.translate)
+        ):  # NaN
+            raise ConfigError(
+                f"RandomAffine: translate={self.translate!r} must be a (max_dx, max_dy) pair of fractions of the "
+                "width and height in [0, 1], as torchvision requires"
+            )
+        if self.scale is not None and (len(self.scale) != 2 or not 0 < self.scale[0] <= self.scale[1]):
+            raise ConfigError(
+                f"RandomAffine: scale={self.scale!r} must be a (min, max) pair with 0 < min <= max, as torchvision "
+                "requires"
+            )
         s = self.shear
         if s is not None:
             s = (-float(s), float(s)) if isinstance(s, (int, float)) else tuple(float(v) for v in s)

@@ -20,7 +20,7 @@ from ..errors import ConfigError
 from .auto_ops import adjust_sharpness, autocontrast, equalize, posterize
 from .channels import ALPHA_CHANNELS, join_alpha, split_alpha
 from .color import gray
-from .params import Draws, apply_on, check_p, coin, uniform
+from .params import Draws, apply_on, check_finite, check_p, coin, uniform
 from .transforms import BatchTransform, Params
 
 __all__ = [
@@ -45,6 +45,13 @@ class _Sometimes(BatchTransform):
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "p", check_p(getattr(self, "p"), type(self).__name__))  # noqa: B009
+        for name in ("threshold", "sharpness_factor"):
+            if hasattr(self, name):
+                why = (
+                    "torchvision computes no image from it (a NaN threshold never inverts a tensor's levels but "
+                    "inverts every level of a PIL image; a NaN or infinite factor blends to NaN, cast to 0)"
+                )
+                check_finite(getattr(self, name), name, type(self).__name__, why)
 
     def sample(self, x: torch.Tensor, generator: Draws) -> Params:
         return {"apply": coin(x, getattr(self, "p"), generator)}  # noqa: B009
@@ -177,6 +184,7 @@ class Grayscale(BatchTransform):
 
 
 def _pair(value: Any, name: str, positive: bool = True) -> tuple[float, float]:
+    check_finite(value, name, "GaussianBlur")
     pair = (float(value), float(value)) if isinstance(value, (int, float)) else tuple(float(v) for v in value)
     if len(pair) != 2 or pair[0] > pair[1] or (positive and pair[0] <= 0):
         raise ConfigError(f"{name}={value!r} must be a positive number or a (min, max) pair")

@@ -23,7 +23,7 @@ from ..errors import ConfigError
 from ..store.ragged import Ragged
 from .fixed_point import KERNELS
 from .fusion import NotCompiled
-from .params import Draws, rand, randint, size_pair
+from .params import Draws, check_finite, rand, randint, size_pair
 from .paths import host_path
 from .pillow_resize import pillow_resized
 from .ragged_resize import ragged_resized_crop
@@ -64,6 +64,8 @@ class RandomResizedCrop(BatchTransform):
         object.__setattr__(self, "interpolation", modes[0] if len(modes) == 1 else modes)
         if self.kernel not in KERNELS:
             raise ConfigError(f"kernel={self.kernel!r} must be one of {KERNELS}")
+        check_finite(self.scale, "scale", "RandomResizedCrop")
+        check_finite(self.ratio, "ratio", "RandomResizedCrop")
         if not (0 < self.scale[0] <= self.scale[1]):
             raise ConfigError(f"scale={self.scale!r} must satisfy 0 < min <= max")
         if not (0 < self.ratio[0] <= self.ratio[1]):

@@ -14,6 +14,7 @@ erasing ops in :mod:`.erasing`.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -163,6 +164,8 @@ class Normalize(BatchTransform):
             raise ConfigError(f"mean={self.mean!r} and std={self.std!r} must have the same length")
         if any(s == 0 for s in std):
             raise ConfigError(f"std={self.std!r} must not contain 0")
+        if not all(math.isfinite(v) for v in (*mean, *std)):  # every pixel would be NaN, or 0 for an infinite std
+            raise ConfigError(f"Normalize: mean={self.mean!r} and std={self.std!r} must be finite numbers")
         if not self.dtype.is_floating_point:
             raise ConfigError(f"dtype={self.dtype} must be a floating dtype")
         object.__setattr__(self, "mean", mean)

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from .common import add_batch_size, add_data_arguments, load_train_test, output_dir, positive, settle_batch_size
+from .types import seed
 
 HELP = (
     "the speed ladder: DataLoader -> cached -> GPU-resident -> gpufeed -> AMP -> CUDA graphs, vs the model alone; of "
@@ -28,7 +29,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--test-size", type=positive, default=None)
     add_batch_size(p)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=seed, default=0, help="the seed: an int in [0, 2**64)")
     p.add_argument("--out", type=output_dir, default=Path("bench-out"), help="folder for bench.json and bench.png")
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -55,9 +56,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _root(args: argparse.Namespace) -> Path:
+    """The cache root; one that exists but cannot be looked into (a loop of symbolic links, no right to enter it)
+    is an error, not a root without entries."""
     from ..cache import default_cache_dir
+    from ..errors import ConfigError
 
-    return args.cache_dir or default_cache_dir()
+    root: Path = args.cache_dir or default_cache_dir()
+    try:
+        os.stat(root)
+    except FileNotFoundError:  # nothing cached there yet
+        pass
+    except OSError as e:
+        given = "--cache-dir" if args.cache_dir else "the cache root ($GPUFEED_CACHE_DIR or $XDG_CACHE_HOME/gpufeed)"
+        raise ConfigError(
+            f"{given} {root} cannot be looked at ({e.strerror or e}): a symbolic link on its way points back at "
+            "itself, or a directory on it may not be entered by this user; give a cache root you can read"
+        ) from None
+    return root
 
 
 def _entries(args: argparse.Namespace) -> list[Path]:
@@ -213,8 +228,14 @@ def _verify_data(args: argparse.Namespace) -> int:
     from ..errors import CacheError, ConfigError
     from ..store.entry import verify_cache
 
-    data = args.data.resolve()
-    if not data.is_dir():
+    try:
+        data = args.data.resolve()
+        folder = data.is_dir()
+    except (OSError, RuntimeError) as e:  # a loop of symbolic links (Python < 3.13: RuntimeError), no right to look
+        raise ConfigError(
+            f"--data {args.data}: cannot be resolved ({e}); give the image folder the entries were built from"
+        ) from None
+    if not folder:
         raise ConfigError(f"--data {args.data}: not a directory; give the image folder the entries were built from")
     checked, bad = 0, 0
     for path in _entries(args):

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from .common import add_batch_size, add_data_arguments, count, output_dir, positive, seconds_or_rate
+from .types import seed
 
 HELP = (
     "train a model on CIFAR-10, an image folder or an MDS dataset (--data s3://bucket/prefix --local /scratch/cache) "
@@ -103,7 +104,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
     add_batch_size(p)
     p.add_argument("--lr", type=seconds_or_rate, default=0.05, help="the learning rate (a finite number > 0)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=seed, default=0, help="the seed: an int in [0, 2**64)")
     p.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda if available)")
     p.add_argument(
         "--train-size",

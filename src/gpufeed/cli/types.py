@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-__all__ = ["count", "label_key", "output_dir", "positive", "seconds_or_rate"]
+__all__ = ["count", "label_key", "output_dir", "positive", "seconds_or_rate", "seed"]
 
 
 def _whole(text: str, minimum: int) -> int:
@@ -21,6 +21,17 @@ def _whole(text: str, minimum: int) -> int:
 def positive(text: str) -> int:
     """An argparse type: an int >= 1 (a count of images, a size)."""
     return _whole(text, 1)
+
+
+def seed(text: str) -> int:
+    """An argparse type: a seed, by the library's one rule (:func:`gpufeed.validate.as_seed`: an int in [0, 2**64))."""
+    from ..errors import ConfigError
+    from ..validate import as_seed
+
+    try:
+        return as_seed(_whole(text, -(2**200)), "--seed")
+    except ConfigError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def seconds_or_rate(text: str) -> float:

@@ -56,7 +56,7 @@ import torch
 from ..errors import ConfigError, DataError, NotADataLoaderError, StateError
 from ..sampling import derive_seed, gather_remainder, real_counts
 from ..threads import ThreadChoice
-from ..validate import as_flag, as_int
+from ..validate import MAX_EPOCH, as_epoch, as_flag, as_int
 from .config import EpochConfig
 from .identity import differences
 
@@ -163,7 +163,7 @@ class EpochLoader:
     def set_epoch(self, epoch: int, batch: int | None = None) -> None:
         """Serve ``epoch`` on the next iteration (as ``DistributedSampler.set_epoch``); see NOTE [ When an
         epoch is claimed ] for ``batch`` and for a position loaded from a state."""
-        epoch = as_int(epoch, "epoch", 0)
+        epoch = as_epoch(epoch)
         if batch is not None:
             offset = as_int(batch, "batch", 0)
             if offset > len(self):
@@ -478,6 +478,10 @@ def resume_position(state: Any, loader: str, config: dict[str, Any], batches: in
                 "resume needs the same data and configuration"
             )
     epoch, batch = state.get("epoch"), state.get("batch")
-    if type(epoch) is not int or epoch < 0 or type(batch) is not int or not 0 <= batch <= batches:
-        raise StateError(f"state has epoch={epoch!r}, batch={batch!r}; expected epoch >= 0 and 0 <= batch <= {batches}")
+    last = MAX_EPOCH - 1 if batch == batches else MAX_EPOCH  # a finished epoch resumes at the next one
+    if type(epoch) is not int or not 0 <= epoch < last or type(batch) is not int or not 0 <= batch <= batches:
+        raise StateError(
+            f"state has epoch={epoch!r}, batch={batch!r}; expected an int epoch in [0, 2**63) and an int batch in "
+            f"[0, {batches}]: it is not a state this loader saved (pass the dict loader.state_dict() returned)"
+        )
     return (epoch + 1, 0) if batch == batches else (epoch, batch)

@@ -30,6 +30,7 @@ __all__ = ["Recycled", "keep_freed_buffers"]
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's malloc.h
 _MIN_BYTES = 32 << 20
+_INT_MAX = 2**31 - 1
 _set = 0  # the mmap threshold set so far (0: none)
 
 
@@ -40,7 +41,9 @@ def keep_freed_buffers(chunk_bytes: int) -> str | None:
     global _set
     if not sys.platform.startswith("linux") or os.environ.get("GPUFEED_KEEP_MALLOC", "1") == "0":
         return None
-    want = max(_MIN_BYTES, 2 * chunk_bytes)
+    # mallopt takes a C int; glibc refuses thresholds past its own maximum anyway (a batch_size of 2**62 asks
+    # for more than any address space), so a larger want is the largest int, refused there like any too large
+    want = min(max(_MIN_BYTES, 2 * chunk_bytes), _INT_MAX)
     if want > _set:
         try:
             mallopt = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt

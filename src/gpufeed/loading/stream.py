@@ -51,7 +51,7 @@ from ..read.files import header_shape
 from ..store.encoded import Encoded, decode
 from ..store.ragged import Ragged
 from ..threads import ThreadChoice
-from ..validate import as_flag, as_int, as_views, check_transform
+from ..validate import as_flag, as_int, as_seed, as_views, check_transform
 from .ahead import Ahead
 from .config import EpochConfig
 from .epochs import EpochLoader
@@ -173,7 +173,7 @@ class StreamLoader(EpochLoader):
         # them one size (RandomResizedCrop first); else SampleOps.batch names the two sizes
         self._makes_one_size = transform is not None and takes_ragged(transform)
         self.device = resolve_device(device)
-        self.seed = as_int(seed, "seed", 0)
+        self.seed = as_seed(seed)  # NOTE [ Seeds, epochs and batch sizes: one range at every entry ]
         self.dtype = dtype
         self.channels_last = as_flag(channels_last, "channels_last")
         self.layout = layout if layout is not None else process_layout()

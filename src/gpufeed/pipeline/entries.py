@@ -181,7 +181,14 @@ def check_outside_dataset(dataset: Any, target: Path) -> None:
     if not isinstance(root, (str, os.PathLike)) or not (isinstance(dataset, DatasetFolder) or isinstance(base, str)):
         return
     data_dir = (Path(root) / base if isinstance(base, str) else Path(root)).resolve()
-    if target.resolve().is_relative_to(data_dir):
+    try:
+        resolved = target.resolve()
+    except (OSError, RuntimeError) as e:  # a loop of symbolic links on the way (Python < 3.13 raises RuntimeError)
+        raise CacheWriteError(
+            f"the cache {target} cannot be resolved ({e}): a symbolic link on its way points back at itself; choose "
+            "another cache location (accelerate(..., cache=ROOT), --cache-dir or GPUFEED_CACHE_DIR)"
+        ) from None
+    if resolved.is_relative_to(data_dir):
         raise CacheWriteError(
             f"the cache {target} would be inside {data_dir}, the directory of the dataset "
             f"({type(dataset).__name__}); gpufeed never writes into a dataset's directory: choose a cache location "

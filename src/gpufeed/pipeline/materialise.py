@@ -53,7 +53,9 @@ def _samples(req: Request, probed: Probed, decided: StorePlan) -> Source:
     are), each kind's entry under its own key, as a read of that kind writes it."""
     dataset, split, options = req.dataset, probed.split, req.read
     ragged: bool | None = True if decided.route == "samples-ragged" else (None if decided.either else False)
-    read = with_file_record(dataset, functools.partial(_read_samples, dataset, split, options, ragged))
+    read = with_file_record(
+        dataset, functools.partial(_read_samples, dataset, split, options, ragged, probed.check_mode)
+    )
     if not decided.either:
         # "auto" persists what was expensive to compute: a read sample by sample
         return cached_read(dataset, split, options, decided.key_kind, read, _per_sample, decided.notes)
@@ -71,9 +73,10 @@ def _samples(req: Request, probed: Probed, decided: StorePlan) -> Source:
     return cached_read(dataset, split, options, PIXELS_BY_SAMPLE, once, _per_sample, at_own_sizes)
 
 
-def _read_samples(dataset: Any, split: Any, options: Any, ragged: bool | None) -> Ingested:
+def _read_samples(dataset: Any, split: Any, options: Any, ragged: bool | None, check_mode: Any = None) -> Ingested:
     cached = split.cached_transform()
-    return ingest(dataset, cached, num_workers=options.num_workers, progress=options.progress, ragged=ragged)
+    workers, progress = options.num_workers, options.progress
+    return ingest(dataset, cached, num_workers=workers, progress=progress, ragged=ragged, check_mode=check_mode)
 
 
 def _one_size(data: Ingested) -> bool:

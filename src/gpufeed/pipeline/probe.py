@@ -30,6 +30,7 @@ from ..sampling import derive_seed, global_seed
 from ..store.ragged import Ragged
 from ..validate import Guarded, SampleFailure, UnbatchableError, check_dataset, check_label, check_not_meta
 from .translate import RANDOM_SUPPORTED, Split, build_batched, flatten, kind, split_transform
+from .translate.modes import check_modes, mode_bound
 from .translate.refusals import is_refusal, refusal
 from .translate.state import is_v2
 
@@ -45,6 +46,8 @@ class Probed:
     sample: Probe
     batched: tuple[Any, ...]  # per view: a gpufeed Compose, or None when nothing runs batched
     notes: tuple[str, ...]  # what building the ops noted (PIL kernels, ...)
+    # per sample of the read (index, its PIL mode or None): raises for a mode the batched ops were not built for
+    check_mode: Callable[[int, str | None], None] | None = None
 
     @property
     def takes_ragged(self) -> bool:
@@ -67,12 +70,16 @@ def probe(dataset: Any, transforms: Sequence[Any], cache_lambda: bool = False, o
             )
     # A folder's bad files are all found while its store is built (and named in one error, or left out): the probe
     # reads past them rather than failing on the first.
-    sample = probe_samples(dataset, split.cached_transform(), "skip" if has_image_files(dataset) else on_error)
+    views = [s.device for s in [split, *others]]
+    on_error = "skip" if has_image_files(dataset) else on_error
+    sample = probe_samples(dataset, split.cached_transform(), on_error, views)
+    check_mode = _check_modes(views, sample, type(dataset).__name__)
     for s in [split, *others]:
         _refuse_channels(s.device, sample)
     notes: list[str] = []
     batched = tuple(
-        build_batched(s.device, sample.dtype, sample.size, sample.pil, notes, sample.channels) for s in [split, *others]
+        build_batched(s.device, sample.dtype, sample.size, sample.pil, notes, sample.channels, sample.mode)
+        for s in [split, *others]
     )
     if others and any(ops is None for ops in batched):
         raise ConfigError("views: every view's pipeline needs a random op after its deterministic part")
@@ -81,7 +88,41 @@ def probe(dataset: Any, transforms: Sequence[Any], cache_lambda: bool = False, o
         _refuse_ragged(sample, refusing if refusing is not None else batched[0])
     for ops in batched:
         _dry_run(ops, sample.samples)
-    return Probed(split, sample, batched, tuple(notes))
+    return Probed(split, sample, batched, tuple(notes), check_mode)
+
+
+def _check_modes(
+    views: Sequence[Sequence[Any]], sample: Probe, source: str
+) -> Callable[[int, str | None], None] | None:
+    """What each view meets on the probed samples' PIL mode (:func:`gpufeed.pipeline.translate.modes.check_modes`),
+    and the check of every sample the read meets: where what the ops compute depends on the mode, each sample must
+    have the mode they were built for (one of another mode is refused as its own mode is, else left to the
+    fallback)."""
+    if sample.mode is None:
+        return None
+    first = f"{source}[{sample.modes[0][0]}]"
+    for ops in views:
+        check_modes(ops, sample.mode, first)
+    if not any(mode_bound(ops) for ops in views):
+        return None
+    check = functools.partial(_same_mode, views, sample.mode, first, source)
+    for i, mode in sample.modes[1:]:
+        check(i, mode)
+    return check
+
+
+def _same_mode(views: Sequence[Sequence[Any]], mode: str, first: str, source: str, i: int, got: str | None) -> None:
+    if got == mode:
+        return
+    where = f"{source}[{i}]"
+    if got is not None:
+        for ops in views:
+            check_modes(ops, got, where)
+    raise UnbatchableError(
+        f"{where} is a {got or 'non-PIL'} image but {first} a {mode} one, and the pipeline computes on PIL images "
+        f"what depends on their mode: gpufeed batches one mode; convert every image to one mode in the dataset's "
+        "loader (Image.open(f).convert('RGB')), or pass fallback='prefetch' to run your pipeline per sample"
+    )
 
 
 def _refuse_ragged(sample: Probe, batched: Any) -> None:
@@ -163,6 +204,12 @@ class Probe:
     samples: torch.Tensor | Ragged | None = None  # the probed images after the cached part
     sizes_only: bool = False  # ragged, but only in height and width (one channel count and dtype): a Ragged store
     channels: int | None = None  # of an image after the cached part (sample 0's)
+    modes: tuple[tuple[int, str | None], ...] = ()  # (index, PIL mode or None) of each probed sample, the first first
+
+    @property
+    def mode(self) -> str | None:
+        """The PIL mode of the first probed sample after the cached part (None: not a PIL image)."""
+        return self.modes[0][1] if self.modes else None
 
 
 _SPREAD = 24  # samples of a dataset whose reads gpufeed cannot prove deterministic, read twice each
@@ -213,8 +260,12 @@ def _deterministic(transform: Any) -> bool:
     return all(kind(op) not in (None, "Lambda", *RANDOM_SUPPORTED) for op in ops)
 
 
-def probe_samples(dataset: Any, cached: Callable[[Any], Any] | None, on_error: str = "error") -> Probe:
-    """Read samples 0, n/2 and n-1 through ``cached``: their dtype and size, PIL or not, sizes that differ.
+def probe_samples(
+    dataset: Any, cached: Callable[[Any], Any] | None, on_error: str = "error", views: Sequence[Sequence[Any]] = ()
+) -> Probe:
+    """Read samples 0, n/2 and n-1 through ``cached``: their dtype and size, PIL or not (and the mode), sizes that
+    differ. ``views``: the device part of each view's pipeline, whose refusals on a PIL mode gpufeed cannot store
+    (16-bit, 1-bit) come before that mode's refusal.
 
     Randomness the transform split cannot see is never frozen. A transform inside a wrapper gpufeed does not
     know (not torch's ``Subset`` or ``ConcatDataset``, which :func:`gpufeed.read.wrappers.unwrap` sees through)
@@ -301,14 +352,21 @@ def probe_samples(dataset: Any, cached: Callable[[Any], Any] | None, on_error: s
             "pass fallback='prefetch'"
         )
     if first.dtype != torch.uint8 and not first.dtype.is_floating_point:
+        if isinstance(first_out, Image.Image):  # what the pipeline's ops (``views``) refuse on them comes first
+            for ops in views:
+                check_modes(ops, first_out.mode, f"{source}[{first_at}]")
+        kind = f"{first_out.mode} PIL images, " if isinstance(first_out, Image.Image) else ""
         raise UnbatchableError(
-            f"{source}[0] gives images of dtype {first.dtype} (e.g. a 1-bit or 16-bit PIL image); gpufeed stores uint8 "
-            "or float images: convert them (image.convert('RGB'), or a ToDtype first), or pass fallback='prefetch'"
+            f"{source}[{first_at}] gives {kind}images of dtype {first.dtype}; gpufeed stores uint8 or float images: "
+            "convert them in the dataset's loader (Image.open(f).convert('RGB') or 'L'), or with a ToDtype first, or "
+            "pass fallback='prefetch'"
         )
     stored, ragged, sizes_only = [first], None, True
+    modes = [(first_at, _mode(first_out))]
     for i in sorted({n // 2, n - 1} - {first_at}):
         try:
-            _, image, _ = read(i)
+            out, image, _ = read(i)
+            modes.append((i, _mode(out)))
         except DataError:
             if on_error != "skip":
                 raise
@@ -323,5 +381,13 @@ def probe_samples(dataset: Any, cached: Callable[[Any], Any] | None, on_error: s
     size = (first.shape[1], first.shape[2])
     channels = int(first.shape[0])
     if ragged is None:
-        return Probe(first.dtype, size, pil, None, torch.stack(stored), channels=channels)
-    return Probe(first.dtype, size, pil, ragged, Ragged.stack(stored) if sizes_only else None, sizes_only, channels)
+        return Probe(first.dtype, size, pil, None, torch.stack(stored), channels=channels, modes=tuple(modes))
+    stack = Ragged.stack(stored) if sizes_only else None
+    return Probe(first.dtype, size, pil, ragged, stack, sizes_only, channels, tuple(modes))
+
+
+def _mode(image: Any) -> str | None:
+    """A PIL image's mode ("RGB", "P", ...), None for anything else."""
+    from PIL import Image
+
+    return image.mode if isinstance(image, Image.Image) else None

@@ -20,7 +20,7 @@ import torch
 from ..augment.mix import as_mix
 from ..errors import ConfigError
 from ..mds.plan import Layout
-from ..validate import as_flag, as_int, as_views
+from ..validate import as_flag, as_int, as_seed, as_views
 
 __all__ = ["ENDPOINT_ENV", "MAX_AHEAD", "MAX_PREFETCH_SHARDS", "check_endpoint", "check_loader_arguments", "check_hash"]
 
@@ -56,7 +56,7 @@ def check_loader_arguments(
 ) -> None:
     """A ConfigError naming the first argument of these that :class:`~gpufeed.loading.stream.StreamLoader` would
     refuse once the shards are open (the same rules, checked first)."""
-    as_int(seed, "seed", 0)
+    as_seed(seed)  # NOTE [ Seeds, epochs and batch sizes ] in gpufeed.validate
     if dtype is not None and not isinstance(dtype, torch.dtype):
         raise ConfigError(f"dtype={dtype!r} must be a torch.dtype (e.g. torch.float32), torch.uint8 or None")
     if dtype is not None and dtype != torch.uint8 and not dtype.is_floating_point:

@@ -202,10 +202,11 @@ def as_pair(item: Any) -> tuple[Any, Any]:
     return item[0], item[1]
 
 
-def _decode(item: Any) -> tuple[torch.Tensor, Any]:
-    # Runs in the workers (inside the guard): decode to tensors there, stack in the parent.
+def _decode(item: Any) -> tuple[torch.Tensor, Any, str | None]:
+    # Runs in the workers (inside the guard): decode to tensors there, stack in the parent; a PIL image's mode is
+    # what the batched ops were built for (gpufeed.pipeline.translate.modes), checked in the parent.
     image, label = as_pair(item)
-    return to_chw(image), label
+    return to_chw(image), label, getattr(image, "mode", None) if not isinstance(image, torch.Tensor) else None
 
 
 def _collate(items: list[Any]) -> list[Any]:
@@ -213,12 +214,18 @@ def _collate(items: list[Any]) -> list[Any]:
 
 
 def _per_sample(
-    dataset: Any, source: str, num_workers: int | None, progress: bool, ragged: bool | None = False
+    dataset: Any,
+    source: str,
+    num_workers: int | None,
+    progress: bool,
+    ragged: bool | None = False,
+    check_mode: Callable[[int, str | None], None] | None = None,
 ) -> tuple[torch.Tensor | Ragged, torch.Tensor]:
     """Every sample through the dataset's (cached) transform, in DataLoader workers. ``ragged``: images of
     different sizes are kept as they are, in one Ragged buffer (held as a list until the end: the peak is
     twice the store); ``None``: one tensor while the images have one size, a Ragged buffer from the first that
-    differs in height and width only (so that one read serves either)."""
+    differs in height and width only (so that one read serves either). ``check_mode(i, mode)``: raises for a
+    sample whose PIL mode (None: not a PIL image) the batched ops were not built for."""
     dataset = Guarded(dataset, source, _decode)
     n = len(dataset)
     workers = default_workers(n) if num_workers is None else num_workers
@@ -234,7 +241,9 @@ def _per_sample(
             for item in batch:
                 if isinstance(item, SampleFailure):
                     raise item.exception()
-                image, label = item
+                image, label, mode = item
+                if check_mode is not None:
+                    check_mode(i, mode)
                 if images is not None and (image.shape != images.shape[1:] or image.dtype != images.dtype):
                     first = tuple(images.shape[1:])
                     sizes_only = image.shape[0] == first[0] and image.dtype == images.dtype
@@ -268,13 +277,15 @@ def ingest(
     num_workers: int | None = None,
     progress: bool = True,
     ragged: bool | None = False,
+    check_mode: Callable[[int, str | None], None] | None = None,
 ) -> Ingested:
     """Read every sample of ``dataset`` through ``cached`` (the deterministic part) into two tensors.
 
     The dataset's own ``transform`` is replaced by ``cached`` on a copy; the caller's dataset is
     not modified. ``ragged``: the images may differ in height and width; they come back as a
     :class:`~gpufeed.store.ragged.Ragged` store, each as it is. ``None``: one tensor if they all have one size,
-    else (when they differ in height and width only) a Ragged store, from one read.
+    else (when they differ in height and width only) a Ragged store, from one read. ``check_mode(i, mode)``: raises
+    for a sample of a PIL mode the batched ops were not built for (the probe's: gpufeed.pipeline.probe.Probed).
 
     Example:
         >>> ds = TensorDataset(torch.zeros(4, 1, 2, 2, dtype=torch.uint8), torch.arange(4))
@@ -291,7 +302,7 @@ def ingest(
     arrays = _arrays(dataset) if cached is None and ragged is not True else None
     if arrays is not None and arrays[0].shape[0] == n and _spot_check(stripped, source, arrays[0]):
         return Ingested(arrays[0], arrays[1], "arrays", time.perf_counter() - t0)
-    images, labels = _per_sample(stripped, source, num_workers, progress, ragged)
+    images, labels = _per_sample(stripped, source, num_workers, progress, ragged, check_mode)
     return Ingested(images, labels, "per-sample", time.perf_counter() - t0)
 
 

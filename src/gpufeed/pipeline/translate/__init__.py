@@ -320,16 +320,18 @@ def build_batched(
     pil: bool = False,
     notes: list[str] | None = None,
     channels: int | None = None,
+    mode: str | None = None,
 ) -> A.Compose | None:
     """The gpufeed ops for the device part, for stored images of this dtype and (height, width).
 
     ``pil``: the dataset yields PIL images, so in the user's pipeline the ops before the first
     tensor conversion ran PIL's kernels; what that changes is appended to ``notes``. ``channels``:
-    the images' channel count, if known, for the checks that depend on it (an erase value per channel).
-    What torchvision itself refuses at an op's place in the pipeline raises ConfigError here, before
+    the images' channel count, if known, for the checks that depend on it (an erase value per channel). ``mode``:
+    the PIL images' mode, if ``pil`` (Pillow resamples a palette image by nearest: :mod:`.modes`, which the probe
+    checks first). What torchvision itself refuses at an op's place in the pipeline raises ConfigError here, before
     any data is read (:mod:`gpufeed.pipeline.translate.refusals`).
     """
-    state = State(stored_dtype, image_size, pil, channels=channels)
+    state = State(stored_dtype, image_size, pil, channels=channels, mode=mode if pil else None)
     out: list[A.BatchTransform] = []
     inputs: list[torch.dtype] = []  # the dtype each op in ``out`` receives
     for op in device_ops:

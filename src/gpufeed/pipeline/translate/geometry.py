@@ -16,7 +16,16 @@ import torch
 from ... import augment as A
 from ...errors import ConfigError, UnsupportedTransformError
 from . import refusals
-from .state import State, fill_or_none, geometric_fill, interpolation_mode, is_v2, padding_fill, pil_note
+from .state import (
+    State,
+    fill_or_none,
+    geometric_fill,
+    interpolation_mode,
+    is_v2,
+    nearest_only,
+    padding_fill,
+    pil_note,
+)
 
 __all__ = ["affine", "erasing", "perspective", "random_crop", "resized_crop", "rotation"]
 
@@ -140,6 +149,11 @@ def _resize_kernel(op: Any, s: State, modes: tuple[str, ...]) -> str:
     return "float" if modes == ("bilinear",) and not native else "torch"
 
 
+def _warp_mode(op: Any, s: State) -> str:
+    """The interpolation the user's pipeline runs here: Pillow's nearest on palette images, whatever was asked."""
+    return "nearest" if s.pil and nearest_only(s.mode) else interpolation_mode(op)
+
+
 def rotation(op: Any, s: State) -> A.BatchTransform:
     """torchvision's ``RandomRotation`` (``expand=False`` only) as :class:`gpufeed.augment.RandomRotation`."""
     if op.expand:
@@ -148,7 +162,7 @@ def rotation(op: Any, s: State) -> A.BatchTransform:
         )
     center = tuple(float(c) for c in op.center) if op.center is not None else None
     fill = geometric_fill(op, s)
-    return A.RandomRotation(tuple(op.degrees), interpolation_mode(op), center, fill, pil=s.pil)  # type: ignore[arg-type]
+    return A.RandomRotation(tuple(op.degrees), _warp_mode(op, s), center, fill, pil=s.pil)  # type: ignore[arg-type]
 
 
 def affine(op: Any, s: State) -> A.BatchTransform:
@@ -160,7 +174,7 @@ def affine(op: Any, s: State) -> A.BatchTransform:
         tuple(op.translate) if op.translate is not None else None,
         tuple(op.scale) if op.scale is not None else None,
         shear,
-        interpolation_mode(op),
+        _warp_mode(op, s),
         geometric_fill(op, s),
         center,  # type: ignore[arg-type]
         pil=s.pil,
@@ -170,5 +184,6 @@ def affine(op: Any, s: State) -> A.BatchTransform:
 
 def perspective(op: Any, s: State) -> A.BatchTransform:
     """torchvision's ``RandomPerspective`` as :class:`gpufeed.augment.RandomPerspective`."""
-    pil_note(op, s, interpolation_mode(op))
-    return A.RandomPerspective(op.distortion_scale, op.p, interpolation_mode(op), geometric_fill(op, s))
+    mode = _warp_mode(op, s)
+    pil_note(op, s, mode)
+    return A.RandomPerspective(op.distortion_scale, op.p, mode, geometric_fill(op, s))

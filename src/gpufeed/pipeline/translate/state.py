@@ -15,12 +15,14 @@ import torch
 from ...errors import UnsupportedTransformError
 
 __all__ = [
+    "NEAREST_MODES",
     "PIL_OP_DIFFERENCE",
     "State",
     "fill_or_none",
     "geometric_fill",
     "interpolation_mode",
     "is_v2",
+    "nearest_only",
     "padding_fill",
     "pil_note",
 ]
@@ -36,7 +38,17 @@ class State:
     tv_image: bool = False  # ... or a v2 tv_tensors.Image (after ToImage), which v2's fill dicts key on
     tensor: bool = False  # known to be a tensor (after a conversion; before one it may be a PIL image or an ndarray)
     channels: int | None = None  # the images' channel count, when the caller knows it
+    mode: str | None = None  # the PIL images' mode, when the dataset yields PIL images (.modes)
     notes: list[str] = field(default_factory=list)
+
+
+NEAREST_MODES = ("P", "1")  # PIL modes Pillow resamples by nearest, whatever interpolation it is asked for
+
+
+def nearest_only(mode: str | None) -> bool:
+    """Whether Pillow resamples PIL images of ``mode`` by nearest whatever the interpolation (palette, 1-bit), as a
+    rotation, an affine map or a perspective of them then computes (:mod:`.modes`)."""
+    return mode in NEAREST_MODES
 
 
 def is_v2(op: Any) -> bool:

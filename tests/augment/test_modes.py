@@ -1,0 +1,238 @@
+"""PIL images of every mode a loader may hand over unconverted (``Image.open(f)`` without ``.convert("RGB")``): each
+op either gives torchvision's pixels batched, or is refused up front with torchvision's reason where torchvision
+raises, or (where torchvision computes what gpufeed does not batch on that mode) is left to the fallback, which then
+gives torchvision's pixels. Never a wrong pixel, never a silent conversion; each refusal names the sample, the mode
+and the fix."""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+import torch
+import torchvision.transforms as T
+import torchvision.transforms.v2 as v2
+from PIL import Image
+from torch.utils.data import Dataset
+
+import gpufeed as gf
+from gpufeed.errors import ConfigError, UnsupportedTransformError
+from gpufeed.loading.fallback import FallbackLoader
+from gpufeed.pipeline.translate import PIL_BOUNDS
+from gpufeed.pipeline.translate.modes import verdict
+
+N = 4
+MODES = ["P", "PA", "L", "LA", "RGB", "RGBA", "CMYK", "YCbCr", "HSV", "LAB", "F", "I", "I;16", "1"]
+
+
+@functools.cache
+def make_image(mode: str, i: int, size=(12, 10)) -> Image.Image:
+    """Image ``i`` of ``mode``, from random RGB(A) pixels (with a varied alpha where the mode has one)."""
+    rng = np.random.default_rng(100 + i)
+    h, w = size
+    rgba = rng.integers(0, 256, (h, w, 4), dtype=np.uint8)
+    image = Image.fromarray(rgba, "RGBA")
+    if mode == "I;16":
+        return Image.fromarray(rng.integers(0, 65535, (h, w), dtype=np.uint16))
+    if mode in ("P", "PA"):
+        palette = image.convert("RGB").convert("P", palette=Image.Palette.ADAPTIVE, colors=48)
+        return palette if mode == "P" else palette.convert("PA")
+    return image if mode == "RGBA" else image.convert("RGB").convert(mode) if mode != "LA" else image.convert("LA")
+
+
+class Images(Dataset):
+    """``(image, i)``: the images of the given modes (one each, or one mode for all), through ``transform``."""
+
+    def __init__(self, modes, transform=None):
+        self.modes = [modes] * N if isinstance(modes, str) else list(modes)
+        self.transform = transform
+
+    def __len__(self) -> int:
+        return len(self.modes)
+
+    def raw(self, i: int) -> Image.Image:
+        return make_image(self.modes[i], i).copy()  # made once (a conversion to LAB is slow), handed out fresh
+
+    def __getitem__(self, i: int):
+        image = self.raw(i)
+        return (self.transform(image) if self.transform is not None else image), i
+
+
+def ops(m):
+    """Each op where torchvision's parameters are fixed (p=1, one-value ranges, a crop that can only be the padded
+    image), so that its output is one image to compare with."""
+    bilinear, nearest = T.InterpolationMode.BILINEAR, T.InterpolationMode.NEAREST
+    return {
+        "hflip": m.RandomHorizontalFlip(1.0),
+        "vflip": m.RandomVerticalFlip(1.0),
+        "crop, fill": m.RandomCrop((16, 14), padding=2, fill=9),
+        "crop, reflect": m.RandomCrop((16, 14), padding=2, padding_mode="reflect"),
+        "resized crop": m.RandomResizedCrop((7, 6), scale=(1.0, 1.0), ratio=(10 / 12, 10 / 12)),
+        "rotate bilinear": m.RandomRotation((30, 30), interpolation=bilinear, fill=5),
+        "rotate nearest": m.RandomRotation((30, 30), interpolation=nearest),
+        "affine bilinear": m.RandomAffine((10, 10), scale=(0.8, 0.8), shear=(5, 5), interpolation=bilinear),
+        "brightness": m.ColorJitter(brightness=(1.3, 1.3)),
+        "contrast": m.ColorJitter(contrast=(0.6, 0.6)),
+        "saturation": m.ColorJitter(saturation=(0.4, 0.4)),
+        "hue": m.ColorJitter(hue=(0.2, 0.2)),
+        "RandomGrayscale": m.RandomGrayscale(p=1.0),
+        "Grayscale": m.Compose([m.RandomHorizontalFlip(1.0), m.Grayscale()]),  # batched: after a random op
+        "sharpness": m.RandomAdjustSharpness(2.0, p=1.0),
+        "solarize": m.RandomSolarize(128, p=1.0),
+        "posterize": m.RandomPosterize(3, p=1.0),
+        "autocontrast": m.RandomAutocontrast(p=1.0),
+        "equalize": m.RandomEqualize(p=1.0),
+        "invert": m.RandomInvert(p=1.0),
+        "blur": m.GaussianBlur(3, sigma=(1.0, 1.0)),
+        "TrivialAugmentWide": m.TrivialAugmentWide(),
+        "RandAugment": m.RandAugment(),
+        "AutoAugment": m.AutoAugment(),
+        "AugMix": m.AugMix(),
+    }
+
+
+_RANDOM = ("TrivialAugmentWide", "RandAugment", "AutoAugment", "AugMix")  # torchvision's draws decide what runs
+# PIL's kernels against the tensor kernels gpufeed batches on L and RGB (and LA/RGBA's colour): within these levels
+_BOUND = {"contrast": PIL_BOUNDS["contrast"], "saturation": PIL_BOUNDS["saturation"], "hue": PIL_BOUNDS["hue"]}
+_BOUND |= {"RandomGrayscale": 1, "Grayscale": 1, "autocontrast": 1}
+
+
+def _torchvision(transform, ds: Images, draws: int):
+    """torchvision's batch (per sample, stacked), or the exception it raises (the random ones: on any of ``draws``
+    draws on the first image, each drawing its ops anew)."""
+    try:
+        with torch.random.fork_rng():
+            for seed in range(1, draws):
+                torch.manual_seed(seed)
+                transform(ds.raw(0))
+            torch.manual_seed(0)
+            out = [transform(ds.raw(i)) for i in range(N)]
+        return torch.stack(out)
+    except Exception as e:  # noqa: BLE001  what torchvision refuses, whatever it raises
+        return e
+
+
+def _loader(ds, **kw):
+    return gf.accelerate(ds, batch_size=N, shuffle=False, device="cpu", progress=False, cache=False, **kw)
+
+
+def _check(mode: str, name: str, op, m, seen: set[str] | None = None) -> str:
+    """One case: what gpufeed did ("batched", "refused", "fallback"), asserting it is what torchvision allows. The
+    fallback's own run is checked for the first case of each outcome in ``seen`` (all of them when None)."""
+    seen = set() if seen is None else seen
+    transform = m.Compose([op, m.PILToTensor()])
+    ds = Images(mode, transform)
+    want = _torchvision(transform, ds, {"AugMix": 6}.get(name, 30 if name in _RANDOM else 1))
+    try:
+        got, labels = next(iter(_loader(ds)))
+    except (ConfigError, gf.DataError) as e:
+        message = str(e)
+        if isinstance(e, (UnsupportedTransformError, gf.DataError)):  # the fallback's cases
+            assert f"{mode}" in message and "convert(" in message and "fallback='prefetch'" in message, message
+            assert isinstance(want, torch.Tensor), f"{mode} {name}: torchvision raises {want!r}: refuse it, no fallback"
+            if isinstance(want, torch.Tensor) and name not in _RANDOM and "fallback" not in seen:
+                seen.add("fallback")  # the fallback runs torchvision itself
+                with pytest.warns(UserWarning, match="falls back"):
+                    fallback = _loader(ds, fallback="prefetch", num_workers=0)
+                assert isinstance(fallback, FallbackLoader)
+                assert torch.equal(next(iter(fallback))[0], want)
+            return "fallback"
+        assert isinstance(want, Exception), f"{mode} {name}: torchvision runs it, gpufeed refused: {message}"
+        assert "torchvision refuses it" in message and "DS[" not in message, message
+        assert "convert(" in message or "image[:" in message, message
+        if "refused" not in seen:
+            seen.add("refused")
+            with pytest.raises(ConfigError, match="torchvision refuses it"):  # no fallback runs it either
+                _loader(ds, fallback="prefetch", num_workers=0)
+        return "refused"
+    assert isinstance(want, torch.Tensor), f"{mode} {name}: torchvision raises {want!r}, gpufeed served a batch"
+    if name in _RANDOM:
+        assert got.shape == want.shape and got.dtype == want.dtype
+        return "batched"
+    assert got.shape == want.shape and got.dtype == want.dtype, (mode, name, got.shape, want.shape)
+    bound = _BOUND.get(name, 0) if mode in ("L", "RGB", "LA", "RGBA") else 0
+    colour = got.shape[1] - (1 if got.shape[1] in (2, 4) and mode in ("LA", "RGBA") and name != "hue" else 0)
+    diff = (got[:, :colour].double() - want[:, :colour].double()).abs().max().item()
+    assert diff <= bound, f"{mode} {name}: {diff} levels from torchvision's"
+    assert torch.equal(got[:, colour:], want[:, colour:])  # alpha exactly
+    return "batched"
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_each_op_on_each_mode_gives_torchvisions_pixels_or_is_refused_as_torchvision_refuses(mode):
+    seen: set[str] = set()
+    every = ops(T).items()  # on L and RGB the policies are tests/augment/test_auto.py's
+    outcome = {
+        name: _check(mode, name, op, T, seen) for name, op in every if mode not in ("L", "RGB") or name not in _RANDOM
+    }
+    moves = ("hflip", "vflip", "crop, reflect") + (("crop, fill",) if mode != "LAB" else ())  # LAB's fill: signed
+    if mode not in ("I", "I;16", "1"):  # uint8 or float32 stores: what only moves pixels is batched on every mode
+        assert all(outcome[name] == "batched" for name in moves), outcome
+    if mode in ("L", "RGB"):
+        assert set(outcome.values()) == {"batched"}, outcome
+    if mode == "P":  # the issue's cases: ColorJitter refused, RandomGrayscale not served as indices
+        assert outcome["brightness"] == "refused" and outcome["RandomGrayscale"] == "fallback"
+        assert outcome["rotate bilinear"] == outcome["affine bilinear"] == "batched"  # as nearest, as Pillow does
+
+
+@pytest.mark.parametrize("mode", ["P", "RGBA", "CMYK", "F"])
+@pytest.mark.parametrize("name", ["hflip", "resized crop", "rotate bilinear", "brightness", "RandomGrayscale"])
+def test_v2_on_pil_images_follows_the_same_rules(mode, name):
+    _check(mode, name, ops(v2)[name], v2)
+
+
+def test_the_verdicts_agree_with_torchvision_on_a_drawn_pipeline():
+    # a rotation with a random angle on palette images: Pillow's nearest, batched, equal to torchvision given the angles
+    import copy
+
+    from gpufeed.pipeline.translate import build_batched, split_transform
+    from gpufeed.read.samples import to_chw
+
+    op = T.RandomRotation(40, interpolation=T.InterpolationMode.BICUBIC, fill=3)
+    assert verdict("RandomRotation", op, "P") is None
+    images = [make_image("P", i) for i in range(6)]
+    stored = torch.stack([to_chw(im) for im in images])
+    ops_ = build_batched(split_transform(T.Compose([op, T.PILToTensor()])).device, torch.uint8, (12, 10), True,
+                         mode="P")  # fmt: skip
+    rotate = ops_.transforms[0]
+    params = rotate.sample(stored, torch.Generator().manual_seed(1))
+    got = rotate.apply(stored, params)
+    for i, image in enumerate(images):
+        pinned = copy.deepcopy(op)
+        pinned.get_params = lambda degrees, a=float(params["angle"][i]): a
+        assert torch.equal(got[i], to_chw(pinned(image)))
+
+
+def test_a_mixed_dataset_is_served_where_torchvision_moves_every_mode_alike():
+    modes = ["L", "P", "L", "P"]  # one channel each: L levels and palette indices, stacked as DataLoader stacks them
+    transform = T.Compose([T.RandomHorizontalFlip(1.0), T.RandomCrop((16, 14), padding=2), T.PILToTensor()])
+    ds = Images(modes, transform)
+    loader = _loader(ds)
+    x, _ = next(iter(loader))
+    flip = T.Compose([T.RandomHorizontalFlip(1.0), T.Pad(2), T.PILToTensor()])
+    assert torch.equal(x, torch.stack([flip(ds.raw(i)) for i in range(N)]))
+
+
+@pytest.mark.parametrize("at", [1, 2])  # 1: found by the read; 2 (n/2): by the probe
+def test_a_mixed_dataset_is_refused_naming_the_sample_where_its_mode_changes_what_is_computed(at):
+    modes = ["L"] * N
+    modes[at] = "P"
+    jitter = Images(modes, T.Compose([T.ColorJitter(brightness=0.4), T.PILToTensor()]))
+    with pytest.raises(
+        ConfigError, match=rf"on P \(palette\) PIL images \(Images\[{at}\] is one\): torchvision refuses"
+    ):
+        _loader(jitter)
+    with pytest.raises(ConfigError, match="torchvision refuses it"):
+        _loader(jitter, fallback="prefetch", num_workers=0)
+    rotate = Images(modes, T.Compose([T.RandomRotation(20, interpolation=T.InterpolationMode.BILINEAR), T.ToTensor()]))
+    with pytest.raises(gf.DataError, match=rf"Images\[{at}\] is a P image but Images\[0\] a L one.*convert\('RGB'\)"):
+        _loader(rotate)
+    with pytest.warns(UserWarning, match="falls back"):
+        assert isinstance(_loader(rotate, fallback="prefetch", num_workers=0), FallbackLoader)
+
+
+def test_rgb_and_palette_images_together_are_refused_naming_the_sample_and_the_fix():
+    ds = Images(["RGB", "RGB", "P", "RGB"], T.Compose([T.RandomHorizontalFlip(), T.ToTensor()]))
+    with pytest.raises(gf.DataError, match=r"Images\[2\] has shape \(1, 12, 10\).*image.convert\('RGB'\)"):
+        _loader(ds)

@@ -186,7 +186,7 @@ def test_a_loader_compiles_at_construction_and_serves_the_eager_batches(compiled
     theirs = [x for x, _ in eager]
     assert eager.compile_note is None
     assert len(ours) == 3 and all(torch.equal(a, b) for a, b in zip(ours, theirs, strict=True))
-    assert ", 0.0 s after" not in loader.compile_note and "took over at epoch 0, batch 0, " in loader.compile_note
+    assert "took over at epoch 0, batch 0, " in loader.compile_note  # compiled at construction: in the foreground
 
 
 # RandomResizedCrop's taps: shrinking antialiased (5 and 7 taps) and growing with plain bicubic (4). Each tap count

@@ -10,9 +10,12 @@ NOTE [ Compiling in the background ]
 - It runs on copies of the call's tensors, made in the caller's thread: a loader reuses a chunk's buffers for the
   next chunk (.hostmem), which would change the values under the compile. The marks dynamo reads (static sizes) are
   copied with them.
-- Priority: the thread's nice value is raised by :data:`NICE` (on Linux a thread's own; the C++ compiler it starts
-  inherits it), and Inductor compiles in it (``compile_threads=1``: no pool of compile processes), so that on a
-  2-core machine the compile yields the cores to the serving.
+- Priority: Inductor compiles in this one thread (``compile_threads=1``: no pool of compile processes beside the
+  serving). Its nice value is raised by :data:`NICE` (on Linux a thread's own; the C++ compiler it starts inherits
+  it), 0 since measured: dynamo and Inductor are Python and need the GIL, which the serving thread takes back every
+  few milliseconds, so a niced compile thread starved. ColorJitter's recipe on the 2-core machine
+  (benchmarks/compile_wait.py), cold: niced by 10, no takeover after 900 s (1,080 batches served eager, load 7.5);
+  not niced, the fused kernels took over after 189 s (195 batches eager, load 3.9-6.3), the first batch at 1.4 s.
 - CUDA: the copies are made on the caller's stream; the compile's own stream waits on an event recorded after them,
   and the thread waits for its stream before it drops the copies (their memory would go back to the caller's
   stream while the compiled kernels still read it).
@@ -42,7 +45,7 @@ import torch.utils._pytree as pytree
 
 __all__ = ["NICE", "copies", "idle", "run", "submit"]
 
-NICE = 10  # added to the compile thread's nice value (0-19; 10: a tenth of a core's share beside a busy one)
+NICE = 0  # added to the compile thread's nice value (0-19): see the NOTE for why not more
 
 _jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
 _state = threading.Condition()

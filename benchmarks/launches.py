@@ -84,8 +84,8 @@ def count(transform: Callable[..., torch.Tensor], x: torch.Tensor, seed: int = 0
         return out
 
     torch._dynamo.reset()  # dynamo's compiled frames are kept per code object: compile anew, counting its kernels
-    with mock.patch.object(fusion._Fused, "__call__", compiling_call), device_path():
-        transform(x, generator=torch.Generator().manual_seed(seed))
+    with mock.patch.object(fusion._Fused, "__call__", compiling_call), device_path(), fusion.foreground():
+        transform(x, generator=torch.Generator().manual_seed(seed))  # compiled here, not in the background
     with mock.patch.object(fusion._Fused, "__call__", counted_call), device_path(), Launches() as counter:
         transform(x, generator=torch.Generator().manual_seed(seed + 1))
     return counter

@@ -76,7 +76,9 @@ def colour_ops(x: torch.Tensor, op: torch.Tensor, magnitude: torch.Tensor) -> to
     return torch.where(picks("Invert"), 255 - x, out)
 
 
-_fused = fused("auto-augment colour ops", "the same pixels, about a hundred more kernel launches a round")(colour_ops)
+_fused = fused(
+    "auto-augment colour ops", "the same pixels, about a hundred more kernel launches a round", static={0: (1,)}
+)(colour_ops)
 
 
 def fused_colour_ops(x: torch.Tensor, op: torch.Tensor, magnitude: torch.Tensor) -> torch.Tensor:
@@ -86,5 +88,4 @@ def fused_colour_ops(x: torch.Tensor, op: torch.Tensor, magnitude: torch.Tensor)
         raise NotCompiled
     if x.shape[2] * x.shape[3] > _EXACT_SUM_PIXELS:
         raise NotCompiled
-    torch._dynamo.mark_static(x, 1)
     return _fused(x, op, magnitude)

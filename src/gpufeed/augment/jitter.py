@@ -119,6 +119,9 @@ def _chain(v: State, tables: tuple, hue: torch.Tensor | None, hue_slot: torch.Te
 
 
 _OP, _EAGER_COST = "ColorJitter", "the same pixels, 6-18x slower (measured at 224 px, CPU)"
+# the order's 4 slots compiled as a constant: a symbol shared with a batch of 4 at the first call would recompile at
+# the next batch size
+_ORDER = {1: (1,)}
 
 
 @functools.cache
@@ -149,7 +152,7 @@ def _kernels(enabled: tuple[bool, ...]) -> tuple:
         hue = factors[HUE].to(torch.float32) if enabled[HUE] else None
         return _chain(levels(x), (ratio, rest, kind), hue, hue_slot, limit, mean, kinds)
 
-    @fused(_OP, _EAGER_COST)
+    @fused(_OP, _EAGER_COST, static=_ORDER)
     def mean_gray(
         x: torch.Tensor, order: torch.Tensor, b: torch.Tensor, c: torch.Tensor, s: torch.Tensor, h: torch.Tensor
     ) -> torch.Tensor:
@@ -161,7 +164,7 @@ def _kernels(enabled: tuple[bool, ...]) -> tuple:
         gray = _gray(levels(x) if alone else state(x, order, (b, c, s, h), "contrast", zero))
         return (gray.sum(dim=(1, 2, 3), keepdim=True) / (x.shape[2] * x.shape[3])).view(-1, 1, 1, 1)
 
-    @fused(_OP, _EAGER_COST)
+    @fused(_OP, _EAGER_COST, static=_ORDER)
     def gray_image(
         x: torch.Tensor, order: torch.Tensor, b: torch.Tensor, c: torch.Tensor, s: torch.Tensor, h: torch.Tensor
     ) -> torch.Tensor:
@@ -169,7 +172,7 @@ def _kernels(enabled: tuple[bool, ...]) -> tuple:
         zero = torch.zeros((), dtype=torch.float32, device=x.device)
         return _gray(state(x, order, (b, c, s, h), "contrast", zero))
 
-    @fused(_OP, _EAGER_COST)
+    @fused(_OP, _EAGER_COST, static=_ORDER)
     def jitter(
         x: torch.Tensor,
         order: torch.Tensor,
@@ -192,16 +195,17 @@ def jitter(x: torch.Tensor, order: torch.Tensor, factors: list[torch.Tensor | No
     if not compiling(x.device) or min(x.shape) < 2:
         raise NotCompiled  # before any work here (the fused functions would raise it too)
     mean_gray, gray_image, run = _kernels(tuple(f is not None for f in factors))
-    # the order's 4 slots compiled as a constant: a symbol shared with a batch of 4 at the first call would
-    # recompile at the next batch size
-    torch._dynamo.mark_static(order, 1)
     given = next(f for f in factors if f is not None)
     args = [f if f is not None else given for f in factors]  # one signature for every set (a disabled one unread)
     mean = torch.zeros((x.shape[0], 1, 1, 1), dtype=torch.float32, device=x.device)
     if factors[CONTRAST] is not None:
-        if x.shape[2] * x.shape[3] <= _EXACT_SUM_PIXELS:
-            mean = mean_gray(x, order, *args)
-        else:  # torch's own float mean, as torchvision's (N, 1, H, W) gray image is reduced
-            mean = torch.mean(gray_image(x, order, *args), dim=(-3, -2, -1), keepdim=True)
+        try:
+            if x.shape[2] * x.shape[3] <= _EXACT_SUM_PIXELS:
+                mean = mean_gray(x, order, *args)
+            else:  # torch's own float mean, as torchvision's (N, 1, H, W) gray image is reduced
+                mean = torch.mean(gray_image(x, order, *args), dim=(-3, -2, -1), keepdim=True)
+        except NotCompiled:
+            run.prepare(x, order, *args, mean)  # the adjustments compile too, not only once the mean is compiled
+            raise
     out = run(x, order, *args, mean)
     return out[0] if len(out) == 1 else torch.cat(out, dim=1)

@@ -64,15 +64,16 @@ def moves(
     return F.convert_dtype(out, torch.float32, reciprocal).sub_(mean).div_(std)  # functional.normalize's, off the host
 
 
-_fused_moves = fused("crops, flips and Normalize", "the same pixels, about 29 more kernel launches a batch")(moves)
+# the channels a constant of the loader's
+_fused_moves = fused(
+    "crops, flips and Normalize", "the same pixels, about 29 more kernel launches a batch", static={0: (1,)}
+)(moves)
 
 
 def fused_moves(x: torch.Tensor, pending: Pending, normalize: F.Normalizing | None = None) -> torch.Tensor:
     """:func:`moves` compiled, or :class:`NotCompiled` (before any work) where it does not run so."""
     if not compiling(x.device) or min(x.shape) < 2 or (normalize is not None and x.dtype != torch.uint8):
         raise NotCompiled
-    x = x.view(x.shape)  # the marks below on an alias, not on the caller's tensor
-    torch._dynamo.mark_static(x, 1)  # the channels, a constant of the loader's
     if normalize is None:
         return _fused_moves(x, pending)
     mean, std, reciprocal = normalize

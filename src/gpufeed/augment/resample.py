@@ -9,8 +9,9 @@ exactly the weights of ``F.interpolate(..., mode="bilinear", antialias=True)``; 
 (:func:`resample_taps`) and the per-image CPU path (:func:`resize_on_cpu`) serve the ragged batches too
 (:mod:`.ragged_resize`).
 
-Dense matrices make every output pixel read the whole row: at 224 px, 34 GFLOP a batch of 256. Where the compiler
-runs (:mod:`.fusion`), a uint8 batch is resampled from its taps instead (:mod:`.taps`).
+Dense matrices make every output pixel read the whole row: at 224 px, 34 GFLOP a batch of 256. They resize float
+batches; a uint8 batch is resampled from its taps (:mod:`.taps`: compiled where the compiler has built it, else the
+same arithmetic eager).
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ import torch
 
 from ..store.ragged import Ragged
 from .fixed_point import fixed_resized_crop
-from .fusion import NotCompiled
 from .paths import host_path
 from .pillow_resize import pillow_resized
 from .taps import fused_resized_crop, resample_taps
@@ -66,11 +66,8 @@ def resized_crop(
             crops = boxes(x, top, left, height, width)
             return resize_on_cpu(crops, x.shape[1], x.dtype, size, antialias, mode, kernel)
         return fixed_resized_crop(x, top, left, height, width, size, antialias, mode, kernel)
-    if x.dtype == torch.uint8 and mode != "nearest":
-        try:
-            return fused_resized_crop(x, top, left, height, width, size, antialias, mode, modes=modes)
-        except NotCompiled:  # the matrices, as before the compiler
-            pass
+    if x.dtype == torch.uint8 and mode != "nearest":  # by its taps, compiled or not: one arithmetic (.taps)
+        return fused_resized_crop(x, top, left, height, width, size, antialias, mode, modes=modes)
     n, c, h, w = x.shape
     wy = _weights(top, height, h, size[0], antialias, mode)
     wx = _weights(left, width, w, size[1], antialias, mode)

@@ -1,19 +1,24 @@
-"""Resampling by the filter's taps: per output pixel only the source pixels the filter touches, compiled.
+"""Resampling by the filter's taps: per output pixel only the source pixels the filter touches.
 
-:func:`resample_taps` gives each box's taps (source indices and weights, PyTorch's antialiased filters); the dense
-resize (:mod:`.resample`) places them in matrices, the ragged one (:mod:`.ragged_resize`) gathers them. Matrices
-make every output pixel read its whole row: at 224 px, 34 GFLOP a batch of 256. Where the compiler runs
-(:mod:`.fusion`), a uint8 batch of one size is resampled from its taps (:func:`fused_resized_crop`): a vertical pass
-over whole rows, then a horizontal one gathering columns, each a float32 sum over the taps in their order, compiled
-into two loops: 3.3-3.7x the matrices at 128 and 224 px on the 2-core CPU.
+:func:`resample_taps` gives each box's taps (source indices and weights, PyTorch's antialiased filters); the ragged
+resize (:mod:`.ragged_resize`) gathers them, and a float batch's resize (:mod:`.resample`) places them in matrices.
+Matrices make every output pixel read its whole row: at 224 px, 34 GFLOP a batch of 256. A uint8 batch of one size
+is resampled from its taps (:func:`fused_resized_crop`): a vertical pass over whole rows, then a horizontal one
+gathering columns, each a float32 sum over the taps in their order.
 
-The flips and the ``Normalize`` that follow a RandomResizedCrop in a ``Compose`` run in the same loops: a flipped
+The flips and the ``Normalize`` that follow a RandomResizedCrop in a ``Compose`` run in the same passes: a flipped
 sample reads its taps in reverse (the flip's pixels exactly), and the rounded levels are normalised before they
 are stored, as ``Normalize`` computes them from the uint8 image, so the batch is written once, as float.
 
-The matrices and the taps round float32 sums once, in other orders: they agree but for one level on a pixel in
-10**4 or fewer, each within torchvision's float kernel as the tests require; compiled and eager, the taps agree bit
-for bit (tests/augment/test_fusion.py).
+One arithmetic, two ways to run it (NOTE [ Compiled ops ] in :mod:`.fusion`): compiled where the compiler has
+built it (:func:`taps_resample`: two loops, 3.3-3.7x the matrices at 128 and 224 px on the 2-core CPU), else
+eager (:func:`eager_taps`: the same float32 products and sums in the same order, a cache-sized chunk of samples at
+a time on the CPU). They agree bit for bit on the CPU (tests/augment/test_same_pixels.py), so a seed's pixels do
+not depend on whether a compiler exists, on ``GPUFEED_COMPILE``, or on when the compiled code took over. What
+remains different: Triton on a GPU against the CPU (its division and its fused multiply-adds are held to the
+eager roundings, ``emulate_precision_casts``; ``benchmarks/gpu_check.py`` counts the values that differ), and the
+float matrices of a float batch, which round their sums in another order (within a level of the taps on a pixel
+in 10**3 or fewer; both within torchvision's float kernel).
 """
 
 from __future__ import annotations
@@ -23,10 +28,12 @@ from collections.abc import Sequence
 
 import torch
 
+from .chunks import chunk_samples
 from .functional import Flips, Normalizing, constant
 from .fusion import NotCompiled, compiling, fused
+from .paths import host_path
 
-__all__ = ["fused_resized_crop", "normalizing", "resample_taps", "tables", "taps_bound", "taps_resample"]
+__all__ = ["eager_taps", "fused_resized_crop", "normalizing", "resample_taps", "tables", "taps_bound", "taps_resample"]
 
 
 def taps_resample(
@@ -42,8 +49,9 @@ def taps_resample(
     """uint8 ``(N, C, H, W)`` resampled by its taps: absolute source rows ``(N, out_h, Ky)`` with their weights,
     then columns ``(N, out_w, Kx)``; float32 sums over the taps in their order, rounded and clamped once
     (torchvision v1's uint8). With ``mean`` and ``std`` (``(1, C, 1, 1)`` float32), the levels normalised as
-    ``Normalize`` does a uint8 image: float32 out. Written for the compiler: eager it is 4x slower than the
-    matrices."""
+    ``Normalize`` does a uint8 image: float32 out. Written for the compiler (eager, each tap gathers through an
+    expanded index: 2-7x slower than the matrices at 224 px); :func:`eager_taps` is the same arithmetic for eager
+    kernels."""
     n, c, _, w = x.shape
     out_h, ky = rows.shape[1:]
     out_w, kx = cols.shape[1:]
@@ -66,10 +74,81 @@ def taps_resample(
     return (scaled - mean) / std
 
 
-_fused_taps = fused(
-    "RandomResizedCrop's resampling",
-    "3-4x slower (measured at 128 and 224 px, CPU), one level apart on a pixel in 10**4 or fewer",
-)(taps_resample)
+# the channels a constant of the loader's, the tap counts constants (the loops over them unrolled)
+_STATIC = {0: (1,), 1: (2,), 2: (2,), 3: (2,), 4: (2,)}
+_fused_taps = fused("RandomResizedCrop's resampling", "the same pixels by eager_taps", static=_STATIC)(taps_resample)
+
+
+def eager_taps(
+    x: torch.Tensor,
+    rows: torch.Tensor,
+    wy: torch.Tensor,
+    cols: torch.Tensor,
+    wx: torch.Tensor,
+    mean: torch.Tensor | None = None,
+    std: torch.Tensor | None = None,
+    reciprocal: bool = False,
+) -> torch.Tensor:
+    """:func:`taps_resample`'s arithmetic for eager kernels, bit for bit: the same float32 product per tap and the
+    same sums in the same order, then the same rounding, clamp and Normalize; what changes is only how the values
+    are moved. The rows of each tap are copied as whole rows (``index_select``), and the horizontal pass reads the
+    vertical one's result transposed, so that its columns are rows too (a gather through an expanded index read an
+    8-byte index per value: 1.7-4x slower). On the CPU a chunk of samples whose intermediates fit a quarter of the
+    last-level cache at a time (:func:`.chunks.chunk_samples`): measured on one core, the recipe's resize 3-5x faster
+    than unchunked at 224 px (64 images of 256 px: 105 against 455-591 ms; the matrices 304-334 ms), and as fast as
+    the matrices at 32 px (256 images: 5.5-20 against 7-19 ms)."""
+    n, c, _, w = x.shape
+    out_h, out_w = rows.shape[1], cols.shape[1]
+    dtype = torch.uint8 if mean is None or std is None else torch.float32
+    out = torch.empty((n, c, out_h, out_w), dtype=dtype, device=x.device)
+    per = chunk_samples(4 * c * out_h * (3 * w + 2 * out_w)) if host_path(x) else max(n, 1)
+    for s in range(0, n, per):
+        part = slice(s, s + per)
+        _taps_into(out[part], x[part], rows[part], wy[part], cols[part], wx[part], mean, std, reciprocal)
+    return out
+
+
+def _taps_into(
+    out: torch.Tensor,
+    x: torch.Tensor,
+    rows: torch.Tensor,
+    wy: torch.Tensor,
+    cols: torch.Tensor,
+    wx: torch.Tensor,
+    mean: torch.Tensor | None,
+    std: torch.Tensor | None,
+    reciprocal: bool,
+) -> None:
+    """:func:`eager_taps` on one chunk, written into ``out``."""
+    n, c, h, w = x.shape
+    out_h, ky = rows.shape[1:]
+    out_w, kx = cols.shape[1:]
+    planes = torch.arange(n * c, device=x.device).view(n, c, 1)  # each (sample, channel) plane's first row
+    source = x.reshape(n * c * h, w)
+    tmp = buf = None
+    for a in range(ky):  # taps_resample's vertical sum: float(level) * weight, added in the taps' order
+        picked = source.index_select(0, (planes * h + rows[:, :, a].view(n, 1, out_h)).view(-1))
+        weight = wy[:, :, a].view(n, 1, out_h, 1)
+        if tmp is None:
+            tmp = picked.view(n, c, out_h, w) * weight
+            buf = torch.empty_like(tmp)
+        else:
+            tmp.add_(torch.mul(picked.view(n, c, out_h, w), weight, out=buf))
+    assert tmp is not None
+    across = tmp.transpose(2, 3).contiguous().view(n * c * w, out_h)  # (N, C, W, out_h): a column is a row
+    acc = None
+    for b in range(kx):  # the horizontal sum, transposed
+        picked = across.index_select(0, (planes * w + cols[:, :, b].view(n, 1, out_w)).view(-1))
+        t = picked.view(n, c, out_w, out_h).mul_(wx[:, :, b].view(n, 1, out_w, 1))
+        acc = t if acc is None else acc.add_(t)
+    assert acc is not None
+    levels = acc.round_().clamp_(0, 255).transpose(2, 3)
+    if mean is None or std is None:
+        out.copy_(levels)  # integers in [0, 255]: exact in uint8
+        return
+    out.copy_(levels)
+    out.mul_(1.0 / 255) if reciprocal else out.div_(255)  # Normalize's arithmetic, as taps_resample's
+    out.sub_(mean).div_(std)
 
 
 def taps_bound(in_len: int, out_len: int, antialias: bool, mode: str) -> int:
@@ -125,28 +204,25 @@ def fused_resized_crop(
     normalize: Normalizing | None = None,
     modes: Sequence[str] = (),
 ) -> torch.Tensor:
-    """Each uint8 sample's box resized to ``size`` (bilinear or bicubic) by :func:`taps_resample` compiled, then
-    ``flips``, then ``normalize`` (float32 out), in two loops; or :class:`NotCompiled`, before any work, where it
-    does not run compiled. A batch of one runs as a batch of two, the sample twice: compiled code specialises on a
-    size of 1 (a recompile, seconds, for a last batch), and the eager matrices round otherwise (a sample's pixels
-    would depend on its batch). ``modes``: see :func:`tables`."""
+    """Each uint8 sample's box resized to ``size`` (bilinear or bicubic) by its taps, then ``flips``, then
+    ``normalize`` (float32 out), in two passes: :func:`taps_resample` compiled where the compiler has built it (see
+    NOTE [ Compiled ops ] in :mod:`.fusion`), else :func:`eager_taps`, the same pixels. A batch of one, or a side
+    under 2, runs eager: compiled code specialises on a size of 1 (a recompile, seconds, for a last batch). ``modes``:
+    see :func:`tables`."""
     n, c, h, w = x.shape
-    if not compiling(x.device) or min(h, w, *size) < 2 or n == 0:
-        raise NotCompiled
-    if n == 1:
-        pair = lambda t: torch.cat([t, t])  # noqa: E731  (a copy: an expanded batch would be another specialisation)
-        two = [(axis, pair(mask)) for axis, mask in flips]
-        y0, x0, bh, bw = pair(top), pair(left), pair(height), pair(width)
-        return fused_resized_crop(pair(x), y0, x0, bh, bw, size, antialias, mode, two, normalize, modes)[:1]
+    if n == 0:
+        return torch.empty((0, c, *size), dtype=torch.uint8 if normalize is None else torch.float32, device=x.device)
     taps = tables(x, top, left, height, width, size, antialias, mode, flips, modes)
-    for t in taps:  # the tap counts compiled as constants (the loops over them are unrolled)
-        torch._dynamo.mark_static(t, 2)
-    x = x.view(x.shape)  # the mark below on an alias, not on the caller's tensor
-    torch._dynamo.mark_static(x, 1)  # the channels, a constant of the loader's: one symbol fewer to guard
-    if normalize is None:
-        return _fused_taps(x, *taps)
-    mean, std, reciprocal = normalize
-    return _fused_taps(x, *taps, *normalizing(mean, std, c, size[1], x.device), reciprocal)
+    norm: tuple = ()
+    if normalize is not None:
+        mean, std, reciprocal = normalize
+        norm = (*normalizing(mean, std, c, size[1], x.device), reciprocal)
+    if n >= 2 and min(h, w, *size) >= 2 and compiling(x.device):
+        try:
+            return _fused_taps(x, *taps, *norm)
+        except NotCompiled:
+            pass
+    return eager_taps(x, *taps, *norm)
 
 
 def normalizing(

@@ -201,6 +201,11 @@ def _info(args: argparse.Namespace) -> int:
     if entries:
         bound = f", {LIMIT_ENV}={limit / 2**30:.2f} GiB" if limit is not None else f" (no {LIMIT_ENV})"
         print(f"{len(entries)} entries, {total / 2**30:.2f} GiB{bound}")
+    from ..augment.compiler import cache_usage
+
+    inductor, kernel_bytes = cache_usage()  # not gpufeed's: torch's, named so that a person knows what else is stored
+    mib = kernel_bytes / 2**20
+    print(f"compiled kernels (torch Inductor's cache, TORCHINDUCTOR_CACHE_DIR): {inductor}, {mib:.1f} MiB")
     return 1 if invalid else 0
 
 

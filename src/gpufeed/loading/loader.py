@@ -21,6 +21,7 @@ and any batch can be recomputed from the configuration alone, which is what make
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -47,6 +48,7 @@ from .epochs import EpochLoader
 from .hostmem import keep_freed_buffers
 from .identity import data_identity, describe
 from .prefetch import prefetch
+from .takeover import Takeover
 
 if TYPE_CHECKING:
     from ..read.wrappers import SourceWatch
@@ -207,9 +209,10 @@ class DeviceLoader(EpochLoader):
         self._length: int | None = None
         self.source_watch = source_watch  # accelerate's: a dataset transform or labels replaced later is refused
         check_epoch(n, batch_size, options.drop_last, world_size, even, local=shard == "local")
-        compiled = fusion.compile_times()
-        probe = self._probe()  # the transform's first run: a fused op compiles here, never mid-epoch
-        self.compile_note = fusion.compiled_since(compiled)
+        start = time.monotonic()
+        with fusion.watch() as fused:  # the transform's first run queues its fused ops' compile (in the background)
+            probe = self._probe()
+        self.takeover = Takeover(fused.fused, start)  # when the fused kernels took over (for the plan)
         self.host_memory_note: str | None = None
         if self.device.type == "cpu" and probe is not None:
             # each chunk of batches is a fresh buffer (and ragged images are made image by image): freed ones
@@ -218,11 +221,27 @@ class DeviceLoader(EpochLoader):
             self.host_memory_note = keep_freed_buffers(chunk_bytes)
         # what accelerate() decided and why (gpufeed.loading.plan), completed with what only the loader knows: the
         # placed store's layout (its decoder follows the tier) and the note on its chunks' buffers
-        self.plan = plan and replace(
-            plan,
-            layout=self.store.describe(),
-            notes=(*plan.notes, *filter(None, [self.host_memory_note, self.compile_note])),
+        self._plan = plan and replace(
+            plan, layout=self.store.describe(), notes=(*plan.notes, *filter(None, [self.host_memory_note]))
         )
+
+    @property
+    def compile_note(self) -> str | None:
+        """The fused kernels' state, live: compiling in the background, or since which batch they serve (or why
+        not); None where nothing compiles."""
+        return self.takeover.note()
+
+    @property
+    def plan(self) -> Plan | None:
+        """What accelerate() decided and why, with the fused kernels' state as it is now (``print(loader.plan)``)."""
+        note = self.compile_note
+        if self._plan is None or note is None:
+            return self._plan
+        return replace(self._plan, notes=(*self._plan.notes, note))
+
+    @plan.setter
+    def plan(self, plan: Plan | None) -> None:
+        self._plan = plan
 
     @property
     def images(self) -> Any:
@@ -314,10 +333,13 @@ class DeviceLoader(EpochLoader):
                 draws = (
                     KeyedDraws(c.seed, epoch, ids[k * span : (k + 1) * span]) if self.transform is not None else None
                 )
-                if self.views == 1:
-                    yield k, self._finish(x, draws), y
-                else:  # the same images, view 0 drawing as a single view would, the others from their own streams
-                    yield k, [self._finish(x, draws, v) for v in range(self.views)], y
+                with fusion.watch() as ran:  # compiled, or eager while the fused kernels compile
+                    if self.views == 1:
+                        out: Any = self._finish(x, draws)
+                    else:  # the same images, view 0 drawing as a single view would, the others from their own streams
+                        out = [self._finish(x, draws, v) for v in range(self.views)]
+                self.takeover.after(epoch, k * c.chunk_batches, ran)
+                yield k, out, y
 
         # on the CPU each chunk's gather, transform and conversion under the torch thread count that runs them
         # fastest now (NOTE [ Torch's threads on a busy machine ] in gpufeed.threads)

@@ -368,7 +368,8 @@ def _run_figures(number, side, step, others=0.0):
     return {"run": number, "side": side, "status": 0, "seconds": 4.0, "exit": "stopped", "step_s": step,
             "rest_s": step / 2, "wait_fraction": 0.5, "img_s": 32 / step, "first_batch_s": 2.0, "batches": 100,
             "loader": "DataLoader at train.py:9", "one_time_s": None, "one_time": {},
-            "machine": {"percent": 90.0, "load": 2 + 2 * others, "cores": 2.0, "others": others}}  # fmt: skip
+            "machine": {"percent": 90.0, "load": 2 + 2 * others, "cores": 2.0, "others": others},
+            "fixed": side == "changed"}  # fmt: skip
 
 
 def test_the_verification_names_the_busy_runs_and_the_wide_spread_they_made():
@@ -406,3 +407,23 @@ def test_a_verification_stopped_by_a_failed_run_or_a_ctrl_c_lists_the_runs_it_ma
     text = "\n".join(verify_text(stopped))
     assert "interrupted (Ctrl-C) during run 3 of 6 (x): 2 of 6 runs measured" in text
     assert "2 run(s) were made: the spread is unknown" in text and stopped["spread"]["gain"]["pairs"] == 1
+
+
+def test_a_changed_copy_that_never_read_gf_accelerates_loader_is_not_verified():
+    # a change that did not reach the loop (a Trainer rebuilt by the added line): the runs compare one loader with
+    # itself, and their noise is no gain (seen: "1.71x, agrees with the prediction")
+    from gpufeed.watch.verify import summarise
+    from gpufeed.watch.verify_text import verify_text
+
+    steps = [(1, "original", 0.030), (2, "changed", 0.018), (3, "changed", 0.020), (4, "original", 0.031)]
+    runs = [_run_figures(*s) for s in steps]
+    runs[2]["fixed"] = False
+    v = summarise(runs, None, {"new_step_s": 0.019, "speedup": 1.6, "rest_s": 0.01})
+    assert v["error"] == (
+        "run 3 (changed) read DataLoader at train.py:9, no loader of gf.accelerate: the change did not reach the "
+        "loop, so the runs compare the script's loader with itself"
+    )
+    assert "spread" not in v and "agreement" not in v and len(v["runs"]) == 4
+    lines = verify_text(v)
+    assert lines[0] == f"verified: the change did not take effect: {v['error']}"
+    assert [line.split()[:2] for line in lines[2:6]] == [[str(n), side] for n, side, _ in steps]

@@ -56,7 +56,8 @@ def _verified(original, changed, predicted):
         step = next(it[side])
         runs.append({"run": number, "side": side, "status": 0, "seconds": 5.0, "exit": "stopped", "step_s": step,
                      "rest_s": step / 2, "wait_fraction": 0.5, "img_s": 32 / step, "first_batch_s": 2.0,
-                     "batches": 30, "loader": "DataLoader at train.py:20", "machine": None})  # fmt: skip
+                     "batches": 30, "loader": "DataLoader at train.py:20", "machine": None,
+                     "fixed": side == "changed"})  # fmt: skip
     v = summarise(runs, None, predicted)
     v.update(command=["train.py"], planned=len(runs), budget_s=600.0, stopped=None, interrupted=None)
     return v

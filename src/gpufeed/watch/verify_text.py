@@ -39,6 +39,7 @@ def verify_text(v: dict[str, Any]) -> list[str]:
     """
     if "error" in v:
         done = "not completed" if v.get("runs") else "not run"  # runs made before the one that failed are listed
+        done = "the change did not take effect" if v.get("ineffective") else done
         return [f"verified: {done}: {v['error']}", *_runs(v.get("runs") or [])]
     b, a, p = v["before"], v["after"], v.get("predicted") or {}
     runs = v.get("runs") or []

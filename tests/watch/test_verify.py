@@ -364,8 +364,9 @@ def test_a_verification_option_out_of_range_or_without_verify_is_refused_before_
     assert f"{options[-2]} goes with a command to diagnose" in capsys.readouterr().err
 
 
-def _run_figures(number, side, step, others=0.0):
+def _run_figures(number, side, step, others=0.0, workers=0):
     return {"run": number, "side": side, "status": 0, "seconds": 4.0, "exit": "stopped", "step_s": step,
+            "workers": workers if side == "original" else 0,
             "rest_s": step / 2, "wait_fraction": 0.5, "img_s": 32 / step, "first_batch_s": 2.0, "batches": 100,
             "loader": "DataLoader at train.py:9", "one_time_s": None, "one_time": {},
             "machine": {"percent": 90.0, "load": 2 + 2 * others, "cores": 2.0, "others": others},
@@ -427,3 +428,19 @@ def test_a_changed_copy_that_never_read_gf_accelerates_loader_is_not_verified():
     lines = verify_text(v)
     assert lines[0] == f"verified: the change did not take effect: {v['error']}"
     assert [line.split()[:2] for line in lines[2:6]] == [[str(n), side] for n, side, _ in steps]
+
+
+@pytest.mark.parametrize(
+    ("workers", "why"), [(0, ""), (2, " (the script's 2 loader workers no longer compete with it)")]
+)
+def test_a_rest_of_the_step_that_shrank_is_put_down_to_the_workers_only_where_the_script_had_some(workers, why):
+    from gpufeed.watch.verify import summarise
+    from gpufeed.watch.verify_text import verify_text
+
+    steps = [(1, "original", 0.030), (2, "changed", 0.010), (3, "changed", 0.0101), (4, "original", 0.0302)]
+    v = summarise([_run_figures(*s, workers=workers) for s in steps], None, {"new_step_s": 0.025, "speedup": 1.2,
+                                                                            "rest_s": 0.015})  # fmt: skip
+    v.update(command=["train.py"], planned=4, budget_s=600.0, stopped=None, interrupted=None)
+    assert v["agreement"]["verdict"] == "disagrees" and v["before"]["workers"] == workers
+    [line] = [x for x in verify_text(v) if x.startswith("  disagrees")]
+    assert line.endswith(f"the rest of the step went from 15.05 ms to 5.03 ms, which the prediction holds fixed{why}")

@@ -347,6 +347,7 @@ def _medians(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "first_batch_s": median("first_batch_s"),
         "batches": first.get("batches", 0),
         "loader": first.get("loader"),
+        "workers": first.get("workers"),
         "one_time_s": middle.get("one_time_s"),
         "one_time": middle.get("one_time", {}),
         "runs": len(runs),
@@ -369,6 +370,7 @@ def _figures(r: WatchReport) -> dict[str, Any]:
         "first_batch_s": main.first_batch_s if main else None,
         "batches": main.batches if main else 0,
         "loader": f"{main.cls} at {main.name}" if main else None,
+        "workers": main.num_workers if main else None,
     }
 
 

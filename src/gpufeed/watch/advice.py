@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 from .record import LoaderRecord
 from .trainer import trainer_line, trainer_of
-from .unpacked import run_value, spread
+from .unpacked import run_value, spread, through_partial
 
 __all__ = ["Change", "code_change", "file_change", "no_change_reason", "rewrite", "source_lines"]
 
@@ -122,6 +122,10 @@ def rewrite(loader: LoaderRecord) -> tuple[Change | None, str | None]:
     call = _parse_call(source)
     if call is None:
         return None, f"the loader was not built by a plain call that could be parsed: {_one_line(source)!r}"
+    text, unpacked = source, loader.unpacked
+    through = through_partial(source, call, unpacked, cls, _text) if loader.built_by is None else None
+    if through is not None:  # make_loader(ds), make_loader = functools.partial(DataLoader, ...): DataLoader's call
+        text, call, unpacked = through
     callee = call.func.id if isinstance(call.func, ast.Name) else getattr(call.func, "attr", None)
     if callee == "create_loader" or (loader.built_by or "").startswith("timm."):
         return _timm(source, call, loader)
@@ -139,7 +143,7 @@ def rewrite(loader: LoaderRecord) -> tuple[Change | None, str | None]:
             f"its own, not DataLoader's; replace {callee}(...) with gf.accelerate(dataset, batch_size=..., "
             "shuffle=...) if what it adds (a collate, a sampler) is nothing the training needs"
         )
-    args, why = _arguments(source, call, _POSITIONAL, loader.unpacked, _DEFAULTS)
+    args, why = _arguments(text, call, _POSITIONAL, unpacked, _DEFAULTS)
     if args is None:
         return None, why
     notes: list[str] = []

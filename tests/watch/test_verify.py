@@ -104,7 +104,10 @@ def test_the_imagenet_example_gets_its_change_with_sampler_none_verified_against
     )
     assert "sampler= was RandomSampler in this run: shuffle=True says the same order" in report["change"]["notes"]
     p = report["prediction"]
-    assert p["fix"] == "accelerate" and 1 <= p["speedup"] <= p["bound"]  # never above what the wait allows
+    # never above what the wait allows (whether above 1 is the machine's to say: the side measurement and the
+    # script's own run are timed apart, and a loaded machine has moved between them)
+    assert p["fix"] == "accelerate" and p["speedup"] == pytest.approx(p["step_s"] / p["new_step_s"])
+    assert p["speedup"] <= p["bound"] and p["new_wait_s"] > 0
     assert p["steps_per_epoch"] == 4 and p["one_time_s"] > 0 and p["memory_bytes"] > 0
     v = _verified(report, batches=8, runs=4)  # 64 images in batches of 16, 2 epochs; A B B A
     assert v["predicted"] == p and v["before_from"] == "the original runs"

@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from gpufeed.watch.advice import code_change, file_change, no_change_reason, rewrite
+from gpufeed.watch.advice import code_change, no_change_reason, rewrite
+from gpufeed.watch.diff import file_change
 from gpufeed.watch.record import LoaderRecord
 
 _HF = {

@@ -22,7 +22,8 @@ then ``make_loader(ds)``) is read the same way: its entry (``star`` ``"partial"`
 :func:`through_partial` writes the call as the class's own, ``DataLoader(*make_loader.args, ds,
 **make_loader.keywords)``, so that the change reads ``make_loader.keywords['batch_size']``.
 
-NOTE [ standard library only ]: the hook loads this module under its private package (``watch/site``).
+NOTE [ standard library only ]: the hook loads this module under its private package (``watch/site``), and with it
+:mod:`gpufeed.watch.source`.
 
 Example:
     >>> import ast, sys
@@ -47,6 +48,8 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
+from .source import parse_call
+
 __all__ = ["PARTIAL", "run_value", "spread", "through_partial", "unpacked_at"]
 
 _SIMPLE = (bool, int, float, str, type(None))
@@ -65,7 +68,7 @@ def unpacked_at(
     ``<TypeName>``) or ``length`` (a sequence's), or ``why`` it is not known. ``received``: the positional and
     keyword arguments the loader's ``__init__`` got, when the script called the loader's class itself. None when
     the call unpacks nothing (or its text does not parse)."""
-    call = _call(source)
+    call = parse_call(source) if source else None
     if call is None or frame is None or source is None:
         return None
     wrapped = f"(\n{source.strip()}\n)"  # as _call parsed it: the nodes' offsets are in this text
@@ -184,16 +187,6 @@ def _attribute(obj: Any, name: str) -> Any:
     raise _NotRead(f"{type(obj).__name__}.{name} is not a stored attribute")
 
 
-def _call(source: str | None) -> ast.Call | None:
-    if not source:
-        return None
-    try:
-        tree = ast.parse(f"(\n{source.strip()}\n)", mode="eval")
-    except SyntaxError:
-        return None
-    return tree.body if isinstance(tree.body, ast.Call) else None
-
-
 def spread(
     source: str,
     call: ast.Call,
@@ -278,7 +271,7 @@ def through_partial(
         {"star": "**", "expr": f"{expr}.keywords", "keys": entry["keys"], "values": entry["values"]},
     ]
     own = [e for e in unpacked or [] if e["star"] != PARTIAL]
-    parsed = _call(written)
+    parsed = parse_call(written)
     assert parsed is not None, written  # made of the call's own parsed parts
     return written, parsed, held + own
 

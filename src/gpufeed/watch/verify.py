@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .advice import file_change
+from .diff import file_change
 from .spread import CHANGED, ORIGINAL, VERIFY_RUNS, VERIFY_S, Spread, pair_fits
 from .verify_text import verify_text
 

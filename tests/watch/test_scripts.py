@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fakes import image_folder
+from fakes import hf_image_dataset, image_folder
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 TIMEOUT = 300  # seconds; the runs take a few: a hang must fail, not stall the suite
@@ -485,24 +485,9 @@ def test_torchvisions_classification_reference_with_its_preset_objects_is_accele
 
 @pytest.fixture(scope="module")
 def hf_images(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A ``save_to_disk`` dataset of 96 images (JPEG and PNG, 40 x 48) with a two-class ``ClassLabel``."""
-    datasets = pytest.importorskip("datasets")
-    import io
-
-    from PIL import Image
-
-    rng = np.random.default_rng(3)
-    images = []
-    for i in range(96):
-        out = io.BytesIO()
-        Image.fromarray(rng.integers(0, 255, (40, 48, 3), dtype=np.uint8)).save(out, "JPEG" if i % 2 else "PNG")
-        images.append({"bytes": out.getvalue(), "path": None})
-    features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=["cat", "dog"])})
-    root = tmp_path_factory.mktemp("hf-images") / "data"
-    datasets.Dataset.from_dict({"image": images, "label": [i % 2 for i in range(96)]}, features=features).save_to_disk(
-        str(root)
-    )
-    return root
+    """A ``save_to_disk`` dataset (:func:`fakes.hf_image_dataset`: 96 images, two classes)."""
+    pytest.importorskip("datasets")
+    return hf_image_dataset(tmp_path_factory.mktemp("hf-images") / "data")
 
 
 def test_a_hugging_face_trainer_is_measured_predicted_and_given_gf_accelerates_batches_verified(tmp_path, hf_images):

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from fakes import image_folder, snapshot
+from fakes import hf_image_dataset, image_folder, snapshot
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 TIMEOUT = 300  # a hang must fail, not stall the suite
@@ -210,25 +210,11 @@ def test_a_lightning_datamodules_train_dataloader_is_changed_and_verified(tmp_pa
 
 @pytest.fixture(scope="module")
 def hf_project(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A user's folder: hf_set_transform.py and ``data``, a ``save_to_disk`` dataset of 96 images (JPEG and PNG,
-    40 x 48) with a two-class ``ClassLabel``."""
-    datasets = pytest.importorskip("datasets")
-    import io
-
-    import numpy as np
-    from PIL import Image
-
+    """A user's folder: hf_set_transform.py and ``data`` (:func:`fakes.hf_image_dataset`: 96 images, two classes)."""
+    pytest.importorskip("datasets")
     root = tmp_path_factory.mktemp("hf-project")
     shutil.copy(SCRIPTS / "hf_set_transform.py", root / "hf_set_transform.py")
-    rng = np.random.default_rng(3)
-    images = []
-    for i in range(96):
-        out = io.BytesIO()
-        Image.fromarray(rng.integers(0, 255, (40, 48, 3), dtype=np.uint8)).save(out, "JPEG" if i % 2 else "PNG")
-        images.append({"bytes": out.getvalue(), "path": None})
-    features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=["cat", "dog"])})
-    ds = datasets.Dataset.from_dict({"image": images, "label": [i % 2 for i in range(96)]}, features=features)
-    ds.save_to_disk(str(root / "data"))
+    hf_image_dataset(root / "data")
     return root
 
 
@@ -252,18 +238,6 @@ def test_a_hugging_face_set_transform_loop_gets_the_recipe_as_transform_and_keep
     assert v["predicted"] == report["prediction"]
     text = _applies(hf_project, out, tmp_path, "hf_set_transform.py")
     assert "ds.set_transform(preprocess)" in text  # left as it was: transform= replaces it
-
-
-def test_a_set_transform_function_applying_the_scripts_own_callable_gets_the_reason(tmp_path, hf_project):
-    out = tmp_path / "out"
-    options = ("--steps", "0", "--no-side")
-    _, report = _diagnose(hf_project, out, options, "hf_set_transform.py", "data", "--variant", "own", "--epochs", "1")
-    assert report["code_change"] is None
-    assert report["no_change_reason"] == (
-        "the dataset's set_transform function <lambda> cannot be replaced by a recipe: <lambda> applies scale (a "
-        "__main__.Scale), not a torchvision or timm transform: gf.accelerate splits and batches those recipes (and "
-        "gpufeed.augment's ops), not a callable of the script's own"
-    )
 
 
 # A loop that blocks at a marked point until it is interrupted: in the verification's first run (MARK_AT=verify),

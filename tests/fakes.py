@@ -99,3 +99,22 @@ def varied_cifar(n: int, seed: int = 0):
 def image_summaries(out: torch.Tensor, before: torch.Tensor) -> dict[str, torch.Tensor]:
     changed = (out - before).abs().flatten(1) > 0.5 / 255
     return {"mean": out.mean((1, 2, 3)), "std": out.std((1, 2, 3)), "changed": changed.double().mean(1)}
+
+
+def hf_image_dataset(root: Path, n: int = 96, seed: int = 3) -> Path:
+    """A ``datasets`` ``save_to_disk`` folder at ``root``: ``n`` images (JPEG and PNG in turn, 40 x 48) in an
+    ``image`` column and a two-class ``ClassLabel`` ``label`` (``i % 2``). Needs ``datasets``."""
+    import io
+
+    import datasets
+
+    rng = np.random.default_rng(seed)
+    images = []
+    for i in range(n):
+        out = io.BytesIO()
+        Image.fromarray(rng.integers(0, 255, (40, 48, 3), dtype=np.uint8)).save(out, "JPEG" if i % 2 else "PNG")
+        images.append({"bytes": out.getvalue(), "path": None})
+    features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=["cat", "dog"])})
+    ds = datasets.Dataset.from_dict({"image": images, "label": [i % 2 for i in range(n)]}, features=features)
+    ds.save_to_disk(str(root))
+    return root

@@ -5,7 +5,7 @@ import textwrap
 
 import pytest
 
-from gpufeed.watch.advice import Change, code_change, file_change, no_change_reason, rewrite
+from gpufeed.watch.advice import code_change, no_change_reason, rewrite
 from gpufeed.watch.record import LoaderRecord
 
 
@@ -228,43 +228,3 @@ def test_a_hugging_face_trainers_loader_gets_the_reason_gpufeed_cannot_serve_it_
     rec = _ran("trainer.train()", built_by="transformers.trainer.Trainer.train")
     assert code_change(rec) is None
     assert "a Hugging Face Trainer built the DataLoader inside `trainer.train(...)`" in no_change_reason(rec)
-
-
-def test_the_file_change_keeps_line_numbers_adds_the_import_once_and_its_diff_applies_with_patch(tmp_path):
-    import subprocess
-
-    text = textwrap.dedent(
-        '''\
-        """A training script."""
-        from __future__ import annotations
-
-        import torch
-        from torch.utils.data import DataLoader
-
-
-        def main(ds):
-            loader = DataLoader(ds,
-                                batch_size=8,
-                                num_workers=2)
-            return loader  # line 12
-        '''
-    )
-    change = Change("DataLoader(ds,\n                        batch_size=8,\n                        num_workers=2)",
-                    "gf.accelerate(ds, batch_size=8, shuffle=False)")  # fmt: skip
-    new, diff = file_change(text, 9, change, "train.py")
-    lines = new.splitlines()
-    assert lines[3] == "import gpufeed as gf" and lines[4] == "import torch"  # after __future__, before the imports
-    assert lines[9] == "    loader = gf.accelerate(ds, batch_size=8, shuffle=False)"
-    assert lines[12] == "    return loader  # line 12" and len(lines) == len(text.splitlines()) + 1
-    assert (
-        file_change(new, 10, Change("gf.accelerate(ds, batch_size=8, shuffle=False)", "x()"))[0].count(
-            "import gpufeed as gf"
-        )
-        == 1
-    )
-    (tmp_path / "train.py").write_text(text)
-    (tmp_path / "fix.diff").write_text(diff)
-    subprocess.run(["patch", "-p1", "-i", "fix.diff"], cwd=tmp_path, check=True, capture_output=True)
-    assert (tmp_path / "train.py").read_text() == new
-    with pytest.raises(ValueError, match="is not at line 3"):
-        file_change(text, 3, change)

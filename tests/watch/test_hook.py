@@ -210,13 +210,14 @@ def test_a_script_without_torch_never_imports_it_and_still_writes_a_record(tmp_p
 
 
 def test_the_sampler_names_the_workers_cpu_apart_and_no_nvml_means_no_gpu(tmp_path):
-    done = _run(tmp_path, "--workers", "2", "--epochs", "1", "--busy", "0.05")  # 64 x 50 ms in 2 workers: ~1.6 s
+    done = _run(tmp_path, "--workers", "2", "--epochs", "1", "--busy", "0.05")  # 64 x 50 ms of CPU in 2 workers
     assert done.returncode == 0, done.stderr
     rec = _record(tmp_path)
     assert len(rec.cpu) >= 4 and all(len(s) == 3 for s in rec.cpu)
     assert [t for t, _, _ in rec.cpu] == sorted(t for t, _, _ in rec.cpu)
-    # the workers spin, the main process waits for them: their CPU is the children's, not the main process's (a
-    # ratio, not a level: on a loaded machine the workers get less of a core, and the main process as little)
+    # the workers spin, the main process waits for them: their CPU is the children's, not the main process's. A
+    # ratio of CPU work, not of shares: the workers spin for 3.2 s of CPU time whatever the load (a spin of wall
+    # time did less work on a loaded machine, while the main process's own work stayed: the ratio once fell under 3)
     [loader] = rec.loaders
     start, end = loader.requested[0], loader.requested[-1]  # while the loop ran (not torch's import before it)
     during = [(m, c) for t, m, c in rec.cpu if start <= t <= end]

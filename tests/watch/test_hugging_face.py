@@ -317,3 +317,23 @@ def test_batch_keys_that_do_not_name_the_batches_parts_are_refused(keys, said) -
     ds = torch.utils.data.TensorDataset(torch.zeros(4, 3, 4, 4, dtype=torch.uint8), torch.zeros(4, dtype=torch.long))
     with pytest.raises(ConfigError, match=said.replace("(", r"\(").replace(")", r"\)")):
         gf.accelerate(ds, batch_size=2, device="cpu", progress=False, batch_keys=keys)
+
+
+scale = OWN  # hf_set_transform.py --variant own, at module level as there: its callable and the function using it
+_SCALED = lambda b: {"pixel_values": [scale(im.convert("RGB")) for im in b["image"]], "label": b["label"]}  # noqa: E731
+
+
+def test_a_set_transform_function_applying_the_scripts_own_callable_gets_the_reason() -> None:
+    # what a run of hf_set_transform.py --variant own reported (test_verify ran the script for it: 21 s), found on
+    # the dataset in this process: the hook calls hf_found with the frame that built the loader, as here
+    ds = _dataset(2)
+    ds.set_transform(_SCALED)
+    found = hf.hf_found(ds, None, sys._getframe())
+    assert found is not None
+    found["batch"] = _FOUND["batch"]  # the hook adds the first batch's layout; the reason does not depend on it
+    assert rewrite(_record("DataLoader(ds, batch_size=32, shuffle=True)", found, collate=None)) == (
+        None,
+        f"the dataset's set_transform function <lambda> cannot be replaced by a recipe: <lambda> applies scale (a "
+        f"{_Own.__module__}._Own), not a torchvision or timm transform: gf.accelerate splits and batches those "
+        "recipes (and gpufeed.augment's ops), not a callable of the script's own",
+    )

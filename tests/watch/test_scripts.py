@@ -19,10 +19,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fakes import image_folder
+from fakes import hf_image_dataset, image_folder
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 TIMEOUT = 300  # seconds; the runs take a few: a hang must fail, not stall the suite
+# the changed copy once against the diagnosis run: these tests check that the change runs to the script's end; the
+# interleaved runs and their spread are tests/watch/test_verify.py's (six runs a test here cost minutes on 2 cores)
+VERIFY_ONCE = ("--steps", "0", "--verify", "--verify-runs", "1")
 QUICK = ("--steps", "0", "--no-side")  # let the script finish, no side measurement
 # One thread per process: two cores are shared by the tests, and a thread pool waiting on a descheduled thread
 # makes a step's time noise rather than work. Both the plain and the diagnosed runs get it.
@@ -151,7 +154,7 @@ def test_the_mnist_examples_kwargs_loader_is_changed_by_its_names_verified_and_t
         folder.mkdir()
     shutil.copy(SCRIPTS / "mnist_loop.py", project / "mnist_loop.py")
     cmd = [sys.executable, str(project / "mnist_loop.py"), str(tmp_path / "data")]
-    run, report = _diagnose(tmp_path / "out", cmd, ("--steps", "0", "--no-side", "--verify"), cwd=elsewhere)
+    run, report = _diagnose(tmp_path / "out", cmd, (*VERIFY_ONCE, "--no-side"), cwd=elsewhere)
     assert run.returncode == 0, run.stderr[-3000:]
     results = _results(run.stdout)  # the script's lines, then the changed copy's (--verify)
     assert results[: results.index("batches seen 16") + 1] == list(_plain(*cmd))
@@ -402,7 +405,7 @@ def test_an_accelerate_prepared_image_loader_is_measured_predicted_and_its_chang
     # sampler's size (8) and order, and the change at the script's own DataLoader(...) runs through prepare()
     pytest.importorskip("accelerate")
     cmd = _python("accelerate_prepare.py", str(folder))
-    run, report = _diagnose(tmp_path, cmd, ("--steps", "0", "--verify", "--side-seconds", "6"))
+    run, report = _diagnose(tmp_path, cmd, (*VERIFY_ONCE, "--side-seconds", "6"))
     assert run.returncode == 0, run.stderr[-3000:]
     assert report["side"]["batch_size"] == 8 and "accelerate" in report["side"], report["side"]
     _predicted(run, report)
@@ -424,7 +427,7 @@ def test_timms_train_py_with_its_two_loader_dicts_is_changed_by_their_names_and_
     shutil.copy(SCRIPTS / "timm_train.py", project / "timm_train.py")
     cmd = [sys.executable, "timm_train.py", str(folder), "--no-prefetcher"]
     env = {"GPUFEED_COMPILE": "0"}  # ColorJitter's fused kernel compiles for a minute on a loaded 2-core machine
-    run, report = _diagnose(tmp_path / "out", cmd, ("--steps", "0", "--no-side", "--verify"), cwd=project, env=env)
+    run, report = _diagnose(tmp_path / "out", cmd, (*VERIFY_ONCE, "--no-side"), cwd=project, env=env)
     assert run.returncode == 0, run.stderr[-3000:]
     main = _main(report)
     assert main["built_at"] == f"timm_train.py:{_line_of('timm_train.py', 'loader_train = create_loader(')}"
@@ -466,7 +469,7 @@ def test_torchvisions_classification_reference_with_its_preset_objects_is_accele
         (data / split).symlink_to(folder, target_is_directory=True)
     script = SCRIPTS / "classification" / "train.py"
     cmd = [sys.executable, str(script), "--data-path", str(data), "--use-v2", "--backend", "tensor"]
-    run, report = _diagnose(tmp_path / "out", cmd, ("--steps", "0", "--verify", "--side-seconds", "6"))
+    run, report = _diagnose(tmp_path / "out", cmd, (*VERIFY_ONCE, "--side-seconds", "6"))
     assert run.returncode == 0, run.stderr[-3000:]
     main = _main(report)
     assert main["transform"].startswith("ClassificationPresetTrain holding transforms=Compose( PILToTensor()")
@@ -482,24 +485,9 @@ def test_torchvisions_classification_reference_with_its_preset_objects_is_accele
 
 @pytest.fixture(scope="module")
 def hf_images(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A ``save_to_disk`` dataset of 96 images (JPEG and PNG, 40 x 48) with a two-class ``ClassLabel``."""
-    datasets = pytest.importorskip("datasets")
-    import io
-
-    from PIL import Image
-
-    rng = np.random.default_rng(3)
-    images = []
-    for i in range(96):
-        out = io.BytesIO()
-        Image.fromarray(rng.integers(0, 255, (40, 48, 3), dtype=np.uint8)).save(out, "JPEG" if i % 2 else "PNG")
-        images.append({"bytes": out.getvalue(), "path": None})
-    features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=["cat", "dog"])})
-    root = tmp_path_factory.mktemp("hf-images") / "data"
-    datasets.Dataset.from_dict({"image": images, "label": [i % 2 for i in range(96)]}, features=features).save_to_disk(
-        str(root)
-    )
-    return root
+    """A ``save_to_disk`` dataset (:func:`fakes.hf_image_dataset`: 96 images, two classes)."""
+    pytest.importorskip("datasets")
+    return hf_image_dataset(tmp_path_factory.mktemp("hf-images") / "data")
 
 
 def test_a_hugging_face_trainer_is_measured_predicted_and_given_gf_accelerates_batches_verified(tmp_path, hf_images):
@@ -510,7 +498,7 @@ def test_a_hugging_face_trainer_is_measured_predicted_and_given_gf_accelerates_b
     project.mkdir()
     shutil.copy(SCRIPTS / "hf_trainer.py", project / "hf_trainer.py")
     cmd = [sys.executable, "hf_trainer.py", str(hf_images), "--output-dir", str(tmp_path / "trainer-out")]
-    run, report = _diagnose(tmp_path / "out", cmd, ("--steps", "0", "--verify", "--side-seconds", "6"), cwd=project)
+    run, report = _diagnose(tmp_path / "out", cmd, (*VERIFY_ONCE, "--side-seconds", "6"), cwd=project)
     assert run.returncode == 0, run.stderr[-3000:]
     results = _results(run.stdout)
     plain = _plain(sys.executable, str(project / "hf_trainer.py"), *cmd[2:])

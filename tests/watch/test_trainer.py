@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from gpufeed.watch.advice import code_change, file_change, no_change_reason, rewrite
+from gpufeed.watch.advice import code_change, no_change_reason, rewrite
+from gpufeed.watch.diff import file_change
 from gpufeed.watch.record import LoaderRecord
 
 _HF = {
@@ -72,3 +73,18 @@ def test_the_change_is_a_line_before_train_that_gives_the_trainer_gf_accelerates
 def test_what_the_trainers_batches_need_beyond_gf_accelerate_is_the_reason(facts, said):
     rec = _record(**facts)
     assert code_change(rec) is None and said in no_change_reason(rec)
+
+
+@pytest.mark.parametrize(
+    "source",
+    ["Trainer(model=model, args=args, train_dataset=ds).train()", "make_trainer(cfg).train()", "trainers[0].train()"],
+)
+def test_a_trainer_not_held_by_a_name_gets_the_reason_not_a_line_that_builds_another_trainer(source):
+    # `Trainer(...).train()`: a line before it naming `Trainer(...)` would build (and change) a second Trainer, and
+    # the one that trains would keep its DataLoader (seen: a verified "gain" of a run that read the same loader)
+    rec = _record(source)
+    assert code_change(rec) is None
+    assert no_change_reason(rec) == (
+        f"the Trainer that trains is {source.rsplit('.train(', 1)[0]}, not held by a name: assign it first "
+        "(trainer = ...; trainer.train()) so that a line before trainer.train() can give it gf.accelerate's batches"
+    )

@@ -201,3 +201,44 @@ def test_timms_train_py_loader_gets_its_recipe_from_both_dicts_by_their_names():
 def test_what_timms_loader_did_in_the_run_that_gf_accelerate_does_not_is_the_reason(facts, said):
     rec = _timm_record(**facts)
     assert code_change(rec) is None and said in no_change_reason(rec)
+
+
+def test_a_functools_partial_of_dataloader_is_read_and_the_change_names_its_arguments():
+    # make_loader = functools.partial(DataLoader, shuffle=True, drop_last=True, **vars(largs)); make_loader(ds):
+    # the call names no DataLoader, the partial holds its arguments (the old reason sent the user to look for a
+    # DataLoader(...) "the script made elsewhere")
+    import functools
+
+    from torch.utils.data import DataLoader
+
+    largs = argparse.Namespace(batch_size=16, num_workers=2)
+    make_loader = functools.partial(DataLoader, shuffle=True, drop_last=True, **vars(largs))
+    source = "make_loader(datasets.ImageFolder(args.data, transform=tf))"
+    found = _here(source, received=((object(),), dict(make_loader.keywords)))
+    assert found == [
+        {
+            "star": "partial",
+            "expr": "make_loader",
+            "func": "torch.utils.data.dataloader.DataLoader",
+            "length": 0,
+            "keys": ["shuffle", "drop_last", "batch_size", "num_workers"],
+            "values": {"shuffle": "True", "drop_last": "True", "batch_size": "16", "num_workers": "2"},
+        }
+    ]
+    rec = _record(source, found)
+    assert no_change_reason(rec) is None
+    assert code_change(rec) == (
+        "- make_loader(datasets.ImageFolder(args.data, transform=tf))\n"
+        "+ gf.accelerate(datasets.ImageFolder(args.data, transform=tf), "
+        "batch_size=make_loader.keywords['batch_size'], shuffle=make_loader.keywords['shuffle'], "
+        "drop_last=make_loader.keywords['drop_last'])"
+    )
+    ds = object()
+    partial_first = functools.partial(DataLoader, ds, 8)  # the dataset and batch size held, the call adds shuffle=
+    source = "partial_first(shuffle=flag)"
+    found = _here(source, received=((ds, 8), {"shuffle": True}))
+    assert found[0]["length"] == 2 and found[0]["keys"] == []
+    assert code_change(_record(source, found)).splitlines()[-1] == (
+        "+ gf.accelerate(partial_first.args[0], batch_size=partial_first.args[1], shuffle=flag)"
+    )
+    del largs, make_loader, partial_first

@@ -10,8 +10,8 @@ not something accelerate can take over, and :func:`no_change_reason` names it. A
 rewritten at the library call the script made where that is common (timm's ``create_loader``), or the reason says
 what to change instead (a Hugging Face ``Trainer``).
 
-:func:`file_change` applies the change to the file's text (the call replaced, ``import gpufeed as gf`` added) and
-gives the unified diff a user applies with ``patch -p1``; ``gpufeed diagnose --verify`` runs a copy so changed.
+:func:`gpufeed.watch.diff.file_change` applies the change to the file's text and gives the unified diff a user
+applies with ``patch -p1``; ``gpufeed diagnose --verify`` runs a copy so changed.
 
 Example:
     >>> from gpufeed.watch.record import LoaderRecord
@@ -26,15 +26,14 @@ Example:
 from __future__ import annotations
 
 import ast
-import difflib
-import textwrap
 from dataclasses import dataclass, field
 
 from .record import LoaderRecord
+from .source import arg_text, one_line, parse_call, source_lines
 from .trainer import trainer_line, trainer_of
-from .unpacked import run_value, spread
+from .unpacked import run_value, spread, through_partial
 
-__all__ = ["Change", "code_change", "file_change", "no_change_reason", "rewrite", "source_lines"]
+__all__ = ["Change", "code_change", "no_change_reason", "rewrite"]
 
 # DataLoader's positional parameters, in order (torch.utils.data.DataLoader.__init__)
 _POSITIONAL = (
@@ -119,9 +118,13 @@ def rewrite(loader: LoaderRecord) -> tuple[Change | None, str | None]:
     source, cls, init_of = loader.source, loader.cls, loader.init_of
     if not source:
         return None, "the source of the call that built the loader was not readable"
-    call = _parse_call(source)
+    call = parse_call(source)
     if call is None:
-        return None, f"the loader was not built by a plain call that could be parsed: {_one_line(source)!r}"
+        return None, f"the loader was not built by a plain call that could be parsed: {one_line(source)!r}"
+    text, unpacked = source, loader.unpacked
+    through = through_partial(source, call, unpacked, cls, arg_text) if loader.built_by is None else None
+    if through is not None:  # make_loader(ds), make_loader = functools.partial(DataLoader, ...): DataLoader's call
+        text, call, unpacked = through
     callee = call.func.id if isinstance(call.func, ast.Name) else getattr(call.func, "attr", None)
     if callee == "create_loader" or (loader.built_by or "").startswith("timm."):
         return _timm(source, call, loader)
@@ -139,7 +142,7 @@ def rewrite(loader: LoaderRecord) -> tuple[Change | None, str | None]:
             f"its own, not DataLoader's; replace {callee}(...) with gf.accelerate(dataset, batch_size=..., "
             "shuffle=...) if what it adds (a collate, a sampler) is nothing the training needs"
         )
-    args, why = _arguments(source, call, _POSITIONAL, loader.unpacked, _DEFAULTS)
+    args, why = _arguments(text, call, _POSITIONAL, unpacked, _DEFAULTS)
     if args is None:
         return None, why
     notes: list[str] = []
@@ -243,13 +246,13 @@ def _hugging_face(args: dict[str, str], loader: LoaderRecord, notes: list[str], 
 
 def _without_format(dataset: str) -> str:
     """``ds.with_transform(fn)`` (or ``.with_format(...)``) as ``ds``: ``transform=`` replaces the function."""
-    call = _parse_call(dataset)
+    call = parse_call(dataset)
     if (
         call is not None
         and isinstance(call.func, ast.Attribute)
         and call.func.attr in ("with_transform", "with_format")
     ):
-        return _text(dataset, call.func.value)
+        return arg_text(dataset, call.func.value)
     return dataset
 
 
@@ -345,7 +348,7 @@ def _timm(source: str, call: ast.Call, loader: LoaderRecord) -> tuple[Change | N
 
 def _library_reason(source: str, call: ast.Call, built_by: str) -> str:
     """Why a loader built inside a library call gets no rewrite of that call, and what to change instead."""
-    called = _one_line(_text(source, call.func))
+    called = one_line(arg_text(source, call.func))
     if built_by.startswith("transformers."):
         return (
             f"a Hugging Face Trainer built the DataLoader inside `{called}(...)` ({built_by}): gf.accelerate cannot "
@@ -369,122 +372,9 @@ def _arguments(
     """The call's arguments by name, each as written (what ``*args``/``**kwargs`` held in the run, by the script's
     names for them: :func:`gpufeed.watch.unpacked.spread`); or None and why they cannot be known."""
     if any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords):
-        return spread(source, call, positional, unpacked, defaults, _text)
+        return spread(source, call, positional, unpacked, defaults, arg_text)
     if len(call.args) > len(positional):
         return None, f"the call passes {len(call.args)} positional arguments; gpufeed maps the first {len(positional)}"
-    args = {name: _text(source, node) for name, node in zip(positional, call.args, strict=False)}
-    args.update({k.arg: _text(source, k.value) for k in call.keywords if k.arg is not None})
+    args = {name: arg_text(source, node) for name, node in zip(positional, call.args, strict=False)}
+    args.update({k.arg: arg_text(source, k.value) for k in call.keywords if k.arg is not None})
     return args, None
-
-
-def file_change(text: str, line: int, change: Change, name: str = "train.py") -> tuple[str, str]:
-    """``(new text, unified diff)``: ``text`` (a file's) with the call of ``change`` that starts at ``line``
-    replaced and its imports added after the module's docstring and ``__future__`` imports. The diff names the
-    file ``a/NAME`` and ``b/NAME`` (``patch -p1`` applies it where ``NAME`` is a relative path).
-
-    Example:
-        >>> src = 'import torch\\nloader = DataLoader(ds,\\n        batch_size=8)\\nfor b in loader: pass\\n'
-        >>> new, diff = file_change(src, 2, Change("DataLoader(ds,\\n        batch_size=8)",
-        ...                                        "gf.accelerate(ds, batch_size=8)"))
-        >>> print(new, end="")
-        import gpufeed as gf
-        import torch
-        loader = gf.accelerate(ds, batch_size=8)
-        <BLANKLINE>
-        for b in loader: pass
-    """
-    tree = ast.parse(text)
-    lines = text.splitlines(keepends=True)
-    found = [
-        n
-        for n in ast.walk(tree)
-        if isinstance(n, ast.Call) and n.lineno == line and ast.get_source_segment(text, n) == change.old
-    ]
-    if not found:
-        raise ValueError(f"the call {_one_line(change.old)!r} is not at line {line} of {name}")
-    node = found[0]
-    end_line = node.end_lineno or node.lineno
-    first, last = lines[node.lineno - 1].encode(), lines[end_line - 1].encode()  # ast offsets count UTF-8 bytes
-    head, tail = first[: node.col_offset].decode(), last[node.end_col_offset or 0 :].decode()
-    # the call's lines become one, then blank lines: line numbers after it stay those of the original
-    blanks = ["\n"] * (end_line - node.lineno)
-    new_lines = [*lines[: node.lineno - 1], head + change.new + tail, *blanks, *lines[end_line:]]
-    if change.before is not None:  # on its own line before the statement that holds the call, at its indentation
-        at = _statement_line(tree, node)
-        indent = lines[at][: len(lines[at]) - len(lines[at].lstrip())]
-        new_lines.insert(at, f"{indent}{change.before}\n")
-    present = {ast.unparse(n) for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))}
-    wanted = [f"{imp}\n" for imp in change.imports if imp not in present]
-    at = _import_line(tree)
-    new_lines[at:at] = wanted
-    new = "".join(new_lines)
-    diff = difflib.unified_diff(lines, new.splitlines(keepends=True), f"a/{name}", f"b/{name}")
-    return new, "".join(diff)
-
-
-def _statement_line(tree: ast.Module, node: ast.AST) -> int:
-    """The 0-based first line of the innermost statement that holds ``node``."""
-    line = getattr(node, "lineno", 1)
-    holding = [n for n in ast.walk(tree) if isinstance(n, ast.stmt) and n.lineno <= line <= (n.end_lineno or n.lineno)]
-    return max((n.lineno for n in holding), default=line) - 1
-
-
-def _import_line(tree: ast.Module) -> int:
-    """The 0-based line where new imports go: the first top-level import after the docstring and the
-    ``__future__`` imports, else the first statement after them, else the end."""
-    body = list(tree.body)
-    k = 0
-    if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant):
-        k = 1  # the module's docstring
-    while k < len(body) and getattr(body[k], "module", None) == "__future__":
-        k += 1
-    rest = body[k:]
-    target = next((n for n in rest if isinstance(n, (ast.Import, ast.ImportFrom))), rest[0] if rest else None)
-    if target is None:
-        return (body[-1].end_lineno or body[-1].lineno) if body else 0
-    decorators = getattr(target, "decorator_list", [])
-    return min([target.lineno, *(d.lineno for d in decorators)]) - 1
-
-
-def source_lines(source: str) -> list[str]:
-    """The lines of a call's source text as a reader sees them: the continuation lines dedented together (the
-    first line starts at the call, the others keep the indentation of the file they came from).
-
-    Example:
-        >>> source_lines("DataLoader(\\n            ds,\\n            batch_size=8,\\n        )")
-        ['DataLoader(', '    ds,', '    batch_size=8,', ')']
-    """
-    first, *rest = source.strip("\n").splitlines() or [""]
-    return [first.strip(), *textwrap.dedent("\n".join(rest)).splitlines()] if rest else [first.strip()]
-
-
-def _parse_call(source: str) -> ast.Call | None:
-    """The call expression of ``source`` (the text of one call, possibly over several indented lines)."""
-    try:
-        tree = ast.parse(f"(\n{source.strip()}\n)", mode="eval")  # brackets: continuation lines may be indented
-    except SyntaxError:
-        return None
-    return tree.body if isinstance(tree.body, ast.Call) else None
-
-
-def _text(source: str, node: ast.AST) -> str:
-    """The argument as written: its own source text, on one line when it spans several."""
-    wrapped = f"(\n{source.strip()}\n)"
-    text = ast.get_source_segment(wrapped, node)
-    if text is None or "\n" not in text:
-        return text if text is not None else ast.unparse(node)
-    joined = _one_line(text)
-    try:  # a comment inside the expression would swallow the rest of the joined line
-        ast.parse(joined, mode="eval")
-    except SyntaxError:
-        return ast.unparse(node)
-    return joined
-
-
-def _one_line(text: str) -> str:
-    """``text`` on one line: its lines stripped, joined by a space except inside an opening or before a closing."""
-    out = ""
-    for part in (p.strip() for p in text.splitlines()):
-        if part:
-            out += part if not out or out[-1] in "([{" or part[0] in ")]}" else f" {part}"
-    return out

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ..report import diagnosis_text, format_table, timeline_plot
-from .advice import source_lines
+from .source import source_lines
 from .summary import NO_LOADER, TOO_FEW, LoaderSummary, ReportData
 from .verify_text import verify_text
 from .worth import offers_change, suggest_verify, worth

@@ -13,7 +13,8 @@ The batches stay the dicts the model takes (``batch_keys=``, as the collate func
 dataset's ``set_transform`` function applies runs batched (:mod:`gpufeed.watch.hf` found it and its name there).
 What stops it is said as for a ``DataLoader`` over the same dataset: a collate function that does more than stack
 the fields, no single image column, a recipe not found; and a sampler of the Trainer's own other than its random
-one (``group_by_length``'s ``LengthGroupedSampler``).
+one (``group_by_length``'s ``LengthGroupedSampler``); a Trainer that no name holds
+(``Trainer(...).train()``: a line naming it would build a second one, and the one that trains would keep its loader).
 
 :mod:`gpufeed.watch.advice` applies its Hugging Face rules to ``<trainer>.train_dataset`` (the recipe, the
 columns, ``batch_keys=``) and puts the line together with :func:`trainer_line`.
@@ -48,12 +49,24 @@ def trainer_of(call: ast.Call, loader: LoaderRecord) -> tuple[str | None, str | 
     func = call.func
     if not isinstance(func, ast.Attribute) or func.attr != "train" or loader.hf is None:
         return None, None  # a torch dataset, whose dicts the data_collator makes: advice's reason for a Trainer
+    if not _held(func.value):  # Trainer(...).train(): a line naming it would build a second Trainer
+        return None, (
+            f"the Trainer that trains is {ast.unparse(func.value)}, not held by a name: assign it first (trainer = "
+            "...; trainer.train()) so that a line before trainer.train() can give it gf.accelerate's batches"
+        )
     if loader.shuffle is not True:
         return None, (
             f"the Trainer ordered the samples with a {loader.sampler} here (group_by_length, or a sampler of its "
             "own): gf.accelerate draws a random order (shuffle=True, seed=)"
         )
     return ast.unparse(func.value), None
+
+
+def _held(node: ast.expr) -> bool:
+    """Whether ``node`` names an object without building one: ``trainer``, ``self.trainer`` (no call, no item)."""
+    while isinstance(node, ast.Attribute):
+        node = node.value
+    return isinstance(node, ast.Name)
 
 
 def trainer_line(trainer: str, extra: list[str]) -> tuple[str, str]:

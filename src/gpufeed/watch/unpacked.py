@@ -17,7 +17,13 @@ script called it directly with one such ``**``.
 another machine what the script's does (the MNIST example's ``cuda_kwargs`` add ``shuffle=True`` on a GPU only);
 a key whose value was ``None`` in the run reads as ``None`` (``sampler=None``: the callee's own choice).
 
-NOTE [ standard library only ]: the hook loads this module under its private package (``watch/site``).
+A loader class bound with ``functools.partial`` (``make_loader = partial(DataLoader, shuffle=True, **vars(a))``,
+then ``make_loader(ds)``) is read the same way: its entry (``star`` ``"partial"``) holds what the partial adds, and
+:func:`through_partial` writes the call as the class's own, ``DataLoader(*make_loader.args, ds,
+**make_loader.keywords)``, so that the change reads ``make_loader.keywords['batch_size']``.
+
+NOTE [ standard library only ]: the hook loads this module under its private package (``watch/site``), and with it
+:mod:`gpufeed.watch.source`.
 
 Example:
     >>> import ast, sys
@@ -37,13 +43,17 @@ from __future__ import annotations
 
 import ast
 import builtins
+import functools
 from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
-__all__ = ["run_value", "spread", "unpacked_at"]
+from .source import parse_call
+
+__all__ = ["PARTIAL", "run_value", "spread", "through_partial", "unpacked_at"]
 
 _SIMPLE = (bool, int, float, str, type(None))
+PARTIAL = "partial"  # the entry of a callee that is a functools.partial: what it adds to the call
 
 
 class _NotRead(Exception):
@@ -58,15 +68,15 @@ def unpacked_at(
     ``<TypeName>``) or ``length`` (a sequence's), or ``why`` it is not known. ``received``: the positional and
     keyword arguments the loader's ``__init__`` got, when the script called the loader's class itself. None when
     the call unpacks nothing (or its text does not parse)."""
-    call = _call(source)
+    call = parse_call(source) if source else None
     if call is None or frame is None or source is None:
         return None
     wrapped = f"(\n{source.strip()}\n)"  # as _call parsed it: the nodes' offsets are in this text
     stars = [("*", a.value) for a in call.args if isinstance(a, ast.Starred)]
     stars += [("**", k.value) for k in call.keywords if k.arg is None]
-    if not stars:
+    out = _partial(call.func, frame, wrapped)
+    if not stars and not out:
         return None
-    out = []
     for star, node in sorted(stars, key=lambda s: (s[1].lineno, s[1].col_offset)):
         entry: dict[str, Any] = {"star": star, "expr": ast.get_source_segment(wrapped, node) or ast.unparse(node)}
         try:
@@ -77,6 +87,26 @@ def unpacked_at(
     if received is not None:
         _from_received(out, call, received)
     return out
+
+
+def _partial(func: ast.expr, frame: FrameType, wrapped: str) -> list[dict[str, Any]]:
+    """The entry of a callee that is a ``functools.partial`` (read as the other expressions, no code run): its
+    ``func`` (``module.QualName``), how many positional arguments it adds first and its keywords; else none."""
+    if not isinstance(func, (ast.Name, ast.Attribute)):
+        return []
+    try:
+        value = _value(func, frame)
+    except _NotRead:
+        return []
+    if not isinstance(value, functools.partial):
+        return []
+    target = value.func
+    entry: dict[str, Any] = {"star": PARTIAL, "expr": ast.get_source_segment(wrapped, func) or ast.unparse(func)}
+    entry["func"] = f"{getattr(target, '__module__', '?')}.{getattr(target, '__qualname__', type(target).__name__)}"
+    entry["length"] = len(value.args)
+    keys = [k for k in value.keywords if isinstance(k, str)]
+    entry["keys"], entry["values"] = keys, {k: _shown(value.keywords[k]) for k in keys}
+    return [entry]
 
 
 def _read_entry(entry: dict[str, Any], value: Any) -> None:
@@ -101,12 +131,13 @@ def _from_received(out: list[dict[str, Any]], call: ast.Call, received: tuple[tu
         entry = missing[0]
         if star == "**":
             named = {k.arg for k in call.keywords if k.arg is not None}
-            named |= {k for e in out if e["star"] == "**" and "keys" in e for k in e["keys"]}
+            named |= {k for e in out if e["star"] in ("**", PARTIAL) and "keys" in e for k in e["keys"]}
             keys = [k for k in kwargs if k not in named]
             entry["keys"], entry["values"] = keys, {k: _shown(kwargs[k]) for k in keys}
         else:
             plain = sum(1 for a in call.args if not isinstance(a, ast.Starred))
-            entry["length"] = len(args) - plain - sum(e.get("length", 0) for e in out if e["star"] == "*")
+            held = sum(e.get("length", 0) for e in out if e["star"] in ("*", PARTIAL))
+            entry["length"] = len(args) - plain - held
         entry["read"] = "from the arguments the loader received"
         del entry["why"]
 
@@ -156,16 +187,6 @@ def _attribute(obj: Any, name: str) -> Any:
     raise _NotRead(f"{type(obj).__name__}.{name} is not a stored attribute")
 
 
-def _call(source: str | None) -> ast.Call | None:
-    if not source:
-        return None
-    try:
-        tree = ast.parse(f"(\n{source.strip()}\n)", mode="eval")
-    except SyntaxError:
-        return None
-    return tree.body if isinstance(tree.body, ast.Call) else None
-
-
 def spread(
     source: str,
     call: ast.Call,
@@ -179,7 +200,7 @@ def spread(
     default ``gf.accelerate`` does not share, with the callee's default as text; ``text``: how an argument's
     source is written (one line)."""
     shown = text or (lambda src, node: ast.unparse(node))
-    entries = list(unpacked or [])
+    entries = [e for e in unpacked or [] if e["star"] != PARTIAL]  # through_partial has written them out
     stars = [a for a in call.args if isinstance(a, ast.Starred)] + [k for k in call.keywords if k.arg is None]
     if len(entries) != len(stars):
         return None, (
@@ -220,6 +241,39 @@ def spread(
         for name, default in (defaults or {}).items():
             args.setdefault(name, f"{mappings[0]}.get({name!r}, {default})")
     return args, None
+
+
+def through_partial(
+    source: str, call: ast.Call, unpacked: list[dict[str, Any]] | None, cls: str, text: Callable[[str, ast.AST], str]
+) -> tuple[str, ast.Call, list[dict[str, Any]]] | None:
+    """``(text, call, entries)``: a call of a ``functools.partial`` of the class ``cls`` (its entry in
+    ``unpacked``) written as the class's own call, ``cls(*p.args, <the call's positional arguments>,
+    **p.keywords, <its keywords>)`` (the call's keywords after the partial's: they win, as at run time), with the
+    entries :func:`spread` reads for ``p.args`` and ``p.keywords``; None for any other call. ``text``: how an
+    argument's source is written.
+
+    Example:
+        >>> entry = {"star": "partial", "expr": "make", "func": "torch.utils.data.dataloader.DataLoader",
+        ...          "length": 0, "keys": ["batch_size"], "values": {"batch_size": "8"}}
+        >>> call = ast.parse("make(ds, shuffle=True)", mode="eval").body
+        >>> through_partial("make(ds, shuffle=True)", call, [entry], "DataLoader", lambda s, n: ast.unparse(n))[0]
+        'DataLoader(*make.args, ds, **make.keywords, shuffle=True)'
+    """
+    entry = next((e for e in unpacked or [] if e["star"] == PARTIAL), None)
+    if entry is None or entry["func"].rsplit(".", 1)[-1] != cls:
+        return None
+    expr = _operand(entry["expr"])
+    positional = [text(source, a) if not isinstance(a, ast.Starred) else f"*{text(source, a.value)}" for a in call.args]
+    keywords = [f"{k.arg}={text(source, k.value)}" if k.arg else f"**{text(source, k.value)}" for k in call.keywords]
+    written = f"{cls}({', '.join([f'*{expr}.args', *positional, f'**{expr}.keywords', *keywords])})"
+    held = [
+        {"star": "*", "expr": f"{expr}.args", "length": entry["length"]},
+        {"star": "**", "expr": f"{expr}.keywords", "keys": entry["keys"], "values": entry["values"]},
+    ]
+    own = [e for e in unpacked or [] if e["star"] != PARTIAL]
+    parsed = parse_call(written)
+    assert parsed is not None, written  # made of the call's own parsed parts
+    return written, parsed, held + own
 
 
 def _operand(expr: str) -> str:

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .advice import file_change
+from .diff import file_change
 from .spread import CHANGED, ORIGINAL, VERIFY_RUNS, VERIFY_S, Spread, pair_fits
 from .verify_text import verify_text
 
@@ -165,8 +165,9 @@ def summarise(
 ) -> dict[str, Any]:
     """The verification from its runs' figures (:func:`_run`'s): each side's medians (``before``, ``after``) and
     spread, the gain (the medians' ratio) with the range of the pairs' gains, the prediction's agreement (judged on
-    the time per step: :func:`.spread.judge`) and the runs the machine was busy in. ``diagnosis``: the original's
-    figures come from the diagnosis run (``--verify-runs 1``)."""
+    the time per step: :func:`.spread.judge`) and the runs the machine was busy in; an error where a run failed, or
+    where a changed run built no loader of gf.accelerate (``ineffective``: the change did not reach the loop).
+    ``diagnosis``: the original's figures come from the diagnosis run (``--verify-runs 1``)."""
     from .spread import busy_runs, judge, pair_gains
 
     failed = next((r for r in runs if "error" in r), None)
@@ -175,6 +176,13 @@ def summarise(
                 "runs": runs}  # fmt: skip
     if not runs:
         return {"error": "no run was made (interrupted before the first)", "runs": runs}
+    unfixed = next((r for r in runs if r["side"] == CHANGED and not r["fixed"]), None)
+    if unfixed is not None:  # e.g. a line that changed another object than the one the loop reads from
+        return {
+            "error": f"run {unfixed['run']} (changed) read {unfixed['loader']}, no loader of gf.accelerate: the "
+            "change did not reach the loop, so the runs compare the script's loader with itself",
+            "status": unfixed["status"], "runs": runs, "ineffective": True,
+        }  # fmt: skip
     original = [r for r in runs if r["side"] == ORIGINAL]
     changed = [r for r in runs if r["side"] == CHANGED]
     before = _figures(diagnosis) if diagnosis is not None else _medians(original)
@@ -286,6 +294,7 @@ def _run(
         "one_time_s": sum(fix_s.values()) if fix_s else None,
         "one_time": fix_s,
         "cache_bytes": cache_bytes,
+        "fixed": any(s.init_of.startswith("gpufeed.") for s in after.loaders),  # gf.accelerate's loader was built
     }
 
 
@@ -338,6 +347,7 @@ def _medians(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "first_batch_s": median("first_batch_s"),
         "batches": first.get("batches", 0),
         "loader": first.get("loader"),
+        "workers": first.get("workers"),
         "one_time_s": middle.get("one_time_s"),
         "one_time": middle.get("one_time", {}),
         "runs": len(runs),
@@ -360,6 +370,7 @@ def _figures(r: WatchReport) -> dict[str, Any]:
         "first_batch_s": main.first_batch_s if main else None,
         "batches": main.batches if main else 0,
         "loader": f"{main.cls} at {main.name}" if main else None,
+        "workers": main.num_workers if main else None,
     }
 
 

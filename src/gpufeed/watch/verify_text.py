@@ -39,6 +39,7 @@ def verify_text(v: dict[str, Any]) -> list[str]:
     """
     if "error" in v:
         done = "not completed" if v.get("runs") else "not run"  # runs made before the one that failed are listed
+        done = "the change did not take effect" if v.get("ineffective") else done
         return [f"verified: {done}: {v['error']}", *_runs(v.get("runs") or [])]
     b, a, p = v["before"], v["after"], v.get("predicted") or {}
     runs = v.get("runs") or []
@@ -184,8 +185,9 @@ def _agreement(v: dict[str, Any], p: dict[str, Any]) -> list[str]:
     rest_b, rest_a = v["before"].get("rest_s"), v["after"].get("rest_s")
     if rest_b and rest_a and abs(rest_a / rest_b - 1) > AGREE_FLOOR:
         line += f"; the rest of the step went from {_ms(rest_b)} to {_ms(rest_a)}, which the prediction holds fixed"
-        if rest_a < rest_b:
-            line += " (fewer processes compete with it for the cores: the script's loader workers, if it had any)"
+        workers = v["before"].get("workers")
+        if rest_a < rest_b and workers:  # with none, nothing said here knows what moved
+            line += f" (the script's {workers} loader workers no longer compete with it)"
     if p.get("bound") and v["spread"]["gain"]["median"] > p["bound"]:
         line += f"; above the {p['bound']:.2f}x a data-side fix gives with the rest unchanged"
     return [line]

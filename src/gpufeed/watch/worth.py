@@ -63,21 +63,33 @@ def suggest_verify(r: ReportData) -> bool:
 
 
 def offers_change(r: ReportData) -> bool:
-    """Whether the report offers its code change: in a data-bound loop, or where the loader's workers compete
-    with the step (the change to gf.accelerate takes them away); the report then shows the change it names."""
-    return r.code_change is not None and (r.verdict == "data-bound" or _contention(r) is not None)
+    """Whether the report shows its code change: in a data-bound loop, where the loader's workers compete with the
+    step (the change to gf.accelerate takes them away), where the change is predicted worth doing (the last line
+    names it) and where ``--verify`` ran it."""
+    if r.code_change is None:
+        return False
+    p = r.prediction
+    worth_it = p is not None and p["speedup"] >= WORTH
+    return r.verdict == "data-bound" or _contention(r) is not None or worth_it or r.verify is not None
 
 
 def verified_beyond(r: ReportData) -> float | None:
     """The verified gain's low end when it is beyond what the data side alone can give (the bound, widened by
     :data:`~gpufeed.watch.spread.AGREE_FLOOR`): the change moved more than the data. None otherwise."""
+    measured = _measured(r)
+    ceiling = bound(r.data_wait_fraction or 0.0)
+    return measured[0] if measured is not None and measured[0] > ceiling * (1 + AGREE_FLOOR) else None
+
+
+def _measured(r: ReportData) -> tuple[float, float] | None:
+    """The verified gain's range over its pairs (one pair: its gain at both ends); None without one."""
     spread = (r.verify or {}).get("spread") if "error" not in (r.verify or {}) else None
     if not spread:
         return None
     gain = spread["gain"]
-    low = gain["low"] if gain.get("pairs", 0) > 1 and gain.get("low") is not None else gain["median"]
-    ceiling = bound(r.data_wait_fraction or 0.0)
-    return low if low > ceiling * (1 + AGREE_FLOOR) else None
+    if gain.get("pairs", 0) > 1 and gain.get("low") is not None:
+        return gain["low"], gain["high"]
+    return gain["median"], gain["median"]
 
 
 def _contention(r: ReportData) -> Contention | None:
@@ -100,7 +112,10 @@ def _worth(r: ReportData) -> str:
                 "script: it moved more than the data (the loader's work off the cores the step uses)"
             )
         text = f"the data side is worth {ceiling}: the step itself is the cost"
-        if p is not None and p["speedup"] >= WORTH:
+        measured = _measured(r)
+        if p is not None and p["speedup"] >= WORTH and measured is not None and measured[1] < WORTH:
+            text += f"; {_measured_less(r, p, measured)}"
+        elif p is not None and p["speedup"] >= WORTH:
             text += f"; {fix_name(r)} would still give about {p['speedup']:.2f}x (predicted)"
         return text
     if p is None:
@@ -112,14 +127,29 @@ def _worth(r: ReportData) -> str:
                 "pipeline and no DataLoader setting beat the script's own (see above)"
             )
         return f"a faster loader is worth {ceiling}; no fix was measured (see above)"
+    measured = _measured(r)  # NOTE [ one verdict ]: where the change was run, what it measured decides
     if max(p["speedup"], p.get("free_speedup") or 0.0) < WORTH:
+        if measured is not None and measured[0] >= WORTH:
+            return (
+                f"{fix_name(r)}: predicted {p['speedup']:.2f}x, yet measured at least {measured[0]:.2f}x on this "
+                f"script (the verification above); the data side is {ceiling}"
+            )
         predicted = f"{fix_name(r)} predicts {p['speedup']:.2f}x"
         return f"no fix measured here is worth doing: {predicted}; the data side is {ceiling}"
+    if measured is not None and measured[1] < WORTH:
+        return f"nothing here: {_measured_less(r, p, measured)}; the data side is {ceiling}"
     one_time = f", after {p['one_time_s']:.1f} s once{_payback(p)}" if p.get("one_time_s") else ""
     upper = _upper(p, c)
     return (
         f"{fix_name(r)}: predicted {p['speedup']:.2f}x{upper} the loop's speed ({p['new_step_s'] * 1e3:.1f} ms a step "
         f"against {p['step_s'] * 1e3:.1f} ms now){one_time}; the data side is {ceiling}"
+    )
+
+
+def _measured_less(r: ReportData, p: dict[str, Any], measured: tuple[float, float]) -> str:
+    return (
+        f"{fix_name(r)} predicted {p['speedup']:.2f}x, yet measured at most {measured[1]:.2f}x on this script (the "
+        "verification above)"
     )
 
 

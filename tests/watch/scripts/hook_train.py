@@ -35,8 +35,10 @@ class Points(Dataset):
         return len(self.x)
 
     def __getitem__(self, i: int):
-        end = time.perf_counter() + self.busy
-        while time.perf_counter() < end:  # CPU work in the worker, on purpose
+        # CPU work in the worker, on purpose, counted in this thread's CPU time: the same work however busy the
+        # machine is (a wall-clock spin did less of it under load, and the workers' share of the CPU fell with it)
+        end = time.thread_time() + self.busy
+        while time.thread_time() < end:
             pass
         x = self.x[i] + 0.01 * torch.randn(1)  # randomness in __getitem__: the workers' seeds must not change
         return (self.transform(x) if self.transform else x), self.y[i]

@@ -6,8 +6,8 @@ found on ``sys.path`` (the user's or the distribution's), which this file hides 
 NOTE [ no gpufeed, no torch at startup ]: every Python process the command starts imports this file (torchrun's
 launcher, multiprocessing's helpers, spawned workers), so it must be cheap and change nothing the script sees:
 ``import gpufeed`` would import torch and torchvision (seconds) before the script sets its environment. The hook's
-modules (``hook``, ``state``, ``record``, ``sampler``, ``found``, ``clock``, ``patching``, ``signals``: standard
-library and psutil only) are loaded as the private package ``_gpufeed_watch``, which runs no
+modules (``hook``, ``state``, ``record``, ``sampler``, ``found``, ``unpacked``, ``source``, ``clock``, ``patching``,
+``signals``: standard library and psutil only) are loaded as the private package ``_gpufeed_watch``, which runs no
 ``gpufeed/__init__.py``; the hook imports torch only once the script has.
 """
 

@@ -270,6 +270,32 @@ def test_the_batches_do_not_depend_on_the_thread_count(monkeypatch):
         torch.set_num_threads(before)
 
 
+def test_the_batches_of_ops_whose_work_torch_splits_between_threads_do_not_depend_on_the_count(monkeypatch):
+    # sizes at which torch parallelises: a sample's gray over 32,768 pixels (torch's grain), batches of 4 whose
+    # ColorJitter slots hold one sample as often as not (a reduction with one output: split within the sample), and a
+    # float batch (ToTensor first), whose mean gray is no sum of integers
+    import torch
+
+    from gpufeed import augment as A
+
+    images = torch.randint(0, 256, (16, 3, 184, 184), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    aug = A.Compose([A.ConvertDtype(torch.float32), A.ColorJitter(0.4, 0.4, 0.4, 0.1)])
+    from gpufeed import DeviceLoader
+
+    loader = DeviceLoader(images, torch.arange(16), 4, transform=aug, device="cpu", seed=1)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        epochs = {}
+        for setting in ("1", "2"):
+            monkeypatch.setenv("GPUFEED_THREADS", setting)
+            loader.set_epoch(0)
+            epochs[setting] = torch.cat([x for x, _ in loader])
+        assert torch.equal(epochs["1"], epochs["2"])
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_a_batch_s_mix_runs_with_the_count_chosen_for_the_loader_s_ops(monkeypatch):
     import torch
 

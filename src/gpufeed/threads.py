@@ -21,9 +21,11 @@ faster now, re-checked as it goes (the choice below). The count is set around gp
 the user set them. ``torch.set_num_threads`` sets the calling thread's OpenMP count and the default of threads
 started meanwhile; a thread of the user's started during one of gpufeed's ops would take that count.
 ``GPUFEED_THREADS``: ``auto`` (the default), ``torch`` (leave torch's setting as it is) or a number (that many).
-The pixels do not depend on the count: gpufeed's reductions are exact sums (``augment/jitter.py``), and torch's own
-split a reduction's input between threads only when it has a single output, so a chunk of one sample runs at
-``most``, outside the choice.
+The pixels do not depend on the count: gpufeed's fused reductions are exact sums (``augment/jitter.py``), and torch
+splits a reduction with several outputs by output (sample), but one with a single output within it, where the float
+sum's order follows the count: so one sample's mean runs on one thread (``augment/color.py``'s ``_mean``: the host
+path hands an adjustment the samples its slot picks, often one), and a chunk of one sample runs at ``most``, outside
+the choice. A transform of the user's own that reduces a whole chunk to one value (a batch mean) would follow it.
 """
 
 from __future__ import annotations

@@ -314,3 +314,36 @@ def test_a_batch_s_mix_runs_with_the_count_chosen_for_the_loader_s_ops(monkeypat
         assert seen == [1] * 8 and outside == [2] * 8
     finally:
         torch.set_num_threads(before)
+
+
+def test_a_cpu_loader_compiles_its_fused_ops_for_each_count_when_built_never_mid_epoch(monkeypatch):
+    # dynamo specialises a compiled function on torch's thread count (a guard on it): a loader built at the user's
+    # count recompiled at its first chunk on one thread (19 s for ColorJitter on the 2-core machine, the first batch
+    # waiting), and again at its first try of the other count where that is not the user's
+    import torch
+    from torch._dynamo.utils import counters
+
+    from gpufeed import DeviceLoader
+    from gpufeed import augment as A
+    from gpufeed import threads as module
+    from gpufeed.augment import fusion
+
+    monkeypatch.setenv("GPUFEED_COMPILE", "1")  # the rest of the suite runs the eager ops (tests/conftest.py)
+    monkeypatch.setattr(fusion, "_FAILED", set())
+    monkeypatch.setattr(module, "usable_cores", lambda: 2)
+    monkeypatch.delenv("GPUFEED_THREADS", raising=False)
+    images = torch.randint(0, 256, (48, 3, 24, 24), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(3)  # above the usable cores: the choice's counts are 1 and 2, neither the user's
+        loader = DeviceLoader(images, torch.arange(48), 8, transform=A.RandomResizedCrop(16), device="cpu",
+                              chunk_batches=1, seed=1)  # fmt: skip
+        graphs = counters["stats"]["unique_graphs"]
+        used: list[int] = []
+        counted = module.torch_threads
+        monkeypatch.setattr(module, "torch_threads", lambda threads: used.append(threads) or counted(threads))
+        list(loader)
+        assert {1, 2} <= set(used)  # one thread's probes, then a try of two
+        assert counters["stats"]["unique_graphs"] == graphs  # nothing compiled mid-epoch
+    finally:
+        torch.set_num_threads(before)

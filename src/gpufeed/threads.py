@@ -238,15 +238,31 @@ class ThreadChoice:
         elif isinstance(setting, int):
             threads = setting
         else:
-            most = min(torch.get_num_threads(), usable_cores())
-            if most != self.most:  # torch's setting or the usable cores changed: choose again
-                self._reset(most)
-            threads = most if size <= 1 else self.next() if timed else self.chosen
+            self._follow()
+            threads = self.most if size <= 1 else self.next() if timed else self.chosen
         start = time.perf_counter()
         with torch_threads(threads):
             yield threads
         if setting == "auto" and size > 1 and timed:
             self.record(threads, time.perf_counter() - start, size)
+
+    def _follow(self) -> None:
+        most = min(torch.get_num_threads(), usable_cores())
+        if most != self.most:  # torch's setting or the usable cores changed: choose again
+            self._reset(most)
+
+    def counts(self) -> tuple[int, ...]:
+        """The thread counts :meth:`step` may run gpufeed's ops with under the present setting (torch's own off the
+        CPU). Dynamo compiles a fused op once per thread count it meets (it guards torch's count), so a loader runs
+        its transform's first call under each: none compiles mid-epoch (NOTE [ Compiled ops ] in
+        gpufeed.augment.fusion)."""
+        setting = _setting() if self.on_cpu else "torch"
+        if setting == "torch":
+            return (torch.get_num_threads(),)
+        if isinstance(setting, int):
+            return (setting,)
+        self._follow()
+        return tuple(sorted({1, self.most}))
 
     def steps(self, work: Iterator[T], sizes: Iterable[int]) -> Iterator[T]:
         """``work``'s items, each made (its ``next``) in a :meth:`step`; ``sizes``: each coming item's samples, in

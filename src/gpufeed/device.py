@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from .errors import DeviceError
 __all__ = [
     "Cores",
     "cores",
+    "cpu_busy_seconds",
     "cpu_throttling",
     "environment",
     "fmt_bytes",
@@ -181,6 +183,22 @@ def cpu_throttling(folder: str | Path) -> tuple[int, float] | None:
             return periods, int(stat["throttled_usec"]) / 1e6
         return periods, int(stat["throttled_time"]) / 1e9
     except (OSError, ValueError, KeyError):
+        return None
+
+
+def cpu_busy_seconds(cpus: Collection[int] | None = None, stat: str | Path = "/proc/stat") -> float | None:
+    """Seconds the CPUs ``cpus`` (their numbers, an affinity mask; None: every CPU) spent busy since boot, every
+    process counted (user, nice, system, irq, softirq and steal: what a hypervisor took), from ``/proc/stat``; None
+    where it cannot be read (not Linux)."""
+    try:
+        total = 0
+        for line in Path(stat).read_text().splitlines():
+            name, _, fields = line.partition(" ")
+            if name[:3] == "cpu" and name[3:].isdigit() and (cpus is None or int(name[3:]) in cpus):
+                user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in fields.split()[:8])
+                total += user + nice + system + irq + softirq + steal
+        return total / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError):
         return None
 
 

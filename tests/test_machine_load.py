@@ -87,6 +87,7 @@ def test_diagnose_reports_the_machine_it_measured_on(monkeypatch):
     report = diagnose([torch.zeros(2)] * 4, lambda batch: None, steps=3, device="cpu")
     kinds = [f.kind for f in report.findings]
     assert "busy-machine" in kinds and "other processes used 1.5 of the machine's 2 cores" in str(report)
+    assert report.cpu_percent == pytest.approx(40.0)  # this process's and its workers' own 0.4 core, from the meter
 
 
 def test_the_plan_names_the_usable_cores_and_why(monkeypatch):

@@ -111,7 +111,8 @@ def spread(each: Callable[[int], None], items: int, threads: int | None = None) 
 
 
 def _setting() -> str | int:
-    """``GPUFEED_THREADS``: ``"auto"``, ``"torch"`` or a positive thread count (read at each epoch)."""
+    """``GPUFEED_THREADS``: ``"auto"``, ``"torch"`` or a positive thread count (read at each step: a change
+    applies from the next chunk)."""
     text = os.environ.get("GPUFEED_THREADS", "auto").strip().lower() or "auto"
     if text in ("auto", "torch"):
         return text

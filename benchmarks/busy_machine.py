@@ -292,14 +292,14 @@ def quota(cores: float) -> Iterator[str]:
             shutil.rmtree(group, ignore_errors=True) if not any(group.glob("*")) else None
         else:
             try:
-                time.sleep(1.1)  # gpufeed reads its cores again after a second
+                process_cores(fresh=True)  # gpufeed's reading, which it would take again within a second
                 yield f"cgroup {name} {text} ({group})"
             finally:
                 for pid in (group / "cgroup.procs").read_text().split():
                     with contextlib.suppress(OSError):
                         (back / "cgroup.procs").write_text(pid)
                 group.rmdir()
-                time.sleep(1.1)  # and again on the way out
+                process_cores(fresh=True)  # and on the way out
             return
     import psutil
 
@@ -310,14 +310,12 @@ def quota(cores: float) -> Iterator[str]:
         for tid in tasks + list(before)[1:]:
             with contextlib.suppress(OSError):
                 os.sched_setaffinity(tid, keep)
-        time.sleep(1.1)
-        yield f"sched_setaffinity({keep})"
+        yield f"sched_setaffinity({keep})"  # gpufeed reads its cores again when its affinity changes
     finally:
         everything = sorted(before[os.getpid()])
         for tid in [int(t) for t in os.listdir("/proc/self/task")] + list(before)[1:]:
             with contextlib.suppress(OSError):
                 os.sched_setaffinity(tid, everything)
-        time.sleep(1.1)
 
 
 # -- the measurement -------------------------------------------------------------------------------------------------

@@ -103,3 +103,14 @@ def test_the_process_s_own_reading_is_within_its_affinity():
 
     c = process_cores()
     assert 1 <= usable_cores() == c.usable <= c.affinity
+
+
+def test_the_process_s_reading_is_kept_a_second_unless_asked_fresh(monkeypatch):
+    # a process that moved itself into another cgroup (benchmarks/busy_machine.py's quota) reads it at once
+    import gpufeed.device as device
+
+    readings = iter([device.Cores(2, 2, 2), device.Cores(1, 2, 2, 1.0, "cpu.max (100000 100000)", "/x")])
+    monkeypatch.setattr(device, "cores", lambda affinity: next(readings))
+    monkeypatch.setattr(device, "_CORES", None)
+    assert device.process_cores().usable == 2 and device.process_cores().usable == 2  # the second: kept
+    assert device.process_cores(fresh=True).usable == 1 and device.usable_cores() == 1

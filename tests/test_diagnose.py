@@ -13,6 +13,8 @@ import torchvision.transforms as T
 from torch.utils.data import DataLoader, TensorDataset
 
 from gpufeed import ConfigError, diagnose
+from gpufeed.device import Cores
+from gpufeed.findings import MachineLoad
 
 from fakes import cifar_like
 
@@ -46,8 +48,9 @@ def test_a_slow_loader_is_data_bound_with_the_injected_wait_fraction():
 
 def test_a_fast_loader_is_not_data_bound(monkeypatch):
     # a quiet machine's reading: other processes (a test suite beside this one) would add the busy-machine finding
+    quiet = MachineLoad(1.0, 0.0, 0.5, 0.2, Cores(2, 2, 2))
     monkeypatch.setattr(
-        sys.modules["gpufeed.diagnose"], "MachineMeter", lambda: type("Quiet", (), {"read": lambda self: None})()
+        sys.modules["gpufeed.diagnose"], "MachineMeter", lambda: type("Quiet", (), {"read": lambda self: quiet})()
     )
     report = diagnose(SlowLoader(0.0), _sleep_step(0.02), steps=20, device="cpu")
     assert report.verdict == "compute-bound" and report.data_wait_fraction < 0.05

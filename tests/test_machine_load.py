@@ -3,13 +3,14 @@ the findings diagnose makes of it, and the cores loader.plan names."""
 
 from __future__ import annotations
 
+import os
 import sys
 
 import pytest
 import torch
 
 from gpufeed import diagnose
-from gpufeed.device import Cores, cpu_throttling
+from gpufeed.device import Cores, cpu_busy_seconds, cpu_throttling
 from gpufeed.findings import CHECKS, Evidence, MachineLoad, Reading, machine_load
 from gpufeed.loading.plan import Plan
 
@@ -86,6 +87,7 @@ def test_diagnose_reports_the_machine_it_measured_on(monkeypatch):
     report = diagnose([torch.zeros(2)] * 4, lambda batch: None, steps=3, device="cpu")
     kinds = [f.kind for f in report.findings]
     assert "busy-machine" in kinds and "other processes used 1.5 of the machine's 2 cores" in str(report)
+    assert report.cpu_percent == pytest.approx(40.0)  # this process's and its workers' own 0.4 core, from the meter
 
 
 def test_the_plan_names_the_usable_cores_and_why(monkeypatch):
@@ -101,3 +103,32 @@ def test_the_plan_names_the_usable_cores_and_why(monkeypatch):
     assert "cores:    2 usable: 2 of the machine's 2 CPUs in this process's affinity mask, no cgroup CPU quota\n" in (
         str(fallback) + "\n"
     )
+
+
+def test_other_processes_that_fit_beside_the_cores_this_one_may_use_are_no_contention():
+    # a container of 2 cores' quota on a 64-CPU server, other jobs busy on 30 of the rest: nothing took its cores
+    quota = Cores(usable=2, affinity=64, machine=64, quota=2.0)
+    spread = machine_load(Reading(0.0, 0.0, 0.0), Reading(1.0, 31.8, 1.8), load=30.0, cores=quota)
+    assert spread.others == pytest.approx(30.0) and not spread.busy and "busy-machine" not in _findings(spread)
+    # the server full: 63 cores of others' work no longer fit on the 62 it leaves them (every CPU busy)
+    full = machine_load(Reading(0.0, 0.0, 0.0), Reading(1.0, 64.0, 1.0), load=70.0, cores=quota)
+    assert full.busy
+    f = _findings(full)["busy-machine"]
+    assert f.expected_gain == "the loop may run up to 2.0x faster alone"  # type: ignore[attr-defined]  # 2 / (2 - 1)
+
+
+def test_the_busy_time_counted_is_the_affinity_mask_s_cpus(tmp_path):
+    # a job pinned to CPUs 0 and 1 (taskset, --cpuset-cpus): the others' work on CPUs 2 and 3 is not beside it
+    stat = tmp_path / "stat"
+    ticks = os.sysconf("SC_CLK_TCK")
+    stat.write_text(
+        f"cpu  {9 * ticks} 0 0 0 0 0 0 0 0 0\n"
+        f"cpu0 {ticks} 0 {ticks} 500 7 0 0 0 0 0\n"  # user, nice, system, idle, iowait, irq, softirq, steal
+        f"cpu1 0 {ticks} 0 400 0 0 0 {ticks} 0 0\n"
+        f"cpu2 {3 * ticks} 0 0 0 0 0 0 0 0 0\n"
+        f"cpu3 {2 * ticks} 0 0 0 0 0 0 0 0 0\n"
+        "intr 1 2 3\n"
+    )
+    assert cpu_busy_seconds({0, 1}, stat) == pytest.approx(4.0)
+    assert cpu_busy_seconds(None, stat) == pytest.approx(9.0)
+    assert cpu_busy_seconds({0}, tmp_path / "none") is None

@@ -270,6 +270,32 @@ def test_the_batches_do_not_depend_on_the_thread_count(monkeypatch):
         torch.set_num_threads(before)
 
 
+def test_the_batches_of_ops_whose_work_torch_splits_between_threads_do_not_depend_on_the_count(monkeypatch):
+    # sizes at which torch parallelises: a sample's gray over 32,768 pixels (torch's grain), batches of 4 whose
+    # ColorJitter slots hold one sample as often as not (a reduction with one output: split within the sample), and a
+    # float batch (ToTensor first), whose mean gray is no sum of integers
+    import torch
+
+    from gpufeed import augment as A
+
+    images = torch.randint(0, 256, (16, 3, 184, 184), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    aug = A.Compose([A.ConvertDtype(torch.float32), A.ColorJitter(0.4, 0.4, 0.4, 0.1)])
+    from gpufeed import DeviceLoader
+
+    loader = DeviceLoader(images, torch.arange(16), 4, transform=aug, device="cpu", seed=1)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        epochs = {}
+        for setting in ("1", "2"):
+            monkeypatch.setenv("GPUFEED_THREADS", setting)
+            loader.set_epoch(0)
+            epochs[setting] = torch.cat([x for x, _ in loader])
+        assert torch.equal(epochs["1"], epochs["2"])
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_a_batch_s_mix_runs_with_the_count_chosen_for_the_loader_s_ops(monkeypatch):
     import torch
 
@@ -286,5 +312,38 @@ def test_a_batch_s_mix_runs_with_the_count_chosen_for_the_loader_s_ops(monkeypat
         monkeypatch.setenv("GPUFEED_THREADS", "1")
         outside = [torch.get_num_threads() for _ in loader]
         assert seen == [1] * 8 and outside == [2] * 8
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_a_cpu_loader_compiles_its_fused_ops_for_each_count_when_built_never_mid_epoch(monkeypatch):
+    # dynamo specialises a compiled function on torch's thread count (a guard on it): a loader built at the user's
+    # count recompiled at its first chunk on one thread (19 s for ColorJitter on the 2-core machine, the first batch
+    # waiting), and again at its first try of the other count where that is not the user's
+    import torch
+    from torch._dynamo.utils import counters
+
+    from gpufeed import DeviceLoader
+    from gpufeed import augment as A
+    from gpufeed import threads as module
+    from gpufeed.augment import fusion
+
+    monkeypatch.setenv("GPUFEED_COMPILE", "1")  # the rest of the suite runs the eager ops (tests/conftest.py)
+    monkeypatch.setattr(fusion, "_FAILED", set())
+    monkeypatch.setattr(module, "usable_cores", lambda: 2)
+    monkeypatch.delenv("GPUFEED_THREADS", raising=False)
+    images = torch.randint(0, 256, (48, 3, 24, 24), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(3)  # above the usable cores: the choice's counts are 1 and 2, neither the user's
+        loader = DeviceLoader(images, torch.arange(48), 8, transform=A.RandomResizedCrop(16), device="cpu",
+                              chunk_batches=1, seed=1)  # fmt: skip
+        graphs = counters["stats"]["unique_graphs"]
+        used: list[int] = []
+        counted = module.torch_threads
+        monkeypatch.setattr(module, "torch_threads", lambda threads: used.append(threads) or counted(threads))
+        list(loader)
+        assert {1, 2} <= set(used)  # one thread's probes, then a try of two
+        assert counters["stats"]["unique_graphs"] == graphs  # nothing compiled mid-epoch
     finally:
         torch.set_num_threads(before)

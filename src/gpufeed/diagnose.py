@@ -173,8 +173,9 @@ def diagnose(
     dev = resolve_device(device)
     from .train.monitor import UtilisationMonitor
 
-    cpu = _cpu_meter()
-    machine = MachineMeter()  # what other processes do meanwhile: the machine's contention may set the speed
+    # this process's and its workers' CPU, and what other processes do meanwhile: the machine's contention may set
+    # the speed
+    machine = MachineMeter()
     wait_s: list[float] = []
     step_s: list[float] = []
     events: list[tuple[Any, Any]] = []
@@ -208,8 +209,8 @@ def diagnose(
             step_s.append(time.perf_counter() - t1)
         sync(dev)
         wall = time.perf_counter() - t_start
-    cpu_percent = cpu()  # the measured steps only, not the probes below
-    machine_load = machine.read()
+    machine_load = machine.read()  # the measured steps only, not the probes below
+    cpu_percent = 100 * machine_load.own
     if len(step_s) < 2:
         raise ConfigError(f"the loader yielded {len(step_s)} batch(es) in all; diagnose needs at least 2")
     notes: list[str] = []
@@ -331,26 +332,3 @@ def _step_duty_cycle(
     if kernel_us <= 0:
         return None, "the CUDA profiler recorded no kernels"
     return min(1.0, kernel_us / 1e6 / wall), ""
-
-
-def _cpu_meter() -> Callable[[], float | None]:
-    """CPU time of this process and its children (DataLoader workers) over the run, in % of one core."""
-    try:
-        import psutil
-    except ImportError:
-        return lambda: None
-    me = psutil.Process()
-
-    def total() -> float:
-        procs = [me, *me.children(recursive=True)]
-        seconds = 0.0
-        for p in procs:
-            try:
-                t = p.cpu_times()
-                seconds += t.user + t.system
-            except psutil.Error:  # a worker that exited between listing and reading
-                continue
-        return seconds
-
-    t0, c0 = time.perf_counter(), total()
-    return lambda: 100 * (total() - c0) / max(1e-9, time.perf_counter() - t0)

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from .device import Cores, cpu_throttling, process_cores, usable_cores
+from .device import Cores, cpu_busy_seconds, cpu_throttling, process_cores, usable_cores
 
 __all__ = [
     "BUSY_CORES",
@@ -41,8 +41,9 @@ THROTTLED_SHARE = 0.05
 
 @dataclass(frozen=True)
 class Reading:
-    """One reading of the machine's counters: the clock, the seconds every CPU spent busy (every process), this
-    process's and its children's CPU seconds, and its cgroup's throttling (periods, seconds) where it has a quota."""
+    """One reading of the machine's counters: the clock, the seconds the CPUs this process may run on (its affinity
+    mask's) spent busy (every process), this process's and its children's CPU seconds, and its cgroup's throttling
+    (periods, seconds) where it has a quota."""
 
     t: float
     machine_busy_s: float
@@ -54,10 +55,10 @@ class Reading:
 class MachineLoad:
     """What the rest of the machine did while a measurement ran (:class:`MachineMeter`).
 
-    ``others`` and ``own`` are cores' worth of CPU time over the wall time: the machine's busy time (every process,
-    and the time a hypervisor took, ``steal``) less this process's and its children's, and theirs. ``load`` is the
-    1-minute load average at the end, ``cores`` what this process may use, ``throttled_share`` the share of the wall
-    time its cgroup's CPU quota held it back."""
+    ``others`` and ``own`` are cores' worth of CPU time over the wall time: the busy time of the CPUs this process
+    may run on (every process, and the time a hypervisor took, ``steal``) less this process's and its children's,
+    and theirs. ``load`` is the 1-minute load average at the end, ``cores`` what this process may use,
+    ``throttled_share`` the share of the wall time its cgroup's CPU quota held it back."""
 
     wall_s: float
     others: float
@@ -68,9 +69,21 @@ class MachineLoad:
     throttled_share: float | None = None
 
     @property
+    def contending(self) -> float:
+        """Cores' worth of the others' CPU time that did not fit on the CPUs this process could leave them: a job of a
+        2-core quota on a 64-CPU server shares nothing with 30 busy cores of other jobs."""
+        return max(0.0, self.others - (self.cores.affinity - self.cores.usable))
+
+    @property
     def busy(self) -> bool:
-        """Other processes used enough of the cores to set the measured speed (:data:`BUSY_CORES`)."""
-        return self.others >= max(BUSY_CORES, 0.25 * self.cores.usable)
+        """Other processes took enough of the cores this one may use to set the measured speed (:data:`BUSY_CORES`)."""
+        return self.contending >= max(BUSY_CORES, 0.25 * self.cores.usable)
+
+    @property
+    def cpus(self) -> str:
+        """The CPUs the figures are of, said for a person."""
+        c = self.cores
+        return f"the machine's {c.machine} cores" if c.affinity == c.machine else f"the {c.affinity} CPUs it may run on"
 
     @property
     def throttled(self) -> bool:
@@ -78,7 +91,7 @@ class MachineLoad:
 
     def __str__(self) -> str:
         text = (
-            f"other processes used {self.others:.2f} of the machine's {self.cores.machine} cores and this one "
+            f"other processes used {self.others:.2f} of {self.cpus} and this one "
             f"{self.own:.2f} (1-minute load {self.load:.1f}; {self.cores.usable} usable)"
         )
         if self.throttled_share is not None:
@@ -111,6 +124,7 @@ class MachineMeter:
 
     def __init__(self, exclude: Iterable[int] = ()) -> None:
         self.cores = process_cores()
+        self.cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None  # the CPUs it may run on
         self.exclude = set(exclude)  # children counted as other processes (a benchmark's background load)
         self.before = self.reading()
 
@@ -118,8 +132,10 @@ class MachineMeter:
         import psutil
 
         t = time.perf_counter()
-        cpu = psutil.cpu_times()
-        busy = sum(getattr(cpu, f, 0.0) for f in ("user", "nice", "system", "irq", "softirq", "steal"))
+        busy = cpu_busy_seconds(self.cpus)
+        if busy is None:  # no /proc/stat (not Linux): every CPU, from psutil
+            cpu = psutil.cpu_times()
+            busy = sum(getattr(cpu, f, 0.0) for f in ("user", "nice", "system", "irq", "softirq", "steal"))
         me = psutil.Process()
         own = 0.0
         for p in [me, *(c for c in me.children(recursive=True) if c.pid not in self.exclude)]:
@@ -340,11 +356,11 @@ def _busy_machine(dl: DataLoader | None, ev: Evidence) -> Finding | None:
     m = ev.machine
     if m is None or not m.busy:
         return None
-    free = m.cores.usable - m.others
+    free = m.cores.usable - m.contending
     workers = f"num_workers <= {max(0, round(free) - 1)}, " if dl is not None and dl.num_workers else ""
     return Finding(
         "busy-machine",
-        f"other processes used {m.others:.1f} of the machine's {m.cores.machine} cores while the loop ran (1-minute "
+        f"other processes used {m.others:.1f} of {m.cpus} while the loop ran (1-minute "
         f"load {m.load:.1f}, {m.cores.usable} usable cores; this process and its workers {m.own:.1f}): the machine's "
         "contention, not the data, set the times measured here",
         "measure again when the machine is quiet, or give the job cores of its own (taskset -c, a cpuset, a "

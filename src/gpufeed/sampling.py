@@ -38,10 +38,10 @@ __all__ = [
     "epoch_order",
     "gather_remainder",
     "global_seed",
-    "seed_globals",
     "local_indices",
     "rank_indices",
     "real_counts",
+    "seed_globals",
     "shard_batches",
 ]
 

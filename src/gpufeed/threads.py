@@ -21,9 +21,11 @@ faster now, re-checked as it goes (the choice below). The count is set around gp
 the user set them. ``torch.set_num_threads`` sets the calling thread's OpenMP count and the default of threads
 started meanwhile; a thread of the user's started during one of gpufeed's ops would take that count.
 ``GPUFEED_THREADS``: ``auto`` (the default), ``torch`` (leave torch's setting as it is) or a number (that many).
-The pixels do not depend on the count: gpufeed's reductions are exact sums (``augment/jitter.py``), and torch's own
-split a reduction's input between threads only when it has a single output, so a chunk of one sample runs at
-``most``, outside the choice.
+The pixels do not depend on the count: gpufeed's fused reductions are exact sums (``augment/jitter.py``), and torch
+splits a reduction with several outputs by output (sample), but one with a single output within it, where the float
+sum's order follows the count: so one sample's mean runs on one thread (``augment/color.py``'s ``_mean``: the host
+path hands an adjustment the samples its slot picks, often one), and a chunk of one sample runs at ``most``, outside
+the choice. A transform of the user's own that reduces a whole chunk to one value (a batch mean) would follow it.
 """
 
 from __future__ import annotations
@@ -109,7 +111,8 @@ def spread(each: Callable[[int], None], items: int, threads: int | None = None) 
 
 
 def _setting() -> str | int:
-    """``GPUFEED_THREADS``: ``"auto"``, ``"torch"`` or a positive thread count (read at each epoch)."""
+    """``GPUFEED_THREADS``: ``"auto"``, ``"torch"`` or a positive thread count (read at each step: a change
+    applies from the next chunk)."""
     text = os.environ.get("GPUFEED_THREADS", "auto").strip().lower() or "auto"
     if text in ("auto", "torch"):
         return text
@@ -236,15 +239,31 @@ class ThreadChoice:
         elif isinstance(setting, int):
             threads = setting
         else:
-            most = min(torch.get_num_threads(), usable_cores())
-            if most != self.most:  # torch's setting or the usable cores changed: choose again
-                self._reset(most)
-            threads = most if size <= 1 else self.next() if timed else self.chosen
+            self._follow()
+            threads = self.most if size <= 1 else self.next() if timed else self.chosen
         start = time.perf_counter()
         with torch_threads(threads):
             yield threads
         if setting == "auto" and size > 1 and timed:
             self.record(threads, time.perf_counter() - start, size)
+
+    def _follow(self) -> None:
+        most = min(torch.get_num_threads(), usable_cores())
+        if most != self.most:  # torch's setting or the usable cores changed: choose again
+            self._reset(most)
+
+    def counts(self) -> tuple[int, ...]:
+        """The thread counts :meth:`step` may run gpufeed's ops with under the present setting (torch's own off the
+        CPU). Dynamo compiles a fused op once per thread count it meets (it guards torch's count), so a loader runs
+        its transform's first call under each: none compiles mid-epoch (NOTE [ Compiled ops ] in
+        gpufeed.augment.fusion)."""
+        setting = _setting() if self.on_cpu else "torch"
+        if setting == "torch":
+            return (torch.get_num_threads(),)
+        if isinstance(setting, int):
+            return (setting,)
+        self._follow()
+        return tuple(sorted({1, self.most}))
 
     def steps(self, work: Iterator[T], sizes: Iterable[int]) -> Iterator[T]:
         """``work``'s items, each made (its ``next``) in a :meth:`step`; ``sizes``: each coming item's samples, in

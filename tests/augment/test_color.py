@@ -168,3 +168,29 @@ def test_the_hsv_round_trip_equals_the_one_hot_selection_it_replaces_bit_for_bit
     hue[::5] = torch.randint(0, 6, hue[::5].shape, generator=g).to(dtype) / 6
     cube = torch.cat((hue.view(n, 1, h, w), torch.rand(n, 2, h, w, generator=g, dtype=dtype)), 1)
     assert torch.equal(C._hsv2rgb(cube), _hsv2rgb_as_before(cube))
+
+
+def _on_threads(threads, fn):
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return fn()
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_one_sample_s_contrast_is_the_same_on_one_thread_and_two():
+    # torch splits a reduction with a single output (one sample's mean gray) between its threads, and the float32 sum
+    # then follows their count: this 400x400 image's mean gray is 226.98492 on one thread, 226.98495 on two, and
+    # 8,582 of its pixels came out one level apart. ColorJitter's and the auto-augment ops' host path run each
+    # adjustment on the samples its slot picks, one sample as often as not, under gpufeed's thread choice.
+    from gpufeed.augment.color import adjust_contrast
+
+    g = torch.Generator().manual_seed(0)
+    x = [torch.randint(200, 256, (1, 3, 400, 400), dtype=torch.uint8, generator=g) for _ in range(3)][-1]
+    f = torch.tensor([0.7694976329803467])
+    one, two = (_on_threads(t, lambda: adjust_contrast(x, f)) for t in (1, 2))
+    assert torch.equal(one, two)
+    floats = x.float() / 255  # a float batch (ToTensor before ColorJitter): its gray is no integer, every order differs
+    one, two = (_on_threads(t, lambda: adjust_contrast(floats, f)) for t in (1, 2))
+    assert torch.equal(one, two)

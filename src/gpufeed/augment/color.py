@@ -15,6 +15,7 @@ when hue is jittered (PIL's HSV round trip has no alpha). See :mod:`.channels`.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +23,7 @@ from typing import Any
 import torch
 
 from ..errors import ConfigError
+from ..threads import torch_threads
 from . import jitter as fused
 from .channels import join_alpha, opaque, split_alpha
 from .fusion import NotCompiled
@@ -77,7 +79,19 @@ def adjust_brightness(x: torch.Tensor, f: Factor) -> torch.Tensor:
 
 def adjust_contrast(x: torch.Tensor, f: Factor) -> torch.Tensor:
     work = x.dtype if x.dtype.is_floating_point else torch.float32
-    return blend(x, torch.mean(gray(x).to(work), dim=(-3, -2, -1), keepdim=True), f)
+    return blend(x, _mean(gray(x).to(work)), f)
+
+
+def _mean(g: torch.Tensor) -> torch.Tensor:
+    """Each sample's mean over its ``(C, H, W)``, the same bits at any thread count. Torch splits a reduction between
+    its threads by outputs (samples) when it has several, but within the sample when it has one, and the float sum's
+    order then follows the count: a 400x400 image's mean gray read 226.98492 on one thread and 226.98495 on two, and
+    8,582 of its pixels came out a level apart. So one sample's mean runs on one thread: the host path hands an
+    adjustment the samples its slot picks, one as often as not, under the count gpufeed's ThreadChoice picks by the
+    machine's load (NOTE [ Torch's threads on a busy machine ] in gpufeed.threads)."""
+    alone = g.shape[0] == 1 and g.device.type == "cpu"
+    with torch_threads(1) if alone else contextlib.nullcontext():
+        return torch.mean(g, dim=(-3, -2, -1), keepdim=True)
 
 
 def adjust_saturation(x: torch.Tensor, f: Factor) -> torch.Tensor:

@@ -41,7 +41,7 @@ from ..sampling import derive_seed, epoch_order, local_indices, rank_indices
 from ..store import Store, as_store
 from ..store.base import STORAGE_TIERS
 from ..store.dense import pinned, pinned_gather
-from ..threads import ThreadChoice
+from ..threads import ThreadChoice, torch_threads
 from ..validate import as_int, as_views, check_epoch, check_labels, check_transform, label_tensor
 from .config import EpochConfig, distributed_rank
 from .epochs import EpochLoader
@@ -251,16 +251,22 @@ class DeviceLoader(EpochLoader):
 
     def _probe(self) -> torch.Tensor | None:
         """Run the transform once on two samples, so a bad argument (a mean of the wrong length, a crop
-        larger than the image) fails here and not in the middle of the first epoch; their batch."""
+        larger than the image) fails here and not in the middle of the first epoch, and a fused op compiles here,
+        once under each thread count the epochs may use (:meth:`~gpufeed.threads.ThreadChoice.counts`); their
+        batch."""
         if self.transform is None:
             return None
         ids = torch.arange(min(2, len(self.store)))
         x = self.store.batch(ids, self.device)
         draws = KeyedDraws(self.config.seed, 0, ids.to(self.device))
         try:
-            for view in range(1, len(self.view_transforms or [])):  # every view's pipeline, not only the first
-                self._finish(x, draws, view=view)
-            return self._finish(x, draws)
+            out = None
+            for threads in self._threads.counts():  # each count an epoch may run it with: a fused op compiles for each
+                with torch_threads(threads):
+                    for view in range(1, len(self.view_transforms or [])):  # every view's pipeline, not only the first
+                        self._finish(x, draws, view=view)
+                    out = self._finish(x, draws)
+            return out
         except TypeError as e:
             if "KeyedDraws" not in str(e):
                 raise

@@ -50,7 +50,7 @@ from ..mds.state import load_stream_state, stream_state
 from ..read.files import header_shape
 from ..store.encoded import Encoded, decode
 from ..store.ragged import Ragged
-from ..threads import ThreadChoice
+from ..threads import ThreadChoice, torch_threads
 from ..validate import as_flag, as_int, as_seed, as_views, check_transform
 from .ahead import Ahead
 from .config import EpochConfig
@@ -230,9 +230,12 @@ class StreamLoader(EpochLoader):
         return self._length
 
     def _probe(self) -> None:
-        """Two samples through the transform now, so a bad argument fails here, not in the first epoch."""
-        ids = np.arange(min(2, self.shards.index.num_samples))
-        self._finish(self._decoded(ids), epoch=0)
+        """Two samples through the transform now, so a bad argument fails here, not in the first epoch, and a fused
+        op compiles here, under each thread count the epochs may use (:meth:`~gpufeed.threads.ThreadChoice.counts`)."""
+        item = self._decoded(np.arange(min(2, self.shards.index.num_samples)))
+        for threads in self._threads.counts():
+            with torch_threads(threads):
+                self._finish(item, epoch=0)
 
     def epoch_plan(self, epoch: int, batch: int = 0) -> EpochPlan:
         """This rank's ids of ``epoch`` from global batch ``batch`` on."""

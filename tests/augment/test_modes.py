@@ -22,6 +22,8 @@ from gpufeed.loading.fallback import FallbackLoader
 from gpufeed.pipeline.translate import PIL_BOUNDS
 from gpufeed.pipeline.translate.modes import verdict
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # torchvision's per-sample reference as make test runs it
+
 N = 4
 MODES = ["P", "PA", "L", "LA", "RGB", "RGBA", "CMYK", "YCbCr", "HSV", "LAB", "F", "I", "I;16", "1"]
 
@@ -114,7 +116,7 @@ def _torchvision(transform, ds: Images, draws: int):
 
 
 def _loader(ds, **kw):
-    return gf.accelerate(ds, batch_size=N, shuffle=False, device="cpu", progress=False, cache=False, **kw)
+    return gf.accelerate(ds, batch_size=N, shuffle=False, device="cpu", progress=False, **{"cache": False, **kw})
 
 
 def _check(mode: str, name: str, op, m, seen: set[str] | None = None) -> str:
@@ -236,3 +238,75 @@ def test_rgb_and_palette_images_together_are_refused_naming_the_sample_and_the_f
     ds = Images(["RGB", "RGB", "P", "RGB"], T.Compose([T.RandomHorizontalFlip(), T.ToTensor()]))
     with pytest.raises(gf.DataError, match=r"Images\[2\] has shape \(1, 12, 10\).*image.convert\('RGB'\)"):
         _loader(ds)
+
+
+def _mixed_folder(tmp_path, monkeypatch, modes=("L", "P", "L", "L")):
+    """An ImageFolder of PNGs saved in ``modes``, read without conversion, that gpufeed fingerprints (none of
+    torchvision's own sources yields mixed modes today; the entry must not depend on that staying so)."""
+    import gpufeed.read.fingerprint as fingerprint
+
+    monkeypatch.setattr(fingerprint, "standard_loader", lambda dataset: True)
+    (tmp_path / "data" / "a").mkdir(parents=True)
+    for i, mode in enumerate(modes):
+        make_image(mode, i).save(tmp_path / "data" / "a" / f"{i}.png")
+    from torchvision.datasets import ImageFolder
+
+    return lambda transform: ImageFolder(str(tmp_path / "data"), transform=transform, loader=Image.open)
+
+
+_FLIP = T.Compose([T.RandomHorizontalFlip(), T.PILToTensor()])  # moves pixels: any mode, so no mode is checked
+_ROTATE = T.Compose([T.RandomRotation(20, interpolation=T.InterpolationMode.BILINEAR), T.PILToTensor()])
+_JITTER = T.Compose([T.ColorJitter(brightness=0.4), T.PILToTensor()])
+
+
+@pytest.mark.parametrize("built_by", ["accelerate", "build_cache"])
+def test_a_cache_entry_records_the_modes_it_read_and_a_hit_refuses_a_mixed_dataset_as_a_fresh_read_does(
+    tmp_path, monkeypatch, built_by
+):
+    folder = _mixed_folder(tmp_path, monkeypatch)  # sample 1 is P: no probe reads it (0, n/2 and n-1)
+    root = tmp_path / "cache"
+    if built_by == "accelerate":
+        _loader(folder(_FLIP), cache=root)
+    else:
+        gf.build_cache(folder(_FLIP), root=root, progress=False)
+    (entry,) = [p for p in root.iterdir() if not p.name.startswith(".")]
+    assert gf.open_cache(entry).manifest.meta["modes"] == [[0, "L"], [1, "P"]]  # each mode's first sample
+    with pytest.raises(gf.DataError, match=r"ImageFolder\[1\] is a P image but ImageFolder\[0\] a L one"):
+        _loader(folder(_ROTATE), cache=root)
+    with pytest.raises(ConfigError, match=r"on P \(palette\) PIL images \(ImageFolder\[1\] is one\): torchvision"):
+        _loader(folder(_JITTER), cache=root)
+    with pytest.warns(UserWarning, match="falls back"):
+        assert isinstance(_loader(folder(_ROTATE), cache=root, fallback="prefetch", num_workers=0), FallbackLoader)
+
+
+def _entry_without_modes(monkeypatch, folder, root) -> None:
+    """An entry written as gpufeed wrote them before it recorded the modes its read met."""
+    import dataclasses
+
+    from gpufeed.pipeline import entries
+
+    store = entries.store
+    with monkeypatch.context() as m:
+        m.setattr(entries, "store", lambda *a, **kw: store(*a[:3], dataclasses.replace(a[3], modes=None), **kw))
+        _loader(folder(_FLIP), cache=root)
+    (entry,) = [p for p in root.iterdir() if not p.name.startswith(".")]
+    assert "modes" not in gf.open_cache(entry).manifest.meta
+
+
+def test_an_entry_that_records_no_modes_is_rebuilt_once_where_the_pipeline_depends_on_them(tmp_path, monkeypatch):
+    import warnings
+
+    mixed = _mixed_folder(tmp_path / "mixed", monkeypatch)
+    _entry_without_modes(monkeypatch, mixed, tmp_path / "c1")
+    with pytest.warns(UserWarning, match="records no PIL modes"), pytest.raises(gf.DataError, match=r"Folder\[1\]"):
+        _loader(mixed(_ROTATE), cache=tmp_path / "c1")
+    one_mode = _mixed_folder(tmp_path / "one", monkeypatch, ("L",) * N)
+    _entry_without_modes(monkeypatch, one_mode, tmp_path / "c2")
+    with pytest.warns(UserWarning, match="records no PIL modes"):
+        first = _loader(one_mode(_ROTATE), cache=tmp_path / "c2")
+    assert "written to the cache" in first.plan.ingest
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        again = _loader(one_mode(_ROTATE), cache=tmp_path / "c2")
+    assert again.plan.ingest.startswith("cache hit")
+    assert torch.equal(next(iter(first))[0], next(iter(again))[0])

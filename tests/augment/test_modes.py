@@ -61,6 +61,23 @@ class Images(Dataset):
         return (self.transform(image) if self.transform is not None else image), i
 
 
+class Arrays(Images):
+    """The same images as numpy arrays (HWC, or HW for L) or as CHW uint8 tensors (``form="tensor"``), as a
+    ``__getitem__`` that does not make PIL images hands them over."""
+
+    def __init__(self, modes, transform=None, form="ndarray"):
+        super().__init__(modes, transform)
+        self.form = form
+
+    def raw(self, i: int):
+        array = np.array(make_image(self.modes[i], i))
+        if self.form == "ndarray":
+            return array
+        return (
+            torch.from_numpy(array).permute(2, 0, 1).contiguous() if array.ndim == 3 else torch.from_numpy(array)[None]
+        )
+
+
 def ops(m):
     """Each op where torchvision's parameters are fixed (p=1, one-value ranges, a crop that can only be the padded
     image), so that its output is one image to compare with."""
@@ -310,3 +327,82 @@ def test_an_entry_that_records_no_modes_is_rebuilt_once_where_the_pipeline_depen
         again = _loader(one_mode(_ROTATE), cache=tmp_path / "c2")
     assert again.plan.ingest.startswith("cache hit")
     assert torch.equal(next(iter(first))[0], next(iter(again))[0])
+
+
+_FIXES = ("ToImage()", "Image.fromarray(", "ConvertImageDtype(")
+
+
+def _check_form(ds: Arrays, name: str, op, m) -> str:
+    """One op on numpy arrays or tensors before the first conversion: torchvision's batch, or its refusal (v1's ops
+    take PIL images or tensors; v2 passes an array by unchanged, or raises where it needs the image's size), or the
+    fallback (which runs torchvision's own no-op) -- never the op applied where torchvision does not apply it."""
+    convert = {"ndarray": m.ToTensor() if m is T else v2.ToImage(), "tensor": v2.ToImage() if m is v2 else None}
+    transform = m.Compose([op, *([convert[ds.form]] if convert[ds.form] is not None else [])])
+    ds.transform = transform
+    want = _torchvision(transform, ds, 30 if name in _RANDOM else 1)
+    try:
+        got = next(iter(_loader(ds)))[0]
+    except ConfigError as e:
+        message = str(e)
+        assert "Arrays[0]" in message and any(fix in message for fix in _FIXES), message
+        if isinstance(e, UnsupportedTransformError):
+            assert isinstance(want, torch.Tensor), f"{ds.form} {name}: torchvision raises {want!r}: refuse it"
+            assert "fallback='prefetch'" in message and "unchanged" in message, message
+            with pytest.warns(UserWarning, match="falls back"):
+                assert torch.equal(next(iter(_loader(ds, fallback="prefetch", num_workers=0)))[0], want)
+            return "fallback"
+        assert isinstance(want, Exception), f"{ds.form} {name}: torchvision runs it, gpufeed refused: {message}"
+        assert "torchvision refuses it" in message, message
+        return "refused"
+    assert isinstance(want, torch.Tensor), f"{ds.form} {name}: torchvision raises {want!r}, gpufeed served a batch"
+    assert got.shape == want.shape and got.dtype == want.dtype, (ds.form, name, got.shape, want.shape)
+    if name not in _RANDOM:  # v2's autocontrast rounds otherwise than v1's, which gpufeed batches (a plan note)
+        bound = 1 if (m is v2 and name == "autocontrast") else 0
+        diff = (got.double() - want.double()).abs().max().item()
+        assert diff <= bound, f"{ds.form} {name}: {diff} levels"
+    return "batched"
+
+
+@pytest.mark.parametrize("form,mode", [("ndarray", "RGB"), ("ndarray", "L"), ("tensor", "RGB")])
+@pytest.mark.parametrize("m", [T, v2], ids=["v1", "v2"])
+def test_arrays_and_tensors_get_torchvisions_batch_or_its_refusal_never_an_op_torchvision_does_not_apply(form, mode, m):
+    every = {k: op for k, op in ops(m).items() if k not in ("contrast", "saturation", "hue", "Grayscale")}
+    if form == "tensor" and m is T:  # v1's tensor kernels: tests/augment/test_auto.py and test_color.py compare them
+        every = {"hflip": every["hflip"], "crop, fill": every["crop, fill"], "rotate nearest": every["rotate nearest"]}
+    outcome = {name: _check_form(Arrays(mode, form=form), name, op, m) for name, op in every.items()}
+    if form == "ndarray":  # v1's ops take PIL images or tensors; v2 leaves an array as it is, or raises
+        assert outcome["hflip"] == ("refused" if m is T else "fallback"), outcome
+        assert outcome["crop, fill"] == "refused", outcome
+    else:
+        assert set(outcome.values()) == {"batched"}, outcome
+
+
+@pytest.mark.parametrize("form,conversion,outcome", [
+    ("tensor", T.ToTensor(), "refused"),  # "pic should be PIL Image or ndarray"
+    ("tensor", T.PILToTensor(), "refused"),
+    ("tensor", v2.PILToTensor(), "batched"),  # v2 passes a tensor by: the same pixels
+    ("ndarray", T.PILToTensor(), "refused"),  # "pic should be PIL Image"
+    ("ndarray", v2.ToDtype(torch.float32, scale=True), "fallback"),  # v2 leaves the array as it is
+])  # fmt: skip
+def test_a_conversion_torchvision_refuses_on_arrays_or_tensors_is_refused(form, conversion, outcome):
+    ds = Arrays("RGB", form=form)
+    ds.transform = T.Compose([T.RandomHorizontalFlip(1.0) if form == "tensor" else v2.ToImage(), conversion])
+    if form == "ndarray":
+        ds.transform = v2.Compose([conversion, v2.RandomHorizontalFlip(1.0), v2.ToImage()])
+    assert _check_form_of(ds) == outcome
+
+
+def _check_form_of(ds: Arrays) -> str:
+    transform = ds.transform
+    want = _torchvision(transform, ds, 1)
+    try:
+        got = next(iter(_loader(ds)))[0]
+    except ConfigError as e:
+        assert "Arrays[0]" in str(e) and any(fix in str(e) for fix in _FIXES), str(e)
+        if isinstance(e, UnsupportedTransformError):
+            assert isinstance(want, torch.Tensor) and "fallback='prefetch'" in str(e)
+            return "fallback"
+        assert isinstance(want, Exception) and "torchvision refuses it" in str(e), (want, str(e))
+        return "refused"
+    assert isinstance(want, torch.Tensor) and torch.equal(got, want), want
+    return "batched"

@@ -30,6 +30,7 @@ from ..sampling import derive_seed, global_seed
 from ..store.ragged import Ragged
 from ..validate import Guarded, SampleFailure, UnbatchableError, check_dataset, check_label, check_not_meta
 from .translate import RANDOM_SUPPORTED, Split, build_batched, flatten, kind, split_transform
+from .translate.inputs import check_form, form
 from .translate.modes import check_modes, mode_bound
 from .translate.refusals import is_refusal, refusal
 from .translate.state import is_v2
@@ -97,10 +98,12 @@ def _check_modes(
     """What each view meets on the probed samples' PIL mode (:func:`gpufeed.pipeline.translate.modes.check_modes`),
     and the check of every sample the read meets: where what the ops compute depends on the mode, each sample must
     have the mode they were built for (one of another mode is refused as its own mode is, else left to the
-    fallback)."""
+    fallback). Samples that are numpy arrays or tensors meet what :mod:`gpufeed.pipeline.translate.inputs` says."""
+    first = f"{source}[{sample.modes[0][0]}]" if sample.modes else f"{source}[0]"
+    for ops in views:
+        check_form(ops, sample.form, first)
     if sample.mode is None:
         return None
-    first = f"{source}[{sample.modes[0][0]}]"
     for ops in views:
         check_modes(ops, sample.mode, first)
     if not any(mode_bound(ops) for ops in views):
@@ -205,6 +208,7 @@ class Probe:
     sizes_only: bool = False  # ragged, but only in height and width (one channel count and dtype): a Ragged store
     channels: int | None = None  # of an image after the cached part (sample 0's)
     modes: tuple[tuple[int, str | None], ...] = ()  # (index, PIL mode or None) of each probed sample, the first first
+    form: str = "tensor"  # what the first probed sample is after the cached part: "PIL", "ndarray", "tensor", ...
 
     @property
     def mode(self) -> str | None:
@@ -381,9 +385,10 @@ def probe_samples(
     size = (first.shape[1], first.shape[2])
     channels = int(first.shape[0])
     if ragged is None:
-        return Probe(first.dtype, size, pil, None, torch.stack(stored), channels=channels, modes=tuple(modes))
+        stack: Any = torch.stack(stored)
+        return Probe(first.dtype, size, pil, None, stack, channels=channels, modes=tuple(modes), form=form(first_out))
     stack = Ragged.stack(stored) if sizes_only else None
-    return Probe(first.dtype, size, pil, ragged, stack, sizes_only, channels, tuple(modes))
+    return Probe(first.dtype, size, pil, ragged, stack, sizes_only, channels, tuple(modes), form(first_out))
 
 
 def _mode(image: Any) -> str | None:

@@ -406,3 +406,24 @@ def _check_form_of(ds: Arrays) -> str:
         return "refused"
     assert isinstance(want, torch.Tensor) and torch.equal(got, want), want
     return "batched"
+
+
+@pytest.mark.parametrize("mode", ["I;16", "I", "F"])
+@pytest.mark.parametrize("op", [T.RandomRotation((30, 30)), T.RandomHorizontalFlip(1.0)], ids=["rotate", "flip"])
+def test_the_fix_named_for_16_bit_and_float_images_keeps_their_values_and_then_batches(mode, op):
+    # convert('L') clips every value above 255 (a 16-bit scan turns white, floats in [0, 1] black): never the fix
+    ds = Images(mode, T.Compose([op, T.ToTensor()]))
+    if mode == "F" and isinstance(op, T.RandomHorizontalFlip):
+        assert torch.equal(next(iter(_loader(ds)))[0], _torchvision(ds.transform, ds, 1))  # float32: stored as it is
+        return
+    with pytest.raises((ConfigError, gf.DataError)) as caught:
+        _loader(ds)
+    message = str(caught.value)
+    assert "convert('L')" not in message.replace("convert('L') would clip", ""), message
+    assert "np.array(im, np.float32)" in message and "cache_lambda=True" in message, message
+    scale = " / 65535" if mode == "I;16" else ""
+    assert f"np.array(im, np.float32))[None]{scale})" in message, message
+    as_float = T.Lambda(lambda im: torch.from_numpy(np.array(im, np.float32))[None] / (65535 if mode == "I;16" else 1))
+    ds = Images(mode, T.Compose([as_float, op]))  # the fix, followed: a float tensor, batched as torchvision runs it
+    loader = _loader(ds, cache_lambda=True)
+    assert torch.equal(next(iter(loader))[0], _torchvision(ds.transform, ds, 1))

@@ -31,7 +31,7 @@ from ..store.ragged import Ragged
 from ..validate import Guarded, SampleFailure, UnbatchableError, check_dataset, check_label, check_not_meta
 from .translate import RANDOM_SUPPORTED, Split, build_batched, flatten, kind, split_transform
 from .translate.inputs import check_form, form
-from .translate.modes import check_modes, mode_bound
+from .translate.modes import check_modes, mode_bound, mode_fix
 from .translate.refusals import is_refusal, refusal
 from .translate.state import is_v2
 
@@ -359,11 +359,17 @@ def probe_samples(
         if isinstance(first_out, Image.Image):  # what the pipeline's ops (``views``) refuse on them comes first
             for ops in views:
                 check_modes(ops, first_out.mode, f"{source}[{first_at}]")
-        kind = f"{first_out.mode} PIL images, " if isinstance(first_out, Image.Image) else ""
+        pil_mode = first_out.mode if isinstance(first_out, Image.Image) else None
+        kind = f"{pil_mode} PIL images, " if pil_mode else ""
+        fix = (
+            mode_fix(pil_mode)
+            if pil_mode
+            else "convert them to uint8 or float in __getitem__, or in the transform's first op (a T.Lambda, with "
+            "cache_lambda=True: the ops after it are not cached, so a ToDtype there comes too late)"
+        )
         raise UnbatchableError(
             f"{source}[{first_at}] gives {kind}images of dtype {first.dtype}; gpufeed stores uint8 or float images: "
-            "convert them in the dataset's loader (Image.open(f).convert('RGB') or 'L'), or with a ToDtype first, or "
-            "pass fallback='prefetch'"
+            f"{fix}; or pass fallback='prefetch' to run your pipeline as it is"
         )
     stored, ragged, sizes_only = [first], None, True
     modes = [(first_at, _mode(first_out))]

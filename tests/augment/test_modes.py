@@ -427,3 +427,34 @@ def test_the_fix_named_for_16_bit_and_float_images_keeps_their_values_and_then_b
     ds = Images(mode, T.Compose([as_float, op]))  # the fix, followed: a float tensor, batched as torchvision runs it
     loader = _loader(ds, cache_lambda=True)
     assert torch.equal(next(iter(loader))[0], _torchvision(ds.transform, ds, 1))
+
+
+@pytest.mark.parametrize("mode", ["L", "RGB", "RGBA"])
+@pytest.mark.parametrize("m", [T, v2], ids=["v1", "v2"])
+def test_a_normalize_of_another_channel_count_is_refused_where_torchvision_refuses_it(mode, m):
+    convert = [T.ToTensor()] if m is T else [v2.ToImage(), v2.ToDtype(torch.float32, scale=True)]
+    for values in (1, 2, 3):
+        ds = Images(
+            mode, m.Compose([m.RandomHorizontalFlip(1.0), *convert, m.Normalize([0.5] * values, [0.25] * values)])
+        )
+        want = _torchvision(ds.transform, ds, 1)  # v1 normalizes in place: 1 value or one per channel; v2 broadcasts
+        try:
+            got = next(iter(_loader(ds)))[0]
+        except ConfigError as e:
+            message = str(e)
+            if isinstance(e, UnsupportedTransformError):  # v2 makes 3 channels of 1: torchvision's, by the fallback
+                assert isinstance(want, torch.Tensor) and want.shape[1] != got_channels(mode), (mode, values, message)
+                with pytest.warns(UserWarning, match="falls back"):
+                    assert torch.equal(next(iter(_loader(ds, fallback="prefetch", num_workers=0)))[0], want)
+                continue
+            assert isinstance(want, Exception), f"{mode} {values}: torchvision runs it, gpufeed refused: {message}"
+            assert "torchvision refuses it" in message and f"{values} values" in message, message
+            assert f"{got_channels(mode)} channels" in message and "Images[0]" in message, message
+            with pytest.raises(ConfigError, match="torchvision refuses it"):  # no fallback runs it either
+                _loader(ds, fallback="prefetch", num_workers=0)
+            continue
+        assert isinstance(want, torch.Tensor) and torch.equal(got, want), (mode, values, want)
+
+
+def got_channels(mode: str) -> int:
+    return len(mode)

@@ -32,7 +32,7 @@ from ..validate import Guarded, SampleFailure, UnbatchableError, check_dataset, 
 from .translate import RANDOM_SUPPORTED, Split, build_batched, flatten, kind, split_transform
 from .translate.inputs import check_form, form
 from .translate.modes import check_modes, mode_bound, mode_fix
-from .translate.refusals import is_refusal, refusal
+from .translate.refusals import is_refusal, normalize_channels, refusal
 from .translate.state import is_v2
 
 __all__ = ["Probe", "Probed", "probe", "probe_samples"]
@@ -76,7 +76,7 @@ def probe(dataset: Any, transforms: Sequence[Any], cache_lambda: bool = False, o
     sample = probe_samples(dataset, split.cached_transform(), on_error, views)
     check_mode = _check_modes(views, sample, type(dataset).__name__)
     for s in [split, *others]:
-        _refuse_channels(s.device, sample)
+        _refuse_channels(s.device, sample, type(dataset).__name__)
     notes: list[str] = []
     batched = tuple(
         build_batched(s.device, sample.dtype, sample.size, sample.pil, notes, sample.channels, sample.mode)
@@ -147,23 +147,26 @@ _CONTAINERS = ("RandomApply", "RandomChoice", "RandomOrder")
 _TO_TENSOR = ("ToTensor", "PILToTensor", "ToImage", "MaybeToTensor", "MaybePILToTensor")
 
 
-def _refuse_channels(ops: Sequence[Any], sample: Probe) -> None:
+def _refuse_channels(ops: Sequence[Any], sample: Probe, source: str) -> None:
     """Raise what torchvision raises for the images' channel count at each op's place in the pipeline (a PIL image
     or a tensor, v1 or v2: :func:`gpufeed.augment.channels.refusal_words`), before the dataset is read.
 
     Decided by the pipeline alone, never by a draw: a RandomGrayscale(p=0.1) that happened not to fire on the
     probed samples would still raise on the tenth image of an epoch."""
     if sample.channels is not None:
-        _walk_channels(ops, sample, sample.pil, sample.dtype, sample.channels)
+        where = f"{source}[{sample.modes[0][0] if sample.modes else 0}]"
+        _walk_channels(ops, sample, sample.pil, sample.dtype, sample.channels, where)
 
 
-def _walk_channels(ops: Sequence[Any], sample: Probe, pil: bool, dtype: torch.dtype, channels: int) -> None:
+def _walk_channels(ops: Sequence[Any], sample: Probe, pil: bool, dtype: torch.dtype, channels: int, where: str) -> None:
     """:func:`_refuse_channels` from one place on, the image being ``pil`` or a tensor of ``dtype`` there."""
     for op in ops:
         name = kind(op)
         if name in _CONTAINERS:  # their ops see the images as they are here (and may not change them)
-            _walk_channels([inner for t in op.transforms for inner in flatten(t)], sample, pil, dtype, channels)
+            _walk_channels([inner for t in op.transforms for inner in flatten(t)], sample, pil, dtype, channels, where)
             continue
+        if name == "Normalize" and not pil:
+            _normalize_channels(op, dtype, channels, sample, where)
         said = refusal_words(name, op, channels, pil, is_v2(op))
         if said is not None:
             raise refusal(op, dtype, pil, said, fix_words(int(sample.channels or channels), sample.pil))
@@ -173,6 +176,26 @@ def _walk_channels(ops: Sequence[Any], sample: Probe, pil: bool, dtype: torch.dt
             dtype = op.dtype
         elif name == "Grayscale":
             channels = int(op.num_output_channels)
+
+
+def _normalize_channels(op: Any, dtype: torch.dtype, channels: int, sample: Probe, where: str) -> None:
+    """Normalize's mean and std against the images' channel count (:func:`.translate.refusals.normalize_channels`)."""
+    found = normalize_channels(op, channels)
+    if found is None:
+        return
+    what, said = found
+    n = len(op.mean) if isinstance(op.mean, (list, tuple)) else 1
+    head = f"mean and std of {n} values on images of {channels} channels ({where} has {channels})"
+    convert = (
+        "; or convert the images to RGB (Image.open(f).convert('RGB'))" if sample.mode not in (None, "RGB") else ""
+    )
+    fix = f"give Normalize one value, or one per channel ({channels}){convert}"
+    if what == "refused":
+        raise refusal(op, dtype, False, f"{said}: {head}", fix)
+    raise UnsupportedTransformError(
+        f"{op!r}: {head}: {said}, which gpufeed does not batch; {fix}, or pass fallback='prefetch' to run your "
+        "pipeline as it is"
+    )
 
 
 def _dry_run(batched: Any, samples: torch.Tensor | Ragged | None) -> None:

@@ -18,7 +18,6 @@ from typing import Any
 
 import torch
 
-from ..augment.channels import fix_words, refusal_words
 from ..augment.fusion import eager
 from ..augment.transforms import takes_ragged
 from ..errors import ConfigError, DataError, UnsupportedTransformError
@@ -29,11 +28,11 @@ from ..read.wrappers import hidden_transforms
 from ..sampling import derive_seed, global_seed
 from ..store.ragged import Ragged
 from ..validate import Guarded, SampleFailure, UnbatchableError, check_dataset, check_label, check_not_meta
+from .sample_checks import check_samples, refuse_channels
 from .translate import RANDOM_SUPPORTED, Split, build_batched, flatten, kind, split_transform
-from .translate.inputs import check_form, form
-from .translate.modes import check_modes, mode_bound, mode_fix
-from .translate.refusals import is_refusal, normalize_channels, refusal
-from .translate.state import is_v2
+from .translate.inputs import form
+from .translate.modes import check_modes, mode_fix
+from .translate.refusals import is_refusal
 
 __all__ = ["Probe", "Probed", "probe", "probe_samples"]
 
@@ -74,9 +73,9 @@ def probe(dataset: Any, transforms: Sequence[Any], cache_lambda: bool = False, o
     views = [s.device for s in [split, *others]]
     on_error = "skip" if has_image_files(dataset) else on_error
     sample = probe_samples(dataset, split.cached_transform(), on_error, views)
-    check_mode = _check_modes(views, sample, type(dataset).__name__)
+    check_mode = check_samples(views, sample, type(dataset).__name__)
     for s in [split, *others]:
-        _refuse_channels(s.device, sample, type(dataset).__name__)
+        refuse_channels(s.device, sample, type(dataset).__name__)
     notes: list[str] = []
     batched = tuple(
         build_batched(s.device, sample.dtype, sample.size, sample.pil, notes, sample.channels, sample.mode)
@@ -92,42 +91,6 @@ def probe(dataset: Any, transforms: Sequence[Any], cache_lambda: bool = False, o
     return Probed(split, sample, batched, tuple(notes), check_mode)
 
 
-def _check_modes(
-    views: Sequence[Sequence[Any]], sample: Probe, source: str
-) -> Callable[[int, str | None], None] | None:
-    """What each view meets on the probed samples' PIL mode (:func:`gpufeed.pipeline.translate.modes.check_modes`),
-    and the check of every sample the read meets: where what the ops compute depends on the mode, each sample must
-    have the mode they were built for (one of another mode is refused as its own mode is, else left to the
-    fallback). Samples that are numpy arrays or tensors meet what :mod:`gpufeed.pipeline.translate.inputs` says."""
-    first = f"{source}[{sample.modes[0][0]}]" if sample.modes else f"{source}[0]"
-    for ops in views:
-        check_form(ops, sample.form, first)
-    if sample.mode is None:
-        return None
-    for ops in views:
-        check_modes(ops, sample.mode, first)
-    if not any(mode_bound(ops) for ops in views):
-        return None
-    check = functools.partial(_same_mode, views, sample.mode, first, source)
-    for i, mode in sample.modes[1:]:
-        check(i, mode)
-    return check
-
-
-def _same_mode(views: Sequence[Sequence[Any]], mode: str, first: str, source: str, i: int, got: str | None) -> None:
-    if got == mode:
-        return
-    where = f"{source}[{i}]"
-    if got is not None:
-        for ops in views:
-            check_modes(ops, got, where)
-    raise UnbatchableError(
-        f"{where} is a {got or 'non-PIL'} image but {first} a {mode} one, and the pipeline computes on PIL images "
-        f"what depends on their mode: gpufeed batches one mode; convert every image to one mode in the dataset's "
-        "loader (Image.open(f).convert('RGB')), or pass fallback='prefetch' to run your pipeline per sample"
-    )
-
-
 def _refuse_ragged(sample: Probe, batched: Any) -> None:
     """Images of different sizes the recipe cannot keep as they are: say why (and what order would)."""
     assert sample.ragged is not None
@@ -141,61 +104,6 @@ def _refuse_ragged(sample: Probe, batched: Any) -> None:
             sizes_only=True,
         )
     raise RaggedError(sample.ragged, sizes_only=sample.sizes_only)
-
-
-_CONTAINERS = ("RandomApply", "RandomChoice", "RandomOrder")
-_TO_TENSOR = ("ToTensor", "PILToTensor", "ToImage", "MaybeToTensor", "MaybePILToTensor")
-
-
-def _refuse_channels(ops: Sequence[Any], sample: Probe, source: str) -> None:
-    """Raise what torchvision raises for the images' channel count at each op's place in the pipeline (a PIL image
-    or a tensor, v1 or v2: :func:`gpufeed.augment.channels.refusal_words`), before the dataset is read.
-
-    Decided by the pipeline alone, never by a draw: a RandomGrayscale(p=0.1) that happened not to fire on the
-    probed samples would still raise on the tenth image of an epoch."""
-    if sample.channels is not None:
-        where = f"{source}[{sample.modes[0][0] if sample.modes else 0}]"
-        _walk_channels(ops, sample, sample.pil, sample.dtype, sample.channels, where)
-
-
-def _walk_channels(ops: Sequence[Any], sample: Probe, pil: bool, dtype: torch.dtype, channels: int, where: str) -> None:
-    """:func:`_refuse_channels` from one place on, the image being ``pil`` or a tensor of ``dtype`` there."""
-    for op in ops:
-        name = kind(op)
-        if name in _CONTAINERS:  # their ops see the images as they are here (and may not change them)
-            _walk_channels([inner for t in op.transforms for inner in flatten(t)], sample, pil, dtype, channels, where)
-            continue
-        if name == "Normalize" and not pil:
-            _normalize_channels(op, dtype, channels, sample, where)
-        said = refusal_words(name, op, channels, pil, is_v2(op))
-        if said is not None:
-            raise refusal(op, dtype, pil, said, fix_words(int(sample.channels or channels), sample.pil))
-        if name in _TO_TENSOR:
-            pil, dtype = False, torch.float32 if name in ("ToTensor", "MaybeToTensor") else dtype
-        elif name in ("ToDtype", "ConvertImageDtype") and isinstance(getattr(op, "dtype", None), torch.dtype):
-            dtype = op.dtype
-        elif name == "Grayscale":
-            channels = int(op.num_output_channels)
-
-
-def _normalize_channels(op: Any, dtype: torch.dtype, channels: int, sample: Probe, where: str) -> None:
-    """Normalize's mean and std against the images' channel count (:func:`.translate.refusals.normalize_channels`)."""
-    found = normalize_channels(op, channels)
-    if found is None:
-        return
-    what, said = found
-    n = len(op.mean) if isinstance(op.mean, (list, tuple)) else 1
-    head = f"mean and std of {n} values on images of {channels} channels ({where} has {channels})"
-    convert = (
-        "; or convert the images to RGB (Image.open(f).convert('RGB'))" if sample.mode not in (None, "RGB") else ""
-    )
-    fix = f"give Normalize one value, or one per channel ({channels}){convert}"
-    if what == "refused":
-        raise refusal(op, dtype, False, f"{said}: {head}", fix)
-    raise UnsupportedTransformError(
-        f"{op!r}: {head}: {said}, which gpufeed does not batch; {fix}, or pass fallback='prefetch' to run your "
-        "pipeline as it is"
-    )
 
 
 def _dry_run(batched: Any, samples: torch.Tensor | Ragged | None) -> None:

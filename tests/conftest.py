@@ -18,6 +18,18 @@ _DEVICES = [
 ]
 
 
+@pytest.fixture
+def one_thread():
+    """One torch thread, as ``make test``'s workers compute (and as DataLoader workers run torchvision's per-sample
+    ops): torch's OpenMP and MKL teams on 2 threads of a busy 2-core machine made each of torchvision's small ops slow
+    (a 120x3 by 3x2 bmm, one per affine warp: 24-32 ms on 2 threads beside a load of 4-5, 0.003 ms on one), so a file
+    that compares with torchvision sample by sample, run alone, took 5-10x its time under ``make test``."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     # Under pytest-xdist (`make test` runs one worker per core) each worker computes on one thread: two workers
     # with torch's default of one thread per core would run twice the threads the cores hold.

@@ -47,14 +47,9 @@ FLIP = T.Compose([T.RandomHorizontalFlip(), T.ToTensor()])
 PER_SAMPLE = T.Compose([T.ElasticTransform(alpha=10.0, sigma=1.0), T.ToTensor()])  # not batched: the fallback runs it
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """One torch thread, as under ``make test``: ElasticTransform's small convolutions on 2 threads of a busy
-    2-core machine took 7 s for the fallback's checks here, 0.3 s on one."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+# One torch thread, as under ``make test``: ElasticTransform's small convolutions on 2 threads of a busy 2-core
+# machine took 7 s for the fallback's checks here, 0.3 s on one.
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

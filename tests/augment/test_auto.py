@@ -17,6 +17,11 @@ from gpufeed.errors import ConfigError
 from fakes import image_summaries, varied_cifar
 from stats import chi_square_p_value
 
+# torchvision's per-sample reference on one torch thread (tests/conftest.py), as make test runs it: this file run
+# alone beside a load of 4-5 on the 2-core machine took 745 s on torch's 2 threads, 101 s on one (the AugMix recipe
+# test 57 s and 8 s)
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 
 def _images(n: int, h: int, w: int, seed: int = 0) -> torch.Tensor:
     """Noise, flat images and dark ones: flat channels exercise autocontrast's and equalize's edge cases."""

@@ -22,6 +22,8 @@ from gpufeed.loading.fallback import FallbackLoader
 from gpufeed.pipeline.translate import PIL_BOUNDS
 from gpufeed.pipeline.translate.modes import verdict
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # torchvision's per-sample reference as make test runs it
+
 N = 4
 MODES = ["P", "PA", "L", "LA", "RGB", "RGBA", "CMYK", "YCbCr", "HSV", "LAB", "F", "I", "I;16", "1"]
 
@@ -57,6 +59,23 @@ class Images(Dataset):
     def __getitem__(self, i: int):
         image = self.raw(i)
         return (self.transform(image) if self.transform is not None else image), i
+
+
+class Arrays(Images):
+    """The same images as numpy arrays (HWC, or HW for L) or as CHW uint8 tensors (``form="tensor"``), as a
+    ``__getitem__`` that does not make PIL images hands them over."""
+
+    def __init__(self, modes, transform=None, form="ndarray"):
+        super().__init__(modes, transform)
+        self.form = form
+
+    def raw(self, i: int):
+        array = np.array(make_image(self.modes[i], i))
+        if self.form == "ndarray":
+            return array
+        return (
+            torch.from_numpy(array).permute(2, 0, 1).contiguous() if array.ndim == 3 else torch.from_numpy(array)[None]
+        )
 
 
 def ops(m):
@@ -114,7 +133,7 @@ def _torchvision(transform, ds: Images, draws: int):
 
 
 def _loader(ds, **kw):
-    return gf.accelerate(ds, batch_size=N, shuffle=False, device="cpu", progress=False, cache=False, **kw)
+    return gf.accelerate(ds, batch_size=N, shuffle=False, device="cpu", progress=False, **{"cache": False, **kw})
 
 
 def _check(mode: str, name: str, op, m, seen: set[str] | None = None) -> str:
@@ -236,3 +255,206 @@ def test_rgb_and_palette_images_together_are_refused_naming_the_sample_and_the_f
     ds = Images(["RGB", "RGB", "P", "RGB"], T.Compose([T.RandomHorizontalFlip(), T.ToTensor()]))
     with pytest.raises(gf.DataError, match=r"Images\[2\] has shape \(1, 12, 10\).*image.convert\('RGB'\)"):
         _loader(ds)
+
+
+def _mixed_folder(tmp_path, monkeypatch, modes=("L", "P", "L", "L")):
+    """An ImageFolder of PNGs saved in ``modes``, read without conversion, that gpufeed fingerprints (none of
+    torchvision's own sources yields mixed modes today; the entry must not depend on that staying so)."""
+    import gpufeed.read.fingerprint as fingerprint
+
+    monkeypatch.setattr(fingerprint, "standard_loader", lambda dataset: True)
+    (tmp_path / "data" / "a").mkdir(parents=True)
+    for i, mode in enumerate(modes):
+        make_image(mode, i).save(tmp_path / "data" / "a" / f"{i}.png")
+    from torchvision.datasets import ImageFolder
+
+    return lambda transform: ImageFolder(str(tmp_path / "data"), transform=transform, loader=Image.open)
+
+
+_FLIP = T.Compose([T.RandomHorizontalFlip(), T.PILToTensor()])  # moves pixels: any mode, so no mode is checked
+_ROTATE = T.Compose([T.RandomRotation(20, interpolation=T.InterpolationMode.BILINEAR), T.PILToTensor()])
+_JITTER = T.Compose([T.ColorJitter(brightness=0.4), T.PILToTensor()])
+
+
+@pytest.mark.parametrize("built_by", ["accelerate", "build_cache"])
+def test_a_cache_entry_records_the_modes_it_read_and_a_hit_refuses_a_mixed_dataset_as_a_fresh_read_does(
+    tmp_path, monkeypatch, built_by
+):
+    folder = _mixed_folder(tmp_path, monkeypatch)  # sample 1 is P: no probe reads it (0, n/2 and n-1)
+    root = tmp_path / "cache"
+    if built_by == "accelerate":
+        _loader(folder(_FLIP), cache=root)
+    else:
+        gf.build_cache(folder(_FLIP), root=root, progress=False)
+    (entry,) = [p for p in root.iterdir() if not p.name.startswith(".")]
+    assert gf.open_cache(entry).manifest.meta["modes"] == [[0, "L"], [1, "P"]]  # each mode's first sample
+    with pytest.raises(gf.DataError, match=r"ImageFolder\[1\] is a P image but ImageFolder\[0\] a L one"):
+        _loader(folder(_ROTATE), cache=root)
+    with pytest.raises(ConfigError, match=r"on P \(palette\) PIL images \(ImageFolder\[1\] is one\): torchvision"):
+        _loader(folder(_JITTER), cache=root)
+    with pytest.warns(UserWarning, match="falls back"):
+        assert isinstance(_loader(folder(_ROTATE), cache=root, fallback="prefetch", num_workers=0), FallbackLoader)
+
+
+def _entry_without_modes(monkeypatch, folder, root) -> None:
+    """An entry written as gpufeed wrote them before it recorded the modes its read met."""
+    import dataclasses
+
+    from gpufeed.pipeline import entries
+
+    store = entries.store
+    with monkeypatch.context() as m:
+        m.setattr(entries, "store", lambda *a, **kw: store(*a[:3], dataclasses.replace(a[3], modes=None), **kw))
+        _loader(folder(_FLIP), cache=root)
+    (entry,) = [p for p in root.iterdir() if not p.name.startswith(".")]
+    assert "modes" not in gf.open_cache(entry).manifest.meta
+
+
+def test_an_entry_that_records_no_modes_is_rebuilt_once_where_the_pipeline_depends_on_them(tmp_path, monkeypatch):
+    import warnings
+
+    mixed = _mixed_folder(tmp_path / "mixed", monkeypatch)
+    _entry_without_modes(monkeypatch, mixed, tmp_path / "c1")
+    with pytest.warns(UserWarning, match="records no PIL modes"), pytest.raises(gf.DataError, match=r"Folder\[1\]"):
+        _loader(mixed(_ROTATE), cache=tmp_path / "c1")
+    one_mode = _mixed_folder(tmp_path / "one", monkeypatch, ("L",) * N)
+    _entry_without_modes(monkeypatch, one_mode, tmp_path / "c2")
+    with pytest.warns(UserWarning, match="records no PIL modes"):
+        first = _loader(one_mode(_ROTATE), cache=tmp_path / "c2")
+    assert "written to the cache" in first.plan.ingest
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        again = _loader(one_mode(_ROTATE), cache=tmp_path / "c2")
+    assert again.plan.ingest.startswith("cache hit")
+    assert torch.equal(next(iter(first))[0], next(iter(again))[0])
+
+
+_FIXES = ("ToImage()", "Image.fromarray(", "ConvertImageDtype(")
+
+
+def _check_form(ds: Arrays, name: str, op, m) -> str:
+    """One op on numpy arrays or tensors before the first conversion: torchvision's batch, or its refusal (v1's ops
+    take PIL images or tensors; v2 passes an array by unchanged, or raises where it needs the image's size), or the
+    fallback (which runs torchvision's own no-op) -- never the op applied where torchvision does not apply it."""
+    convert = {"ndarray": m.ToTensor() if m is T else v2.ToImage(), "tensor": v2.ToImage() if m is v2 else None}
+    transform = m.Compose([op, *([convert[ds.form]] if convert[ds.form] is not None else [])])
+    ds.transform = transform
+    want = _torchvision(transform, ds, 30 if name in _RANDOM else 1)
+    try:
+        got = next(iter(_loader(ds)))[0]
+    except ConfigError as e:
+        message = str(e)
+        assert "Arrays[0]" in message and any(fix in message for fix in _FIXES), message
+        if isinstance(e, UnsupportedTransformError):
+            assert isinstance(want, torch.Tensor), f"{ds.form} {name}: torchvision raises {want!r}: refuse it"
+            assert "fallback='prefetch'" in message and "unchanged" in message, message
+            with pytest.warns(UserWarning, match="falls back"):
+                assert torch.equal(next(iter(_loader(ds, fallback="prefetch", num_workers=0)))[0], want)
+            return "fallback"
+        assert isinstance(want, Exception), f"{ds.form} {name}: torchvision runs it, gpufeed refused: {message}"
+        assert "torchvision refuses it" in message, message
+        return "refused"
+    assert isinstance(want, torch.Tensor), f"{ds.form} {name}: torchvision raises {want!r}, gpufeed served a batch"
+    assert got.shape == want.shape and got.dtype == want.dtype, (ds.form, name, got.shape, want.shape)
+    if name not in _RANDOM:  # v2's autocontrast rounds otherwise than v1's, which gpufeed batches (a plan note)
+        bound = 1 if (m is v2 and name == "autocontrast") else 0
+        diff = (got.double() - want.double()).abs().max().item()
+        assert diff <= bound, f"{ds.form} {name}: {diff} levels"
+    return "batched"
+
+
+@pytest.mark.parametrize("form,mode", [("ndarray", "RGB"), ("ndarray", "L"), ("tensor", "RGB")])
+@pytest.mark.parametrize("m", [T, v2], ids=["v1", "v2"])
+def test_arrays_and_tensors_get_torchvisions_batch_or_its_refusal_never_an_op_torchvision_does_not_apply(form, mode, m):
+    every = {k: op for k, op in ops(m).items() if k not in ("contrast", "saturation", "hue", "Grayscale")}
+    if form == "tensor" and m is T:  # v1's tensor kernels: tests/augment/test_auto.py and test_color.py compare them
+        every = {"hflip": every["hflip"], "crop, fill": every["crop, fill"], "rotate nearest": every["rotate nearest"]}
+    outcome = {name: _check_form(Arrays(mode, form=form), name, op, m) for name, op in every.items()}
+    if form == "ndarray":  # v1's ops take PIL images or tensors; v2 leaves an array as it is, or raises
+        assert outcome["hflip"] == ("refused" if m is T else "fallback"), outcome
+        assert outcome["crop, fill"] == "refused", outcome
+    else:
+        assert set(outcome.values()) == {"batched"}, outcome
+
+
+@pytest.mark.parametrize("form,conversion,outcome", [
+    ("tensor", T.ToTensor(), "refused"),  # "pic should be PIL Image or ndarray"
+    ("tensor", T.PILToTensor(), "refused"),
+    ("tensor", v2.PILToTensor(), "batched"),  # v2 passes a tensor by: the same pixels
+    ("ndarray", T.PILToTensor(), "refused"),  # "pic should be PIL Image"
+    ("ndarray", v2.ToDtype(torch.float32, scale=True), "fallback"),  # v2 leaves the array as it is
+])  # fmt: skip
+def test_a_conversion_torchvision_refuses_on_arrays_or_tensors_is_refused(form, conversion, outcome):
+    ds = Arrays("RGB", form=form)
+    ds.transform = T.Compose([T.RandomHorizontalFlip(1.0) if form == "tensor" else v2.ToImage(), conversion])
+    if form == "ndarray":
+        ds.transform = v2.Compose([conversion, v2.RandomHorizontalFlip(1.0), v2.ToImage()])
+    assert _check_form_of(ds) == outcome
+
+
+def _check_form_of(ds: Arrays) -> str:
+    transform = ds.transform
+    want = _torchvision(transform, ds, 1)
+    try:
+        got = next(iter(_loader(ds)))[0]
+    except ConfigError as e:
+        assert "Arrays[0]" in str(e) and any(fix in str(e) for fix in _FIXES), str(e)
+        if isinstance(e, UnsupportedTransformError):
+            assert isinstance(want, torch.Tensor) and "fallback='prefetch'" in str(e)
+            return "fallback"
+        assert isinstance(want, Exception) and "torchvision refuses it" in str(e), (want, str(e))
+        return "refused"
+    assert isinstance(want, torch.Tensor) and torch.equal(got, want), want
+    return "batched"
+
+
+@pytest.mark.parametrize("mode", ["I;16", "I", "F"])
+@pytest.mark.parametrize("op", [T.RandomRotation((30, 30)), T.RandomHorizontalFlip(1.0)], ids=["rotate", "flip"])
+def test_the_fix_named_for_16_bit_and_float_images_keeps_their_values_and_then_batches(mode, op):
+    # convert('L') clips every value above 255 (a 16-bit scan turns white, floats in [0, 1] black): never the fix
+    ds = Images(mode, T.Compose([op, T.ToTensor()]))
+    if mode == "F" and isinstance(op, T.RandomHorizontalFlip):
+        assert torch.equal(next(iter(_loader(ds)))[0], _torchvision(ds.transform, ds, 1))  # float32: stored as it is
+        return
+    with pytest.raises((ConfigError, gf.DataError)) as caught:
+        _loader(ds)
+    message = str(caught.value)
+    assert "convert('L')" not in message.replace("convert('L') would clip", ""), message
+    assert "np.array(im, np.float32)" in message and "cache_lambda=True" in message, message
+    scale = " / 65535" if mode == "I;16" else ""
+    assert f"np.array(im, np.float32))[None]{scale})" in message, message
+    as_float = T.Lambda(lambda im: torch.from_numpy(np.array(im, np.float32))[None] / (65535 if mode == "I;16" else 1))
+    ds = Images(mode, T.Compose([as_float, op]))  # the fix, followed: a float tensor, batched as torchvision runs it
+    loader = _loader(ds, cache_lambda=True)
+    assert torch.equal(next(iter(loader))[0], _torchvision(ds.transform, ds, 1))
+
+
+@pytest.mark.parametrize("mode", ["L", "RGB", "RGBA"])
+@pytest.mark.parametrize("m", [T, v2], ids=["v1", "v2"])
+def test_a_normalize_of_another_channel_count_is_refused_where_torchvision_refuses_it(mode, m):
+    convert = [T.ToTensor()] if m is T else [v2.ToImage(), v2.ToDtype(torch.float32, scale=True)]
+    for values in (1, 2, 3):
+        ds = Images(
+            mode, m.Compose([m.RandomHorizontalFlip(1.0), *convert, m.Normalize([0.5] * values, [0.25] * values)])
+        )
+        want = _torchvision(ds.transform, ds, 1)  # v1 normalizes in place: 1 value or one per channel; v2 broadcasts
+        try:
+            got = next(iter(_loader(ds)))[0]
+        except ConfigError as e:
+            message = str(e)
+            if isinstance(e, UnsupportedTransformError):  # v2 makes 3 channels of 1: torchvision's, by the fallback
+                assert isinstance(want, torch.Tensor) and want.shape[1] != got_channels(mode), (mode, values, message)
+                with pytest.warns(UserWarning, match="falls back"):
+                    assert torch.equal(next(iter(_loader(ds, fallback="prefetch", num_workers=0)))[0], want)
+                continue
+            assert isinstance(want, Exception), f"{mode} {values}: torchvision runs it, gpufeed refused: {message}"
+            assert "torchvision refuses it" in message and f"{values} values" in message, message
+            assert f"{got_channels(mode)} channels" in message and "Images[0]" in message, message
+            with pytest.raises(ConfigError, match="torchvision refuses it"):  # no fallback runs it either
+                _loader(ds, fallback="prefetch", num_workers=0)
+            continue
+        assert isinstance(want, torch.Tensor) and torch.equal(got, want), (mode, values, want)
+
+
+def got_channels(mode: str) -> int:
+    return len(mode)

@@ -41,12 +41,14 @@ __all__ = [
     "describe_source",
     "folder_root",
     "load_or_ingest",
+    "mode_check",
     "store",
 ]
 
 
-def _current(target: Path, key: str, announce: bool) -> Cache | None:
-    """The valid entry at ``target`` if it has ``key``; ``announce``: warn about what will be rebuilt.
+def _current(target: Path, key: str, announce: bool, stale: Stale | None = None) -> Cache | None:
+    """The valid entry at ``target`` if it has ``key`` (and ``stale`` finds nothing to rebuild it for);
+    ``announce``: warn about what will be rebuilt.
 
     The key is read from the manifest first, so an entry of other data is not hashed just to be
     replaced.
@@ -59,11 +61,52 @@ def _current(target: Path, key: str, announce: bool) -> Cache | None:
                     stacklevel=4,
                 )
             return None
-        return open_cache(target, verify=True)
+        cache = open_cache(target, verify=True)
     except CacheError as e:
         if announce and is_gpufeed_entry(target):
             warnings.warn(f"rebuilding the cache: {e}", stacklevel=4)
         return None
+    why = stale(cache) if stale is not None else None
+    if why is None:
+        return cache
+    if announce:
+        warnings.warn(f"rebuilding the cache at {target}: {why}", stacklevel=4)
+    return None
+
+
+# What makes a valid entry of the right key unusable as it is: a sentence (it is rebuilt), None (it is used); it
+# raises what a fresh read would raise on the data the entry records.
+Stale = Callable[[Cache], str | None]
+
+
+def mode_check(check_mode: Callable[[int, str | None], None] | None) -> Stale | None:
+    """The check of an entry's recorded PIL modes (:attr:`gpufeed.read.samples.Ingested.modes`) by ``check_mode``,
+    the probe's check of each sample a read meets (:class:`gpufeed.pipeline.probe.Probed`); None when there is
+    nothing to check. An entry written by a pipeline that only moves pixels, or by ``build_cache``, was read
+    without it: a hit then refuses (or leaves to the fallback) the first sample of another mode as the read would
+    have. One that records no modes (written before gpufeed recorded them) is rebuilt, once."""
+    if check_mode is None:
+        return None
+
+    def stale(cache: Cache) -> str | None:
+        meta = cache.manifest.meta
+        if meta.get("ingest") == "arrays":  # a dataset's one array: torchvision's dataset makes one mode of it
+            return None
+        recorded = meta.get("modes")
+        if not (isinstance(recorded, list) and all(_mode_entry(m) for m in recorded)):
+            return (
+                "it records no PIL modes of its samples (written before gpufeed recorded them), and the pipeline "
+                "computes on PIL images what depends on their mode: every sample is read again to check them"
+            )
+        for i, mode in recorded:
+            check_mode(i, mode)
+        return None
+
+    return stale
+
+
+def _mode_entry(m: Any) -> bool:
+    return isinstance(m, list) and len(m) == 2 and isinstance(m[0], int) and isinstance(m[1], (str, type(None)))
 
 
 def load_or_ingest(
@@ -79,6 +122,7 @@ def load_or_ingest(
     read: Callable[[], Any] | None = None,
     resume: Callable[[Path, str], Any] | None = None,
     meta: dict[str, Any] | None = None,
+    stale: Stale | None = None,
 ) -> tuple[Cache | None, Any]:
     """The entry at ``target`` if it is valid and has ``key``; else a fresh ingest, stored when ``persist(data)``.
 
@@ -97,6 +141,7 @@ def load_or_ingest(
     ``meta``: what the entry records besides (``"source"``, ``"pipeline"``). Once it is written, the entries
     beside it of the same source and pipeline under another key are removed, then the least recently used
     ones while the root is over ``$GPUFEED_CACHE_LIMIT`` (:mod:`gpufeed.cache.usage`; never one in use).
+    ``stale``: what makes a valid entry of ``key`` unusable as it is (:func:`mode_check`): it is rebuilt.
     """
     from ..cache.usage import cache_limit, enforce_limit, remove_superseded
     from ..read.samples import ingest
@@ -104,7 +149,7 @@ def load_or_ingest(
     cache_limit()  # a bad limit is an error before anything is read
 
     lock_timeout = resolve_lock_timeout(lock_timeout)  # a bad value is an error even on a hit
-    hit = _current(target, key, announce=False)  # entries appear by one rename: no lock needed to read
+    hit = _current(target, key, announce=False, stale=stale)  # entries appear by one rename: no lock to read
     if hit is not None:
         return hit, None
 
@@ -125,7 +170,7 @@ def load_or_ingest(
             if persist(data):
                 _in_memory(e)
             return None, data
-        hit = _current(target, key, announce=True)  # built by another process while we waited?
+        hit = _current(target, key, announce=True, stale=stale)  # built by another process while we waited?
         if hit is not None:
             return hit, None
         try:
@@ -215,6 +260,9 @@ def store(
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
         **(meta or {}),
     }
+    modes = getattr(data, "modes", None)  # a per-sample read's: what a hit is checked by (mode_check)
+    if modes is not None:
+        record["modes"] = [[i, mode] for i, mode in modes]
     skipped = getattr(data, "skipped", ())
     if skipped:
         record["skipped"] = [{"path": p, "why": why} for p, why in skipped]
@@ -251,11 +299,13 @@ def cached_read(
     notes: Sequence[str] = (),
     resume: Callable[[Path, str], Any] | None = None,
     fits: Callable[[Any], bool] | None = None,
+    check_mode: Callable[[int, str | None], None] | None = None,
 ) -> Source:
     """``read()``'s data, or the cache entry of the same key; written to the cache when asked (``cache=True`` or
     a root) or, for ``"auto"``, when ``expensive(data)``, and only when ``fits(data)`` (data of the kind this key
     is for). ``resume``: a ``read`` that resumes a stopped build (see :func:`load_or_ingest`). Files an entry left
-    out (``on_error="skip"``) are an error on a hit with ``on_error="error"``, as they would be on a fresh read."""
+    out (``on_error="skip"``) are an error on a hit with ``on_error="error"``, as they would be on a fresh read; so
+    is a sample of a PIL mode ``check_mode`` refuses (see :func:`mode_check`)."""
     cache, on_error = options.cache, options.on_error
     key = cache_key(dataset, split.cached, kind) if cache is not False else None
     notes = list(notes)
@@ -291,6 +341,7 @@ def cached_read(
         read=read,
         resume=resume,
         meta=meta,
+        stale=mode_check(check_mode),
     )
     if data is None:
         assert hit is not None  # load_or_ingest returns one or the other
@@ -304,15 +355,20 @@ def cached_read(
 
 
 def cached_hit(
-    dataset: Any, split: Any, options: ReadOptions, kind: dict[str, Any] | None, notes: Sequence[str] = ()
+    dataset: Any,
+    split: Any,
+    options: ReadOptions,
+    kind: dict[str, Any] | None,
+    notes: Sequence[str] = (),
+    check_mode: Callable[[int, str | None], None] | None = None,
 ) -> Source | None:
     """The valid entry of ``kind``'s key if there is one (read without the lock, as :func:`load_or_ingest` reads
-    one), else None: nothing is read from the dataset or written."""
+    one; ``check_mode``: as :func:`cached_read`'s), else None: nothing is read from the dataset or written."""
     key = cache_key(dataset, split.cached, kind) if options.cache is not False else None
     if key is None:
         return None
     path = entry_path(type(dataset).__name__, key, options.cache if isinstance(options.cache, Path) else None)
-    hit = _current(path, key, announce=False)
+    hit = _current(path, key, announce=False, stale=mode_check(check_mode))
     if hit is None:
         return None
     src = Source(hit.images, hit.labels, f"cache hit, verified ({len(hit.labels)} samples)", path, True, list(notes))

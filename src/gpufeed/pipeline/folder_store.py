@@ -269,7 +269,7 @@ def _folder_read(
         paths = [all_paths[int(store.index[i]) if store.index is not None else i] for i in range(len(store))]
         extra = _file_record(dataset, paths, (functools.partial(_file_bytes, store, i) for i in range(len(store))))
     skipped = tuple((str(all_paths[i]), why) for i, why in sorted(bad.items()))
-    return FolderRead(images, labels, description, time.perf_counter() - t0, kept, skipped, extra)
+    return FolderRead(images, labels, description, time.perf_counter() - t0, kept, skipped=skipped, extra=extra)
 
 
 def _file_record(dataset: Any, paths: list[str], blocks: Any) -> dict[str, torch.Tensor]:
@@ -303,6 +303,6 @@ def with_file_record(dataset: Any, read: Any) -> Any:
             return data
         paths = [p for p, _ in files]
         extra = _file_record(dataset, paths, (functools.partial(_read_file, p) for p in paths))
-        return FolderRead(data.images, data.labels, data.path, data.seconds, data.files, (), extra)
+        return FolderRead(data.images, data.labels, data.path, data.seconds, data.files, data.modes, extra=extra)
 
     return read_and_record

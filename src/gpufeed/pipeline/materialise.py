@@ -51,26 +51,28 @@ def _samples(req: Request, probed: Probed, decided: StorePlan) -> Source:
     """Every sample through the cached part: one tensor, or (``"samples-ragged"``) a Ragged store; with
     ``decided.either``, whichever the read finds (RandomResizedCrop first keeps images of different sizes as they
     are), each kind's entry under its own key, as a read of that kind writes it."""
-    dataset, split, options = req.dataset, probed.split, req.read
+    dataset, split, options, check = req.dataset, probed.split, req.read, probed.check_mode  # check: on a hit too
     ragged: bool | None = True if decided.route == "samples-ragged" else (None if decided.either else False)
     read = with_file_record(
         dataset, functools.partial(_read_samples, dataset, split, options, ragged, probed.check_mode)
     )
     if not decided.either:
         # "auto" persists what was expensive to compute: a read sample by sample
-        return cached_read(dataset, split, options, decided.key_kind, read, _per_sample, decided.notes)
+        return cached_read(
+            dataset, split, options, decided.key_kind, read, _per_sample, decided.notes, check_mode=check
+        )
     at_own_sizes = [RAGGED_NOTE, *decided.notes]
-    hit = cached_hit(dataset, split, options, PIXELS_BY_SAMPLE, at_own_sizes)  # an earlier read met other sizes
+    hit = cached_hit(dataset, split, options, PIXELS_BY_SAMPLE, at_own_sizes, check)  # a read met other sizes
     if hit is not None:
         return hit
     once = functools.cache(read)  # the dataset is read once, whichever entry it is kept in
-    src = cached_read(dataset, split, options, None, once, _per_sample, decided.notes, fits=_one_size)
+    src = cached_read(dataset, split, options, None, once, _per_sample, decided.notes, fits=_one_size, check_mode=check)
     if not as_store(src.images).ragged:
         return src
     if src.key is None:  # nothing persisted (cache=False, or nothing to fingerprint): no other key to try
         src.notes.insert(0, RAGGED_NOTE)
         return src
-    return cached_read(dataset, split, options, PIXELS_BY_SAMPLE, once, _per_sample, at_own_sizes)
+    return cached_read(dataset, split, options, PIXELS_BY_SAMPLE, once, _per_sample, at_own_sizes, check_mode=check)
 
 
 def _read_samples(dataset: Any, split: Any, options: Any, ragged: bool | None, check_mode: Any = None) -> Ingested:

@@ -18,7 +18,6 @@ from typing import Any
 
 import torch
 
-from ..augment.channels import fix_words, refusal_words
 from ..augment.fusion import eager
 from ..augment.transforms import takes_ragged
 from ..errors import ConfigError, DataError, UnsupportedTransformError
@@ -29,10 +28,11 @@ from ..read.wrappers import hidden_transforms
 from ..sampling import derive_seed, global_seed
 from ..store.ragged import Ragged
 from ..validate import Guarded, SampleFailure, UnbatchableError, check_dataset, check_label, check_not_meta
+from .sample_checks import check_samples, refuse_channels
 from .translate import RANDOM_SUPPORTED, Split, build_batched, flatten, kind, split_transform
-from .translate.modes import check_modes, mode_bound
-from .translate.refusals import is_refusal, refusal
-from .translate.state import is_v2
+from .translate.inputs import form
+from .translate.modes import check_modes, mode_fix
+from .translate.refusals import is_refusal
 
 __all__ = ["Probe", "Probed", "probe", "probe_samples"]
 
@@ -73,9 +73,9 @@ def probe(dataset: Any, transforms: Sequence[Any], cache_lambda: bool = False, o
     views = [s.device for s in [split, *others]]
     on_error = "skip" if has_image_files(dataset) else on_error
     sample = probe_samples(dataset, split.cached_transform(), on_error, views)
-    check_mode = _check_modes(views, sample, type(dataset).__name__)
+    check_mode = check_samples(views, sample, type(dataset).__name__)
     for s in [split, *others]:
-        _refuse_channels(s.device, sample)
+        refuse_channels(s.device, sample, type(dataset).__name__)
     notes: list[str] = []
     batched = tuple(
         build_batched(s.device, sample.dtype, sample.size, sample.pil, notes, sample.channels, sample.mode)
@@ -91,40 +91,6 @@ def probe(dataset: Any, transforms: Sequence[Any], cache_lambda: bool = False, o
     return Probed(split, sample, batched, tuple(notes), check_mode)
 
 
-def _check_modes(
-    views: Sequence[Sequence[Any]], sample: Probe, source: str
-) -> Callable[[int, str | None], None] | None:
-    """What each view meets on the probed samples' PIL mode (:func:`gpufeed.pipeline.translate.modes.check_modes`),
-    and the check of every sample the read meets: where what the ops compute depends on the mode, each sample must
-    have the mode they were built for (one of another mode is refused as its own mode is, else left to the
-    fallback)."""
-    if sample.mode is None:
-        return None
-    first = f"{source}[{sample.modes[0][0]}]"
-    for ops in views:
-        check_modes(ops, sample.mode, first)
-    if not any(mode_bound(ops) for ops in views):
-        return None
-    check = functools.partial(_same_mode, views, sample.mode, first, source)
-    for i, mode in sample.modes[1:]:
-        check(i, mode)
-    return check
-
-
-def _same_mode(views: Sequence[Sequence[Any]], mode: str, first: str, source: str, i: int, got: str | None) -> None:
-    if got == mode:
-        return
-    where = f"{source}[{i}]"
-    if got is not None:
-        for ops in views:
-            check_modes(ops, got, where)
-    raise UnbatchableError(
-        f"{where} is a {got or 'non-PIL'} image but {first} a {mode} one, and the pipeline computes on PIL images "
-        f"what depends on their mode: gpufeed batches one mode; convert every image to one mode in the dataset's "
-        "loader (Image.open(f).convert('RGB')), or pass fallback='prefetch' to run your pipeline per sample"
-    )
-
-
 def _refuse_ragged(sample: Probe, batched: Any) -> None:
     """Images of different sizes the recipe cannot keep as they are: say why (and what order would)."""
     assert sample.ragged is not None
@@ -138,38 +104,6 @@ def _refuse_ragged(sample: Probe, batched: Any) -> None:
             sizes_only=True,
         )
     raise RaggedError(sample.ragged, sizes_only=sample.sizes_only)
-
-
-_CONTAINERS = ("RandomApply", "RandomChoice", "RandomOrder")
-_TO_TENSOR = ("ToTensor", "PILToTensor", "ToImage", "MaybeToTensor", "MaybePILToTensor")
-
-
-def _refuse_channels(ops: Sequence[Any], sample: Probe) -> None:
-    """Raise what torchvision raises for the images' channel count at each op's place in the pipeline (a PIL image
-    or a tensor, v1 or v2: :func:`gpufeed.augment.channels.refusal_words`), before the dataset is read.
-
-    Decided by the pipeline alone, never by a draw: a RandomGrayscale(p=0.1) that happened not to fire on the
-    probed samples would still raise on the tenth image of an epoch."""
-    if sample.channels is not None:
-        _walk_channels(ops, sample, sample.pil, sample.dtype, sample.channels)
-
-
-def _walk_channels(ops: Sequence[Any], sample: Probe, pil: bool, dtype: torch.dtype, channels: int) -> None:
-    """:func:`_refuse_channels` from one place on, the image being ``pil`` or a tensor of ``dtype`` there."""
-    for op in ops:
-        name = kind(op)
-        if name in _CONTAINERS:  # their ops see the images as they are here (and may not change them)
-            _walk_channels([inner for t in op.transforms for inner in flatten(t)], sample, pil, dtype, channels)
-            continue
-        said = refusal_words(name, op, channels, pil, is_v2(op))
-        if said is not None:
-            raise refusal(op, dtype, pil, said, fix_words(int(sample.channels or channels), sample.pil))
-        if name in _TO_TENSOR:
-            pil, dtype = False, torch.float32 if name in ("ToTensor", "MaybeToTensor") else dtype
-        elif name in ("ToDtype", "ConvertImageDtype") and isinstance(getattr(op, "dtype", None), torch.dtype):
-            dtype = op.dtype
-        elif name == "Grayscale":
-            channels = int(op.num_output_channels)
 
 
 def _dry_run(batched: Any, samples: torch.Tensor | Ragged | None) -> None:
@@ -205,6 +139,7 @@ class Probe:
     sizes_only: bool = False  # ragged, but only in height and width (one channel count and dtype): a Ragged store
     channels: int | None = None  # of an image after the cached part (sample 0's)
     modes: tuple[tuple[int, str | None], ...] = ()  # (index, PIL mode or None) of each probed sample, the first first
+    form: str = "tensor"  # what the first probed sample is after the cached part: "PIL", "ndarray", "tensor", ...
 
     @property
     def mode(self) -> str | None:
@@ -355,11 +290,17 @@ def probe_samples(
         if isinstance(first_out, Image.Image):  # what the pipeline's ops (``views``) refuse on them comes first
             for ops in views:
                 check_modes(ops, first_out.mode, f"{source}[{first_at}]")
-        kind = f"{first_out.mode} PIL images, " if isinstance(first_out, Image.Image) else ""
+        pil_mode = first_out.mode if isinstance(first_out, Image.Image) else None
+        kind = f"{pil_mode} PIL images, " if pil_mode else ""
+        fix = (
+            mode_fix(pil_mode)
+            if pil_mode
+            else "convert them to uint8 or float in __getitem__, or in the transform's first op (a T.Lambda, with "
+            "cache_lambda=True: the ops after it are not cached, so a ToDtype there comes too late)"
+        )
         raise UnbatchableError(
             f"{source}[{first_at}] gives {kind}images of dtype {first.dtype}; gpufeed stores uint8 or float images: "
-            "convert them in the dataset's loader (Image.open(f).convert('RGB') or 'L'), or with a ToDtype first, or "
-            "pass fallback='prefetch'"
+            f"{fix}; or pass fallback='prefetch' to run your pipeline as it is"
         )
     stored, ragged, sizes_only = [first], None, True
     modes = [(first_at, _mode(first_out))]
@@ -381,9 +322,10 @@ def probe_samples(
     size = (first.shape[1], first.shape[2])
     channels = int(first.shape[0])
     if ragged is None:
-        return Probe(first.dtype, size, pil, None, torch.stack(stored), channels=channels, modes=tuple(modes))
+        stack: Any = torch.stack(stored)
+        return Probe(first.dtype, size, pil, None, stack, channels=channels, modes=tuple(modes), form=form(first_out))
     stack = Ragged.stack(stored) if sizes_only else None
-    return Probe(first.dtype, size, pil, ragged, stack, sizes_only, channels, tuple(modes))
+    return Probe(first.dtype, size, pil, ragged, stack, sizes_only, channels, tuple(modes), form(first_out))
 
 
 def _mode(image: Any) -> str | None:

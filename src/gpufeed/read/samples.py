@@ -81,6 +81,9 @@ class Ingested:
     path: str  # "arrays" or "per-sample"
     seconds: float
     files: dict[str, Path] | None = None  # arrays whose bytes are already these files (a resumable build's)
+    # a per-sample read's PIL modes: (index, mode) of the first sample of each mode met, in order (None: a PIL
+    # mode; not a PIL image). An entry records them, so that a hit is checked as a fresh read is (pipeline.entries)
+    modes: tuple[tuple[int, str | None], ...] | None = None
 
 
 def to_chw(image: Any) -> torch.Tensor:
@@ -220,12 +223,13 @@ def _per_sample(
     progress: bool,
     ragged: bool | None = False,
     check_mode: Callable[[int, str | None], None] | None = None,
-) -> tuple[torch.Tensor | Ragged, torch.Tensor]:
+) -> tuple[torch.Tensor | Ragged, torch.Tensor, tuple[tuple[int, str | None], ...]]:
     """Every sample through the dataset's (cached) transform, in DataLoader workers. ``ragged``: images of
     different sizes are kept as they are, in one Ragged buffer (held as a list until the end: the peak is
     twice the store); ``None``: one tensor while the images have one size, a Ragged buffer from the first that
     differs in height and width only (so that one read serves either). ``check_mode(i, mode)``: raises for a
-    sample whose PIL mode (None: not a PIL image) the batched ops were not built for."""
+    sample whose PIL mode (None: not a PIL image) the batched ops were not built for. Returns the images, the
+    labels and the first sample of each mode met (:attr:`Ingested.modes`)."""
     dataset = Guarded(dataset, source, _decode)
     n = len(dataset)
     workers = default_workers(n) if num_workers is None else num_workers
@@ -235,6 +239,7 @@ def _per_sample(
     images: torch.Tensor | None = None
     parts: list[torch.Tensor] = []
     labels: list[Any] = []
+    modes: dict[str | None, int] = {}  # each mode's first sample
     i = 0
     with tqdm(total=n, desc="gpufeed: reading samples", unit="img", disable=not progress) as bar:
         for batch in loader:
@@ -244,6 +249,7 @@ def _per_sample(
                 image, label, mode = item
                 if check_mode is not None:
                     check_mode(i, mode)
+                modes.setdefault(mode, i)
                 if images is not None and (image.shape != images.shape[1:] or image.dtype != images.dtype):
                     first = tuple(images.shape[1:])
                     sizes_only = image.shape[0] == first[0] and image.dtype == images.dtype
@@ -264,10 +270,11 @@ def _per_sample(
                 labels.append(label)
                 i += 1
             bar.update(len(batch))
+    met = tuple((first, mode) for mode, first in modes.items())
     if parts:
-        return Ragged.stack(parts), label_tensor(labels, source)
+        return Ragged.stack(parts), label_tensor(labels, source), met
     assert images is not None
-    return images, label_tensor(labels, source)
+    return images, label_tensor(labels, source), met
 
 
 def ingest(
@@ -302,8 +309,8 @@ def ingest(
     arrays = _arrays(dataset) if cached is None and ragged is not True else None
     if arrays is not None and arrays[0].shape[0] == n and _spot_check(stripped, source, arrays[0]):
         return Ingested(arrays[0], arrays[1], "arrays", time.perf_counter() - t0)
-    images, labels = _per_sample(stripped, source, num_workers, progress, ragged, check_mode)
-    return Ingested(images, labels, "per-sample", time.perf_counter() - t0)
+    images, labels, modes = _per_sample(stripped, source, num_workers, progress, ragged, check_mode)
+    return Ingested(images, labels, "per-sample", time.perf_counter() - t0, modes=modes)
 
 
 def _spot_check(stripped: Any, source: str, images: torch.Tensor) -> bool:

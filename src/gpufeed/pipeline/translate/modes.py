@@ -30,7 +30,7 @@ from typing import Any
 from ...errors import ConfigError, UnsupportedTransformError
 from .state import NEAREST_MODES as _NEAREST
 
-__all__ = ["BATCHED_MODES", "check_modes", "mode_bound", "verdict"]
+__all__ = ["BATCHED_MODES", "check_modes", "mode_bound", "mode_fix", "verdict"]
 
 BATCHED_MODES = ("L", "RGB", "LA", "RGBA")  # every op as gpufeed batches it (alpha by gpufeed.augment.channels)
 _ALPHA = ("LA", "RGBA")  # resampled premultiplied by Pillow
@@ -166,11 +166,28 @@ def _describe(mode: str) -> str:
     return f"{mode} ({_NAMES[mode]})" if mode in _NAMES else mode
 
 
-def _fix(mode: str) -> str:
-    to = "L" if mode in ("F", "I", "I;16", "1") else "RGB"
+def mode_fix(mode: str) -> str:
+    """How to give gpufeed images of ``mode`` that it batches as torchvision runs them (said in its errors)."""
+    if mode in _WIDE:
+        return _wide_fix(mode)
+    to = "L" if mode == "1" else "RGB"
     return (
         f"convert the images in the dataset's loader (Image.open(f).convert({to!r}), as torchvision's default loader "
         f"does), or start the transform with T.Lambda(lambda im: im.convert({to!r})) and pass cache_lambda=True"
+    )
+
+
+_WIDE = ("F", "I", "I;16")  # values beyond 8 bits: convert("L") would clip them at 255
+
+
+def _wide_fix(mode: str) -> str:
+    """The fix for images of 16-bit, 32-bit or float values (``mode``): keep them, as float tensors, before the
+    ops; converting them to "L" clips every value above 255 (a 16-bit scan turns white, floats in [0, 1] black)."""
+    scale = " / 65535" if mode == "I;16" else ""  # to [0, 1], as ToTensor scales 8-bit images
+    return (
+        f"keep their values as a float tensor before the ops: start the transform with T.Lambda(lambda im: "
+        f"torch.from_numpy(np.array(im, np.float32))[None]{scale}) and pass cache_lambda=True (then the ops run "
+        "on float tensors, as gpufeed batches them); convert('L') would clip every value above 255"
     )
 
 
@@ -198,10 +215,10 @@ def check_modes(ops: Sequence[Any], mode: str | None, where: str) -> None:
             what, said = found
             head = f"{op!r} on {_describe(mode)} PIL images ({where} is one)"
             if what == "refused":
-                raise ConfigError(f"{head}: torchvision refuses it ({said}); {_fix(mode)}")
+                raise ConfigError(f"{head}: torchvision refuses it ({said}); {mode_fix(mode)}")
             raise UnsupportedTransformError(
-                f"{head}: {said}, so gpufeed does not batch it; {_fix(mode)}, or pass fallback='prefetch' to run your "
-                "pipeline per sample"
+                f"{head}: {said}, so gpufeed does not batch it; {mode_fix(mode)}, or pass fallback='prefetch' to run "
+                "your pipeline per sample"
             )
         if name in _TO_TENSOR:
             return

@@ -31,6 +31,7 @@ __all__ = [
     "check_to_tensor",
     "crop_fill",
     "is_refusal",
+    "normalize_channels",
     "refusal",
 ]
 
@@ -145,6 +146,28 @@ def check_normalize(op: Any, dtype: torch.dtype) -> None:
             else f"'std evaluated to zero after conversion to {dtype}, leading to division by zero.'"
         )
         raise refusal(op, dtype, False, said, f"std={tuple(op.std)} needs every entry non-zero")
+
+
+def normalize_channels(op: Any, channels: int) -> tuple[str, str] | None:
+    """Normalize's ``mean`` and ``std`` on images of ``channels`` channels: None where torchvision runs it (one value,
+    or one per channel); ``("refused", its words)`` where it raises (v1 normalizes in place, so neither may broadcast
+    the image; v2 divides in place); ``("differs", why)`` where v2 broadcasts a 1-channel image to more channels."""
+    lengths = [len(v) if isinstance(v, (list, tuple)) else 1 for v in (op.mean, op.std)]
+    if all(n in (1, channels) for n in lengths):
+        return None
+    values = next(n for n in lengths if n not in (1, channels))
+    if _v2(op) and channels == 1 and lengths[1] in (1, lengths[0]):
+        return ("differs", f"v2's Normalize broadcasts each 1-channel image to {lengths[0]} channels")
+    if channels == 1 and not _v2(op):
+        return (
+            "refused",
+            f"RuntimeError: 'output with shape [1, H, W] doesn't match the broadcast shape [{values}, H, W]'",
+        )
+    return (
+        "refused",
+        f"RuntimeError: 'The size of tensor a ({channels}) must match the size of tensor b ({values}) at "
+        "non-singleton dimension 0'",
+    )
 
 
 def check_magnitude(op: Any, dtype: torch.dtype, pil: bool) -> None:
